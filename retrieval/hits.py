@@ -1,0 +1,26 @@
+"""What a search returns."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One ranked code location, read from the local disk.
+
+    `stale` is True when the file changed since it was indexed and the chunk could not be
+    found in it any more: then `text` is empty rather than showing wrong lines.
+    """
+
+    path: str
+    start_line: int
+    end_line: int
+    symbol: str
+    language: str
+    score: float
+    text: str
+    stale: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,298 @@
+"""One sync: walk the repo, find what changed, and make the store match it.
+
+Steps: walk (stat only) -> hash files whose stat changed -> local Merkle tree ->
+diff against the store's tree -> for each changed file: chunk, embed (cache), encrypt,
+send in batches -> set directory values. Deleted files go in the first batch.
+
+Write order, client side: a file's leaf value is sent with its chunks in one `apply`;
+directory values are sent only after every file below them landed. If anything moved
+under our feet (a file changed while we read it), directory values are left pending so
+the next sync descends again: the tree never claims a state the store does not hold.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from indexer.chunk import Chunk
+from indexer.chunker import chunk_file
+from indexer.embed_cache import CachedEmbedder
+from indexer.local_chunks import LocalChunks, open_state_db
+from indexer.statcache import StatCache
+from indexer.walk import read_source, walk_repo
+from sync import crypto
+from sync.client import StoreClient
+from sync.keys import WorkspaceKey
+from sync.merkle import Diff, LocalTree, diff, dir_values
+from sync.records import ChunkRecord, FileUpdate
+
+log = logging.getLogger(__name__)
+
+# Upload batches: big enough to keep the model busy, small enough to bound a request.
+BATCH_CHUNKS = 512
+BATCH_FILES = 256
+DELETE_BATCH = 2048
+
+
+@dataclass
+class SyncReport:
+    """What one sync did. Field names are the `codeveil index --json` keys."""
+
+    files_scanned: int = 0
+    files_changed: int = 0
+    files_deleted: int = 0
+    files_skipped: int = 0
+    chunks_total: int = 0
+    chunks_embedded: int = 0
+    chunks_from_cache: int = 0
+    seconds: float = 0.0
+    seconds_walk: float = 0.0
+    seconds_chunk: float = 0.0
+    seconds_embed: float = 0.0
+    seconds_sync: float = 0.0
+    requests: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["skipped"] = [{"path": p, "reason": r} for p, r in self.skipped]
+        for k in list(out):
+            if k.startswith("seconds"):
+                out[k] = round(out[k], 4)
+        return out
+
+
+class Progress:
+    """Receives progress of a sync; the CLI draws it, the library never prints."""
+
+    def scanned(self, files: int) -> None:
+        """The walk found `files` candidate files."""
+
+    def planned(self, files: int, chunks_hint: int) -> None:
+        """`files` files will be chunked and sent."""
+
+    def files_done(self, n: int) -> None:
+        """`n` more files were chunked and sent."""
+
+    def chunks_done(self, embedded: int, cached: int) -> None:
+        """More chunks got vectors: `embedded` by the model, `cached` from the cache."""
+
+
+@dataclass
+class _Pending:
+    path: str
+    digest: bytes
+    chunks: list[Chunk]
+    upload: bool
+
+
+class Syncer:
+    """Brings the store's copy of one repo in line with the working tree."""
+
+    def __init__(
+        self,
+        root: Path,
+        state_path: Path,
+        client: StoreClient,
+        key: WorkspaceKey,
+        workspace_id: str,
+        embedder: CachedEmbedder,
+        cipher: crypto.VectorCipher,
+        *,
+        progress: Progress | None = None,
+        max_file_bytes: int = 1_000_000,
+    ) -> None:
+        self.root = root
+        self.client = client
+        self.key = key
+        self.workspace_id = workspace_id
+        self.embedder = embedder
+        self.cipher = cipher
+        self.progress = progress or Progress()
+        self.max_file_bytes = max_file_bytes
+        self._db = open_state_db(state_path)
+        self.stat_cache = StatCache(state_path)
+        self.local = LocalChunks(self._db)
+
+    def close(self) -> None:
+        self.stat_cache.close()
+        self._db.close()
+
+    # -- scan -----------------------------------------------------------------------
+
+    def scan(self, report: SyncReport) -> dict[str, bytes]:
+        """path -> content digest of every indexable file, reading only stat-changed ones."""
+        t0 = time.perf_counter()
+        walked = walk_repo(self.root, max_file_bytes=self.max_file_bytes)
+        report.skipped.extend((s.path, s.reason) for s in walked.skipped)
+        self.progress.scanned(len(walked.files))
+        cached = self.stat_cache.snapshot()
+        files: dict[str, bytes] = {}
+        fresh = []
+        for entry in walked.files:
+            digest = self.stat_cache.lookup_in(cached, entry)
+            if digest is None:
+                source = read_source(self.root, entry)
+                if source.skip_reason is not None:
+                    report.skipped.append((entry.path, source.skip_reason))
+                    continue
+                digest = source.digest
+                fresh.append((entry, digest))
+            files[entry.path] = digest
+        self.stat_cache.record_many(fresh)
+        self.stat_cache.forget_many(set(cached) - set(files))
+        report.files_scanned = len(walked.files)
+        report.files_skipped = len(report.skipped)
+        report.seconds_walk = time.perf_counter() - t0
+        return files
+
+    # -- the sync -------------------------------------------------------------------
+
+    def run(self) -> SyncReport:
+        started = time.perf_counter()
+        report = SyncReport()
+        before = (self.client.stats.requests, self.client.stats.bytes_sent,
+                  self.client.stats.bytes_received)
+        files = self.scan(report)
+        tree = LocalTree.build(files)
+
+        t0 = time.perf_counter()
+        plan = diff(tree, self.client, self.key)
+        report.seconds_sync += time.perf_counter() - t0
+
+        local_digests = self.local.file_digests()
+        stale_local = [p for p, d in files.items() if local_digests.get(p) != d]
+        gone_local = [p for p in local_digests if p not in files]
+        upload = set(plan.upload)
+        todo = sorted(upload | set(stale_local))
+        report.files_changed = len(upload)
+        report.files_deleted = len(gone_local)
+        self.local.remove_files(gone_local)
+        self.progress.planned(len(todo), 0)
+
+        complete = self._send(todo, upload, files, plan, report)
+        if complete and (plan.dirs or plan.delete):
+            t0 = time.perf_counter()
+            self.client.set_dir_values(dir_values(tree, self.key, plan.dirs))
+            report.seconds_sync += time.perf_counter() - t0
+
+        report.chunks_total = self.local.count()
+        stats = self.client.stats
+        report.requests = stats.requests - before[0]
+        report.bytes_sent = stats.bytes_sent - before[1]
+        report.bytes_received = stats.bytes_received - before[2]
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _send(
+        self,
+        todo: Sequence[str],
+        upload: set[str],
+        files: dict[str, bytes],
+        plan: Diff,
+        report: SyncReport,
+    ) -> bool:
+        """Chunk, embed and send `todo` in batches. False if a file moved under us."""
+        complete = True
+        deletes = list(plan.delete)
+        batch: list[_Pending] = []
+        batch_chunks = 0
+        for path in todo:
+            t0 = time.perf_counter()
+            source = read_source(self.root, self._entry(path))
+            if source.skip_reason is not None:
+                # Vanished or became unreadable since the scan: leave directories pending.
+                complete = False
+                report.seconds_chunk += time.perf_counter() - t0
+                continue
+            if source.digest != files[path]:
+                complete = False
+            chunks = chunk_file(path, source.text)
+            report.seconds_chunk += time.perf_counter() - t0
+            batch.append(_Pending(path, source.digest, chunks, path in upload))
+            batch_chunks += len(chunks) if path in upload else 0
+            if batch_chunks >= BATCH_CHUNKS or len(batch) >= BATCH_FILES:
+                self._flush(batch, deletes, report)
+                deletes = []
+                batch, batch_chunks = [], 0
+        if batch or deletes:
+            self._flush(batch, deletes, report)
+        return complete
+
+    def _entry(self, path: str):
+        from indexer.walk import stat_entry
+
+        return stat_entry(self.root, path)
+
+    def _flush(self, batch: list[_Pending], deletes: list[bytes], report: SyncReport) -> None:
+        sending = [p for p in batch if p.upload]
+        texts = [c.embed_text for p in sending for c in p.chunks]
+        t0 = time.perf_counter()
+        result = self.embedder.embed(
+            texts, progress=None
+        )
+        report.seconds_embed += time.perf_counter() - t0
+        report.chunks_embedded += result.embedded
+        report.chunks_from_cache += result.from_cache
+        self.progress.chunks_done(result.embedded, result.from_cache)
+
+        t0 = time.perf_counter()
+        updates = self._updates(sending, result.vectors)
+        for start in range(0, max(len(deletes), 1), DELETE_BATCH):
+            part = deletes[start : start + DELETE_BATCH]
+            self.client.apply(updates if start == 0 else [], part)
+        # Local chunks are written once the server holds them, so a crash re-sends.
+        self.local.replace_files([(p.path, p.digest, p.chunks) for p in batch])
+        report.seconds_sync += time.perf_counter() - t0
+        self.progress.files_done(len(batch))
+
+    def _updates(self, sending: list[_Pending], vectors: np.ndarray) -> list[FileUpdate]:
+        ids: list[bytes] = []
+        metas: list[bytes] = []
+        for p in sending:
+            seen: dict[bytes, int] = {}
+            for c in p.chunks:
+                h = c.chunk_hash
+                ordinal = seen.get(h, 0)
+                seen[h] = ordinal + 1
+                cid = crypto.chunk_id(self.key, p.path, h, ordinal)
+                ids.append(cid)
+                meta = crypto.ChunkMeta(
+                    path=p.path, start_line=c.start_line, end_line=c.end_line,
+                    symbol=c.symbol, language=c.language, chunk_hash=h,
+                )
+                metas.append(crypto.seal_meta(self.key, self.workspace_id, cid, meta))
+        enc = self.cipher.encrypt(vectors, ids) if ids else vectors
+        updates: list[FileUpdate] = []
+        row = 0
+        for p in sending:
+            n = len(p.chunks)
+            records = tuple(
+                ChunkRecord(ids[row + i], enc[row + i], metas[row + i]) for i in range(n)
+            )
+            row += n
+            updates.append(
+                FileUpdate(
+                    file_key=crypto.node_key(self.key, p.path),
+                    ancestors=tuple(
+                        crypto.node_key(self.key, a) for a in _ancestors(p.path)
+                    ),
+                    value=crypto.node_value(self.key, p.digest),
+                    chunks=records,
+                )
+            )
+        return updates
+
+
+def _ancestors(path: str) -> list[str]:
+    from sync.merkle import ancestors_of
+
+    return ancestors_of(path)

@@ -1,0 +1,132 @@
+"""A repo's link to its workspace: `.codeveil/config.json`, found the way git finds `.git/`.
+
+Layout of `.codeveil/` inside an indexed folder::
+
+    .codeveil/
+      .gitignore        "*": the folder never enters git
+      config.json       format version, workspace id, server URL (or none), model id, dim
+      state.sqlite      client state: stat cache, local chunks (holds code; never sent)
+      store/            the embedded store (only without a server): ciphertext only
+
+The workspace key and the server token live in the user config dir, never in the repo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from indexer.errors import CodeveilError
+from indexer.paths import config_dir
+from sync.errors import SyncError
+
+CONFIG_VERSION = 1
+DIR_NAME = ".codeveil"
+
+
+class NoIndexError(CodeveilError):
+    """No `.codeveil/` in this folder or any folder above it."""
+
+
+class ConfigError(SyncError):
+    """`.codeveil/config.json` is missing fields, corrupt, or of a version we do not know."""
+
+
+@dataclass
+class RepoConfig:
+    workspace_id: str
+    model_id: str
+    dim: int
+    server: str | None = None
+    version: int = CONFIG_VERSION
+
+
+def find_root(start: Path) -> Path:
+    """The nearest folder at or above `start` holding `.codeveil/config.json`."""
+    start = start.resolve()
+    for folder in (start, *start.parents):
+        if (folder / DIR_NAME / "config.json").is_file():
+            return folder
+    raise NoIndexError(
+        f"no codeveil index in {start} or any parent folder; run `codeveil index` there first"
+    )
+
+
+def codeveil_dir(root: Path) -> Path:
+    return root / DIR_NAME
+
+
+def state_path(root: Path) -> Path:
+    return codeveil_dir(root) / "state.sqlite"
+
+
+def store_path(root: Path) -> Path:
+    return codeveil_dir(root) / "store"
+
+
+def load_config(root: Path) -> RepoConfig:
+    path = codeveil_dir(root) / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise NoIndexError(f"no codeveil index at {root}; run `codeveil index` first") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is unreadable or not JSON ({exc}); fix or delete it") from exc
+    if not isinstance(raw, dict) or raw.get("version") != CONFIG_VERSION:
+        raise ConfigError(
+            f"{path} has format version {raw.get('version') if isinstance(raw, dict) else '?'},"
+            f" this codeveil reads version {CONFIG_VERSION}"
+        )
+    try:
+        return RepoConfig(
+            workspace_id=str(raw["workspace_id"]),
+            model_id=str(raw["model_id"]),
+            dim=int(raw["dim"]),
+            server=raw.get("server"),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{path} lacks a valid field: {exc}") from exc
+
+
+def save_config(root: Path, config: RepoConfig) -> None:
+    folder = codeveil_dir(root)
+    folder.mkdir(exist_ok=True)
+    ignore = folder / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("# codeveil's local index: never commit it\n*\n")
+    path = folder / "config.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(config), indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def new_workspace_id() -> str:
+    return secrets.token_hex(16)
+
+
+def token_path(workspace_id: str) -> Path:
+    return config_dir() / "tokens" / f"{workspace_id}.token"
+
+
+def save_token(workspace_id: str, token: str) -> None:
+    """Keep a server's bearer token beside the keys, readable by the user only."""
+    from sync.keys import write_secret_file
+
+    write_secret_file(token_path(workspace_id), token.encode())
+
+
+def load_token(workspace_id: str) -> str:
+    env = os.environ.get("CODEVEIL_TOKEN")
+    if env:
+        return env.strip()
+    path = token_path(workspace_id)
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        raise ConfigError(
+            f"no server token for workspace {workspace_id} (looked in {path});"
+            " set CODEVEIL_TOKEN or run `codeveil init --server URL` again"
+        ) from None
