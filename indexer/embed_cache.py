@@ -1,6 +1,7 @@
 """A persistent cache of embeddings, shared by every repo of the user.
 
-Key: xxh3-128(model id || NUL || embedded text). Value: the vector as little-endian
+Key: xxh3-128(len(model id) as 4 bytes LE || model id || embedded text), the length
+prefix making the split between the two unambiguous. Value: the vector as little-endian
 float32 bytes. A text that was ever embedded by a model is never embedded by it again.
 SQLite in WAL mode, so an indexer and a daemon of another repo can share the file.
 """
@@ -24,7 +25,8 @@ _LOOKUP_BATCH = 900
 
 def cache_key(model_id: str, text: str) -> bytes:
     """The cache key of one text under one model (overridable in one place)."""
-    return xxhash.xxh3_128_digest(model_id.encode() + b"\0" + text.encode("utf-8"))
+    model = model_id.encode()
+    return xxhash.xxh3_128_digest(len(model).to_bytes(4, "little") + model + text.encode())
 
 
 class EmbeddingCache:

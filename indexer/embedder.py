@@ -135,17 +135,8 @@ class SentenceTransformerEmbedder(Embedder):
         return self._tokenizer
 
     def windows(self, text: str) -> list[str]:
-        tok = self._get_tokenizer()
-        enc = tok.encode(text, add_special_tokens=False)
-        if len(enc.ids) <= self.max_tokens:
-            return [text]
-        # Cut at token boundaries (by character offsets) so every window fits exactly.
-        pieces = []
-        offsets = enc.offsets
-        for start in range(0, len(offsets), self.max_tokens):
-            end = min(start + self.max_tokens, len(offsets)) - 1
-            pieces.append(text[offsets[start][0] : offsets[end][1]])
-        return pieces
+        enc = self._get_tokenizer().encode(text, add_special_tokens=False)
+        return token_windows(text, enc.offsets, self.max_tokens)
 
     def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
         model = self._load()
@@ -157,6 +148,29 @@ class SentenceTransformerEmbedder(Embedder):
             show_progress_bar=False,
         )
         return np.asarray(vecs, dtype=np.float32)
+
+
+def token_windows(text: str, offsets: Sequence[tuple[int, int]], size: int) -> list[str]:
+    """Cut `text` into pieces of at most `size` tokens, at line starts where possible.
+
+    `offsets` are the (start, end) character offsets of the text's tokens. A window ends
+    before the last token within reach that starts a new line, so a piece is whole lines
+    unless a single line is longer than the window.
+    """
+    if len(offsets) <= size:
+        return [text]
+    pieces: list[str] = []
+    start = 0
+    while start < len(offsets):
+        end = min(start + size, len(offsets))
+        if end < len(offsets):
+            for j in range(end, start, -1):
+                if "\n" in text[offsets[j - 1][1] : offsets[j][0]]:
+                    end = j
+                    break
+        pieces.append(text[offsets[start][0] : offsets[end - 1][1]])
+        start = end
+    return pieces
 
 
 class HashingEmbedder(Embedder):
@@ -177,13 +191,23 @@ class HashingEmbedder(Embedder):
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for row, text in enumerate(texts):
             for token in tokenize(text):
-                h = xxhash.xxh64_intdigest(token)
+                h = xxhash.xxh64_intdigest(token.encode())
                 out[row, h % self.dim] += 1.0 if (h >> 63) else -1.0
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         out /= np.where(norms == 0, 1, norms)
         return out
 
 
+EMBEDDERS = {"minilm": SentenceTransformerEmbedder, "hashing": HashingEmbedder}
+
+
 def default_embedder() -> Embedder:
-    """The embedder `codeveil index` uses unless told otherwise."""
-    return SentenceTransformerEmbedder()
+    """The embedder `codeveil index` uses: all-MiniLM-L6-v2 unless CODEVEIL_EMBEDDER names
+    another (`hashing` is for measuring the system around the model, not for search)."""
+    name = os.environ.get("CODEVEIL_EMBEDDER", "minilm")
+    try:
+        return EMBEDDERS[name]()
+    except KeyError:
+        raise EmbedderError(
+            f"CODEVEIL_EMBEDDER={name!r} is not a known embedder; use one of {sorted(EMBEDDERS)}"
+        ) from None

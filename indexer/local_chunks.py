@@ -60,8 +60,16 @@ class LocalChunks:
                 self._db.executemany(
                     "INSERT INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     [
-                        (path, i, c.start_line, c.end_line, c.language, c.symbol,
-                         c.chunk_hash, c.text)
+                        (
+                            path,
+                            i,
+                            c.start_line,
+                            c.end_line,
+                            c.language,
+                            c.symbol,
+                            c.chunk_hash,
+                            c.text,
+                        )
                         for i, c in enumerate(chunks)
                     ],
                 )
@@ -113,5 +121,6 @@ class LocalChunks:
 
 def _row(r: Sequence) -> Chunk:
     path, start, end, language, symbol, text = r
-    return Chunk(path=path, start_line=start, end_line=end, language=language, symbol=symbol,
-                 text=text)
+    return Chunk(
+        path=path, start_line=start, end_line=end, language=language, symbol=symbol, text=text
+    )

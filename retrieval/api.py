@@ -12,6 +12,8 @@ from __future__ import annotations
 import fnmatch
 import logging
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,12 @@ from indexer.embed_cache import CachedEmbedder, EmbeddingCache
 from indexer.embedder import Embedder, default_embedder
 from indexer.errors import CodeveilError
 from indexer.local_chunks import LocalChunks, open_state_db
+from indexer.tokens import default_counter
+from retrieval.fusion import HybridRanker, SearchOptions
+from retrieval.grouping import LEVELS, Group
+from retrieval.grouping import group as group_hits
 from retrieval.hits import Hit
+from retrieval.lexical import LexDoc, LexicalIndex, LexicalStore
 from retrieval.locate import FileLines, locate
 from sync import crypto
 from sync.client import StoreClient
@@ -28,6 +35,7 @@ from sync.keys import WorkspaceKey, create_key, load_key
 from sync.syncer import Progress, Syncer, SyncReport
 from sync.workspace import (
     RepoConfig,
+    codeveil_dir,
     find_root,
     load_config,
     load_token,
@@ -43,6 +51,9 @@ log = logging.getLogger(__name__)
 # Ask the server for more neighbours than shown: filters and stale hits drop some.
 OVERFETCH = 4
 QUERY_CACHE_SIZE = 256
+# Decrypted metadata of recently seen chunk ids: the parts of a long query share most
+# neighbours, and an agent repeats searches.
+META_CACHE_SIZE = 20_000
 
 
 class SearchError(CodeveilError):
@@ -70,6 +81,10 @@ class Index:
         self._embedder: CachedEmbedder | None = None
         self._client: StoreClient | None = None
         self._query_cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lexical_store: LexicalStore | None = None
+        self._ranker: HybridRanker | None = None
+        #: How `search` ranks; the defaults are the ones the benchmarks found best.
+        self.search_options = SearchOptions()
 
     # -- set-up ---------------------------------------------------------------------
 
@@ -105,7 +120,7 @@ class Index:
                 LocalClient.create_workspace(
                     store_path(root), workspace_id, dim=embedder.dim,
                     model_id=embedder.model_id, key_check=key.key_check,
-                )
+                ).close()
             else:
                 from sync.http_client import HttpClient
 
@@ -173,17 +188,6 @@ class Index:
 
     # -- search ---------------------------------------------------------------------
 
-    def _query_vector(self, query: str) -> np.ndarray:
-        vec = self._query_cache.get(query)
-        if vec is None:
-            vec = self._cached_embedder().embedder.embed([query])[0]
-            self._query_cache[query] = vec
-            if len(self._query_cache) > QUERY_CACHE_SIZE:
-                self._query_cache.popitem(last=False)
-        else:
-            self._query_cache.move_to_end(query)
-        return vec
-
     def search(
         self,
         query: str,
@@ -191,8 +195,20 @@ class Index:
         *,
         path: str | None = None,
         language: str | None = None,
+        group: str = "chunk",
     ) -> list[Hit]:
-        """The `k` chunks most relevant to `query`, read from disk.
+        """The `k` results most relevant to `query`, read from disk, best first.
+
+        Hybrid: the nearest chunks by meaning (encrypted search; a long query is cut into
+        parts that each fit the model's window, and each part searched), BM25 over the
+        local chunk table, and the chunks of files, frames and symbols the query names,
+        fused by reciprocal rank (see `retrieval.fusion`).
+
+        `group` picks the level: `"chunk"` ranks chunks; `"symbol"` returns one hit per
+        symbol (file and symbol path, e.g. `Session > send`) and `"file"` one hit per file
+        (see `retrieval.grouping`). A grouped hit shows its best chunk's lines and carries
+        the group's aggregated score. `score` is the fused score: higher is better, and it
+        compares hits of one result list only (it is not a cosine).
 
         `path` keeps hits whose path matches a glob (`src/*.py`, `*/tests/*`); `language`
         keeps one language (`python`, `go`, ...).
@@ -201,37 +217,96 @@ class Index:
             raise SearchError("the query is empty")
         if k < 1:
             raise SearchError(f"k must be at least 1, got {k}")
+        if group not in LEVELS:
+            raise SearchError(f"unknown group {group!r}; use one of {', '.join(LEVELS)}")
         root, config, key, client = self._open()
-        cipher = crypto.VectorCipher(key, config.dim)
-        qvec = self._query_vector(query)
-        fetch = k * OVERFETCH * (4 if (path or language) else 1)
-        raw = client.search(cipher.encrypt_query(qvec), min(fetch, 1000))
         db = open_state_db(state_path(root))
         try:
-            local = LocalChunks(db)
-            lines = FileLines(root)
-            hits: list[Hit] = []
-            for found in raw:
-                meta = crypto.open_meta(key, config.workspace_id, found.chunk_id, found.meta)
-                if path and not fnmatch.fnmatch(meta.path, path):
-                    continue
-                if language and meta.language != language:
-                    continue
-                where = locate(lines, local, meta.path, meta.start_line, meta.end_line,
-                               meta.chunk_hash)
-                if where is None and lines.get(meta.path) is None:
-                    continue  # the file is gone: never return chunks of deleted files
-                start, end, text = where or (meta.start_line, meta.end_line, "")
-                hits.append(Hit(
-                    path=meta.path, start_line=start, end_line=end, symbol=meta.symbol,
-                    language=meta.language, score=cipher.distance_to_cosine(found.distance),
-                    text=text, stale=where is None,
-                ))
-                if len(hits) >= k:
-                    break
-            return hits
+            lexical = self._lexical(root).current(db)
+            ranker = self._hybrid_ranker(config, key, client, lexical)
+            keep = _hit_filter(path, language)
+            options = replace(self.search_options,
+                              depth=min(max(self.search_options.depth, k * OVERFETCH), 1000))
+            ranking = ranker.rank(query, options, mask=lexical.mask(path=path, language=language),
+                                  keep=keep)
+            return self._read_hits(root, LocalChunks(db), group_hits(ranking.chunks, group), k)
         finally:
             db.close()
+
+    def _lexical(self, root: Path) -> LexicalStore:
+        if self._lexical_store is None or self._lexical_store.directory.parent != codeveil_dir(
+                root):
+            self._lexical_store = LexicalStore(codeveil_dir(root) / "lexical")
+        return self._lexical_store
+
+    def _hybrid_ranker(self, config: RepoConfig, key: WorkspaceKey, client: StoreClient,
+                       lexical: LexicalIndex) -> HybridRanker:
+        """The ranker of this index, its vector side the encrypted store."""
+        if self._ranker is not None:
+            self._ranker.use(lexical)
+            return self._ranker
+        cipher = crypto.VectorCipher(key, config.dim)
+        metas: OrderedDict[bytes, crypto.ChunkMeta] = OrderedDict()
+
+        def nearest(vector: np.ndarray, n: int) -> list[tuple[LexDoc, float]]:
+            out = []
+            for found in client.search(cipher.encrypt_query(vector), min(n, 1000)):
+                meta = metas.get(found.chunk_id)
+                if meta is None:
+                    meta = crypto.open_meta(key, config.workspace_id, found.chunk_id,
+                                            found.meta)
+                    metas[found.chunk_id] = meta
+                    if len(metas) > META_CACHE_SIZE:
+                        metas.popitem(last=False)
+                doc = LexDoc(meta.path, meta.start_line, meta.end_line, meta.symbol,
+                             meta.language, meta.chunk_hash)
+                out.append((doc, cipher.distance_to_cosine(found.distance)))
+            return out
+
+        embedder = self._cached_embedder().embedder
+        self._ranker = HybridRanker(lexical, self._query_vectors, nearest,
+                                    default_counter().count, embedder.max_tokens)
+        return self._ranker
+
+    def _query_vectors(self, texts: Sequence[str]) -> np.ndarray:
+        """Vectors of query texts (each fits the window), through a small LRU cache."""
+        missing = [t for t in dict.fromkeys(texts) if t not in self._query_cache]
+        if missing:
+            vecs = self._cached_embedder().embedder.embed(missing)
+            for text, vec in zip(missing, vecs, strict=True):
+                self._query_cache[text] = vec
+        out = []
+        for text in texts:
+            self._query_cache.move_to_end(text)
+            out.append(self._query_cache[text])
+        while len(self._query_cache) > QUERY_CACHE_SIZE:
+            self._query_cache.popitem(last=False)
+        return np.stack(out)
+
+    def _read_hits(self, root: Path, local: LocalChunks, groups: list[Group],
+                   k: int) -> list[Hit]:
+        """The first `k` groups as hits read from disk; a group shows its first member
+        that is still on disk, or is marked stale; groups of deleted files are dropped."""
+        lines = FileLines(root)
+        hits: list[Hit] = []
+        for g in groups:
+            if lines.get(g.best.path) is None:
+                continue  # the file is gone: never return chunks of deleted files
+            shown, where = g.best, None
+            for doc in g.members:
+                where = locate(lines, local, doc.path, doc.start_line, doc.end_line,
+                               doc.chunk_hash)
+                if where is not None:
+                    shown = doc
+                    break
+            start, end, text = where or (shown.start_line, shown.end_line, "")
+            hits.append(Hit(
+                path=shown.path, start_line=start, end_line=end, symbol=shown.symbol,
+                language=shown.language, score=g.score, text=text, stale=where is None,
+            ))
+            if len(hits) >= k:
+                break
+        return hits
 
     def status(self) -> dict:
         """Where the index is, what it holds, and where its store lives."""
@@ -274,3 +349,14 @@ def _open_client(root: Path, config: RepoConfig) -> StoreClient:
     from sync.http_client import HttpClient
 
     return HttpClient(config.server, config.workspace_id, load_token(config.workspace_id))
+
+
+def _hit_filter(path: str | None, language: str | None) -> Callable[[LexDoc], bool] | None:
+    if path is None and language is None:
+        return None
+
+    def keep(doc: LexDoc) -> bool:
+        return (path is None or fnmatch.fnmatch(doc.path, path)) and (
+            language is None or doc.language == language)
+
+    return keep

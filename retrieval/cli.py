@@ -167,17 +167,21 @@ def _print_report(r: SyncReport) -> None:
               help="How many results.")
 @click.option("--path", "path_glob", metavar="GLOB", help="Only paths matching GLOB.")
 @click.option("--lang", "language", metavar="LANG", help="Only this language (python, go...).")
+@click.option("--group", "group", default="chunk", show_default=True,
+              type=click.Choice(["chunk", "symbol", "file"]),
+              help="One result per chunk, per symbol (function, class) or per file.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of hits.")
 @click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path),
               help="Search the index of this folder (default: the one around here).")
-def search(query: str, k: int, path_glob: str | None, language: str | None, as_json: bool,
-           repo: Path) -> None:
-    """Search the index for QUERY, by meaning.
+def search(query: str, k: int, path_glob: str | None, language: str | None, group: str,
+           as_json: bool, repo: Path) -> None:
+    """Search the index for QUERY, by meaning and by name.
 
+    QUERY may be a question, an identifier, an error message or a whole stack trace.
     Prints path:start-end, the symbol, and the lines as they are on disk now.
     """
     with Index(repo) as idx:
-        hits = idx.search(query, k=k, path=path_glob, language=language)
+        hits = idx.search(query, k=k, path=path_glob, language=language, group=group)
     if as_json:
         click.echo(json.dumps([h.to_dict() for h in hits], indent=2))
         return
@@ -302,6 +306,277 @@ def serve(data: Path, host: str, port: int) -> None:
     from sync.server import serve as run_server
 
     run_server(data, host=host, port=port)
+
+
+@main.command()
+@click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path),
+              help="Serve the index of this folder (default: the one around here).")
+def mcp(repo: Path) -> None:
+    """Run a Model Context Protocol server on stdio, for coding agents.
+
+    Tools: search, index_status, sync_index. See docs/mcp.md for client configuration.
+    """
+    from retrieval.mcp_server import run
+
+    run(repo)
+
+
+# -- daemon -------------------------------------------------------------------------
+# `codeveil daemon start|stop|status|run`. The machinery lives in sync.daemon; this
+# section builds the sync it runs (`Index.index()`) and reports. See docs/daemon.md.
+
+from typing import TYPE_CHECKING  # noqa: E402  (this section is appended as a unit)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from sync.daemon import DaemonState
+
+
+def _daemon_options(func: Callable[..., None]) -> Callable[..., None]:
+    """The tuning options shared by `daemon start` and `daemon run`."""
+    func = click.option(
+        "--max-backoff", "max_backoff", default=60.0, show_default=True, metavar="SECONDS",
+        type=click.FloatRange(min=0.1), help="Longest wait between retries of a failed sync.",
+    )(func)
+    func = click.option(
+        "--debounce", default=0.5, show_default=True, metavar="SECONDS",
+        type=click.FloatRange(min=0.0),
+        help="Sync once the tree has been quiet this long after a change.",
+    )(func)
+    func = click.option(
+        "--interval", default=300.0, show_default=True, metavar="SECONDS",
+        type=click.FloatRange(min=0.0),
+        help="Also sync this often without any event (0: only on events).",
+    )(func)
+    return func
+
+
+def _daemon_root(path: Path) -> Path:
+    """The folder a daemon serves: the indexed folder around PATH, else PATH itself."""
+    if not path.is_dir():
+        raise CodeveilError(f"no such folder: {path}")
+    return Index(path).root
+
+
+def _daemon_sync(root: Path) -> Callable[[], dict]:
+    """The daemon's sync: one `Index` for its lifetime, so the model is loaded once."""
+    idx = Index(root)
+
+    def sync_once() -> dict:
+        try:
+            return idx.index().to_dict()
+        finally:
+            # Reopen the store for each sync: no store handle is held while idle, and a
+            # client broken by a server restart is never reused.
+            idx.close()
+
+    return sync_once
+
+
+def _daemon_unreachable() -> tuple[type[BaseException], ...]:
+    """Errors meaning "the server could not be reached" (anywhere in the cause chain)."""
+    from sync.http_client import ServerUnavailable
+
+    return (ServerUnavailable, ConnectionError, TimeoutError)
+
+
+def _daemon_server(root: Path) -> str:
+    from sync.workspace import load_config
+
+    try:
+        return load_config(root).server or "embedded"
+    except CodeveilError:
+        return "embedded"  # not indexed yet: the first sync creates an embedded index
+
+
+def _daemon_child_env() -> dict[str, str]:
+    """The detached daemon's environment: ours, plus the folder this codeveil was imported
+    from when it is not an installed package, so the daemon runs this same code."""
+    import sysconfig
+
+    env = dict(os.environ)
+    source = str(Path(__file__).resolve().parent.parent)
+    installed = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    if source not in installed:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
+    return env
+
+
+@main.group()
+def daemon() -> None:
+    """Keep the index in step with the working tree, within seconds.
+
+    The daemon watches the folder, syncs a moment after files change (a branch switch is
+    one sync), re-checks everything every --interval seconds, and retries with backoff
+    while the server is down. One daemon per folder; state and log in .codeveil/.
+    """
+
+
+@daemon.command("start")
+@click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
+@_daemon_options
+@click.option("--timeout", default=30.0, show_default=True, metavar="SECONDS",
+              type=click.FloatRange(min=1.0), help="How long to wait for it to come up.")
+def daemon_start(path: Path, interval: float, debounce: float, max_backoff: float,
+                 timeout: float) -> None:
+    """Start the daemon for PATH (default: here) in the background.
+
+    Does nothing but say so if a daemon already runs for PATH.
+    """
+    from sync.daemon import AlreadyRunningError, DaemonFiles, spawn
+
+    root = _daemon_root(path)
+    argv = [sys.executable, "-P", "-m", "retrieval.cli", "daemon", "run", str(root),
+            "--interval", repr(interval), "--debounce", repr(debounce),
+            "--max-backoff", repr(max_backoff), "--detached"]
+    try:
+        pid = spawn(root, argv, env=_daemon_child_env(), timeout=timeout)
+    except AlreadyRunningError as exc:
+        click.echo(f"codeveil daemon: already running (pid {exc.pid or '?'}) for {root}")
+        return
+    click.echo(f"codeveil daemon: started (pid {pid}) for {root}")
+    click.echo(f"log: {DaemonFiles.for_root(root).log}")
+
+
+@daemon.command("run")
+@click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
+@_daemon_options
+@click.option("--detached", is_flag=True, hidden=True,
+              help="Set by `daemon start`: log to the file only, and capture stdout/stderr.")
+def daemon_run(path: Path, interval: float, debounce: float, max_backoff: float,
+               detached: bool) -> None:
+    """Run the daemon for PATH in the foreground (for systemd, launchd or a terminal).
+
+    Logs to stderr and .codeveil/daemon.log; SIGTERM or Ctrl-C stop it cleanly.
+    """
+    from sync.daemon import Daemon, DaemonFiles, DaemonLock, setup_logging
+
+    root = _daemon_root(path)
+    files = DaemonFiles.for_root(root)
+    lock = DaemonLock.acquire(files)
+    try:
+        setup_logging(files, to_stderr=not detached, capture_std=detached)
+        runner = Daemon(
+            root, _daemon_sync(root), full_interval=interval, debounce=debounce,
+            backoff_max=max_backoff, unreachable=_daemon_unreachable(),
+            status_extra={"server": _daemon_server(root)},
+        )
+        code = runner.run(lock)
+    finally:
+        lock.release()
+    if code:
+        sys.exit(code)
+
+
+@daemon.command("stop")
+@click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--timeout", default=30.0, show_default=True, metavar="SECONDS",
+              type=click.FloatRange(min=0.1), help="How long to wait for it to exit.")
+def daemon_stop(path: Path, timeout: float) -> None:
+    """Stop the daemon for PATH (SIGTERM, then wait for it to exit)."""
+    from sync.daemon import DaemonFiles, read_status
+    from sync.daemon import stop as stop_daemon
+
+    root = _daemon_root(path)
+    pid = stop_daemon(root, timeout=timeout)
+    if pid is None:
+        click.echo(f"codeveil daemon: not running for {root}")
+        return
+    final = read_status(DaemonFiles.for_root(root)) or {}
+    how = "" if final.get("state") == "stopped" else f" (final state: {final.get('state')})"
+    click.echo(f"codeveil daemon: stopped (pid {pid}){how}")
+
+
+@daemon.command("status")
+@click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def daemon_status(path: Path, as_json: bool) -> None:
+    """Show whether the daemon for PATH runs, its last sync, pending changes and errors.
+
+    Exit status: 0 if it runs, 3 if not.
+    """
+    from sync.daemon import EXIT_NOT_RUNNING, DaemonFiles, probe
+
+    root = _daemon_root(path)
+    state = probe(root)
+    if as_json:
+        click.echo(json.dumps({
+            "root": str(state.root), "running": state.running, "pid": state.pid,
+            "stale_pid_cleared": state.stale_pid, "status": state.status,
+        }, indent=2))
+    else:
+        _print_daemon_status(state, DaemonFiles.for_root(root).log)
+    if not state.running:
+        sys.exit(EXIT_NOT_RUNNING)
+
+
+def _print_daemon_status(state: DaemonState, log_path: Path) -> None:
+    import time
+
+    s = state.status or {}
+    if state.running:
+        click.echo(f"codeveil daemon: running (pid {state.pid or '?'}) for {state.root}")
+    else:
+        click.echo(f"codeveil daemon: not running for {state.root}")
+        if state.stale_pid:
+            click.echo(f"  pid {state.stale_pid} died without stopping cleanly;"
+                       " its pid file was cleared")
+        if not s:
+            return
+    rows: list[tuple[str, str]] = [
+        ("state" if state.running else "last state", str(s.get("state"))),
+        ("started", _when(s.get("started"))),
+    ]
+    if s.get("last_sync_finished"):
+        result = s.get("last_result") or {}
+        if s.get("last_sync_ok"):
+            outcome = (f"ok: {result.get('files_changed', 0)} changed,"
+                       f" {result.get('files_deleted', 0)} deleted,"
+                       f" {result.get('chunks_total', '?')} chunks in the index,"
+                       f" {result.get('seconds', 0):.1f} s")
+        else:
+            outcome = "failed"
+        rows.append(("last sync", f"{_when(s.get('last_sync_finished'))}, {outcome}"))
+    elif s.get("last_sync_started"):
+        rows.append(("last sync", f"first sync running since {_when(s['last_sync_started'])}"))
+    rows.append(("pending", f"{s.get('pending_changes', 0)} changed paths"))
+    server = s.get("server", "embedded")
+    if server != "embedded":
+        reach = {True: "reachable", False: "UNREACHABLE", None: "not contacted yet"}
+        rows.append(("server", f"{server} ({reach.get(s.get('server_reachable'), '?')})"))
+    if s.get("consecutive_errors"):
+        retry = s.get("next_retry_at")
+        wait = (f"; next retry in {max(0.0, retry - time.time()):.0f} s"
+                if retry and state.running else "")
+        rows.append(("errors", f"{s['consecutive_errors']} failed syncs in a row{wait}"))
+        rows.append(("last error", str(s.get("last_error"))))
+    if s.get("watching"):
+        rows.append(("watching", f"yes ({s.get('watched_dirs', 0)} top-level folders)"))
+    else:
+        rows.append(("watching", f"no{': ' + s['watch_error'] if s.get('watch_error') else ''}"))
+    rows.append(("log", str(log_path)))
+    for name, value in rows:
+        click.echo(f"  {name:>10}: {value}")
+
+
+def _when(ts: object) -> str:
+    """A timestamp as local time and how long ago it was."""
+    import time
+
+    if not isinstance(ts, int | float):
+        return "never"
+    ago = max(0.0, time.time() - ts)
+    if ago < 120:
+        rel = f"{ago:.0f} s ago"
+    elif ago < 7200:
+        rel = f"{ago / 60:.0f} min ago"
+    else:
+        rel = f"{ago / 3600:.1f} h ago"
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ts))} ({rel})"
+
+
+# -- end of daemon ------------------------------------------------------------------
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ from indexer.chunk import Chunk
 from indexer.chunker import chunk_file
 from indexer.embed_cache import CachedEmbedder
 from indexer.local_chunks import LocalChunks, open_state_db
-from indexer.statcache import StatCache
-from indexer.walk import read_source, walk_repo
+from indexer.statcache import StatCache, scan
+from indexer.walk import Skipped, SourceFile, read_source, walk_repo
 from sync import crypto
 from sync.client import StoreClient
 from sync.keys import WorkspaceKey
@@ -132,27 +132,16 @@ class Syncer:
         """path -> content digest of every indexable file, reading only stat-changed ones."""
         t0 = time.perf_counter()
         walked = walk_repo(self.root, max_file_bytes=self.max_file_bytes)
-        report.skipped.extend((s.path, s.reason) for s in walked.skipped)
         self.progress.scanned(len(walked.files))
-        cached = self.stat_cache.snapshot()
-        files: dict[str, bytes] = {}
-        fresh = []
-        for entry in walked.files:
-            digest = self.stat_cache.lookup_in(cached, entry)
-            if digest is None:
-                source = read_source(self.root, entry)
-                if source.skip_reason is not None:
-                    report.skipped.append((entry.path, source.skip_reason))
-                    continue
-                digest = source.digest
-                fresh.append((entry, digest))
-            files[entry.path] = digest
-        self.stat_cache.record_many(fresh)
-        self.stat_cache.forget_many(set(cached) - set(files))
+        result = scan(self.root, walked, self.stat_cache, read=self._read)
+        report.skipped.extend((s.path, s.describe()) for s in result.skipped)
         report.files_scanned = len(walked.files)
-        report.files_skipped = len(report.skipped)
+        report.files_skipped = len(result.skipped)
         report.seconds_walk = time.perf_counter() - t0
-        return files
+        return result.digests
+
+    def _read(self, root: Path, path: str) -> SourceFile | Skipped:
+        return read_source(root, path, max_file_bytes=self.max_file_bytes)
 
     # -- the sync -------------------------------------------------------------------
 
@@ -207,8 +196,8 @@ class Syncer:
         batch_chunks = 0
         for path in todo:
             t0 = time.perf_counter()
-            source = read_source(self.root, self._entry(path))
-            if source.skip_reason is not None:
+            source = self._read(self.root, path)
+            if not isinstance(source, SourceFile):
                 # Vanished or became unreadable since the scan: leave directories pending.
                 complete = False
                 report.seconds_chunk += time.perf_counter() - t0
@@ -226,11 +215,6 @@ class Syncer:
         if batch or deletes:
             self._flush(batch, deletes, report)
         return complete
-
-    def _entry(self, path: str):
-        from indexer.walk import stat_entry
-
-        return stat_entry(self.root, path)
 
     def _flush(self, batch: list[_Pending], deletes: list[bytes], report: SyncReport) -> None:
         sending = [p for p in batch if p.upload]

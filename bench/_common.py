@@ -1,0 +1,62 @@
+"""Helpers shared by the benchmarks: isolated dirs, tables, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def isolate() -> Path:
+    """Point codeveil's config and cache dirs at a fresh temp dir; returns it."""
+    base = Path(tempfile.mkdtemp(prefix="codeveil-bench-"))
+    os.environ["CODEVEIL_CONFIG_DIR"] = str(base / "config")
+    os.environ["CODEVEIL_CACHE_DIR"] = str(base / "cache")
+    return base
+
+
+def copy_tree(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return dst
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(h) for h in headers]] + [[_fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+    return str(value)
+
+
+def write_json(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    payload = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        **payload,
+    }
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2))
+    return path
+
+
+class Timer:
+    def __enter__(self) -> Timer:
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.start

@@ -1,0 +1,639 @@
+"""Search quality: codeveil against BM25 and plain MiniLM, with an ablation, in one run.
+
+    python bench/quality.py --data DIR [--datasets swebench,cosqa]
+        [--repos requests,flask,pytest,xarray,sphinx] [--per-repo N] [--cosqa-limit N]
+        [--mirrors DIR] [--stage warm|eval|all] [--no-header-ablation] [--no-plot]
+
+SWE-bench Verified (dev): issue text -> the files its fix edited; file-level Acc@1/3/5/10
+(share of issues with a gold file among the top k distinct files). CoSQA (dev): web query
+-> one function of a 6,267-function corpus (each function a file `corpus/<id>.py`);
+MRR (rank cut at 100) and Recall@1/10.
+
+Systems, all over the same files (the ones `indexer.walk` keeps):
+
+- BM25 files: `bm25s` over whole files, its own tokenizer, English stop words.
+- MiniLM windows: all-MiniLM-L6-v2 over 40-line windows, the model's own truncation for
+  windows and query, a file ranked by its best window.
+- codeveil, built up one piece at a time (the ablation): syntax chunks; the
+  `path > symbol` header; a long query split into parts; BM25 over the chunks fused by
+  RRF; evidence from what the query names; then the fusion and file aggregation choices.
+  These run the production ranking code (`retrieval.fusion.HybridRanker`,
+  `retrieval.grouping`) over plain vectors in memory; `--e2e N` also runs N instances
+  through `Index.search` (encrypted store, DCPE vectors) to show the same numbers hold.
+
+Data lives under `--data` (never inside the project): `trees/` (exported repos, one
+folder per commit), `chunks/` (chunk boundaries per commit), `cache/` (the embedding
+cache: every text is embedded once, whatever the run). Missing trees are exported from
+bare git mirrors under `--mirrors` (`<owner>+<name>/repo`) with the dataset's
+`materialize.sh`. Prints tables; writes bench/results/quality.json and quality.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import RESULTS, table, write_json
+
+log = logging.getLogger("bench.quality")
+
+SHARED = Path("/work/shared/bench")
+REPO_NAMES = {
+    "requests": "psf/requests", "flask": "pallets/flask", "pytest": "pytest-dev/pytest",
+    "xarray": "pydata/xarray", "sphinx": "sphinx-doc/sphinx", "pylint": "pylint-dev/pylint",
+    "astropy": "astropy/astropy", "seaborn": "mwaskom/seaborn",
+}
+WINDOW_LINES = 40
+DEPTH_FILES = 50
+ACC_KS = (1, 3, 5, 10)
+
+
+# -- embedders ----------------------------------------------------------------------
+
+
+def _embedders():
+    """(codeveil's cached embedder, plain truncating cached embedder). Imported late so
+    that --data can point the embedding cache before it is opened."""
+    from indexer.embed_cache import CachedEmbedder, EmbeddingCache
+    from indexer.embedder import Embedder, default_embedder
+
+    model = default_embedder()
+
+    class Plain(Embedder):
+        """The same model used the plain way: one text, one vector, truncated at the
+        window by sentence-transformers (what a naive integration does)."""
+
+        def __init__(self) -> None:
+            self.model_id = model.model_id + ":truncate"
+            self.dim = model.dim
+            self.max_tokens = model.max_tokens
+
+        def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
+            return model.embed_batch(texts)
+
+    cache = EmbeddingCache()
+    return CachedEmbedder(model, cache), CachedEmbedder(Plain(), cache)
+
+
+def embed_all(embedder, texts: Sequence[str], what: str) -> np.ndarray:
+    t0 = time.perf_counter()
+    out = embedder.embed(list(texts))
+    if out.embedded:
+        log.info("  %s: %d texts, %d embedded in %.0fs", what, len(texts), out.embedded,
+                 time.perf_counter() - t0)
+    return out.vectors
+
+
+# -- corpora -------------------------------------------------------------------------
+
+
+@dataclass
+class Corpus:
+    """One repo version (or the CoSQA corpus as a repo): files and codeveil chunks."""
+
+    name: str
+    files: dict[str, str]  # path -> text
+    chunks: list = field(default_factory=list)  # indexer.chunk.Chunk
+
+    def windows(self) -> list[tuple[str, str]]:
+        """(path, text) of 40-line windows of every file (the plain baseline's unit)."""
+        out = []
+        for path, text in self.files.items():
+            lines = text.splitlines(keepends=True)
+            for start in range(0, len(lines), WINDOW_LINES):
+                body = "".join(lines[start : start + WINDOW_LINES])
+                if body.strip():
+                    out.append((path, body))
+        return out
+
+
+def _chunker_fingerprint() -> str:
+    """Changes whenever the chunking code does, so stale chunk caches are not used."""
+    root = Path(__file__).resolve().parent.parent / "indexer"
+    h = hashlib.sha256()
+    for name in ("chunker.py", "textsplit.py", "languages.py", "tokens.py", "chunk.py"):
+        p = root / name
+        if p.exists():
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def load_tree(root: Path, name: str, chunk_cache: Path | None,
+              include: str | None = None) -> Corpus:
+    """Files of a tree as `codeveil index` would read them (those matching the glob
+    `include`, if given), and their chunks."""
+    import fnmatch
+
+    from indexer.chunk import Chunk
+    from indexer.chunker import chunk_file, split_lines
+    from indexer.languages import language_for_path
+    from indexer.walk import SourceFile, read_source, walk_repo
+
+    files: dict[str, str] = {}
+    for entry in walk_repo(root).files:
+        if include and not fnmatch.fnmatch(entry.path, include):
+            continue
+        src = read_source(root, entry.path)
+        if isinstance(src, SourceFile):
+            files[entry.path] = src.text
+    corpus = Corpus(name, files)
+    fp = _chunker_fingerprint()
+    if chunk_cache is not None and chunk_cache.exists():
+        saved = json.loads(chunk_cache.read_text())
+        if saved.get("fingerprint") == fp:
+            lines_of = {p: split_lines(t) for p, t in files.items()}
+            corpus.chunks = [
+                Chunk(p, s, e, lang, sym, "".join(lines_of[p][s - 1 : e]))
+                for p, s, e, lang, sym in saved["chunks"] if p in lines_of
+            ]
+            return corpus
+    for path, text in files.items():
+        corpus.chunks.extend(chunk_file(path, text, language=language_for_path(path)))
+    if chunk_cache is not None:
+        chunk_cache.parent.mkdir(parents=True, exist_ok=True)
+        chunk_cache.write_text(json.dumps({
+            "fingerprint": fp,
+            "chunks": [[c.path, c.start_line, c.end_line, c.language, c.symbol]
+                       for c in corpus.chunks],
+        }))
+    return corpus
+
+
+def cosqa_corpus(path: Path) -> Corpus:
+    from indexer.chunker import chunk_file
+
+    files = {}
+    for line in path.open():
+        row = json.loads(line)
+        files[f"corpus/{row['doc_id']}.py"] = row["code"] if row["code"].endswith("\n") \
+            else row["code"] + "\n"
+    corpus = Corpus("cosqa", files)
+    for p, text in files.items():
+        corpus.chunks.extend(chunk_file(p, text, language="python"))
+    return corpus
+
+
+# -- systems -------------------------------------------------------------------------
+
+
+class Memo:
+    """A `retrieval.lexical.Tokenizer` that remembers whole texts: repo versions share
+    most of their chunks, so each distinct chunk is tokenized once per run."""
+
+    def __init__(self) -> None:
+        from retrieval.lexical import Tokenizer
+
+        self.tok = Tokenizer()
+        self.memo: dict[str, tuple] = {}
+
+    def counts(self, text: str):
+        got = self.memo.get(text)
+        if got is None:
+            got = self.memo[text] = self.tok.counts(text)
+        return got
+
+
+def lexical_index(docs: Sequence, texts: Sequence[str], memo: Memo):
+    """A LexicalIndex over (LexDoc, text) pairs, tokenizing through `memo`."""
+    from retrieval.lexical import LexicalIndex, _Counts, _Segment
+
+    counts = _Counts()
+    for d, t in zip(docs, texts, strict=True):
+        counts.add(d, memo.counts(t))
+    return LexicalIndex(_Segment.from_counts(counts, None, 1.2, 0.75), tokenizer=memo.tok)
+
+
+class VectorIndex:
+    """Exact cosine search over plain vectors (what the store does, minus encryption)."""
+
+    def __init__(self, docs: Sequence, vectors: np.ndarray) -> None:
+        self.docs = list(docs)
+        self.m = vectors
+
+    def nearest(self, v: np.ndarray, n: int):
+        s = self.m @ v.astype(np.float32)
+        n = min(n, len(s))
+        top = np.argpartition(-s, n - 1)[:n]
+        top = top[np.argsort(-s[top], kind="stable")]
+        return [(self.docs[i], float(s[i])) for i in top]
+
+
+def files_from_windows(hits: Iterable[tuple[str, float]], limit: int) -> list[str]:
+    """Distinct paths in the order of their best window."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for path, _ in hits:
+        if path not in seen:
+            seen.add(path)
+            out.append(path)
+            if len(out) >= limit:
+                break
+    return out
+
+
+@dataclass
+class Prepared:
+    """Everything a corpus needs for every system, built once."""
+
+    corpus: Corpus
+    bm25_files: Callable[[str], list[str]]
+    code_bm25_files: Callable[[str], list[str]]
+    windows: Callable[[str], list[str]]
+    ranker_header: object  # HybridRanker over header vectors
+    ranker_noheader: object | None
+    lexical: object
+
+
+def prepare(corpus: Corpus, enc, plain, memo: Memo, *, noheader: bool,
+            query_texts: Sequence[str]) -> Prepared:
+    import bm25s
+
+    from indexer.tokens import default_counter
+    from retrieval.fusion import HybridRanker
+    from retrieval.lexical import LexDoc, lexical_text
+    from retrieval.query import split_query
+
+    counter = default_counter()
+    # Embed every query (its parts, the whole for split "none", the plain truncation) in
+    # a few batches rather than one call per query.
+    embed_all(plain, query_texts, "plain queries")
+    parts = [p for q in query_texts
+             for p in split_query(q, counter.count, enc.embedder.max_tokens)]
+    embed_all(enc, [*parts, *query_texts], "queries")
+
+    paths = list(corpus.files)
+    # BM25 over whole files, the library's defaults.
+    tok = bm25s.tokenize([corpus.files[p] for p in paths], stopwords="en",
+                         return_ids=False, show_progress=False)
+    bm = bm25s.BM25()
+    bm.index(tok, show_progress=False)
+
+    def bm25_files(q: str) -> list[str]:
+        qt = bm25s.tokenize([q], stopwords="en", return_ids=False, show_progress=False)
+        qt = [[t for t in qt[0] if t in bm.vocab_dict]]
+        if not qt[0]:
+            return []
+        docs, _ = bm.retrieve(qt, k=min(DEPTH_FILES, len(paths)), show_progress=False)
+        return [paths[i] for i in docs[0]]
+
+    # BM25 over whole files with codeveil's code-aware tokens (no chunks, no vectors).
+    file_docs = [LexDoc(p, 1, 1, "", "") for p in paths]
+    code_lex = lexical_index(file_docs, [p + "\n" + corpus.files[p] for p in paths], memo)
+
+    def code_bm25_files(q: str) -> list[str]:
+        return [paths[i] for i, _ in code_lex.top(q, DEPTH_FILES)]
+
+    # Plain MiniLM over 40-line windows.
+    wins = corpus.windows()
+    wvec = embed_all(plain, [t for _, t in wins], "plain windows")
+    wpaths = [p for p, _ in wins]
+
+    def windows(q: str) -> list[str]:
+        qv = embed_all(plain, [q], "plain query")[0]
+        s = wvec @ qv
+        order = np.argsort(-s, kind="stable")[: DEPTH_FILES * 20]
+        return files_from_windows(((wpaths[i], s[i]) for i in order), DEPTH_FILES)
+
+    chunks = corpus.chunks
+    docs = [LexDoc(c.path, c.start_line, c.end_line, c.symbol, c.language) for c in chunks]
+    lex = lexical_index(docs, [lexical_text(c) for c in chunks], memo)
+
+    def embed_parts(parts: Sequence[str]) -> np.ndarray:
+        return embed_all(enc, parts, "query parts")
+
+    hvec = embed_all(enc, [c.embed_text for c in chunks], "chunks with header")
+    ranker_h = HybridRanker(lex, embed_parts, VectorIndex(docs, hvec).nearest,
+                            counter.count, enc.embedder.max_tokens)
+    ranker_n = None
+    if noheader:
+        nvec = embed_all(enc, [c.text for c in chunks], "chunks without header")
+        ranker_n = HybridRanker(lex, embed_parts, VectorIndex(docs, nvec).nearest,
+                                counter.count, enc.embedder.max_tokens)
+    return Prepared(corpus, bm25_files, code_bm25_files, windows, ranker_h, ranker_n, lex)
+
+
+def codeveil_variants(noheader: bool) -> list[tuple[str, str, dict, str]]:
+    """(name, vectors, SearchOptions fields, file aggregation) of the ablation rows."""
+    from retrieval.grouping import DEFAULT_AGG
+
+    agg = DEFAULT_AGG["file"]
+    vec_only = {"hybrid": False, "evidence": False}
+    rows: list[tuple[str, str, dict, str]] = []
+    if noheader:
+        rows.append(("chunks, vector, no header", "noheader", {**vec_only, "split": "none"},
+                     "max"))
+    rows += [
+        ("chunks+header, vector", "header", {**vec_only, "split": "none"}, "max"),
+        ("+ query split (rrf)", "header", {**vec_only, "split": "rrf"}, "max"),
+        ("+ BM25 fusion", "header", {"evidence": False, "split": "rrf"}, "max"),
+        ("+ evidence", "header", {"split": "rrf"}, "max"),
+        (f"+ file agg {agg} (full)", "header", {}, agg),
+    ]
+    for a in ("sum", "topm", "decay", "rrf", "max"):
+        if a != agg:
+            rows.append((f"full, agg {a}", "header", {}, a))
+    rows += [
+        ("full, split max", "header", {"split": "max"}, agg),
+        ("full, split mean", "header", {"split": "mean"}, agg),
+        ("full, split none", "header", {"split": "none"}, agg),
+        ("full, rrf k=20", "header", {"rrf_k": 20.0}, agg),
+        ("full, BM25 weight 0.5", "header", {"w_lexical": 0.5}, agg),
+        ("full, BM25 weight 2", "header", {"w_lexical": 2.0}, agg),
+        ("full, evidence weight 2", "header", {"w_evidence": 2.0}, agg),
+        ("full, depth 200", "header", {"depth": 200}, agg),
+        ("full, BM25 all repeats", "header", {"dedupe_terms": False}, agg),
+        ("BM25 chunks only", "header",
+         {"w_vector": 0.0, "evidence": False}, agg),
+    ]
+    return rows
+
+
+def rank_files(prep: Prepared, q: str, variant: tuple[str, str, dict, str]) -> list[str]:
+    from retrieval.fusion import SearchOptions
+    from retrieval.grouping import group
+
+    _name, vectors, opts, agg = variant
+    ranker = prep.ranker_header if vectors == "header" else prep.ranker_noheader
+    ranking = ranker.rank(q, replace(SearchOptions(), **opts))
+    return [g.key[0] for g in group(ranking.chunks, "file", agg)][:DEPTH_FILES]
+
+
+# -- SWE-bench -------------------------------------------------------------------------
+
+
+def swebench_instances(path: Path, repos: Sequence[str], per_repo: int | None) -> list[dict]:
+    rows = [json.loads(line) for line in path.open()]
+    wanted = [REPO_NAMES.get(r, r) for r in repos]
+    out = []
+    for repo in wanted:
+        mine = [r for r in rows if r["repo"] == repo]
+        out += mine[:per_repo] if per_repo else mine
+    return out
+
+
+def tree_for(data: Path, mirrors: Path | None, repo: str, commit: str) -> Path:
+    out = data / "trees" / repo.replace("/", "+") / commit[:12]
+    if out.is_dir():
+        return out
+    if mirrors is None:
+        raise SystemExit(f"no tree at {out} and no --mirrors to export it from")
+    git = mirrors / repo.replace("/", "+") / "repo"
+    script = SHARED / "swebench" / "materialize.sh"
+    subprocess.run(["bash", str(script), str(git), commit, str(out)], check=True,
+                   capture_output=True)
+    return out
+
+
+def acc(ranks: Sequence[int | None], k: int) -> float:
+    return sum(1 for r in ranks if r is not None and r <= k) / max(len(ranks), 1)
+
+
+def first_gold(files: Sequence[str], gold: set[str]) -> int | None:
+    for i, f in enumerate(files, start=1):
+        if f in gold:
+            return i
+    return None
+
+
+def run_swebench(args, enc, plain, memo: Memo) -> dict:
+    instances = swebench_instances(args.swebench, args.repos, args.per_repo)
+    by_version: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for inst in instances:
+        by_version[(inst["repo"], inst["commit"])].append(inst)
+    variants = codeveil_variants(args.noheader)
+    systems = ["BM25 files", "BM25 files, code tokens", "MiniLM 40-line windows"] + [
+        v[0] for v in variants]
+    ranks: dict[str, list[int | None]] = {s: [] for s in systems}
+    per_repo: dict[str, dict[str, list[int | None]]] = defaultdict(
+        lambda: {s: [] for s in systems})
+    details = []
+    for n, ((repo, commit), insts) in enumerate(by_version.items(), start=1):
+        t0 = time.perf_counter()
+        root = tree_for(args.data, args.mirrors, repo, commit)
+        tag = hashlib.sha256(args.include.encode()).hexdigest()[:8]
+        cache = args.data / "chunks" / repo.replace("/", "+") / f"{commit[:12]}-{tag}.json"
+        corpus = load_tree(root, f"{repo}@{commit[:12]}", cache, args.include)
+        log.info("[%d/%d] %s@%s: %d files, %d chunks", n, len(by_version), repo, commit[:12],
+                 len(corpus.files), len(corpus.chunks))
+        queries = [i["query"] for i in insts]
+        prep = prepare(corpus, enc, plain, memo, noheader=args.noheader, query_texts=queries)
+        if args.stage == "warm":
+            continue
+        for inst in insts:
+            q = inst["query"]
+            gold = set(inst["gold_files"])
+            results = {
+                "BM25 files": prep.bm25_files(q),
+                "BM25 files, code tokens": prep.code_bm25_files(q),
+                "MiniLM 40-line windows": prep.windows(q),
+            }
+            for v in variants:
+                results[v[0]] = rank_files(prep, q, v)
+            row = {"id": inst["id"], "repo": repo, "gold": sorted(gold)}
+            for s, files in results.items():
+                r = first_gold(files, gold)
+                ranks[s].append(r)
+                per_repo[repo][s].append(r)
+                row[s] = r
+            details.append(row)
+        log.info("  done in %.0fs", time.perf_counter() - t0)
+    if args.stage == "warm":
+        return {}
+    summary = {s: {f"acc@{k}": acc(r, k) for k in ACC_KS} for s, r in ranks.items()}
+    repo_summary = {
+        repo: {s: {f"acc@{k}": acc(r, k) for k in ACC_KS} for s, r in d.items()}
+        for repo, d in per_repo.items()
+    }
+    return {"instances": len(details), "versions": len(by_version), "systems": summary,
+            "per_repo": repo_summary, "details": details}
+
+
+# -- CoSQA ---------------------------------------------------------------------------------
+
+
+def run_cosqa(args, enc, plain, memo: Memo) -> dict:
+    rows = [json.loads(line) for line in (args.cosqa / "dev.jsonl").open()]
+    if args.cosqa_limit:
+        rows = rows[: args.cosqa_limit]
+    corpus = cosqa_corpus(args.cosqa / "corpus.jsonl")
+    log.info("cosqa: %d queries, %d functions, %d chunks", len(rows), len(corpus.files),
+             len(corpus.chunks))
+    prep = prepare(corpus, enc, plain, memo, noheader=args.noheader,
+                   query_texts=[r["query"] for r in rows])
+    # One window per function (functions are short): the plain baseline is the whole
+    # function, truncated by the model.
+    variants = codeveil_variants(args.noheader)
+    keep = {"chunks, vector, no header", "chunks+header, vector", "+ BM25 fusion",
+            "+ evidence", "BM25 chunks only", "full, BM25 weight 0.5", "full, BM25 weight 2",
+            "full, rrf k=20"}
+    variants = [v for v in variants if v[0] in keep or v[0].startswith("+ file agg")]
+    if args.stage == "warm":
+        return {}
+    systems = ["BM25 files", "BM25 files, code tokens", "MiniLM 40-line windows"] + [
+        v[0] for v in variants]
+    ranks: dict[str, list[int | None]] = {s: [] for s in systems}
+    for r in rows:
+        q = r["query"]
+        gold = {f"corpus/{r['gold_doc_id']}.py"}
+        results = {
+            "BM25 files": prep.bm25_files(q),
+            "BM25 files, code tokens": prep.code_bm25_files(q),
+            "MiniLM 40-line windows": prep.windows(q),
+        }
+        for v in variants:
+            results[v[0]] = rank_files(prep, q, v)
+        for s, files in results.items():
+            ranks[s].append(first_gold(files[:100], gold))
+    summary = {
+        s: {"mrr": sum(1 / x for x in r if x) / len(r), "recall@1": acc(r, 1),
+            "recall@10": acc(r, 10)}
+        for s, r in ranks.items()
+    }
+    return {"queries": len(rows), "systems": summary}
+
+
+# -- end to end ----------------------------------------------------------------------------
+
+
+def run_e2e(args, n: int) -> dict:
+    """The first `n` SWE-bench instances through `Index.search` (encrypted round trip)."""
+    import shutil
+    import tempfile
+
+    from retrieval import Index
+
+    instances = swebench_instances(args.swebench, args.repos, args.per_repo)[:n]
+    ranks = []
+    for inst in instances:
+        src = tree_for(args.data, args.mirrors, inst["repo"], inst["commit"])
+        with tempfile.TemporaryDirectory(prefix="codeveil-e2e-") as tmp:
+            root = Path(tmp) / "repo"
+            shutil.copytree(src, root)
+            idx = Index(root)
+            idx.index()
+            hits = idx.search(inst["query"], k=DEPTH_FILES, group="file")
+            idx.close()
+        ranks.append(first_gold([h.path for h in hits], set(inst["gold_files"])))
+    return {"instances": len(ranks), **{f"acc@{k}": acc(ranks, k) for k in ACC_KS}}
+
+
+# -- output --------------------------------------------------------------------------------
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = []
+    if results.get("swebench"):
+        panels.append(("SWE-bench Verified dev: file Acc@5",
+                        {s: v["acc@5"] for s, v in results["swebench"]["systems"].items()}))
+    if results.get("cosqa"):
+        panels.append(("CoSQA dev: MRR",
+                       {s: v["mrr"] for s, v in results["cosqa"]["systems"].items()}))
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 7), squeeze=False)
+    for ax, (title, values) in zip(axes[0], panels, strict=True):
+        names = list(values)
+        colors = ["#999999" if not (n.startswith("+") or n.startswith("chunks") or
+                                    n.startswith("full") or n.startswith("BM25 chunks"))
+                  else "#3b7dd8" for n in names]
+        ax.barh(names[::-1], [values[n] for n in names][::-1], color=colors[::-1])
+        ax.set_title(title)
+        ax.set_xlim(0, 1)
+        for i, n in enumerate(names[::-1]):
+            ax.text(values[n] + 0.01, i, f"{values[n]:.3f}", va="center", fontsize=8)
+        ax.tick_params(axis="y", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, required=True,
+                        help="Folder for trees, chunk lists and the embedding cache.")
+    parser.add_argument("--datasets", default="swebench,cosqa")
+    parser.add_argument("--repos", default="requests,flask,pytest,xarray,sphinx")
+    parser.add_argument("--per-repo", type=int, default=None,
+                        help="At most this many SWE-bench instances per repo.")
+    parser.add_argument("--cosqa-limit", type=int, default=None)
+    parser.add_argument("--swebench", type=Path,
+                        default=SHARED / "swebench" / "verified_dev.jsonl")
+    parser.add_argument("--cosqa", type=Path, default=SHARED / "cosqa")
+    parser.add_argument("--mirrors", type=Path, default=None)
+    parser.add_argument("--include", default="*.py",
+                        help="Glob of the SWE-bench files every system indexes (default: "
+                        "Python files, where all gold files are; '*' for all files).")
+    parser.add_argument("--stage", choices=("warm", "eval", "all"), default="all",
+                        help="warm: only embed (fill the cache); eval/all: measure.")
+    parser.add_argument("--no-header-ablation", dest="noheader", action="store_false",
+                        help="Skip the row that needs chunks embedded without headers.")
+    parser.add_argument("--e2e", type=int, default=0,
+                        help="Also run this many instances through Index.search.")
+    parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--out", default="quality")
+    args = parser.parse_args()
+    args.repos = [r for r in args.repos.split(",") if r]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
+                        datefmt="%H:%M:%S")
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    os.environ.setdefault("CODEVEIL_CACHE_DIR", str(args.data / "cache"))
+    enc, plain = _embedders()
+    memo = Memo()
+    results: dict = {"model": enc.model_id, "args": {
+        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+    datasets = args.datasets.split(",")
+    if "cosqa" in datasets:
+        results["cosqa"] = run_cosqa(args, enc, plain, memo)
+    if "swebench" in datasets:
+        results["swebench"] = run_swebench(args, enc, plain, memo)
+    if args.e2e:
+        results["e2e"] = run_e2e(args, args.e2e)
+    if args.stage == "warm":
+        return
+    if results.get("swebench"):
+        sw = results["swebench"]
+        print(f"\nSWE-bench Verified dev, {sw['instances']} instances "
+              f"({sw['versions']} repo versions): file-level Acc@k")
+        print(table(["system", *(f"Acc@{k}" for k in ACC_KS)],
+                    [[s, *(v[f"acc@{k}"] for k in ACC_KS)] for s, v in sw["systems"].items()]))
+        repos = list(sw["per_repo"])
+        print("\nAcc@5 per repo")
+        print(table(["system", *repos],
+                    [[s, *(sw["per_repo"][r][s]["acc@5"] for r in repos)]
+                     for s in sw["systems"]]))
+    if results.get("cosqa"):
+        cq = results["cosqa"]
+        print(f"\nCoSQA dev, {cq['queries']} queries")
+        print(table(["system", "MRR", "R@1", "R@10"],
+                    [[s, v["mrr"], v["recall@1"], v["recall@10"]]
+                     for s, v in cq["systems"].items()]))
+    if results.get("e2e"):
+        print("\nEnd to end through Index.search:", results["e2e"])
+    path = write_json(args.out, results)
+    print(f"\nwrote {path}")
+    if not args.no_plot:
+        png = RESULTS / f"{args.out}.png"
+        plot(results, png)
+        print(f"wrote {png}")
+
+
+if __name__ == "__main__":
+    main()

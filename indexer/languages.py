@@ -1,0 +1,208 @@
+"""Which language a file is written in, judged by its name alone.
+
+Names returned for code with a tree-sitter grammar are the grammar names of
+tree-sitter-language-pack; everything else goes to the line/paragraph splitter,
+which still uses the name to pick its break points (headings, top-level keys).
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Final
+
+GRAMMAR_LANGUAGES: Final = frozenset(
+    {
+        "python",
+        "javascript",
+        "typescript",
+        "tsx",
+        "go",
+        "rust",
+        "java",
+        "c",
+        "cpp",
+        "csharp",
+        "ruby",
+        "php",
+        "kotlin",
+        "swift",
+        "scala",
+        "bash",
+        "lua",
+    }
+)
+"""Languages chunked along their syntax tree."""
+
+PROSE_LANGUAGES: Final = frozenset({"markdown", "rst", "text"})
+CONFIG_LANGUAGES: Final = frozenset({"yaml", "toml", "json", "ini", "xml"})
+
+_EXTENSIONS: Final[dict[str, str]] = {
+    # grammar languages
+    ".py": "python",
+    ".pyi": "python",
+    ".pyw": "python",
+    ".js": "javascript",
+    ".mjs": "javascript",
+    ".cjs": "javascript",
+    ".jsx": "javascript",
+    ".ts": "typescript",
+    ".mts": "typescript",
+    ".cts": "typescript",
+    ".tsx": "tsx",
+    ".go": "go",
+    ".rs": "rust",
+    ".java": "java",
+    ".c": "c",
+    ".h": "c",  # the chunker re-reads a .h file as C++ when only that parses
+    ".cc": "cpp",
+    ".cpp": "cpp",
+    ".cxx": "cpp",
+    ".c++": "cpp",
+    ".hpp": "cpp",
+    ".hh": "cpp",
+    ".hxx": "cpp",
+    ".h++": "cpp",
+    ".ipp": "cpp",
+    ".inl": "cpp",
+    ".cs": "csharp",
+    ".rb": "ruby",
+    ".rake": "ruby",
+    ".gemspec": "ruby",
+    ".php": "php",
+    ".kt": "kotlin",
+    ".kts": "kotlin",
+    ".swift": "swift",
+    ".scala": "scala",
+    ".sc": "scala",
+    ".sh": "bash",
+    ".bash": "bash",
+    ".zsh": "bash",
+    ".lua": "lua",
+    # prose and configuration
+    ".md": "markdown",
+    ".markdown": "markdown",
+    ".mdx": "markdown",
+    ".rst": "rst",
+    ".txt": "text",
+    ".text": "text",
+    ".yml": "yaml",
+    ".yaml": "yaml",
+    ".toml": "toml",
+    ".json": "json",
+    ".jsonc": "json",
+    ".json5": "json",
+    ".ini": "ini",
+    ".cfg": "ini",
+    ".conf": "ini",
+    ".properties": "ini",
+    ".xml": "xml",
+    ".plist": "xml",
+    ".svg": "xml",
+    # source without a grammar here: split by lines and blank lines
+    ".sql": "sql",
+    ".html": "html",
+    ".htm": "html",
+    ".css": "css",
+    ".scss": "scss",
+    ".sass": "scss",
+    ".less": "less",
+    ".vue": "vue",
+    ".svelte": "svelte",
+    ".dart": "dart",
+    ".r": "r",
+    ".pl": "perl",
+    ".pm": "perl",
+    ".ex": "elixir",
+    ".exs": "elixir",
+    ".erl": "erlang",
+    ".hrl": "erlang",
+    ".hs": "haskell",
+    ".ml": "ocaml",
+    ".mli": "ocaml",
+    ".fs": "fsharp",
+    ".fsx": "fsharp",
+    ".clj": "clojure",
+    ".cljs": "clojure",
+    ".el": "elisp",
+    ".jl": "julia",
+    ".m": "objc",
+    ".mm": "objc",
+    ".groovy": "groovy",
+    ".gradle": "groovy",
+    ".zig": "zig",
+    ".nim": "nim",
+    ".v": "verilog",
+    ".sv": "verilog",
+    ".vhd": "vhdl",
+    ".tf": "hcl",
+    ".hcl": "hcl",
+    ".proto": "protobuf",
+    ".graphql": "graphql",
+    ".gql": "graphql",
+    ".ps1": "powershell",
+    ".bat": "batch",
+    ".cmd": "batch",
+    ".fish": "fish",
+    ".cmake": "cmake",
+    ".mk": "make",
+    ".tex": "latex",
+    ".sol": "solidity",
+    ".cu": "cuda",
+    ".cuh": "cuda",
+    ".f90": "fortran",
+    ".pas": "pascal",
+    ".asm": "asm",
+    ".s": "asm",
+}
+
+# Whole file names (compared in lower case) that carry no telling extension.
+_FILENAMES: Final[dict[str, str]] = {
+    "readme": "text",
+    "license": "text",
+    "licence": "text",
+    "copying": "text",
+    "authors": "text",
+    "contributors": "text",
+    "changelog": "text",
+    "changes": "text",
+    "news": "text",
+    "notice": "text",
+    "todo": "text",
+    "makefile": "make",
+    "gnumakefile": "make",
+    "dockerfile": "dockerfile",
+    "containerfile": "dockerfile",
+    "jenkinsfile": "groovy",
+    "vagrantfile": "ruby",
+    "gemfile": "ruby",
+    "rakefile": "ruby",
+    "podfile": "ruby",
+    "brewfile": "ruby",
+    "cmakelists.txt": "cmake",
+    ".bashrc": "bash",
+    ".bash_profile": "bash",
+    ".profile": "bash",
+    ".zshrc": "bash",
+    ".gitignore": "text",
+    ".gitattributes": "text",
+    ".dockerignore": "text",
+    ".editorconfig": "ini",
+    ".env": "ini",
+}
+
+
+def language_for_path(path: str) -> str | None:
+    """The language of the file at `path` (repo-relative or absolute), or None if unknown."""
+    name = PurePosixPath(path.replace("\\", "/")).name
+    lowered = name.lower()
+    if lowered in _FILENAMES:
+        return _FILENAMES[lowered]
+    suffix = PurePosixPath(lowered).suffix
+    if suffix in _EXTENSIONS:
+        return _EXTENSIONS[suffix]
+    stem = lowered.split(".", 1)[0]
+    # README.zh, LICENSE-MIT, Dockerfile.dev and the like
+    for prefix in ("readme", "license", "licence", "changelog", "dockerfile", "makefile"):
+        if stem.startswith(prefix):
+            return _FILENAMES[prefix]
+    return None

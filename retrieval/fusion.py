@@ -1,0 +1,217 @@
+"""Hybrid ranking: the vector neighbours, BM25 and what the query names, fused.
+
+Each source gives a ranking of chunks; reciprocal-rank fusion (Cormack et al., 2009)
+adds `weight / (k + rank)` per ranking a chunk appears in. Ranks, not scores, are fused
+because the sources' scores live on unrelated scales (cosine in [-1, 1] after the
+encrypted round trip, unbounded BM25 sums, evidence counts).
+
+A long query is cut into parts that fit the model's window (`retrieval.query`); each
+part is embedded and searched, and the parts' rankings are first fused into one vector
+ranking, so a query of ten parts weighs no more against BM25 than a query of one.
+
+The vector side is a callable, so that `Index.search` can feed it from the encrypted
+store and the benchmarks from plain vectors, through the same ranking code.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Final, Literal, TypeVar
+
+import numpy as np
+
+from retrieval.lexical import LexDoc, LexicalIndex
+from retrieval.query import Evidence, QueryRefs, RepoNames, extract_refs, split_query
+
+RRF_K: Final = 60.0
+DEPTH: Final = 100
+
+K = TypeVar("K", bound=Hashable)
+
+SplitMode = Literal["rrf", "max", "mean", "none"]
+
+# Embeds texts that fit the window: float32 [n, dim], unit rows.
+Embed = Callable[[Sequence[str]], np.ndarray]
+# The `n` chunks nearest to a query vector: (doc, cosine), best first.
+Nearest = Callable[[np.ndarray, int], list[tuple[LexDoc, float]]]
+
+
+def rrf(rankings: Sequence[Sequence[K]], *, k: float = RRF_K,
+        weights: Sequence[float] | None = None) -> dict[K, float]:
+    """Reciprocal-rank fusion: item -> sum over rankings of weight / (k + rank), rank from 1.
+
+    An item listed twice in one ranking counts at its best rank only.
+    """
+    weights = weights if weights is not None else [1.0] * len(rankings)
+    if len(weights) != len(rankings):
+        raise ValueError("one weight per ranking")
+    out: dict[K, float] = defaultdict(float)
+    for ranking, w in zip(rankings, weights, strict=True):
+        if w == 0:
+            continue
+        seen: set[K] = set()
+        for rank, item in enumerate(ranking, start=1):
+            if item in seen:
+                continue
+            seen.add(item)
+            out[item] += w / (k + rank)
+    return dict(out)
+
+
+def ranked(scores: dict[K, float]) -> list[tuple[K, float]]:
+    """Items by score, best first; equal scores keep their insertion order."""
+    return sorted(scores.items(), key=lambda kv: -kv[1])
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How a query is ranked. The defaults are what the benchmarks found best."""
+
+    hybrid: bool = True  # fuse BM25 with the vectors
+    split: SplitMode = "rrf"  # how the parts of a long query combine ("none": one vector)
+    evidence: bool = True  # rank chunks that the query names (paths, symbols, frames)
+    rrf_k: float = RRF_K
+    w_vector: float = 1.0
+    w_lexical: float = 1.0
+    w_evidence: float = 1.0
+    depth: int = DEPTH  # chunks taken from each ranking
+    dedupe_terms: bool = True  # BM25: a query term counts once
+
+
+@dataclass
+class Ranking:
+    """Fused chunks, best first, and what each source contributed (for explaining)."""
+
+    chunks: list[tuple[LexDoc, float]]
+    parts: int = 1
+    sources: dict[str, int] = field(default_factory=dict)  # source -> candidates it gave
+    matched: dict[str, list[str]] = field(default_factory=dict)
+
+
+class HybridRanker:
+    """Ranks the chunks of one repo for a query, from the vectors, BM25 and evidence."""
+
+    def __init__(self, lexical: LexicalIndex, embed: Embed, nearest: Nearest,
+                 count_tokens: Callable[[str], int], max_tokens: int) -> None:
+        self.lexical = lexical
+        self.embed = embed
+        self.nearest = nearest
+        self.count_tokens = count_tokens
+        self.max_tokens = max_tokens
+        self._names: RepoNames | None = None
+
+    def use(self, lexical: LexicalIndex) -> None:
+        """Rank over another (refreshed) lexical index from now on."""
+        if lexical is not self.lexical:
+            self.lexical = lexical
+            self._names = None
+
+    def names(self) -> RepoNames:
+        """Paths and symbol names of the repo (built on first use, then kept)."""
+        if self._names is None:
+            paths, symbols, lines = self.lexical.columns()
+            self._names = RepoNames(paths, symbols, [tuple(x) for x in lines.tolist()])
+        return self._names
+
+    def rank(self, query: str, options: SearchOptions = SearchOptions(), *,
+             mask: np.ndarray | None = None,
+             keep: Callable[[LexDoc], bool] | None = None) -> Ranking:
+        """Fused chunk ranking of `query`.
+
+        `mask` (over the lexical index's docs) and `keep` (on any doc) apply the same
+        filter to every source; the vector side is asked for more when filtering.
+        """
+        o = options
+        lists: list[list[tuple[str, int, int]]] = []
+        weights: list[float] = []
+        docs: dict[tuple[str, int, int], LexDoc] = {}
+        sources: dict[str, int] = {}
+
+        parts = (split_query(query, self.count_tokens, self.max_tokens)
+                 if o.split != "none" else [query])
+        vec = self._vector_ranking(parts, o, keep)
+        for d, _ in vec:
+            docs.setdefault(d.key, d)
+        lists.append([d.key for d, _ in vec])
+        weights.append(o.w_vector)
+        sources["vector"] = len(vec)
+
+        bm25: list[tuple[int, float]] = []
+        if o.hybrid and len(self.lexical):
+            bm25 = self.lexical.top(query, o.depth, mask=mask, dedupe=o.dedupe_terms)
+            keys = []
+            for i, _ in bm25:
+                d = self.lexical.doc(i)
+                docs.setdefault(d.key, d)
+                keys.append(d.key)
+            lists.append(keys)
+            weights.append(o.w_lexical)
+            sources["lexical"] = len(keys)
+
+        matched: dict[str, list[str]] = {}
+        if o.evidence and len(self.lexical):
+            refs = extract_refs(query)
+            ev_list = self._evidence_ranking(refs, bm25, mask, o.depth)
+            if ev_list is not None:
+                keys = []
+                for i in ev_list[0]:
+                    d = self.lexical.doc(i)
+                    docs.setdefault(d.key, d)
+                    keys.append(d.key)
+                lists.append(keys)
+                weights.append(o.w_evidence)
+                sources["evidence"] = len(keys)
+                matched = ev_list[1]
+
+        fused = rrf(lists, k=o.rrf_k, weights=weights)
+        chunks = [(docs[key], score) for key, score in ranked(fused)]
+        if keep is not None:
+            chunks = [(d, s) for d, s in chunks if keep(d)]
+        return Ranking(chunks, parts=len(parts), sources=sources, matched=matched)
+
+    def _vector_ranking(self, parts: list[str], o: SearchOptions,
+                        keep: Callable[[LexDoc], bool] | None) -> list[tuple[LexDoc, float]]:
+        """One vector ranking for the query, however many parts it has."""
+        vectors = self.embed(parts)
+        if len(parts) == 1 or o.split == "mean":
+            v = vectors.mean(axis=0)
+            v /= max(float(np.linalg.norm(v)), 1e-12)
+            return self._nearest(v, o.depth, keep)
+        per_part = [self._nearest(v, o.depth, keep) for v in vectors]
+        docs: dict[tuple[str, int, int], LexDoc] = {}
+        for hits in per_part:
+            for d, _ in hits:
+                docs.setdefault(d.key, d)
+        if o.split == "max":
+            best: dict[tuple[str, int, int], float] = {}
+            for hits in per_part:
+                for d, s in hits:
+                    best[d.key] = max(best.get(d.key, -2.0), s)
+            return [(docs[key], s) for key, s in ranked(best)][: o.depth]
+        fused = rrf([[d.key for d, _ in hits] for hits in per_part], k=o.rrf_k)
+        return [(docs[key], s) for key, s in ranked(fused)][: o.depth]
+
+    def _nearest(self, vector: np.ndarray, n: int,
+                 keep: Callable[[LexDoc], bool] | None) -> list[tuple[LexDoc, float]]:
+        if keep is None:
+            return self.nearest(vector, n)
+        # A filter drops some neighbours; ask for more so that `n` are left.
+        hits = self.nearest(vector, n * 4)
+        return [(d, s) for d, s in hits if keep(d)][:n]
+
+    def _evidence_ranking(
+        self, refs: QueryRefs, bm25: list[tuple[int, float]], mask: np.ndarray | None,
+        depth: int,
+    ) -> tuple[list[int], dict[str, list[str]]] | None:
+        """Docs the query names, strongest evidence first, ties broken by BM25."""
+        if not refs:
+            return None
+        ev = Evidence.resolve(refs, self.names())
+        if not ev:
+            return None
+        lexical_score = dict(bm25)
+        items = [(i, s) for i, s in ev.scores.items() if mask is None or mask[i]]
+        items.sort(key=lambda it: (-it[1], -lexical_score.get(it[0], 0.0), it[0]))
+        return [i for i, _ in items[:depth]], ev.matched

@@ -1,0 +1,102 @@
+"""Rankings at three levels from one chunk ranking: chunk, symbol and file.
+
+A symbol is a chunk's symbol path within its file (`Session > send`; "" for module-level
+code); a file is its path. A group is shown as its best chunk, with a score aggregated
+from all of its chunks in the fused ranking.
+
+Aggregations (of the fused chunk scores of a group, best first: s1 >= s2 >= ...):
+
+- `max`:    s1. A file is as good as its best chunk.
+- `sum`:    s1 + s2 + ... Every matching chunk counts; favours long files.
+- `topm`:   s1 + ... + sm (m = `top_m`). Several good chunks beat one, without
+            rewarding sheer length.
+- `decay`:  s1 + s2/2 + s3/4 + ... The best chunk dominates, further ones add less.
+- `rrf`:    sum over the group's chunks of 1 / (k + rank in the chunk ranking), the
+            ranking, not the fused score, aggregated.
+
+`bench/quality.py` measures them on SWE-bench; `DEFAULT_AGG` holds the best of them
+for each level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from retrieval.lexical import LexDoc
+
+Level = Literal["chunk", "symbol", "file"]
+Aggregation = Literal["max", "sum", "topm", "decay", "rrf"]
+
+LEVELS: Final[tuple[str, ...]] = ("chunk", "symbol", "file")
+AGGREGATIONS: Final[tuple[str, ...]] = ("max", "sum", "topm", "decay", "rrf")
+DEFAULT_AGG: Final[dict[str, Aggregation]] = {"symbol": "max", "file": "decay"}
+TOP_M: Final = 3
+RANK_K: Final = 60.0
+
+
+@dataclass
+class Group:
+    """One result at some level: its best chunk, its score, and every chunk in it."""
+
+    key: tuple[str, ...]
+    best: LexDoc
+    score: float
+    members: list[LexDoc] = field(default_factory=list)
+
+
+def group_key(doc: LexDoc, level: Level) -> tuple[str, ...]:
+    if level == "file":
+        return (doc.path,)
+    if level == "symbol":
+        return (doc.path, doc.symbol)
+    return (doc.path, str(doc.start_line), str(doc.end_line))
+
+
+def group(ranking: Sequence[tuple[LexDoc, float]], level: Level,
+          agg: Aggregation | None = None, *, top_m: int = TOP_M,
+          rank_k: float = RANK_K) -> list[Group]:
+    """Groups of a chunk ranking (best first) at `level`, best first.
+
+    For `chunk` every chunk is its own group with its own score. Ties keep the order in
+    which the groups' best chunks were ranked.
+    """
+    if level not in LEVELS:
+        raise ValueError(f"unknown level {level!r}; use one of {', '.join(LEVELS)}")
+    if level == "chunk":
+        return [Group(group_key(d, "chunk"), d, s, [d]) for d, s in ranking]
+    agg = agg or DEFAULT_AGG[level]
+    if agg not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {agg!r}; use one of {', '.join(AGGREGATIONS)}")
+    groups: dict[tuple[str, ...], Group] = {}
+    scores: dict[tuple[str, ...], list[float]] = {}
+    ranks: dict[tuple[str, ...], list[int]] = {}
+    for rank, (doc, score) in enumerate(ranking, start=1):
+        key = group_key(doc, level)
+        g = groups.get(key)
+        if g is None:
+            groups[key] = Group(key, doc, 0.0, [doc])
+            scores[key] = [score]
+            ranks[key] = [rank]
+        else:
+            g.members.append(doc)
+            scores[key].append(score)
+            ranks[key].append(rank)
+    for key, g in groups.items():
+        g.score = _aggregate(agg, scores[key], ranks[key], top_m, rank_k)
+    return sorted(groups.values(), key=lambda g: -g.score)
+
+
+def _aggregate(agg: Aggregation, scores: list[float], ranks: list[int], top_m: int,
+               rank_k: float) -> float:
+    # `scores` arrive best first because the ranking is sorted.
+    if agg == "max":
+        return scores[0]
+    if agg == "sum":
+        return sum(scores)
+    if agg == "topm":
+        return sum(scores[:top_m])
+    if agg == "decay":
+        return sum(s * 0.5**i for i, s in enumerate(scores))
+    return sum(1.0 / (rank_k + r) for r in ranks)

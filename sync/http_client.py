@@ -1,0 +1,299 @@
+"""`HttpClient`: the `StoreClient` that talks to `codeveil serve` (sync.server) over HTTP.
+
+One keep-alive `httpx.Client` per instance. Errors:
+
+- the server refused the request: the same `StoreError` subclasses the in-process store
+  raises (sync.wire), carrying the server's message: AuthError (401), PermissionDenied
+  (403), WorkspaceNotFound (404), WorkspaceExists (409), BadRequest (any other 4xx);
+- `ServerUnavailable`: the server could not be reached, the connection broke, it did not
+  answer in time, or it answered 502/503/504. Every store operation is idempotent
+  (an apply replaces whole files), so a caller may retry these; this client never does;
+- `ServerError`: a 5xx or an answer outside the protocol (a bug on the server side).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import operator
+import ssl
+from collections.abc import Callable
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+import numpy as np
+
+from sync.client import TransferStats
+from sync.errors import SyncError
+from sync.records import FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
+from sync.wire import (
+    API_PREFIX,
+    ERRORS_BY_STATUS,
+    LIMITS,
+    AuthError,
+    BadRequest,
+    b64decode,
+    b64encode,
+    encode_vector,
+    hit_from_json,
+    info_from_json,
+    node_from_json,
+    update_to_json,
+)
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT = 120.0  # seconds; a full apply batch is written and fsynced before the answer
+
+
+class ClientError(SyncError):
+    """The server could not be reached, or answered outside the protocol."""
+
+
+class ServerUnavailable(ClientError):
+    """No answer from the server (refused, reset, timed out, 502/503/504): retry later."""
+
+
+class ServerError(ClientError):
+    """The server failed (5xx) or sent an answer this client cannot read."""
+
+
+class HttpClient:
+    """Operations on one workspace of a codeveil server.
+
+    `stats` counts requests sent and body bytes each way (headers are not counted).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        workspace_id: str,
+        token: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_body_bytes: int = LIMITS.max_body_bytes,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if not isinstance(token, str) or not token.isascii() or not token.isprintable() or (
+            not token or any(c.isspace() for c in token)
+        ):
+            raise AuthError("the bearer token is empty or holds spaces or control characters")
+        self.base_url = base_url.rstrip("/")
+        self.workspace_id = workspace_id
+        self.max_body_bytes = max_body_bytes
+        self.stats = TransferStats()
+        self._path = f"{API_PREFIX}/workspaces/{quote(workspace_id, safe='')}"
+        self._http = _session(self.base_url, timeout, transport, token)
+
+    # -- workspaces -------------------------------------------------------------------
+
+    @classmethod
+    def create_workspace(
+        cls,
+        base_url: str,
+        workspace_id: str,
+        *,
+        dim: int,
+        model_id: str,
+        key_check: bytes,
+        timeout: float = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> str:
+        """Create `workspace_id` on the server at `base_url`; returns its bearer token.
+
+        The server keeps only a hash of the token: this is the one time it is seen.
+        """
+        payload = {
+            "dim": dim,
+            "model_id": model_id,
+            "key_check": _encode(b64encode, key_check, "key_check"),
+            "workspace_id": workspace_id,
+        }
+        with _session(base_url.rstrip("/"), timeout, transport, None) as http:
+            answer = _call(http, base_url, "POST", f"{API_PREFIX}/workspaces", payload)
+        return _field(answer, lambda a: str(a["token"]))
+
+    @classmethod
+    def health(
+        cls, base_url: str, *, timeout: float = 5.0, transport: httpx.BaseTransport | None = None
+    ) -> dict[str, Any]:
+        """The server's health answer; ServerUnavailable if it cannot be reached."""
+        with _session(base_url.rstrip("/"), timeout, transport, None) as http:
+            return _call(http, base_url, "GET", f"{API_PREFIX}/health", None)
+
+    # -- StoreClient ------------------------------------------------------------------
+
+    def info(self) -> WorkspaceInfo:
+        return _field(self._request("GET", ""), info_from_json)
+
+    def root(self) -> NodeInfo | None:
+        answer = self._request("GET", "/tree/root")
+        return _field(answer, lambda a: None if a["node"] is None else node_from_json(a["node"]))
+
+    def children(self, keys: list[bytes]) -> dict[bytes, list[NodeInfo]]:
+        payload = {"keys": [_encode(b64encode, k, "keys") for k in keys]}
+        answer = self._request("POST", "/tree/children", payload)
+        return _field(
+            answer,
+            lambda a: {
+                b64decode(k): [node_from_json(n) for n in nodes]
+                for k, nodes in a["children"].items()
+            },
+        )
+
+    def apply(self, updates: list[FileUpdate], deletes: list[bytes]) -> None:
+        payload = {
+            "updates": [_encode(update_to_json, u, "updates") for u in updates],
+            "deletes": [_encode(b64encode, d, "deletes") for d in deletes],
+        }
+        self._request("POST", "/apply", payload)
+
+    def set_dir_values(self, values: list[tuple[bytes, bytes]]) -> None:
+        payload = {
+            "values": [
+                [_encode(b64encode, k, "values"), _encode(b64encode, v, "values")]
+                for k, v in values
+            ]
+        }
+        self._request("POST", "/tree/dirs", payload)
+
+    def search(self, vector: np.ndarray, k: int) -> list[SearchHit]:
+        try:
+            k_json: Any = operator.index(k) if not isinstance(k, bool) else k
+        except TypeError:
+            k_json = k  # let the server say what is wrong with it
+        payload = {"vector": _encode(encode_vector, vector, "vector"), "k": k_json}
+        answer = self._request("POST", "/search", payload)
+        return _field(answer, lambda a: [hit_from_json(h) for h in a["hits"]])
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> HttpClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _request(
+        self, method: str, path: str, payload: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return _call(
+            self._http, self.base_url, method, self._path + path, payload,
+            stats=self.stats, max_body_bytes=self.max_body_bytes,
+        )
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    # Building one (loading the CA bundle) costs tens of ms; httpx would do it for every
+    # client, even one that only ever talks plain HTTP to loopback.
+    return httpx.create_ssl_context()
+
+
+def _session(
+    base_url: str, timeout: float, transport: httpx.BaseTransport | None, token: str | None
+) -> httpx.Client:
+    headers = {"User-Agent": "codeveil"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    return httpx.Client(
+        base_url=base_url,
+        headers=headers,
+        timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+        transport=transport,
+        verify=_ssl_context(),
+    )
+
+
+def _call(
+    http: httpx.Client,
+    base_url: str,
+    method: str,
+    path: str,
+    payload: dict[str, Any] | None,
+    *,
+    stats: TransferStats | None = None,
+    max_body_bytes: int = LIMITS.max_body_bytes,
+) -> dict[str, Any]:
+    content = None
+    if payload is not None:
+        content = json.dumps(payload, separators=(",", ":")).encode()
+        if len(content) > max_body_bytes:
+            # The server would refuse it unread; say so without sending it.
+            raise BadRequest(
+                f"request body of {len(content)} bytes exceeds the server's limit of"
+                f" {max_body_bytes} bytes; send smaller batches",
+                status=413,
+            )
+    headers = {"Content-Type": "application/json"} if content is not None else None
+    if stats is not None:
+        stats.requests += 1
+        stats.bytes_sent += len(content or b"")
+    try:
+        response = http.request(method, path, content=content, headers=headers)
+    except httpx.ConnectError as exc:
+        raise ServerUnavailable(f"cannot reach server at {base_url}: {exc}") from exc
+    except httpx.LocalProtocolError as exc:  # a request httpx will not send: retrying won't help
+        raise BadRequest(f"cannot send the request: {exc}", status=400) from exc
+    except httpx.TimeoutException as exc:
+        raise ServerUnavailable(
+            f"no answer from the server at {base_url} in time ({type(exc).__name__})"
+        ) from exc
+    except httpx.TransportError as exc:
+        raise ServerUnavailable(
+            f"the connection to the server at {base_url} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    if stats is not None:
+        stats.bytes_received += len(response.content)
+    status = response.status_code
+    if status >= 400:
+        message = _error_message(response)
+        known = ERRORS_BY_STATUS.get(status)
+        if known is not None:
+            raise known(message)
+        if status in (502, 503, 504):
+            raise ServerUnavailable(f"server at {base_url} unavailable ({status}): {message}")
+        if status < 500:
+            raise BadRequest(message, status=status)
+        raise ServerError(f"server at {base_url} failed ({status}): {message}")
+    try:
+        answer = response.json()
+    except ValueError:
+        raise ServerError(f"the server at {base_url} sent an answer that is not JSON") from None
+    if not isinstance(answer, dict):
+        raise ServerError(f"the server at {base_url} sent an unexpected answer")
+    return answer
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        return body["error"]
+    text = response.text.strip()
+    return text[:300] if text else response.reason_phrase or f"HTTP {response.status_code}"
+
+
+def _encode(fn: Callable[[Any], T], value: object, what: str) -> T:
+    """Client-side encoding; a value that cannot be encoded is a BadRequest, as it is
+    in-process."""
+    try:
+        return fn(value)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise BadRequest(f"{what}: cannot encode {type(value).__name__}: {exc}") from None
+
+
+def _field(answer: dict[str, Any], read: Callable[[dict[str, Any]], T]) -> T:
+    try:
+        return read(answer)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ServerError(f"unexpected answer from the server: {exc!r}") from None
+
+
+__all__ = ["ClientError", "HttpClient", "ServerError", "ServerUnavailable"]

@@ -1,0 +1,113 @@
+"""`LocalClient`: the `StoreClient` of the embedded default, running the store in-process.
+
+The store lives under the repo's `.codeveil/store/`, laid out exactly as a server's data
+dir (see sync.store), so the code under test is the code a server runs. No tokens: the
+process that can open the folder owns it. Bad input raises the same `StoreError`
+subclasses (sync.wire) that `HttpClient` raises for a server's 4xx answers.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from sync.client import TransferStats
+from sync.records import FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
+from sync.store import Store, WorkspaceStore
+
+
+class LocalClient:
+    """Operations on one workspace of a `Store` in this process.
+
+    Built on a path, the client owns the `Store` it opens and closes it; built on a
+    `Store`, it leaves the store open for its other users. `stats` counts calls; no byte
+    crosses a wire, so its byte counts stay 0.
+    """
+
+    def __init__(self, store: Store | str | os.PathLike[str], workspace_id: str) -> None:
+        self._owns_store = not isinstance(store, Store)
+        self._store = Store(store) if self._owns_store else store  # type: ignore[arg-type]
+        try:
+            self._ws: WorkspaceStore = self._store.workspace(workspace_id)
+        except BaseException:
+            if self._owns_store:
+                self._store.close()
+            raise
+        self.workspace_id = workspace_id
+        self.stats = TransferStats()
+
+    @classmethod
+    def open(cls, store: Store | str | os.PathLike[str], workspace_id: str) -> LocalClient:
+        """A client of an existing workspace; WorkspaceNotFound if there is none."""
+        return cls(store, workspace_id)
+
+    @classmethod
+    def create_workspace(
+        cls,
+        store: Store | str | os.PathLike[str],
+        workspace_id: str | None = None,
+        *,
+        dim: int,
+        model_id: str,
+        key_check: bytes,
+    ) -> LocalClient:
+        """Create a workspace (in `store`, a Store or a data dir) and return its client.
+
+        WorkspaceExists if `workspace_id` is taken. The bearer token a server would hand
+        out is not needed in-process and is dropped.
+        """
+        owned = not isinstance(store, Store)
+        opened = Store(store) if owned else store  # type: ignore[arg-type]
+        try:
+            workspace_id, _token = opened.create_workspace(
+                dim, model_id, key_check, workspace_id=workspace_id
+            )
+            client = cls(opened, workspace_id)
+        except BaseException:
+            if owned:
+                opened.close()
+            raise
+        client._owns_store = owned
+        return client
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    # -- StoreClient ------------------------------------------------------------------
+
+    def info(self) -> WorkspaceInfo:
+        self.stats.requests += 1
+        return self._ws.info()
+
+    def root(self) -> NodeInfo | None:
+        self.stats.requests += 1
+        return self._ws.root()
+
+    def children(self, keys: list[bytes]) -> dict[bytes, list[NodeInfo]]:
+        self.stats.requests += 1
+        return self._ws.children(keys)
+
+    def apply(self, updates: list[FileUpdate], deletes: list[bytes]) -> None:
+        self.stats.requests += 1
+        self._ws.apply(updates, deletes)
+
+    def set_dir_values(self, values: list[tuple[bytes, bytes]]) -> None:
+        self.stats.requests += 1
+        self._ws.set_dir_values(values)
+
+    def search(self, vector: np.ndarray, k: int) -> list[SearchHit]:
+        self.stats.requests += 1
+        return self._ws.search(vector, k)
+
+    def close(self) -> None:
+        if self._owns_store:
+            self._store.close()
+
+    def __enter__(self) -> LocalClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

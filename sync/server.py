@@ -1,0 +1,476 @@
+"""The codeveil server: the store (sync.store) behind an HTTP API under /v1.
+
+    GET  /v1/health                                  readiness; no token
+    POST /v1/workspaces                              create: {dim, model_id, key_check,
+                                                     workspace_id?} -> {workspace_id, token}
+    GET  /v1/workspaces/{id}                         WorkspaceInfo
+    GET  /v1/workspaces/{id}/tree/root               {node: Node | null}
+    POST /v1/workspaces/{id}/tree/children           {keys: [key]} -> {children: {key: [Node]}}
+    POST /v1/workspaces/{id}/tree/dirs               {values: [[key, value]]}
+    POST /v1/workspaces/{id}/apply                   {updates: [{file_key, ancestors, value,
+                                                     chunks: [{chunk_id, vector, meta}]}],
+                                                     deletes: [key]}
+    POST /v1/workspaces/{id}/search                  {vector, k} -> {hits: [{chunk_id,
+                                                     distance, meta}]}
+
+Node = {key, value (null while pending), is_dir}. Bytes are base64url without padding and
+vectors base64url of little-endian float32 (sync.wire). Every route under a workspace
+needs `Authorization: Bearer <token>`: none or an unknown token gives 401, the token of
+another workspace 403, an unknown workspace 404 (only to a caller with a valid token).
+
+Every refusal is a 4xx with a JSON body {"error": "<what is wrong>"}: 400 for a body that
+is not JSON, 413 for one over the size limit (refused from its Content-Length before it is
+read, or as soon as a streamed body passes the limit), 422 for JSON that is not a valid
+request (wrong types, bad base64, wrong vector size, non-finite values, too many items).
+Requests are logged without their bodies or headers.
+
+Bodies are parsed and validated in the worker thread pool, not on the event loop, so a
+large upload does not stall other clients' searches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sync.records import KEY_BYTES, ChunkRecord, FileUpdate
+from sync.store import Store, WorkspaceStore
+from sync.wire import (
+    API_PREFIX,
+    LIMITS,
+    AuthError,
+    StoreError,
+    b64decode,
+    b64encode,
+    decode_vector,
+    hit_to_json,
+    info_to_json,
+    node_to_json,
+)
+
+log = logging.getLogger("sync.server")  # not __name__: "__main__" under -m
+
+DEFAULT_PORT = 7400
+
+
+# -- request bodies ---------------------------------------------------------------------
+
+
+def _key(value: object) -> bytes:
+    raw = b64decode(value)
+    if len(raw) != KEY_BYTES:
+        raise ValueError(f"must be {KEY_BYTES} bytes, got {len(raw)}")
+    return raw
+
+
+# Validators raise ValueError with a short reason; the handler adds the JSON path.
+Key = Annotated[bytes, PlainValidator(_key)]
+Bytes = Annotated[bytes, PlainValidator(b64decode)]
+Vector = Annotated[Any, PlainValidator(decode_vector)]  # np.ndarray of float32
+
+
+class _Body(BaseModel):
+    # strict: "384" is not a number and 1.0 not an integer; unknown fields are typos.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class CreateWorkspaceBody(_Body):
+    dim: int
+    model_id: str
+    key_check: Bytes
+    workspace_id: str | None = None
+
+
+class ChunkBody(_Body):
+    chunk_id: Key
+    vector: Vector
+    meta: Bytes
+
+
+class UpdateBody(_Body):
+    file_key: Key
+    ancestors: list[Key] = Field(max_length=LIMITS.max_depth)  # the store wants >= 1
+    value: Key
+    chunks: list[ChunkBody] = Field(default_factory=list, max_length=LIMITS.max_chunks)
+
+
+class ApplyBody(_Body):
+    updates: list[UpdateBody] = Field(default_factory=list, max_length=LIMITS.max_updates)
+    deletes: list[Key] = Field(default_factory=list, max_length=LIMITS.max_deletes)
+
+
+class ChildrenBody(_Body):
+    keys: list[Key] = Field(max_length=LIMITS.max_keys)
+
+
+class DirValuesBody(_Body):
+    values: list[tuple[Key, Key]] = Field(max_length=LIMITS.max_dir_values)
+
+
+class SearchBody(_Body):
+    vector: Vector
+    k: int
+
+
+def _describe(exc: ValidationError) -> tuple[int, str]:
+    """A readable one-line message (and its status) for a pydantic validation error."""
+    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+    if any(e["type"] == "json_invalid" for e in errors):
+        return 400, f"malformed JSON: {errors[0]['msg'].removeprefix('Invalid JSON: ')}"
+    parts = []
+    for e in errors[:5]:
+        where = ".".join(str(p) for p in e["loc"]) or "body"
+        parts.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")
+    if len(errors) > 5:
+        parts.append(f"and {len(errors) - 5} more")
+    return 422, "invalid request: " + "; ".join(parts)
+
+
+# -- handlers (run in the worker thread pool) ---------------------------------------------
+
+Handler = Callable[[Store, str, str | None, bytes], tuple[int, dict[str, Any]]]
+
+
+def _bearer(header: str | None) -> str | None:
+    if header is None:
+        return None
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthError("malformed Authorization header: expected 'Bearer <token>'")
+    return token.strip()
+
+
+def _authorized(store: Store, workspace_id: str, authorization: str | None) -> WorkspaceStore:
+    store.authenticate(workspace_id, _bearer(authorization))
+    return store.workspace(workspace_id)
+
+
+def _create(store: Store, _ws: str, _auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+    req = CreateWorkspaceBody.model_validate_json(body)
+    workspace_id, token = store.create_workspace(
+        req.dim, req.model_id, req.key_check, workspace_id=req.workspace_id
+    )
+    return 201, {"workspace_id": workspace_id, "token": token}
+
+
+def _info(store: Store, ws: str, auth: str | None, _body: bytes) -> tuple[int, dict[str, Any]]:
+    return 200, info_to_json(_authorized(store, ws, auth).info())
+
+
+def _root(store: Store, ws: str, auth: str | None, _body: bytes) -> tuple[int, dict[str, Any]]:
+    node = _authorized(store, ws, auth).root()
+    return 200, {"node": None if node is None else node_to_json(node)}
+
+
+def _children(store: Store, ws: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+    workspace = _authorized(store, ws, auth)
+    req = ChildrenBody.model_validate_json(body)
+    found = workspace.children(req.keys)
+    return 200, {
+        "children": {b64encode(k): [node_to_json(n) for n in nodes] for k, nodes in found.items()}
+    }
+
+
+def _apply(store: Store, ws: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+    workspace = _authorized(store, ws, auth)
+    req = ApplyBody.model_validate_json(body)
+    updates = [
+        FileUpdate(
+            file_key=u.file_key,
+            ancestors=tuple(u.ancestors),
+            value=u.value,
+            chunks=tuple(ChunkRecord(c.chunk_id, c.vector, c.meta) for c in u.chunks),
+        )
+        for u in req.updates
+    ]
+    workspace.apply(updates, req.deletes)
+    return 200, {"updates": len(updates), "deletes": len(req.deletes)}
+
+
+def _dirs(store: Store, ws: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+    workspace = _authorized(store, ws, auth)
+    req = DirValuesBody.model_validate_json(body)
+    workspace.set_dir_values(req.values)
+    return 200, {"values": len(req.values)}
+
+
+def _search(store: Store, ws: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+    workspace = _authorized(store, ws, auth)
+    req = SearchBody.model_validate_json(body)
+    return 200, {"hits": [hit_to_json(h) for h in workspace.search(req.vector, req.k)]}
+
+
+# -- middleware -------------------------------------------------------------------------
+
+
+async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
+    body = json.dumps(payload).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyLimit:
+    """Refuses bodies over `max_bytes` with 413: at once from the Content-Length header,
+    or by counting a streamed body. Buffers the body for the app (which would buffer it
+    anyway) so the count is exact whatever the framing."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_bytes
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                await _send_json(send, 400, {"error": "invalid Content-Length header"})
+                return
+            if size > limit:
+                await _send_json(send, 413, {"error": _too_large(f"{size} bytes", limit)})
+                return
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                # Read (and drop) a bounded amount more, so a client still sending can
+                # finish and read the answer instead of seeing a reset connection.
+                dropped = 0
+                while message.get("more_body", False) and dropped <= limit:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return
+                    dropped += len(message.get("body", b""))
+                await _send_json(send, 413, {"error": _too_large("more", limit)})
+                return
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(parts)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _too_large(what: str, limit: int) -> str:
+    return (
+        f"request body too large: {what} exceed the limit of {limit} bytes;"
+        " send smaller batches"
+    )
+
+
+class RequestLog:
+    """One log line per request: method, path, status, time, sizes. Never bodies or
+    headers (the Authorization header carries the token)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 0
+        sent = 0
+
+        async def send_counting(message: Message) -> None:
+            nonlocal status, sent
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            elif message["type"] == "http.response.body":
+                sent += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counting)
+        finally:
+            declared = dict(scope["headers"]).get(b"content-length", b"0").decode("latin-1")
+            log.info(
+                "%s %s %d %.1fms in=%s out=%d",
+                scope["method"],
+                scope["path"],
+                status,
+                (time.perf_counter() - started) * 1000,
+                declared,
+                sent,
+            )
+
+
+# -- the app ------------------------------------------------------------------------------
+
+
+def create_app(
+    store: Store | str | os.PathLike[str], *, max_body_bytes: int = LIMITS.max_body_bytes
+) -> FastAPI:
+    """The ASGI app over `store` (a Store, or a data dir the app opens and closes)."""
+    owned = not isinstance(store, Store)
+    the_store: Store = Store(store) if owned else store  # type: ignore[arg-type]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if owned:
+            the_store.close()
+
+    app = FastAPI(
+        title="codeveil",
+        summary="Stores encrypted vectors, sealed metadata and a keyed Merkle tree.",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.store = the_store
+
+    def route(method: str, path: str, handler: Handler) -> None:
+        async def endpoint(request: Request) -> Response:
+            body = await request.body()
+            status, payload = await run_in_threadpool(
+                handler,
+                the_store,
+                request.path_params.get("workspace_id", ""),
+                request.headers.get("authorization"),
+                body,
+            )
+            return JSONResponse(payload, status_code=status)
+
+        endpoint.__name__ = handler.__name__.lstrip("_")
+        app.add_api_route(API_PREFIX + path, endpoint, methods=[method])
+
+    @app.get(API_PREFIX + "/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "api": API_PREFIX.strip("/"), "limits": LIMITS.as_dict()}
+
+    ws = "/workspaces/{workspace_id}"
+    route("POST", "/workspaces", _create)
+    route("GET", ws, _info)
+    route("GET", ws + "/tree/root", _root)
+    route("POST", ws + "/tree/children", _children)
+    route("POST", ws + "/tree/dirs", _dirs)
+    route("POST", ws + "/apply", _apply)
+    route("POST", ws + "/search", _search)
+
+    @app.exception_handler(StoreError)
+    async def store_error(_request: Request, exc: StoreError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=exc.http_status)
+
+    @app.exception_handler(ValidationError)
+    async def invalid_body(_request: Request, exc: ValidationError) -> JSONResponse:
+        status, message = _describe(exc)
+        return JSONResponse({"error": message}, status_code=status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # No route declares typed parameters, so this is only a safety net.
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())) or "request"
+        message = f"invalid request: {where}: {first.get('msg', 'invalid')}"
+        return JSONResponse({"error": message}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(
+            {"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers
+        )
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return JSONResponse({"error": "internal server error"}, status_code=500)
+
+    # Added last = outermost: the size limit applies before anything reads the body.
+    app.add_middleware(RequestLog)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    return app
+
+
+def serve(
+    data_dir: str | os.PathLike[str],
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    *,
+    log_level: str = "info",
+    max_body_bytes: int = LIMITS.max_body_bytes,
+) -> None:
+    """Run the server on `data_dir` until interrupted (SIGINT/SIGTERM)."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+    store = Store(data_dir)
+    try:
+        app = create_app(store, max_body_bytes=max_body_bytes)
+        log.info("serving %s on http://%s:%d%s", Path(data_dir), host, port, API_PREFIX)
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            log_config=None,  # our logging setup; uvicorn's loggers propagate to it
+            access_log=False,  # RequestLog logs each request once
+            timeout_graceful_shutdown=10,
+        )
+        uvicorn.Server(config).run()
+    finally:
+        store.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m sync.server", description="Run the codeveil store server."
+    )
+    parser.add_argument("--data", required=True, type=Path, help="folder of the server's data")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--max-body-bytes", type=int, default=LIMITS.max_body_bytes)
+    args = parser.parse_args(argv)
+    serve(args.data, args.host, args.port, log_level=args.log_level,
+          max_body_bytes=args.max_body_bytes)
+
+
+if __name__ == "__main__":
+    main()

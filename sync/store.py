@@ -1,0 +1,1063 @@
+"""Storage of one data dir holding many workspaces: what a server keeps, and what the
+embedded default keeps under a repo's `.codeveil/store/`.
+
+Everything stored is a keyed hash or ciphertext (the client never sends anything else);
+the only cleartext is each workspace's dim, model id and creation time.
+
+Layout::
+
+    DATA/registry.sqlite                     workspaces: id, sha256(token), dim, model id,
+                                             key check, created_at
+    DATA/workspaces/<id>/tree.sqlite         the Merkle tree: nodes(key, parent, value,
+                                             is_dir), and two counters (generation, next_rid)
+    DATA/workspaces/<id>/chunks.lance/       LanceDB table of chunk rows: rid, chunk_id, fid,
+                                             vector, meta
+    DATA/workspaces/<id>/writer.lock         empty; flock'ed by the writing process
+
+Crash safety. `apply` writes in three steps (see `WorkspaceStore.apply`) so that a node's
+value is only ever set after the chunks it stands for are stored, and every node above
+a change is pending (value NULL) before any chunk row moves. NULL never equals a client's
+value, so whatever point a writer dies at, the next diff descends into what it touched.
+
+SQLite runs in WAL mode with synchronous=FULL: each commit is fsynced before the next
+step starts. With NORMAL a power cut could lose the step-1 commit (the pending marks)
+while LanceDB kept the step-2 rows, and an old leaf value would then claim content the
+store no longer has. FULL costs one fsync per step, i.e. two per apply batch. (LanceDB's
+own durability on power loss is LanceDB's; a process crash is covered fully.)
+
+Search runs on one faiss index per workspace (exact L2 for now), built from LanceDB on
+first use and kept in step by `apply`. Chunk rows get their faiss ids (`rid`) from a
+counter in tree.sqlite, not from their chunk ids, so two rows with the same chunk id (a
+client bug, or a 64-bit prefix collision) can never remove each other from the index.
+
+Several processes may open the same data dir (the embedded store is used by the daemon
+and by the CLI at once): writers take an flock on `writer.lock`, and every change bumps a
+generation counter in tree.sqlite, which a reader compares with the one its in-memory
+index was built at before it searches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import logging
+import operator
+import os
+import re
+import secrets
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import faiss
+import lancedb
+import numpy as np
+import pyarrow as pa
+
+from sync.records import KEY_BYTES, FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
+from sync.wire import (
+    LIMITS,
+    AuthError,
+    BadRequest,
+    Limits,
+    PermissionDenied,
+    StoreError,
+    WorkspaceExists,
+    WorkspaceNotFound,
+)
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: one writing process per data dir
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "AuthError",
+    "BadRequest",
+    "PermissionDenied",
+    "Store",
+    "StoreError",
+    "WorkspaceExists",
+    "WorkspaceNotFound",
+    "WorkspaceStore",
+]
+
+log = logging.getLogger(__name__)
+
+WORKSPACE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
+TABLE = "chunks"
+# Old LanceDB versions are removed at compaction once this old. Another process reading
+# the table always moves to the latest version first, so a short grace period suffices.
+CLEANUP_AFTER = timedelta(minutes=2)
+_SQL_BATCH = 500  # bound on parameters per statement
+_LANCE_IN_BATCH = 2000  # bound on values per `fid IN (...)` filter
+
+
+# -- small helpers ----------------------------------------------------------------------
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE), never implicit.
+    conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")  # see the module docstring
+    return conn
+
+
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _batched(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def fid_of(file_key: bytes) -> int:
+    """The LanceDB column that groups a file's chunk rows: its key's first 8 bytes."""
+    return int.from_bytes(file_key[:8], "big", signed=True)
+
+
+def _token_hash(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+def _schema(dim: int) -> pa.Schema:
+    return pa.schema(
+        [
+            pa.field("rid", pa.int64(), nullable=False),
+            pa.field("chunk_id", pa.binary(), nullable=False),
+            pa.field("fid", pa.int64(), nullable=False),
+            pa.field("vector", pa.list_(pa.float32(), dim), nullable=False),
+            pa.field("meta", pa.binary(), nullable=False),
+        ]
+    )
+
+
+class _RWLock:
+    """Many readers or one writer: searches share the faiss index, updates swap it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._waiting_writers = 0
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            # Waiting writers go first, so a stream of searches cannot starve an apply.
+            while self._writer or self._waiting_writers:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting_writers += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._waiting_writers -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+# -- validation -------------------------------------------------------------------------
+
+
+def _key(value: object, where: str) -> bytes:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise BadRequest(f"{where} must be bytes, got {type(value).__name__}")
+    raw = bytes(value)
+    if len(raw) != KEY_BYTES:
+        raise BadRequest(f"{where} must be {KEY_BYTES} bytes, got {len(raw)}")
+    return raw
+
+
+def _vector(value: object, dim: int, where: str) -> np.ndarray:
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # ragged lists and other non-arrays
+        raise BadRequest(f"{where} is not an array of numbers ({exc})") from None
+    if arr.dtype.kind not in "fiu":
+        raise BadRequest(f"{where} must hold numbers, got dtype {arr.dtype}")
+    if arr.shape != (dim,):
+        got = arr.shape[0] if arr.ndim == 1 else arr.shape
+        raise BadRequest(f"{where} must have {dim} values (the workspace's dim), got {got}")
+    with np.errstate(over="ignore"):  # float64 beyond float32's range becomes inf: refused
+        out = arr.astype(np.float32)
+    if not np.isfinite(out).all():
+        raise BadRequest(f"{where} contains NaN or infinite values")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Update:
+    """A validated FileUpdate, its chunks as columns."""
+
+    file_key: bytes
+    ancestors: tuple[bytes, ...]
+    value: bytes
+    chunk_ids: list[bytes]
+    vectors: np.ndarray  # (n, dim) float32
+    metas: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What step 1 decided, for steps 2 and 3."""
+
+    fids: frozenset[int]  # files whose chunk rows go
+    remove: frozenset[bytes]  # nodes deleted at step 3
+    first_rid: int  # rids reserved for the new rows: first_rid .. first_rid + n - 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    workspace_id: str
+    dim: int
+    model_id: str
+    key_check: bytes
+    created_at: float
+
+
+# -- one workspace ----------------------------------------------------------------------
+
+
+class WorkspaceStore:
+    """The Merkle tree, chunk rows and search index of one workspace.
+
+    Thread-safe: applies (and directory updates) are serialised by a lock, across
+    processes by an flock; reads of the tree and searches run concurrently with them and
+    with each other. Implements the operations of `sync.client.StoreClient`.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        record: _Record,
+        *,
+        limits: Limits = LIMITS,
+        compact_every: int = 32,
+        faiss_threads: int | None = 1,
+    ) -> None:
+        self.path = path
+        self.faiss_threads = faiss_threads
+        self.workspace_id = record.workspace_id
+        self.dim = record.dim
+        self.limits = limits
+        self.compact_every = compact_every
+        self._record = record
+        self._wconn = _connect(path / "tree.sqlite")  # used under _write_lock only
+        _init_tree_db(self._wconn)
+        self._rconn = _connect(path / "tree.sqlite")  # reads; WAL lets them run during writes
+        self._rlock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._lock_file = open(path / "writer.lock", "a+b")  # noqa: SIM115 - held while open
+        self._table = lancedb.connect(path).open_table(TABLE)  # used under _write_lock only
+        self._index_lock = _RWLock()
+        self._index: faiss.IndexIDMap2 | None = None
+        self._rows: dict[int, tuple[bytes, bytes]] = {}  # rid -> (chunk_id, meta)
+        self._fid_rids: dict[int, list[int]] = {}  # fid -> rids of its rows
+        self._loaded_generation = -1
+        self._index_stale = False
+        self._applies_since_compact = 0
+        self._closed = False
+
+    @staticmethod
+    def initialize(path: Path, dim: int) -> None:
+        """Create the files of a new, empty workspace."""
+        path.mkdir(parents=True)
+        conn = _connect(path / "tree.sqlite")
+        try:
+            _init_tree_db(conn)
+        finally:
+            conn.close()
+        lancedb.connect(path).create_table(TABLE, schema=_schema(dim))
+        (path / "writer.lock").touch()
+
+    # -- reads --------------------------------------------------------------------------
+
+    def info(self) -> WorkspaceInfo:
+        self._check_open()
+        with self._rlock:
+            (nodes,) = self._rconn.execute("SELECT COUNT(*) FROM nodes").fetchone()
+        if self._current():
+            with self._index_lock.read():
+                chunks = len(self._rows)
+        else:
+            # Counting must not build the index (`codeveil status` never searches); a
+            # fresh handle sees the latest version whoever wrote it.
+            chunks = lancedb.connect(self.path).open_table(TABLE).count_rows()
+        r = self._record
+        return WorkspaceInfo(
+            workspace_id=r.workspace_id,
+            dim=r.dim,
+            model_id=r.model_id,
+            key_check=r.key_check,
+            chunks=chunks,
+            nodes=nodes,
+            extra={
+                "created_at": r.created_at,
+                "distance": "l2",
+                "limits": self.limits.as_dict(),
+            },
+        )
+
+    def root(self) -> NodeInfo | None:
+        self._check_open()
+        with self._rlock:
+            rows = self._rconn.execute(
+                "SELECT key, value, is_dir FROM nodes WHERE parent IS NULL ORDER BY key"
+            ).fetchall()
+        if len(rows) > 1:  # apply() refuses a second root; this would be a bug
+            log.error("workspace %s has %d root nodes", self.workspace_id, len(rows))
+        return NodeInfo(rows[0][0], rows[0][1], bool(rows[0][2])) if rows else None
+
+    def children(self, keys: Sequence[bytes]) -> dict[bytes, list[NodeInfo]]:
+        self._check_open()
+        if not isinstance(keys, Sequence) or isinstance(keys, bytes | str):
+            raise BadRequest("keys must be a list of keys")
+        if len(keys) > self.limits.max_keys:
+            raise BadRequest(
+                f"too many keys: {len(keys)} > {self.limits.max_keys} per children call"
+            )
+        wanted = [_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
+        out: dict[bytes, list[NodeInfo]] = {k: [] for k in wanted}
+        unique = list(out)
+        with self._rlock:
+            # One read transaction: every batch sees the same snapshot.
+            self._rconn.execute("BEGIN")
+            try:
+                for part in _batched(unique, _SQL_BATCH):
+                    marks = ",".join("?" * len(part))
+                    for parent, key, value, is_dir in self._rconn.execute(
+                        "SELECT parent, key, value, is_dir FROM nodes"
+                        f" WHERE parent IN ({marks}) ORDER BY parent, key",
+                        part,
+                    ):
+                        out[parent].append(NodeInfo(key, value, bool(is_dir)))
+            finally:
+                self._rconn.execute("COMMIT")
+        return out
+
+    def search(self, vector: object, k: int) -> list[SearchHit]:
+        """The `k` rows nearest to `vector` by Euclidean distance (not squared)."""
+        self._check_open()
+        query = _vector(vector, self.dim, "vector")[None, :]
+        try:
+            if isinstance(k, bool):
+                raise TypeError
+            k = operator.index(k)
+        except TypeError:
+            raise BadRequest(f"k must be an integer, got {type(k).__name__}") from None
+        if not 1 <= k <= self.limits.max_k:
+            raise BadRequest(f"k must be between 1 and {self.limits.max_k}, got {k}")
+        self._refresh()
+        self._set_faiss_threads()
+        with self._index_lock.read():
+            index = self._index
+            if index is None or index.ntotal == 0:
+                return []
+            dist, ids = index.search(query, min(k, index.ntotal))
+            hits = []
+            for d, rid in zip(dist[0].tolist(), ids[0].tolist(), strict=True):
+                if rid < 0:
+                    continue
+                chunk_id, meta = self._rows[rid]
+                hits.append(SearchHit(chunk_id, max(d, 0.0) ** 0.5, meta))
+        return hits
+
+    # -- writes -------------------------------------------------------------------------
+
+    def apply(self, updates: Sequence[FileUpdate], deletes: Sequence[bytes]) -> None:
+        """Replace the chunks and leaves of `updates`; remove the subtrees of `deletes`.
+
+        Deletes take effect before updates, so one call can turn a file into a directory
+        of the same key (delete it, upload what is now below it) or the other way round.
+        A key that changes kind without being deleted is handled the same way.
+
+        Write order, the crash-safety invariant:
+
+        1. One SQLite transaction: create missing ancestors (`ancestors[0]` is the root),
+           upsert each leaf with value NULL, set NULL the value of every node in a
+           deleted subtree and of every ancestor of a touched leaf or deleted node;
+           reserve rids for the new rows.
+        2. LanceDB: delete the rows of the updated files and of every leaf in a deleted
+           subtree (`fid IN (...)`), then add the new rows in one `add`; bring faiss
+           into step.
+        3. One SQLite transaction: set the leaf values; delete the nodes of deleted
+           subtrees.
+
+        A crash anywhere leaves NULL values on every path it touched, which never match
+        a client value, so the next sync re-sends them; no value ever claims chunks the
+        store lacks. Re-applying the same batch is harmless (rows are replaced per file).
+        """
+        self._check_open()
+        ups, dels = self._validate_apply(updates, deletes)
+        if not ups and not dels:
+            return
+        with self._write_lock, self._flock():
+            self._prepare_write()
+            plan = self._step1_mark_pending(ups, dels)
+            self._step2_replace_rows(plan, ups)
+            self._step3_commit(plan, ups)
+            self._maybe_compact()
+
+    def set_dir_values(self, values: Sequence[tuple[bytes, bytes]]) -> None:
+        """Set the values of existing directories; other keys are ignored.
+
+        A directory with a pending (NULL) child keeps its NULL: its value would claim a
+        subtree the store does not fully hold. Values are applied repeatedly until no
+        more can be, so their order does not matter (bottom-up needs a single pass).
+        """
+        self._check_open()
+        if not isinstance(values, Sequence) or isinstance(values, bytes | str):
+            raise BadRequest("values must be a list of (key, value) pairs")
+        if len(values) > self.limits.max_dir_values:
+            raise BadRequest(
+                f"too many directory values: {len(values)} > {self.limits.max_dir_values}"
+            )
+        pending: dict[bytes, bytes] = {}
+        for i, pair in enumerate(values):
+            if not isinstance(pair, Sequence) or isinstance(pair, bytes | str) or len(pair) != 2:
+                raise BadRequest(f"values[{i}] must be a (key, value) pair")
+            pending[_key(pair[0], f"values[{i}][0]")] = _key(pair[1], f"values[{i}][1]")
+        with self._write_lock, self._flock(), _transaction(self._wconn) as conn:
+            progress = True
+            while pending and progress:
+                progress = False
+                for key, value in list(pending.items()):
+                    row = conn.execute("SELECT is_dir FROM nodes WHERE key = ?", (key,)).fetchone()
+                    if row is None or not row[0]:
+                        del pending[key]
+                        continue
+                    if conn.execute(
+                        "SELECT 1 FROM nodes WHERE parent = ? AND value IS NULL LIMIT 1", (key,)
+                    ).fetchone():
+                        continue
+                    conn.execute("UPDATE nodes SET value = ? WHERE key = ?", (value, key))
+                    del pending[key]
+                    progress = True
+        if pending:
+            log.info(
+                "workspace %s: %d directory values left pending below pending nodes",
+                self.workspace_id,
+                len(pending),
+            )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        with self._write_lock:
+            self._closed = True
+            with self._index_lock.write():
+                self._index = None
+                self._rows = {}
+                self._fid_rids = {}
+            with self._rlock:
+                self._rconn.close()
+            self._wconn.close()
+            self._lock_file.close()
+
+    # -- apply, step by step (also called one by one by the crash tests) ------------------
+
+    def _validate_apply(
+        self, updates: Sequence[FileUpdate], deletes: Sequence[bytes]
+    ) -> tuple[list[_Update], list[bytes]]:
+        lim = self.limits
+        for name, seq in (("updates", updates), ("deletes", deletes)):
+            if not isinstance(seq, Sequence) or isinstance(seq, bytes | str):
+                raise BadRequest(f"{name} must be a list")
+        if len(updates) > lim.max_updates:
+            raise BadRequest(f"too many updates: {len(updates)} > {lim.max_updates} per apply")
+        if len(deletes) > lim.max_deletes:
+            raise BadRequest(f"too many deletes: {len(deletes)} > {lim.max_deletes} per apply")
+        dels = list(dict.fromkeys(_key(d, f"deletes[{i}]") for i, d in enumerate(deletes)))
+        total = 0
+        out: list[_Update] = []
+        shape: dict[bytes, tuple[bytes | None, bool]] = {}  # key -> (parent, is_dir)
+        for i, u in enumerate(updates):
+            where = f"updates[{i}]"
+            if not isinstance(u, FileUpdate):
+                raise BadRequest(f"{where} must be a FileUpdate, got {type(u).__name__}")
+            file_key = _key(u.file_key, f"{where}.file_key")
+            if file_key in shape and not shape[file_key][1]:
+                raise BadRequest(f"{where}.file_key appears twice in this batch")
+            value = _key(u.value, f"{where}.value")
+            if not isinstance(u.ancestors, Sequence) or isinstance(u.ancestors, bytes | str):
+                raise BadRequest(f"{where}.ancestors must be a list of keys")
+            if not 1 <= len(u.ancestors) <= lim.max_depth:
+                raise BadRequest(
+                    f"{where}.ancestors must hold 1 to {lim.max_depth} keys (the root"
+                    f" first), got {len(u.ancestors)}"
+                )
+            anc = tuple(_key(a, f"{where}.ancestors[{j}]") for j, a in enumerate(u.ancestors))
+            if len(set(anc)) != len(anc) or file_key in anc:
+                raise BadRequest(f"{where}: a key appears twice on the path from the root")
+            if anc[0] != (out[0].ancestors[0] if out else anc[0]):
+                raise BadRequest(f"{where}.ancestors[0] differs from updates[0]: one root only")
+            if not isinstance(u.chunks, Sequence):
+                raise BadRequest(f"{where}.chunks must be a list")
+            total += len(u.chunks)
+            if total > lim.max_chunks:
+                raise BadRequest(f"too many chunks: more than {lim.max_chunks} per apply")
+            for j, key in enumerate((*anc, file_key)):
+                want = (anc[j - 1] if j else None, key != file_key)
+                have = shape.setdefault(key, want)
+                if have != want:
+                    what = "a file and a directory" if have[1] != want[1] else "two parents"
+                    raise BadRequest(f"{where}: key {key.hex()} has {what} in this batch")
+            # Fast path first, per-field checks (which name the culprit) only when needed:
+            # a full apply holds 20,000 chunks.
+            ids, vecs, metas = [], [], []
+            for j, c in enumerate(u.chunks):
+                cw = f"{where}.chunks[{j}]"
+                cid, vec, meta = (getattr(c, f, None) for f in ("chunk_id", "vector", "meta"))
+                if not (type(cid) is bytes and len(cid) == KEY_BYTES):
+                    cid = _key(cid, f"{cw}.chunk_id")
+                ids.append(cid)
+                if not (
+                    type(vec) is np.ndarray and vec.dtype == np.float32 and vec.shape == (self.dim,)
+                ):
+                    vec = _vector(vec, self.dim, f"{cw}.vector")
+                vecs.append(vec)
+                if not isinstance(meta, bytes | bytearray | memoryview):
+                    raise BadRequest(f"{cw}.meta must be bytes, got {type(meta).__name__}")
+                if len(meta) > lim.max_meta_bytes:
+                    raise BadRequest(
+                        f"{cw}.meta is {len(meta)} bytes, the limit is {lim.max_meta_bytes}"
+                    )
+                metas.append(meta if type(meta) is bytes else bytes(meta))
+            matrix = np.stack(vecs) if vecs else np.empty((0, self.dim), np.float32)
+            finite = np.isfinite(matrix).all(axis=1)
+            if not finite.all():
+                j = int(np.argmin(finite))
+                raise BadRequest(f"{where}.chunks[{j}].vector contains NaN or infinite values")
+            out.append(_Update(file_key, anc, value, ids, matrix, metas))
+        return out, dels
+
+    def _step1_mark_pending(self, updates: list[_Update], deletes: list[bytes]) -> _Plan:
+        conn = self._wconn
+        with _transaction(conn):
+            shape: dict[bytes, tuple[bytes | None, bool]] = {}
+            for u in updates:
+                for j, key in enumerate(u.ancestors):
+                    shape[key] = (u.ancestors[j - 1] if j else None, True)
+                shape[u.file_key] = (u.ancestors[-1], False)
+            if updates:
+                roots = [r for (r,) in conn.execute("SELECT key FROM nodes WHERE parent IS NULL")]
+                new_root = updates[0].ancestors[0]
+                if roots and roots != [new_root]:
+                    raise BadRequest(
+                        "updates[0].ancestors[0] is not this workspace's root key; to"
+                        " change roots, delete the old root in an apply of its own first"
+                    )
+            deleted = _subtree(conn, deletes)  # key -> is_dir, for nodes that exist
+            existing = _rows(conn, shape)  # key -> (parent, is_dir)
+            fids = {fid_of(u.file_key) for u in updates}
+            fids.update(fid_of(k) for k, is_dir in deleted.items() if not is_dir)
+            moved_from: set[bytes] = set()
+            became_files: list[bytes] = []
+            for key, (parent, is_dir) in shape.items():
+                old = existing.get(key)
+                if old is None:
+                    continue
+                if old[1] and not is_dir and key not in deleted:
+                    became_files.append(key)  # its old subtree goes as if deleted
+                elif is_dir and not old[1]:
+                    fids.add(fid_of(key))  # a file that became a directory: drop its rows
+                if old[0] != parent and old[0] is not None:
+                    moved_from.add(old[0])
+            below = _subtree(conn, became_files)
+            fids.update(fid_of(k) for k, is_dir in below.items() if not is_dir)
+            gone = set(deleted) | set(below)
+            conn.executemany(
+                "UPDATE nodes SET value = NULL WHERE key = ?", [(k,) for k in gone]
+            )
+            conn.executemany(
+                "INSERT INTO nodes (key, parent, value, is_dir) VALUES (?, ?, NULL, ?)"
+                " ON CONFLICT (key) DO UPDATE SET parent = excluded.parent, value = NULL,"
+                " is_dir = excluded.is_dir",
+                [(k, p, int(d)) for k, (p, d) in shape.items()],
+            )
+            seeds = [k for k in deletes if k in deleted] + sorted(moved_from)
+            _mark_ancestors_pending(conn, seeds)
+            n_rows = sum(len(u.chunk_ids) for u in updates)
+            (first_rid,) = conn.execute(
+                "UPDATE state SET value = value + ? WHERE name = 'next_rid' RETURNING value - ?",
+                (n_rows, n_rows),
+            ).fetchone()
+            generation = _bump_generation(conn)
+        self._loaded_generation = generation  # our own change: the index follows it
+        return _Plan(frozenset(fids), frozenset(gone - shape.keys()), first_rid)
+
+    def _step2_replace_rows(self, plan: _Plan, updates: list[_Update]) -> None:
+        try:
+            # Only files that have rows: a new file costs LanceDB nothing.
+            old = sorted(f for f in plan.fids if f in self._fid_rids)
+            for part in _batched(old, _LANCE_IN_BATCH):
+                self._table.delete(f"fid IN ({','.join(map(str, part))})")
+            n = sum(len(u.chunk_ids) for u in updates)
+            rids = np.arange(plan.first_rid, plan.first_rid + n, dtype=np.int64)
+            fids = np.repeat(
+                np.array([fid_of(u.file_key) for u in updates], dtype=np.int64),
+                [len(u.chunk_ids) for u in updates],
+            )
+            chunk_ids = [c for u in updates for c in u.chunk_ids]
+            metas = [m for u in updates for m in u.metas]
+            vectors = (
+                np.concatenate([u.vectors for u in updates])
+                if n
+                else np.empty((0, self.dim), np.float32)
+            )
+            if n:
+                self._table.add(
+                    pa.Table.from_arrays(
+                        [
+                            pa.array(rids),
+                            pa.array(chunk_ids, pa.binary()),
+                            pa.array(fids),
+                            pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), self.dim),
+                            pa.array(metas, pa.binary()),
+                        ],
+                        schema=_schema(self.dim),
+                    )
+                )
+            with self._index_lock.write():
+                index = self._index
+                assert index is not None  # _prepare_write built it
+                gone = [r for f in old for r in self._fid_rids.pop(f)]
+                if gone:
+                    index.remove_ids(np.array(gone, dtype=np.int64))
+                    for r in gone:
+                        del self._rows[r]
+                if n:
+                    index.add_with_ids(vectors, rids)
+                    for r, c, m, f in zip(
+                        rids.tolist(), chunk_ids, metas, fids.tolist(), strict=True
+                    ):
+                        self._rows[r] = (c, m)
+                        self._fid_rids.setdefault(f, []).append(r)
+        except BaseException:
+            # LanceDB may hold part of the change: rebuild the index from it next time.
+            self._index_stale = True
+            raise
+
+    def _step3_commit(self, plan: _Plan, updates: list[_Update]) -> None:
+        with _transaction(self._wconn) as conn:
+            conn.executemany(
+                "UPDATE nodes SET value = ? WHERE key = ? AND is_dir = 0",
+                [(u.value, u.file_key) for u in updates],
+            )
+            conn.executemany("DELETE FROM nodes WHERE key = ?", [(k,) for k in plan.remove])
+            generation = _bump_generation(conn)
+        self._loaded_generation = generation
+
+    def _maybe_compact(self) -> None:
+        # Each apply adds a LanceDB fragment and version; merging them now and then keeps
+        # reads (index builds) fast and the folder small. Rows keep their rids, so the
+        # faiss index is unaffected.
+        self._applies_since_compact += 1
+        if self._applies_since_compact < self.compact_every:
+            return
+        self._applies_since_compact = 0
+        started = time.perf_counter()
+        try:
+            self._table.optimize(cleanup_older_than=CLEANUP_AFTER)
+        except Exception:  # compaction is an optimisation: never fail an apply for it
+            log.warning("workspace %s: compaction failed", self.workspace_id, exc_info=True)
+            return
+        log.debug("workspace %s: compacted in %.2fs", self.workspace_id,
+                  time.perf_counter() - started)
+
+    # -- the index --------------------------------------------------------------------
+
+    def _generation(self) -> int:
+        with self._rlock:
+            (gen,) = self._rconn.execute(
+                "SELECT value FROM state WHERE name = 'generation'"
+            ).fetchone()
+        return int(gen)
+
+    def _current(self) -> bool:
+        return (
+            self._index is not None
+            and not self._index_stale
+            and self._generation() == self._loaded_generation
+        )
+
+    def _refresh(self) -> None:
+        """Before a search: rebuild the index if another process changed the workspace."""
+        if self._current():
+            return
+        # An apply running in this process brings the index up to date before it writes
+        # and keeps it in step as it goes; the generation it bumps is its own. Wait for it
+        # only when there is no index at all yet.
+        if not self._write_lock.acquire(blocking=self._index is None):
+            return
+        try:
+            self._check_open()
+            self._reload_if_needed()
+        finally:
+            self._write_lock.release()
+
+    def _prepare_write(self) -> None:
+        """Under the write locks: the table handle and the index at the latest state."""
+        self._set_faiss_threads()  # for this thread's index updates in step 2
+        self._table.checkout_latest()
+        self._reload_if_needed()
+
+    def _reload_if_needed(self) -> None:
+        """Caller holds _write_lock. Builds the new index aside, then swaps it in, so
+        searches keep running on the old one meanwhile."""
+        if self._current():
+            return
+        started = time.perf_counter()
+        generation = self._generation()  # before reading rows: a later change shows up
+        self._set_faiss_threads()
+        self._table.checkout_latest()
+        table = self._table.to_arrow()
+        index = faiss.IndexIDMap2(faiss.IndexFlatL2(self.dim))
+        rows: dict[int, tuple[bytes, bytes]] = {}
+        fid_rids: dict[int, list[int]] = {}
+        for batch in table.to_batches():
+            if not batch.num_rows:
+                continue
+            rids = batch.column("rid").to_numpy()
+            vectors = batch.column("vector").flatten().to_numpy().reshape(-1, self.dim)
+            index.add_with_ids(np.ascontiguousarray(vectors), rids)
+            for r, c, m, f in zip(
+                rids.tolist(),
+                batch.column("chunk_id").to_pylist(),
+                batch.column("meta").to_pylist(),
+                batch.column("fid").to_pylist(),
+                strict=True,
+            ):
+                rows[r] = (c, m)
+                fid_rids.setdefault(f, []).append(r)
+        with self._index_lock.write():
+            self._index, self._rows, self._fid_rids = index, rows, fid_rids
+            self._loaded_generation = generation
+            self._index_stale = False
+        log.info(
+            "workspace %s: search index built from %d rows in %.2fs",
+            self.workspace_id,
+            len(rows),
+            time.perf_counter() - started,
+        )
+
+    # -- misc -------------------------------------------------------------------------
+
+    def _set_faiss_threads(self) -> None:
+        # OpenMP's thread count is per calling thread, and server requests run on worker
+        # threads, so it is set where faiss is called, not once at start-up.
+        if self.faiss_threads is not None:
+            faiss.omp_set_num_threads(self.faiss_threads)
+
+    @contextlib.contextmanager
+    def _flock(self) -> Iterator[None]:
+        if fcntl is None:
+            yield
+            return
+        fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"workspace {self.workspace_id} is closed")
+
+
+def _init_tree_db(conn: sqlite3.Connection) -> None:
+    conn.executescript(
+        """
+        CREATE TABLE IF NOT EXISTS nodes (
+            key BLOB PRIMARY KEY,
+            parent BLOB,          -- NULL for the root
+            value BLOB,           -- NULL while pending
+            is_dir INTEGER NOT NULL
+        ) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS nodes_parent ON nodes (parent);
+        CREATE TABLE IF NOT EXISTS state (name TEXT PRIMARY KEY, value INTEGER NOT NULL)
+            WITHOUT ROWID;
+        INSERT OR IGNORE INTO state (name, value) VALUES ('generation', 0), ('next_rid', 1);
+        CREATE TEMP TABLE IF NOT EXISTS seed (key BLOB PRIMARY KEY);
+        """
+    )
+
+
+def _fill_seed(conn: sqlite3.Connection, keys: Iterable[bytes]) -> None:
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS seed (key BLOB PRIMARY KEY)")
+    conn.execute("DELETE FROM temp.seed")
+    conn.executemany("INSERT OR IGNORE INTO temp.seed (key) VALUES (?)", [(k,) for k in keys])
+
+
+def _subtree(conn: sqlite3.Connection, roots: Iterable[bytes]) -> dict[bytes, bool]:
+    """Every existing node at or below `roots`: key -> is_dir."""
+    roots = list(roots)
+    if not roots:
+        return {}
+    _fill_seed(conn, roots)
+    # UNION (not UNION ALL) also ends the walk should the parent links ever form a cycle.
+    return {
+        key: bool(is_dir)
+        for key, is_dir in conn.execute(
+            """
+            WITH RECURSIVE sub (k) AS (
+                SELECT key FROM temp.seed
+                UNION
+                SELECT n.key FROM nodes n JOIN sub ON n.parent = sub.k
+            )
+            SELECT n.key, n.is_dir FROM nodes n JOIN sub ON n.key = sub.k
+            """
+        )
+    }
+
+
+def _rows(
+    conn: sqlite3.Connection, keys: Iterable[bytes]
+) -> dict[bytes, tuple[bytes | None, bool]]:
+    """key -> (parent, is_dir) of those of `keys` that exist."""
+    _fill_seed(conn, keys)
+    return {
+        key: (parent, bool(is_dir))
+        for key, parent, is_dir in conn.execute(
+            "SELECT n.key, n.parent, n.is_dir FROM nodes n JOIN temp.seed s ON n.key = s.key"
+        )
+    }
+
+
+def _mark_ancestors_pending(conn: sqlite3.Connection, seeds: Sequence[bytes]) -> None:
+    """Set NULL the value of each seed and of every node above it."""
+    if not seeds:
+        return
+    _fill_seed(conn, seeds)
+    conn.execute(
+        """
+        WITH RECURSIVE up (k) AS (
+            SELECT key FROM temp.seed
+            UNION
+            SELECT n.parent FROM nodes n JOIN up ON n.key = up.k WHERE n.parent IS NOT NULL
+        )
+        UPDATE nodes SET value = NULL WHERE key IN (SELECT k FROM up)
+        """
+    )
+
+
+def _bump_generation(conn: sqlite3.Connection) -> int:
+    (gen,) = conn.execute(
+        "UPDATE state SET value = value + 1 WHERE name = 'generation' RETURNING value"
+    ).fetchone()
+    return int(gen)
+
+
+# -- the data dir -----------------------------------------------------------------------
+
+
+class Store:
+    """All workspaces of one data dir, and their bearer tokens (kept as SHA-256 only).
+
+    `faiss_threads` is the OpenMP thread count faiss uses in the store's calls (None
+    leaves faiss's default): a single exact query gets slower, not faster, with more
+    threads on a small machine (measured 34 ms with 2 threads vs 15 ms with 1 at
+    100k x 384 on 2 cores, far worse when the cores are busy), and the server runs
+    concurrent searches on threads of its own anyway.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        limits: Limits = LIMITS,
+        compact_every: int = 32,
+        faiss_threads: int | None = 1,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.limits = limits
+        self.compact_every = compact_every
+        (self.data_dir / "workspaces").mkdir(parents=True, exist_ok=True)
+        self.faiss_threads = faiss_threads
+        self._lock = threading.RLock()  # guards the registry connection and _open
+        self._registry = _connect(self.data_dir / "registry.sqlite")
+        self._registry.executescript(
+            """
+            CREATE TABLE IF NOT EXISTS workspaces (
+                id TEXT PRIMARY KEY,
+                token_sha256 BLOB NOT NULL UNIQUE,
+                dim INTEGER NOT NULL,
+                model_id TEXT NOT NULL,
+                key_check BLOB NOT NULL,
+                created_at REAL NOT NULL
+            );
+            """
+        )
+        self._open: dict[str, WorkspaceStore] = {}
+        self._owners: dict[bytes, str] = {}  # sha256(token) -> workspace id, once seen
+        self._closed = False
+
+    def create_workspace(
+        self,
+        dim: int,
+        model_id: str,
+        key_check: bytes,
+        workspace_id: str | None = None,
+    ) -> tuple[str, str]:
+        """Create an empty workspace; returns (workspace_id, bearer token). The token is
+        shown this once: the store keeps only its SHA-256."""
+        lim = self.limits
+        if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= lim.max_dim:
+            raise BadRequest(f"dim must be an integer from 1 to {lim.max_dim}, got {dim!r}")
+        if not isinstance(model_id, str) or not 1 <= len(model_id) <= lim.max_model_id:
+            raise BadRequest(f"model_id must be a string of 1 to {lim.max_model_id} characters")
+        if not model_id.isprintable():
+            raise BadRequest("model_id must hold printable characters only")
+        if not isinstance(key_check, bytes) or not 1 <= len(key_check) <= lim.max_key_check:
+            raise BadRequest(f"key_check must be 1 to {lim.max_key_check} bytes")
+        if workspace_id is None:
+            workspace_id = secrets.token_hex(16)
+        elif not isinstance(workspace_id, str) or not WORKSPACE_ID_RE.match(workspace_id):
+            raise BadRequest(
+                "workspace_id must be 1 to 64 characters of A-Z a-z 0-9 _ -,"
+                " starting with a letter or digit"
+            )
+        token = secrets.token_urlsafe(32)
+        path = self._workspace_path(workspace_id)
+        with self._lock:
+            self._check_open()
+            # The registry's write lock, held from the check to the insert, serialises
+            # creators in other processes too.
+            with _transaction(self._registry) as conn:
+                taken = conn.execute("SELECT 1 FROM workspaces WHERE id = ?", (workspace_id,))
+                if taken.fetchone():
+                    raise WorkspaceExists(f"workspace {workspace_id} already exists")
+                if path.exists():  # left by a create that died before registering it
+                    shutil.rmtree(path)
+                WorkspaceStore.initialize(path, dim)
+                conn.execute(
+                    "INSERT INTO workspaces (id, token_sha256, dim, model_id, key_check,"
+                    " created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                    (workspace_id, _token_hash(token), dim, model_id, key_check, time.time()),
+                )
+        log.info("created workspace %s (dim %d)", workspace_id, dim)
+        return workspace_id, token
+
+    def authenticate(self, workspace_id: str, token: str | None) -> None:
+        """Raise unless `token` is the bearer token of `workspace_id`.
+
+        AuthError (401) without a token or with one of no workspace; WorkspaceNotFound
+        (404) for an unknown workspace, and only then, so that the existence of a
+        workspace is not revealed to callers holding no valid token; PermissionDenied
+        (403) for the token of another workspace.
+        """
+        if not token:
+            raise AuthError("missing bearer token (send 'Authorization: Bearer <token>')")
+        digest = _token_hash(token)
+        with self._lock:
+            self._check_open()
+            owner = self._owner(digest)
+            if owner is None:
+                raise AuthError("invalid bearer token")
+            record = self._record(workspace_id)  # raises WorkspaceNotFound
+        if not hmac.compare_digest(owner.encode(), record.workspace_id.encode()):
+            raise PermissionDenied("this token belongs to another workspace")
+
+    def workspace(self, workspace_id: str) -> WorkspaceStore:
+        """The open store of a workspace (opened on first use, then shared)."""
+        with self._lock:
+            self._check_open()
+            ws = self._open.get(workspace_id)
+            if ws is None:
+                record = self._record(workspace_id)
+                ws = WorkspaceStore(
+                    self._workspace_path(workspace_id),
+                    record,
+                    limits=self.limits,
+                    compact_every=self.compact_every,
+                    faiss_threads=self.faiss_threads,
+                )
+                self._open[workspace_id] = ws
+            return ws
+
+    def workspace_ids(self) -> list[str]:
+        with self._lock:
+            self._check_open()
+            return [r for (r,) in self._registry.execute("SELECT id FROM workspaces ORDER BY id")]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for ws in self._open.values():
+                ws.close()
+            self._open.clear()
+            self._registry.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------
+
+    def _workspace_path(self, workspace_id: str) -> Path:
+        return self.data_dir / "workspaces" / workspace_id
+
+    def _record(self, workspace_id: str) -> _Record:
+        """Caller holds _lock."""
+        if not isinstance(workspace_id, str) or not WORKSPACE_ID_RE.match(workspace_id):
+            raise WorkspaceNotFound(f"no workspace {str(workspace_id)[:80]!r}")
+        row = self._registry.execute(
+            "SELECT id, dim, model_id, key_check, created_at FROM workspaces WHERE id = ?",
+            (workspace_id,),
+        ).fetchone()
+        if row is None:
+            raise WorkspaceNotFound(f"no workspace {workspace_id!r}")
+        return _Record(row[0], int(row[1]), row[2], bytes(row[3]), float(row[4]))
+
+    def _owner(self, digest: bytes) -> str | None:
+        """Caller holds _lock."""
+        owner = self._owners.get(digest)
+        if owner is None:
+            # Not cached: a workspace created since, possibly by another process.
+            row = self._registry.execute(
+                "SELECT id, token_sha256 FROM workspaces WHERE token_sha256 = ?", (digest,)
+            ).fetchone()
+            if row is None or not hmac.compare_digest(bytes(row[1]), digest):
+                return None
+            owner = self._owners[digest] = row[0]
+        return owner
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"the store at {self.data_dir} is closed")

@@ -1,0 +1,251 @@
+"""What the store protocol looks like on the wire, shared by the server and `HttpClient`.
+
+Encoding (one rule everywhere): every byte string (keys, values, chunk ids, key checks,
+sealed metadata) is base64url without `=` padding; a vector is the base64url of its
+little-endian float32 bytes. Everything else is plain JSON.
+
+This module also holds the protocol's limits and its error vocabulary. Both are shared
+on purpose: the in-process store enforces the same limits as the server, so a caller that
+batches correctly for one works against the other, and `LocalClient` raises the same
+exception classes that `HttpClient` rebuilds from a server's answer, so callers handle
+both clients alike. It imports nothing heavy (no LanceDB, faiss or FastAPI).
+"""
+
+from __future__ import annotations
+
+import binascii
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from sync.errors import SyncError
+from sync.records import FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
+
+API_PREFIX = "/v1"
+
+
+# -- limits -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on one request. The server rejects anything larger with a 4xx; the
+    in-process store enforces the same numbers. Advertised in `WorkspaceInfo.extra`."""
+
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_updates: int = 4096  # files per apply
+    max_chunks: int = 20_000  # chunks per apply, over all its files
+    max_deletes: int = 10_000  # subtree roots per apply
+    max_depth: int = 256  # ancestors of one file
+    max_keys: int = 10_000  # directory keys per children call
+    max_dir_values: int = 100_000  # (key, value) pairs per set_dir_values call
+    max_k: int = 1000  # neighbours per search
+    max_dim: int = 4096
+    max_meta_bytes: int = 64 * 1024  # one sealed metadata blob
+    max_model_id: int = 256  # characters
+    max_key_check: int = 64  # bytes
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+LIMITS = Limits()
+
+
+# -- errors -----------------------------------------------------------------------------
+
+
+class StoreError(SyncError):
+    """The store refused an operation or could not carry it out.
+
+    Raised alike by the in-process store and, rebuilt from the server's answer, by
+    `HttpClient`. `http_status` is the status the server answers with.
+    """
+
+    http_status = 500
+
+
+class BadRequest(StoreError):
+    """The request is malformed or out of bounds; the message says what is wrong."""
+
+    http_status = 422
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        if status is not None:
+            self.http_status = status
+
+
+class WorkspaceNotFound(StoreError):
+    """No workspace with this id in this store."""
+
+    http_status = 404
+
+
+class WorkspaceExists(StoreError):
+    """A workspace with this id already exists."""
+
+    http_status = 409
+
+
+class AuthError(StoreError):
+    """No bearer token, or one that belongs to no workspace."""
+
+    http_status = 401
+
+
+class PermissionDenied(AuthError):
+    """A valid token, but of another workspace."""
+
+    http_status = 403
+
+
+ERRORS_BY_STATUS: dict[int, type[StoreError]] = {
+    401: AuthError,
+    403: PermissionDenied,
+    404: WorkspaceNotFound,
+    409: WorkspaceExists,
+}
+
+
+# -- bytes and vectors --------------------------------------------------------------------
+
+_B64URL = re.compile(r"[A-Za-z0-9_-]*\Z")
+# base64url -> standard alphabet for binascii's strict decoder; "+", "/" and "=" are not
+# base64url, so they map to "*", which the strict decoder refuses.
+_URL_TO_STD = bytes.maketrans(b"-_+/=", b"+/***")
+_STD_TO_URL = bytes.maketrans(b"+/", b"-_")
+
+
+def b64encode(data: bytes) -> str:
+    """base64url without padding."""
+    return binascii.b2a_base64(data, newline=False).rstrip(b"=").translate(_STD_TO_URL).decode()
+
+
+def b64decode(text: object) -> bytes:
+    """Strict inverse of `b64encode`; ValueError with a readable reason otherwise."""
+    if isinstance(text, str) and text.isascii() and len(text) % 4 != 1:
+        raw = text.encode("ascii").translate(_URL_TO_STD) + b"=" * (-len(text) % 4)
+        try:
+            return binascii.a2b_base64(raw, strict_mode=True)
+        except binascii.Error:
+            pass  # find out what is wrong below; this is the uncommon path
+    if not isinstance(text, str):
+        raise ValueError(f"expected a base64url string, got {_json_type(text)}")
+    if not _B64URL.match(text):
+        bad = next(c for c in text if not (c.isascii() and (c.isalnum() or c in "-_")))
+        raise ValueError(
+            f"not base64url: character {bad!r} (use A-Z a-z 0-9 - _ and no '=' padding)"
+        )
+    if len(text) % 4 == 1:
+        raise ValueError(f"not base64url: a length of {len(text)} characters is impossible")
+    raise ValueError("not base64url")  # pragma: no cover - every case is caught above
+
+
+def encode_vector(vector: np.ndarray) -> str:
+    # Values beyond float32's range become inf here, and the server refuses them by name.
+    with np.errstate(over="ignore"):
+        return b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes())
+
+
+def decode_vector(text: object) -> np.ndarray:
+    """A float32 vector from base64url; its length and finiteness are checked by the store,
+    which knows the workspace's dim."""
+    raw = b64decode(text)
+    if len(raw) % 4:
+        raise ValueError(f"a vector is float32: {len(raw)} bytes is not a multiple of 4")
+    return np.frombuffer(raw, dtype="<f4")
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+# -- records <-> JSON ---------------------------------------------------------------------
+# Requests are parsed by the server's pydantic models (sync.server); these functions build
+# requests on the client side and convert the server's answers both ways.
+
+
+def node_to_json(node: NodeInfo) -> dict[str, Any]:
+    return {
+        "key": b64encode(node.key),
+        "value": None if node.value is None else b64encode(node.value),
+        "is_dir": node.is_dir,
+    }
+
+
+def node_from_json(obj: dict[str, Any]) -> NodeInfo:
+    value = obj["value"]
+    return NodeInfo(
+        key=b64decode(obj["key"]),
+        value=None if value is None else b64decode(value),
+        is_dir=bool(obj["is_dir"]),
+    )
+
+
+def info_to_json(info: WorkspaceInfo) -> dict[str, Any]:
+    return {
+        "workspace_id": info.workspace_id,
+        "dim": info.dim,
+        "model_id": info.model_id,
+        "key_check": b64encode(info.key_check),
+        "chunks": info.chunks,
+        "nodes": info.nodes,
+        "extra": info.extra,
+    }
+
+
+def info_from_json(obj: dict[str, Any]) -> WorkspaceInfo:
+    return WorkspaceInfo(
+        workspace_id=str(obj["workspace_id"]),
+        dim=int(obj["dim"]),
+        model_id=str(obj["model_id"]),
+        key_check=b64decode(obj["key_check"]),
+        chunks=int(obj.get("chunks", 0)),
+        nodes=int(obj.get("nodes", 0)),
+        extra=dict(obj.get("extra") or {}),
+    )
+
+
+def update_to_json(update: FileUpdate) -> dict[str, Any]:
+    return {
+        "file_key": b64encode(update.file_key),
+        "ancestors": [b64encode(a) for a in update.ancestors],
+        "value": b64encode(update.value),
+        "chunks": [
+            {
+                "chunk_id": b64encode(c.chunk_id),
+                "vector": encode_vector(c.vector),
+                "meta": b64encode(c.meta),
+            }
+            for c in update.chunks
+        ],
+    }
+
+
+def hit_to_json(hit: SearchHit) -> dict[str, Any]:
+    return {
+        "chunk_id": b64encode(hit.chunk_id),
+        "distance": hit.distance,
+        "meta": b64encode(hit.meta),
+    }
+
+
+def hit_from_json(obj: dict[str, Any]) -> SearchHit:
+    return SearchHit(
+        chunk_id=b64decode(obj["chunk_id"]),
+        distance=float(obj["distance"]),
+        meta=b64decode(obj["meta"]),
+    )

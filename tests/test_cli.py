@@ -1,0 +1,119 @@
+"""The `codeveil` command, run as a user runs it: a real process, real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+from retrieval.cli import main as cli_main
+
+INDEX_KEYS = {"files_scanned", "files_changed", "files_deleted", "chunks_total",
+              "chunks_embedded", "chunks_from_cache", "seconds"}
+HIT_KEYS = {"path", "start_line", "end_line", "symbol", "language", "score", "text"}
+
+
+def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = dict(os.environ, CODEVEIL_EMBEDDER="hashing", **env)
+    return subprocess.run(
+        [sys.executable, "-m", "retrieval.cli", *args], cwd=cwd, env=full_env,
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("codeveil: error:")
+    assert needle in lines[0], lines[0]
+
+
+def test_index_json_then_search_json(sample_repo: Path) -> None:
+    proc = run(["index", ".", "--json"], sample_repo)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert INDEX_KEYS <= set(summary)
+    assert summary["files_scanned"] == 5 and summary["chunks_total"] > 0
+    proc = run(["search", "hash_password salt pbkdf2", "--json", "-k", "3"], sample_repo)
+    assert proc.returncode == 0, proc.stderr
+    hits = json.loads(proc.stdout)
+    assert hits and HIT_KEYS <= set(hits[0])
+    assert hits[0]["path"] == "auth/password.py"
+
+
+def test_search_prints_locations_and_snippets(sample_repo: Path) -> None:
+    assert run(["index", "-q"], sample_repo).returncode == 0
+    proc = run(["search", "hash_password salt", "-k", "2", "--lang", "python"], sample_repo / "auth")
+    assert proc.returncode == 0, proc.stderr
+    assert "auth/password.py:" in proc.stdout
+    assert "hash_password" in proc.stdout
+
+
+def test_status_and_key_commands(sample_repo: Path) -> None:
+    assert run(["index", "-q"], sample_repo).returncode == 0
+    status = json.loads(run(["status", "--json"], sample_repo).stdout)
+    assert status["server"] == "embedded" and status["chunks"] > 0
+    shown = run(["key", "show"], sample_repo)
+    assert shown.returncode == 0 and "fingerprint" in shown.stdout
+    exported = run(["key", "export"], sample_repo)
+    assert exported.returncode == 0
+    text = exported.stdout.strip()
+    assert text.startswith("codeveil-key-v1:")
+    # The key is a secret: `show` prints only its fingerprint.
+    assert text.split(":", 1)[1] not in shown.stdout
+    again = run(["key", "import", text], sample_repo)
+    assert again.returncode == 0, again.stderr
+
+
+def test_no_such_path(tmp_path: Path) -> None:
+    assert_one_line_error(run(["index", str(tmp_path / "missing")], tmp_path), "missing")
+
+
+def test_no_index_here(tmp_path: Path) -> None:
+    assert_one_line_error(run(["search", "anything"], tmp_path), "no codeveil index")
+
+
+def test_wrong_key(sample_repo: Path) -> None:
+    assert run(["index", "-q"], sample_repo).returncode == 0
+    assert_one_line_error(
+        run(["search", "password"], sample_repo, CODEVEIL_KEY="11" * 32), "key"
+    )
+
+
+def test_corrupt_state_db(sample_repo: Path) -> None:
+    assert run(["index", "-q"], sample_repo).returncode == 0
+    (sample_repo / ".codeveil/state.sqlite").write_bytes(b"this is not a database" * 100)
+    for suffix in ("-wal", "-shm"):
+        (sample_repo / f".codeveil/state.sqlite{suffix}").unlink(missing_ok=True)
+    assert_one_line_error(run(["index"], sample_repo), "corrupt")
+
+
+def test_corrupt_config(sample_repo: Path) -> None:
+    assert run(["index", "-q"], sample_repo).returncode == 0
+    (sample_repo / ".codeveil/config.json").write_text("{not json")
+    assert_one_line_error(run(["search", "x"], sample_repo), "config.json")
+
+
+def test_bad_option_values_are_usage_errors(sample_repo: Path) -> None:
+    proc = run(["search", "x", "-k", "0"], sample_repo)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def _commands(group: click.Group, prefix: str = ""):
+    for name, cmd in group.commands.items():
+        yield f"{prefix}{name}", cmd
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, f"{prefix}{name} ")
+
+
+@pytest.mark.parametrize("name", [n for n, _ in _commands(cli_main)])
+def test_every_command_has_help(name: str) -> None:
+    cmd = dict(_commands(cli_main))[name]
+    assert cmd.help and len(cmd.help.strip()) > 20, name

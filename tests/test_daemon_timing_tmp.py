@@ -1,0 +1,369 @@
+"""`codeveil daemon`: real daemon processes on real folders, a real server on loopback.
+
+Every daemon here is started the way a user starts it (`codeveil daemon start`) and
+searched the way a user searches (`codeveil search --json`), with the fast hashing
+embedder: these tests measure the daemon, not the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sync.daemon import DaemonFiles, EventFilter, _backoff, probe, read_status
+from tests.conftest import write_repo
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+NEW_FUNCTION = '''
+
+def reticulate_splines_for_minimap(splines, zoom):
+    """Reticulate the minimap splines at the given zoom level."""
+    return [spline.reticulate(zoom) for spline in splines]
+'''
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, CODEVEIL_EMBEDDER="hashing", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p
+    )
+    return env
+
+
+def cv(*args, timeout=60):
+    t=time.monotonic(); r=_cv(*args, timeout=timeout); print(f"\n{time.monotonic()-t:6.2f}s", *map(str,args[:2]), flush=True); return r
+
+def _cv(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the `codeveil` command as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "retrieval.cli", *map(str, args)], env=_env(),
+        capture_output=True, text=True, timeout=timeout, cwd="/",
+    )
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    """Poll `check` until it returns something truthy; fail naming `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def status_of(repo: Path) -> dict[str, Any]:
+    return read_status(DaemonFiles.for_root(repo)) or {}
+
+
+def synced_since(repo: Path, syncs: int, pid: int | None = None) -> dict[str, Any] | None:
+    """The status once a sync after the `syncs`-th has finished successfully, else None."""
+    s = status_of(repo)
+    if pid is not None and s.get("pid") != pid:
+        return None
+    if s.get("syncs", 0) > syncs and s.get("last_sync_ok") and s.get("state") != "syncing":
+        return s
+    return None
+
+
+def search(repo: Path, query: str) -> list[dict[str, Any]]:
+    proc = cv("search", query, "--json", "-k", "5", "-C", repo)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def start(repo: Path, *options: str) -> int:
+    proc = cv("daemon", "start", repo, "--debounce", "0.2", *options)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    match = re.search(r"started \(pid (\d+)\)", proc.stdout)
+    assert match, proc.stdout
+    return int(match.group(1))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its parent) counts as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def repos(tmp_path: Path) -> Iterator[list[Path]]:
+    """Folders whose daemons are stopped (or killed) at teardown, whatever happened."""
+    made: list[Path] = []
+    yield made
+    for repo in made:
+        state = probe(repo)
+        stopped = not state.running or cv("daemon", "stop", repo).returncode == 0
+        if not stopped and state.pid:
+            os.kill(state.pid, signal.SIGKILL)
+
+
+# -- the daemon's life --------------------------------------------------------------
+
+
+def test_start_edit_search_status_stop(tmp_path: Path, repos: list[Path]) -> None:
+    repo = write_repo(tmp_path / "repo")
+    (repo / ".gitignore").write_text("build/\n*.log\n")
+    (repo / "build").mkdir()
+    repos.append(repo)
+
+    pid = start(repo)
+    first = wait_for("the first sync", lambda: synced_since(repo, 0, pid))
+    assert first["last_result"]["files_changed"] == 6  # the sample files and .gitignore
+    assert first["watching"] is True
+
+    again = cv("daemon", "start", repo)
+    assert again.returncode == 0
+    assert f"already running (pid {pid})" in again.stdout
+
+    shown = cv("daemon", "status", repo)
+    assert shown.returncode == 0, shown.stderr
+    assert f"running (pid {pid})" in shown.stdout
+    as_json = json.loads(cv("daemon", "status", repo, "--json").stdout)
+    assert as_json["running"] is True and as_json["pid"] == pid
+    assert as_json["status"]["consecutive_errors"] == 0
+
+    # Ignored paths never start a sync. (A sync would begin within ~0.5 s.)
+    syncs = status_of(repo)["syncs"]
+    (repo / "build" / "generated.py").write_text("def generated(): pass\n")
+    (repo / "net" / "debug.log").write_text("noise\n")
+    time.sleep(1.2)
+    assert status_of(repo)["syncs"] == syncs
+    assert status_of(repo)["pending_changes"] == 0
+
+    # An edit is searchable within seconds, as the top hit.
+    upload = repo / "net" / "upload.py"
+    upload.write_text(upload.read_text() + NEW_FUNCTION)
+    edited = wait_for("the sync of the edit", lambda: synced_since(repo, syncs, pid))
+    assert edited["last_result"]["files_changed"] == 1
+    hits = search(repo, "reticulate splines minimap zoom")
+    assert hits[0]["path"] == "net/upload.py"
+    assert "def reticulate_splines_for_minimap" in hits[0]["text"]
+
+    # A deleted file leaves the index.
+    syncs = edited["syncs"]
+    (repo / "geo" / "distance.go").unlink()
+    gone = wait_for("the sync of the deletion", lambda: synced_since(repo, syncs, pid))
+    assert gone["last_result"]["files_deleted"] == 1
+    assert all(h["path"] != "geo/distance.go" for h in search(repo, "Haversine distance"))
+
+    stopped = cv("daemon", "stop", repo)
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"stopped (pid {pid})" in stopped.stdout
+    wait_for("the daemon process to exit", lambda: not alive(pid), timeout=5)
+    files = DaemonFiles.for_root(repo)
+    assert not files.pid.exists()
+    assert status_of(repo)["state"] == "stopped"
+    assert "daemon stopped" in files.log.read_text()
+
+    down = cv("daemon", "status", repo)
+    assert down.returncode == 3
+    assert "not running" in down.stdout
+    assert cv("daemon", "stop", repo).stdout.startswith("codeveil daemon: not running")
+
+
+def test_kill_9_mid_sync_then_restart_converges(tmp_path: Path, repos: list[Path]) -> None:
+    repo = tmp_path / "big"
+    for i in range(2000):
+        path = repo / f"pkg{i % 25:02d}" / f"mod_{i:05d}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(f'''
+            """Module {i}: helpers for widget number {i}."""
+
+
+            def widget_{i}_area(width, height):
+                """Area of widget {i} in square units."""
+                return width * height * {i}
+
+
+            class Widget{i}:
+                def __init__(self, name):
+                    self.name = name
+
+                def describe(self):
+                    return f"widget {i} named {{self.name}}"
+            '''))
+    repos.append(repo)
+
+    pid = start(repo)
+    wait_for("the first sync to write to the store", lambda: (
+        status_of(repo).get("state") == "syncing"
+        and (repo / ".codeveil" / "state.sqlite").exists()
+    ))
+    time.sleep(1.0)
+    assert status_of(repo)["last_sync_finished"] is None, "the sync ended before the kill"
+    os.kill(pid, signal.SIGKILL)
+    wait_for("the killed daemon to be gone", lambda: not alive(pid), timeout=5)
+
+    # The kernel dropped the lock; status sees a dead daemon and clears its pid file.
+    shown = cv("daemon", "status", repo)
+    assert shown.returncode == 3
+    assert f"pid {pid} died without stopping cleanly" in shown.stdout
+    assert not DaemonFiles.for_root(repo).pid.exists()
+
+    # Change a file while no daemon runs, then start a fresh one: it converges.
+    target = repo / "pkg07" / "mod_00007.py"
+    target.write_text(target.read_text() + NEW_FUNCTION)
+    pid2 = start(repo)
+    assert pid2 != pid
+    wait_for("the resumed sync", lambda: synced_since(repo, 0, pid2), timeout=60)
+    hits = search(repo, "reticulate splines minimap zoom")
+    assert hits[0]["path"] == "pkg07/mod_00007.py"
+    assert "def reticulate_splines_for_minimap" in hits[0]["text"]
+    assert cv("daemon", "stop", repo).returncode == 0
+
+    index = cv("index", repo, "--json")
+    assert index.returncode == 0, index.stderr
+    report = json.loads(index.stdout)
+    assert (report["files_changed"], report["files_deleted"]) == (0, 0)
+    assert report["files_scanned"] == 2000
+    info = json.loads(cv("status", "--json", "-C", repo).stdout)
+    assert info["files"] == 2000
+    assert info["chunks"] == info["server_chunks"]  # nothing lost, nothing twice
+
+
+def test_server_outage_retries_then_catches_up(
+    tmp_path: Path, repos: list[Path], server_factory: Callable[..., Any]
+) -> None:
+    server = server_factory(tmp_path / "server-data")
+    repo = write_repo(tmp_path / "repo")
+    repos.append(repo)
+    init = cv("init", repo, "--server", server.url)
+    assert init.returncode == 0, init.stderr
+
+    pid = start(repo, "--max-backoff", "1")
+    first = wait_for("the first sync", lambda: synced_since(repo, 0, pid))
+    assert first["server_reachable"] is True and first["server"] == server.url
+
+    server.stop()
+    upload = repo / "net" / "upload.py"
+    upload.write_text(upload.read_text() + NEW_FUNCTION)
+    failing = wait_for("failed syncs while the server is down", lambda: (
+        (s := status_of(repo)).get("consecutive_errors", 0) >= 2
+        and s["server_reachable"] is False and s["pending_changes"] >= 1 and s
+    ))
+    assert failing["last_sync_ok"] is False and failing["last_error"]
+    shown = cv("daemon", "status", repo)
+    assert shown.returncode == 0
+    assert "UNREACHABLE" in shown.stdout and "failed syncs in a row" in shown.stdout
+
+    server.start()  # the same port and data
+    caught_up = wait_for("the catch-up sync", lambda: (
+        (s := status_of(repo)).get("consecutive_errors") == 0 and s.get("last_sync_ok")
+        and s.get("pending_changes") == 0 and s
+    ), timeout=30)
+    assert caught_up["server_reachable"] is True
+    hits = search(repo, "reticulate splines minimap zoom")
+    assert hits[0]["path"] == "net/upload.py"
+    assert "def reticulate_splines_for_minimap" in hits[0]["text"]
+
+    assert cv("daemon", "stop", repo).returncode == 0
+    report = json.loads(cv("index", repo, "--json").stdout)
+    assert (report["files_changed"], report["files_deleted"]) == (0, 0)
+    info = json.loads(cv("status", "--json", "-C", repo).stdout)
+    assert info["chunks"] == info["server_chunks"]
+
+
+# -- shutdown during a sync -----------------------------------------------------------
+
+SLOW_DAEMON = """
+import sys, time
+from pathlib import Path
+from sync.daemon import Daemon
+
+def sync_once():
+    if Path(sys.argv[2]).exists():
+        time.sleep(60)  # a sync that will not finish by itself in time
+    return {"files_changed": 0}
+
+sys.exit(Daemon(Path(sys.argv[1]), sync_once, stop_grace=float(sys.argv[3])).run())
+"""
+
+
+@pytest.mark.parametrize("grace", [0.3, 5.0])
+def test_sigterm_mid_sync_exits_cleanly(tmp_path: Path, grace: float) -> None:
+    """SIGTERM lets a sync finish for `stop_grace` seconds, then abandons it; either way
+    the daemon exits 0 and leaves a "stopped" status. A second signal abandons at once."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    slow = tmp_path / "slow"
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_DAEMON, str(repo), str(slow), str(grace)],
+                            env=_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for("the first sync", lambda: status_of(repo).get("syncs") == 1)
+        slow.touch()
+        (repo / "edited.py").write_text("x = 1\n")
+        wait_for("the slow sync", lambda: status_of(repo).get("state") == "syncing")
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        if grace > 1:
+            time.sleep(0.3)
+            assert proc.poll() is None  # still giving the sync its grace period
+            proc.send_signal(signal.SIGTERM)  # a second signal: abandon now
+        assert proc.wait(timeout=10) == 0, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() - started < 3
+        assert status_of(repo)["state"] == "stopped"
+        assert not DaemonFiles.for_root(repo).pid.exists()
+        assert not probe(repo).running
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+# -- pieces -----------------------------------------------------------------------------
+
+
+def test_event_filter_follows_the_ignore_rules(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    for rel in ("src/app.py", "build/out.py", "node_modules/x/i.js", ".git/index",
+                ".codeveil/daemon.json", "env/pyvenv.cfg", "env/lib/site.py",
+                "sub/.gitignore", "sub/keep.py", "sub/gen/x.py", "yarn.lock", "logo.png"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x\n")
+    (root / ".gitignore").write_text("build/\n")
+    (root / "sub" / ".gitignore").write_text("gen/\n")
+    (root / "src" / "new_dir").mkdir()
+    f = EventFilter(root)
+    relevant = {rel: f.relevant(str(root / rel)) for rel in (
+        "src/app.py", "src/new_dir", "build/out.py", "node_modules/x/i.js", ".git/index",
+        ".codeveil/daemon.json", "env/lib/site.py", "sub/keep.py", "sub/gen/x.py",
+        "yarn.lock", "logo.png", "src/deleted.py", ".gitignore",
+    )}
+    assert relevant == {
+        "src/app.py": True, "src/new_dir": True, "build/out.py": False,
+        "node_modules/x/i.js": False, ".git/index": False, ".codeveil/daemon.json": False,
+        "env/lib/site.py": False, "sub/keep.py": True, "sub/gen/x.py": False,
+        "yarn.lock": False, "logo.png": False, "src/deleted.py": True, ".gitignore": True,
+    }
+    # A changed ignore file takes effect: the cached rules are dropped.
+    (root / "sub" / ".gitignore").write_text("keep.py\n")
+    assert f.relevant(str(root / "sub" / ".gitignore"))
+    assert not f.relevant(str(root / "sub" / "keep.py"))
+    assert f.watched_dir("src") and not f.watched_dir("build") and not f.watched_dir("env")
+
+
+def test_backoff_doubles_to_the_cap_with_jitter() -> None:
+    for failures, full in ((1, 1.0), (2, 2.0), (3, 4.0), (7, 60.0), (30, 60.0)):
+        delays = [_backoff(failures, 1.0, 60.0) for _ in range(200)]
+        assert all(full / 2 <= d <= full for d in delays)
+        assert max(delays) - min(delays) > full / 10  # jittered, not lock-step

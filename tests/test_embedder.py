@@ -1,0 +1,104 @@
+"""The embedder interface, the embedding cache, and the real model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from indexer.embed_cache import CachedEmbedder, EmbeddingCache, cache_key
+from indexer.embedder import Embedder, HashingEmbedder, default_embedder
+from indexer.errors import EmbedderError
+
+
+class CountingEmbedder(Embedder):
+    """Wraps the hashing embedder and records every text the model is asked for."""
+
+    def __init__(self) -> None:
+        self.inner = HashingEmbedder(dim=32)
+        self.model_id, self.dim, self.max_tokens = "counting", 32, 8
+        self.seen: list[str] = []
+        self.batches: list[list[str]] = []
+
+    def windows(self, text: str) -> list[str]:
+        words = text.split()
+        return [" ".join(words[i : i + self.max_tokens]) for i in range(0, len(words), 8)] or [""]
+
+    def embed_batch(self, texts):
+        self.seen.extend(texts)
+        self.batches.append(list(texts))
+        return self.inner.embed_batch(texts)
+
+
+def test_duplicates_embedded_once_and_batches_sorted_by_length() -> None:
+    model = CountingEmbedder()
+    texts = ["b b b b", "a", "b b b b", "c c", "a"]
+    vecs = model.embed(texts, batch_size=2)
+    assert sorted(model.seen) == sorted({"a", "b b b b", "c c"})
+    flat = [t for batch in model.batches for t in batch]
+    assert [len(t) for t in flat] == sorted(len(t) for t in flat)
+    assert np.allclose(vecs[0], vecs[2]) and np.allclose(vecs[1], vecs[4])
+    assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+
+
+def test_long_text_is_windowed_and_pooled_not_truncated() -> None:
+    model = CountingEmbedder()
+    long_text = " ".join(f"w{i}" for i in range(20))  # 3 windows of <= 8 words
+    vec = model.embed([long_text])[0]
+    assert len(model.seen) == 3
+    assert "w19" in model.seen[-1] or any("w19" in s for s in model.seen)
+    pieces = model.inner.embed_batch(model.windows(long_text))
+    expected = pieces.sum(axis=0)
+    assert np.allclose(vec, expected / np.linalg.norm(expected), atol=1e-5)
+
+
+def test_cache_hit_skips_the_model_and_persists(tmp_path: Path) -> None:
+    path = tmp_path / "emb.sqlite"
+    model = CountingEmbedder()
+    first = CachedEmbedder(model, EmbeddingCache(path)).embed(["x y", "z"])
+    assert (first.embedded, first.from_cache) == (2, 0)
+    model.seen.clear()
+    again = CachedEmbedder(model, EmbeddingCache(path)).embed(["z", "x y", "new"])
+    assert model.seen == ["new"]
+    assert (again.embedded, again.from_cache) == (1, 2)
+    assert np.allclose(again.vectors[0], first.vectors[1])
+
+
+def test_cache_key_depends_on_model_and_text() -> None:
+    assert cache_key("m1", "t") != cache_key("m2", "t")
+    assert cache_key("m1", "t") != cache_key("m1", "t ")
+    assert cache_key("m", "a\0b") != cache_key("m\0a", "b")
+
+
+def test_unknown_embedder_name_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CODEVEIL_EMBEDDER", "nope")
+    with pytest.raises(EmbedderError, match="CODEVEIL_EMBEDDER"):
+        default_embedder()
+
+
+def test_real_model_ranks_related_code_first(real_embedder) -> None:
+    vecs = real_embedder.embed([
+        "retry the upload with exponential backoff",
+        "def upload(path):\n    for attempt in range(5):\n        try: return put(path)\n"
+        "        except ConnectionError: sleep(2 ** attempt)",
+        "def area(r):\n    return 3.14159 * r * r",
+    ])
+    assert vecs.shape == (3, 384) and vecs.dtype == np.float32
+    assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-4)
+    assert vecs[0] @ vecs[1] > vecs[0] @ vecs[2] + 0.1
+
+
+def test_real_model_windows_fit_the_model(real_embedder) -> None:
+    from indexer.tokens import TokenCounter
+
+    text = "\n".join(f"value_{i} = compute_something({i}, other_{i})" for i in range(200))
+    pieces = real_embedder.windows(text)
+    counter = TokenCounter()
+    assert len(pieces) > 1
+    assert all(counter.count(p) <= real_embedder.max_tokens for p in pieces)
+    # Cut at line starts: every line is whole in exactly one piece.
+    for i in (0, 57, 199):
+        line = f"value_{i} = compute_something({i}, other_{i})"
+        assert sum(line in p for p in pieces) == 1, line
+    assert all(p.startswith("value_") for p in pieces)
