@@ -89,13 +89,24 @@ def _embedders():
     return CachedEmbedder(model, cache), CachedEmbedder(Plain(), cache)
 
 
+EMBED_BATCH = 256
+
+
 def embed_all(embedder, texts: Sequence[str], what: str) -> np.ndarray:
+    """Vectors of `texts` through the cache, stored batch by batch so that a long run
+    that is stopped keeps what it embedded."""
     t0 = time.perf_counter()
-    out = embedder.embed(list(texts))
-    if out.embedded:
-        log.info("  %s: %d texts, %d embedded in %.0fs", what, len(texts), out.embedded,
+    parts = []
+    embedded = 0
+    for start in range(0, len(texts), EMBED_BATCH):
+        out = embedder.embed(list(texts[start : start + EMBED_BATCH]))
+        parts.append(out.vectors)
+        embedded += out.embedded
+    if embedded:
+        log.info("  %s: %d texts, %d embedded in %.0fs", what, len(texts), embedded,
                  time.perf_counter() - t0)
-    return out.vectors
+    dim = embedder.dim
+    return np.concatenate(parts) if parts else np.zeros((0, dim), dtype=np.float32)
 
 
 # -- corpora -------------------------------------------------------------------------

@@ -20,7 +20,14 @@ the file alone (the walk never enters that directory): re-include the directory
 Git: `dir/**` excludes the *contents* of `dir`, not `dir` itself, so `dir/**` followed
 by `!dir/keep.py` does keep `dir/keep.py`.
 
-The user's global Git excludes file (`core.excludesFile`) is not read.
+Patterns are translated into regexes by pathspec (`GitIgnoreSpec`) but matched the way
+Git matches them: each path on its own, a directory before its contents, an excluded
+directory never entered. pathspec's own matcher judges flat lists of files and differs
+from Git on some negations (`!*/`) and on `dir/**/`; tests/test_walk.py compares the
+walk with `git ls-files --others --exclude-standard`.
+
+The user's global Git excludes file (`core.excludesFile`) is not read, and matching is
+case-sensitive (Git's `core.ignorecase` is not consulted).
 """
 
 from __future__ import annotations

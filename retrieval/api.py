@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -31,7 +32,7 @@ from retrieval.lexical import LexDoc, LexicalIndex, LexicalStore
 from retrieval.locate import FileLines, locate
 from sync import crypto
 from sync.client import StoreClient
-from sync.keys import WorkspaceKey, create_key, load_key
+from sync.keys import ENV_KEY, WorkspaceKey, create_key, load_key
 from sync.syncer import Progress, Syncer, SyncReport
 from sync.workspace import (
     RepoConfig,
@@ -113,7 +114,9 @@ class Index:
         embedder = self._cached_embedder()
         if workspace_id is None:
             workspace_id = new_workspace_id()
-            key = create_key(workspace_id)
+            # CODEVEIL_KEY stands for every workspace: a new one is made under it (CI,
+            # a second clone of a shared index); otherwise a fresh key is stored.
+            key = load_key(workspace_id) if os.environ.get(ENV_KEY) else create_key(workspace_id)
             if server is None:
                 from sync.local_client import LocalClient
 

@@ -359,19 +359,25 @@ def _daemon_root(path: Path) -> Path:
     return Index(path).root
 
 
-def _daemon_sync(root: Path) -> Callable[[], dict]:
-    """The daemon's sync: one `Index` for its lifetime, so the model is loaded once."""
-    idx = Index(root)
+class _DaemonSync:
+    """The daemon's sync: one `Index` for the daemon's lifetime, so the model is loaded
+    once and the store stays open between syncs (reopening it would rebuild its search
+    index from disk before every write)."""
 
-    def sync_once() -> dict:
+    def __init__(self, root: Path) -> None:
+        self.index = Index(root)
+
+    def __call__(self) -> dict:
         try:
-            return idx.index().to_dict()
-        finally:
-            # Reopen the store for each sync: no store handle is held while idle, and a
-            # client broken by a server restart is never reused.
-            idx.close()
+            return self.index.index().to_dict()
+        except BaseException:
+            # Never reuse a client after a failure (a restarted server has dropped its
+            # connections; an abandoned sync may have left it mid-request).
+            self.index.close()
+            raise
 
-    return sync_once
+    def close(self) -> None:
+        self.index.close()
 
 
 def _daemon_unreachable() -> tuple[type[BaseException], ...]:
@@ -457,12 +463,16 @@ def daemon_run(path: Path, interval: float, debounce: float, max_backoff: float,
     lock = DaemonLock.acquire(files)
     try:
         setup_logging(files, to_stderr=not detached, capture_std=detached)
+        sync_once = _DaemonSync(root)
         runner = Daemon(
-            root, _daemon_sync(root), full_interval=interval, debounce=debounce,
+            root, sync_once, full_interval=interval, debounce=debounce,
             backoff_max=max_backoff, unreachable=_daemon_unreachable(),
             status_extra={"server": _daemon_server(root)},
         )
-        code = runner.run(lock)
+        try:
+            code = runner.run(lock)
+        finally:
+            sync_once.close()
     finally:
         lock.release()
     if code:

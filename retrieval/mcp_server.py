@@ -17,12 +17,17 @@ at once. stdout carries the protocol only: nothing here prints.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
+from indexer.errors import CodeveilError
 from retrieval.api import Index
 
 INSTRUCTIONS = """\
@@ -61,8 +66,8 @@ def build_server(repo: Path) -> MCPServer:
         was indexed and the lines could not be found again: run sync_index).
         """
         k = max(1, min(int(k), MAX_K))
-        with state.lock:
-            hits = state.index().search(query, k=k, group=group, path=path, language=language)
+        with state.use() as idx:
+            hits = idx.search(query, k=k, group=group, path=path, language=language)
         return {"query": query, "group": group,
                 "hits": [h.to_dict() for h in hits]}
 
@@ -70,33 +75,42 @@ def build_server(repo: Path) -> MCPServer:
     def index_status() -> dict[str, Any]:
         """Where the index is and what it holds: root folder, workspace, server (or
         embedded), model, number of files and chunks."""
-        with state.lock:
-            return state.index().status()
+        with state.use() as idx:
+            return idx.status()
 
     @server.tool()
     def sync_index() -> dict[str, Any]:
         """Bring the index up to date with the files on disk (only changed files are
         read and embedded; the first run indexes everything and can take minutes).
         Returns what changed."""
-        with state.lock:
-            report = state.index().index()
-        return report.to_dict()
+        with state.use() as idx:
+            return idx.index().to_dict()
 
     return server
 
 
 class _State:
-    """The one Index of this server, opened on first use."""
+    """The one Index of this server, opened on first use, used by one call at a time."""
 
     def __init__(self, repo: Path) -> None:
         self.repo = repo
-        self.lock = threading.Lock()
+        self._lock = threading.Lock()
         self._index: Index | None = None
 
-    def index(self) -> Index:
-        if self._index is None:
-            self._index = Index(self.repo)
-        return self._index
+    @contextmanager
+    def use(self) -> Iterator[Index]:
+        """The index, locked; codeveil's errors become tool errors the agent can read
+        (the SDK shows other exceptions as a bare "error executing tool")."""
+        with self._lock:
+            try:
+                if self._index is None:
+                    self._index = Index(self.repo)
+                yield self._index
+            except CodeveilError as exc:
+                raise ToolError(str(exc)) from exc
+            except sqlite3.DatabaseError as exc:
+                raise ToolError(f"the index files are corrupt ({exc}); delete .codeveil/ and"
+                                " call sync_index again") from exc
 
 
 def run(repo: Path) -> None:

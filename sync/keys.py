@@ -327,9 +327,9 @@ def _read_key_file(path: Path, workspace_id: str) -> WorkspaceKey:
             "`codeveil key export` and run `codeveil key import`; if the key is lost, the "
             "index cannot be read: delete .codeveil/ and index again"
         ) from None
-    with os.fdopen(fd, "rb") as f:
+    try:
         # fstat on the open file, not stat on the name: the name could change in between.
-        st = os.fstat(f.fileno())
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise KeyFormatError(f"{path} is not a regular file; it should hold a key")
         if os.name == "posix" and st.st_mode & 0o077:
@@ -338,10 +338,12 @@ def _read_key_file(path: Path, workspace_id: str) -> WorkspaceKey:
                 f"workspace key must be private: run `chmod 600 {path}`, and if someone "
                 "else could have read it, index into a new workspace"
             )
-        data = f.read(_MAX_KEY_FILE + 1)
+        data = os.read(fd, _MAX_KEY_FILE + 1)
+    finally:
+        os.close(fd)
     try:
         if len(data) > _MAX_KEY_FILE:
-            raise KeyFormatError(f"{len(data)}+ bytes, a key file holds one short line")
+            raise KeyFormatError(f"over {_MAX_KEY_FILE} bytes; a key file holds one line")
         return parse_key(data.decode("ascii"))
     except (KeyFormatError, UnicodeDecodeError) as exc:
         reason = "not ASCII text" if isinstance(exc, UnicodeDecodeError) else str(exc)

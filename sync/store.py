@@ -39,6 +39,7 @@ index was built at before it searches.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import logging
@@ -217,6 +218,17 @@ def _vector(value: object, dim: int, where: str) -> np.ndarray:
     return out
 
 
+def _meta(value: object, where: str, limit: int) -> bytes:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise BadRequest(f"{where} must be bytes, got {type(value).__name__}")
+    if len(value) > limit:
+        raise BadRequest(f"{where} is {len(value)} bytes, the limit is {limit}")
+    return bytes(value)
+
+
+_NO_ROWS = np.empty((0, 0), np.float32)
+
+
 @dataclass(frozen=True, slots=True)
 class _Update:
     """A validated FileUpdate, its chunks as columns."""
@@ -279,7 +291,7 @@ class WorkspaceStore:
         self._rconn = _connect(path / "tree.sqlite")  # reads; WAL lets them run during writes
         self._rlock = threading.Lock()
         self._write_lock = threading.Lock()
-        self._lock_file = open(path / "writer.lock", "a+b")  # noqa: SIM115 - held while open
+        self._lock_path = path / "writer.lock"
         self._table = lancedb.connect(path).open_table(TABLE)  # used under _write_lock only
         self._index_lock = _RWLock()
         self._index: faiss.IndexIDMap2 | None = None
@@ -484,7 +496,6 @@ class WorkspaceStore:
             with self._rlock:
                 self._rconn.close()
             self._wconn.close()
-            self._lock_file.close()
 
     # -- apply, step by step (also called one by one by the crash tests) ------------------
 
@@ -502,6 +513,8 @@ class WorkspaceStore:
         dels = list(dict.fromkeys(_key(d, f"deletes[{i}]") for i, d in enumerate(deletes)))
         total = 0
         out: list[_Update] = []
+        vecs: list[np.ndarray] = []  # every chunk's vector, in order
+        spans: list[tuple[int, int]] = []  # each update's rows in `vecs`
         shape: dict[bytes, tuple[bytes | None, bool]] = {}  # key -> (parent, is_dir)
         for i, u in enumerate(updates):
             where = f"updates[{i}]"
@@ -536,31 +549,41 @@ class WorkspaceStore:
                     raise BadRequest(f"{where}: key {key.hex()} has {what} in this batch")
             # Fast path first, per-field checks (which name the culprit) only when needed:
             # a full apply holds 20,000 chunks.
-            ids, vecs, metas = [], [], []
+            ids, metas = [], []
+            first = len(vecs)
             for j, c in enumerate(u.chunks):
-                cw = f"{where}.chunks[{j}]"
-                cid, vec, meta = (getattr(c, f, None) for f in ("chunk_id", "vector", "meta"))
-                if not (type(cid) is bytes and len(cid) == KEY_BYTES):
-                    cid = _key(cid, f"{cw}.chunk_id")
+                try:
+                    cid, vec, meta = c.chunk_id, c.vector, c.meta
+                except AttributeError:
+                    raise BadRequest(
+                        f"{where}.chunks[{j}] must be a ChunkRecord, got {type(c).__name__}"
+                    ) from None
+                if type(cid) is not bytes or len(cid) != KEY_BYTES:
+                    cid = _key(cid, f"{where}.chunks[{j}].chunk_id")
                 ids.append(cid)
                 if not (
                     type(vec) is np.ndarray and vec.dtype == np.float32 and vec.shape == (self.dim,)
                 ):
-                    vec = _vector(vec, self.dim, f"{cw}.vector")
+                    vec = _vector(vec, self.dim, f"{where}.chunks[{j}].vector")
                 vecs.append(vec)
-                if not isinstance(meta, bytes | bytearray | memoryview):
-                    raise BadRequest(f"{cw}.meta must be bytes, got {type(meta).__name__}")
-                if len(meta) > lim.max_meta_bytes:
-                    raise BadRequest(
-                        f"{cw}.meta is {len(meta)} bytes, the limit is {lim.max_meta_bytes}"
-                    )
-                metas.append(meta if type(meta) is bytes else bytes(meta))
-            matrix = np.stack(vecs) if vecs else np.empty((0, self.dim), np.float32)
-            finite = np.isfinite(matrix).all(axis=1)
-            if not finite.all():
-                j = int(np.argmin(finite))
-                raise BadRequest(f"{where}.chunks[{j}].vector contains NaN or infinite values")
-            out.append(_Update(file_key, anc, value, ids, matrix, metas))
+                if type(meta) is not bytes or len(meta) > lim.max_meta_bytes:
+                    meta = _meta(meta, f"{where}.chunks[{j}].meta", lim.max_meta_bytes)
+                metas.append(meta)
+            spans.append((first, len(vecs)))
+            out.append(_Update(file_key, anc, value, ids, _NO_ROWS, metas))
+        # One stack and one finiteness check for the whole batch; each update gets a view.
+        matrix = np.stack(vecs) if vecs else np.empty((0, self.dim), np.float32)
+        finite = np.isfinite(matrix).all(axis=1)
+        if not finite.all():
+            row = int(np.argmin(finite))
+            i = next(i for i, (a, b) in enumerate(spans) if a <= row < b)
+            raise BadRequest(
+                f"updates[{i}].chunks[{row - spans[i][0]}].vector contains NaN or infinite values"
+            )
+        out = [
+            dataclasses.replace(u, vectors=matrix[a:b])
+            for u, (a, b) in zip(out, spans, strict=True)
+        ]
         return out, dels
 
     def _step1_mark_pending(self, updates: list[_Update], deletes: list[bytes]) -> _Plan:
@@ -783,14 +806,14 @@ class WorkspaceStore:
 
     @contextlib.contextmanager
     def _flock(self) -> Iterator[None]:
+        """Excludes writers in other processes. Opened per write, so an idle store holds
+        no descriptor; closing the file releases the lock even if the process dies."""
         if fcntl is None:
             yield
             return
-        fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX)
-        try:
+        with open(self._lock_path, "a+b") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             yield
-        finally:
-            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
 
     def _check_open(self) -> None:
         if self._closed:

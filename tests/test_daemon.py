@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from indexer.embedder import HashingEmbedder
+from retrieval import Index
 from sync.daemon import DaemonFiles, EventFilter, _backoff, probe, read_status
 from tests.conftest import write_repo
 
@@ -72,6 +74,17 @@ def synced_since(repo: Path, syncs: int, pid: int | None = None) -> dict[str, An
     if pid is not None and s.get("pid") != pid:
         return None
     if s.get("syncs", 0) > syncs and s.get("last_sync_ok") and s.get("state") != "syncing":
+        return s
+    return None
+
+
+def settled(repo: Path, since: float, pid: int) -> dict[str, Any] | None:
+    """The status once a sync that started after `since` (wall clock) has succeeded and
+    nothing is pending, else None. Any such sync saw every change made before `since`."""
+    s = status_of(repo)
+    if (s.get("pid") == pid and (s.get("last_sync_started") or 0) > since
+            and s.get("state") == "idle" and s.get("pending_changes") == 0
+            and s.get("last_sync_ok")):
         return s
     return None
 
@@ -150,18 +163,19 @@ def test_start_edit_search_status_stop(tmp_path: Path, repos: list[Path]) -> Non
     # An edit is searchable within seconds, as the top hit.
     upload = repo / "net" / "upload.py"
     upload.write_text(upload.read_text() + NEW_FUNCTION)
-    edited = wait_for("the sync of the edit", lambda: synced_since(repo, syncs, pid))
-    assert edited["last_result"]["files_changed"] == 1
+    edited = time.time()
+    wait_for("the sync of the edit", lambda: settled(repo, edited, pid))
     hits = search(repo, "reticulate splines minimap zoom")
     assert hits[0]["path"] == "net/upload.py"
     assert "def reticulate_splines_for_minimap" in hits[0]["text"]
 
     # A deleted file leaves the index.
-    syncs = edited["syncs"]
     (repo / "geo" / "distance.go").unlink()
-    gone = wait_for("the sync of the deletion", lambda: synced_since(repo, syncs, pid))
-    assert gone["last_result"]["files_deleted"] == 1
-    assert all(h["path"] != "geo/distance.go" for h in search(repo, "Haversine distance"))
+    deleted = time.time()
+    wait_for("the sync of the deletion", lambda: settled(repo, deleted, pid))
+    with Index(repo, embedder=HashingEmbedder()) as idx:
+        assert idx.status()["files"] == 5
+        assert all(h.path != "geo/distance.go" for h in idx.search("Haversine distance", k=5))
 
     stopped = cv("daemon", "stop", repo)
     assert stopped.returncode == 0, stopped.stderr
@@ -233,7 +247,8 @@ def test_kill_9_mid_sync_then_restart_converges(tmp_path: Path, repos: list[Path
     report = json.loads(index.stdout)
     assert (report["files_changed"], report["files_deleted"]) == (0, 0)
     assert report["files_scanned"] == 2000
-    info = json.loads(cv("status", "--json", "-C", repo).stdout)
+    with Index(repo, embedder=HashingEmbedder()) as idx:
+        info = idx.status()
     assert info["files"] == 2000
     assert info["chunks"] == info["server_chunks"]  # nothing lost, nothing twice
 
@@ -252,6 +267,7 @@ def test_server_outage_retries_then_catches_up(
     assert first["server_reachable"] is True and first["server"] == server.url
 
     server.stop()
+    down_since = time.time()
     upload = repo / "net" / "upload.py"
     upload.write_text(upload.read_text() + NEW_FUNCTION)
     failing = wait_for("failed syncs while the server is down", lambda: (
@@ -264,11 +280,8 @@ def test_server_outage_retries_then_catches_up(
     assert "UNREACHABLE" in shown.stdout and "failed syncs in a row" in shown.stdout
 
     server.start()  # the same port and data
-    caught_up = wait_for("the catch-up sync", lambda: (
-        (s := status_of(repo)).get("consecutive_errors") == 0 and s.get("last_sync_ok")
-        and s.get("pending_changes") == 0 and s
-    ), timeout=30)
-    assert caught_up["server_reachable"] is True
+    caught_up = wait_for("the catch-up sync", lambda: settled(repo, down_since, pid), timeout=30)
+    assert caught_up["server_reachable"] is True and caught_up["consecutive_errors"] == 0
     hits = search(repo, "reticulate splines minimap zoom")
     assert hits[0]["path"] == "net/upload.py"
     assert "def reticulate_splines_for_minimap" in hits[0]["text"]
@@ -276,7 +289,8 @@ def test_server_outage_retries_then_catches_up(
     assert cv("daemon", "stop", repo).returncode == 0
     report = json.loads(cv("index", repo, "--json").stdout)
     assert (report["files_changed"], report["files_deleted"]) == (0, 0)
-    info = json.loads(cv("status", "--json", "-C", repo).stdout)
+    with Index(repo, embedder=HashingEmbedder()) as idx:
+        info = idx.status()
     assert info["chunks"] == info["server_chunks"]
 
 

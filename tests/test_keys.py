@@ -204,10 +204,10 @@ def test_create_writes_0600_in_a_0700_folder(config_dir: Path) -> None:
 def test_create_leaves_no_temp_files() -> None:
     create_key(WS)
     create_key("another-workspace")
-    assert sorted(p.name for p in key_path(WS).parent.iterdir()) == [
+    assert {p.name for p in key_path(WS).parent.iterdir()} == {
         "another-workspace.key",
         f"{WS}.key",
-    ]
+    }
 
 
 def test_create_refuses_to_replace_a_key() -> None:

@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import anyio
-import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -72,6 +71,12 @@ def test_tools_through_a_client_session(tmp_path: Path) -> None:
             "search", {"query": "cart total", "k": 5, "path": "web/*"})
         assert {h["path"] for h in only_js.structured_content["hits"]} == {"web/routes.js"}
 
+        # Bad arguments are tool errors with a message, and the server lives on.
+        bad = await session.call_tool("search", {"query": "x", "group": "module"})
+        assert bad.is_error
+        empty = await session.call_tool("search", {"query": "  "})
+        assert empty.is_error and "empty" in empty.content[0].text
+
         # An edit, a sync through the tool, and the search sees the new code.
         (repo / "net" / "upload.py").write_text(
             "def resumable_chunked_transfer(stream):\n    return stream.read()\n")
@@ -85,16 +90,3 @@ def test_tools_through_a_client_session(tmp_path: Path) -> None:
 
     anyio.run(_session_run, repo, tmp_path, steps)
 
-
-@pytest.mark.parametrize("group", ["chunk"])
-def test_bad_arguments_are_tool_errors(tmp_path: Path, group: str) -> None:
-    repo = write_repo(tmp_path / "repo")
-
-    async def steps(session: ClientSession) -> None:
-        await session.call_tool("sync_index", {})
-        bad = await session.call_tool("search", {"query": "x", "group": "module"})
-        assert bad.is_error
-        empty = await session.call_tool("search", {"query": "  ", "group": group})
-        assert empty.is_error and "empty" in empty.content[0].text
-
-    anyio.run(_session_run, repo, tmp_path, steps)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,7 @@ def repo(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def cache(repo: Path):
+def cache(repo: Path) -> Iterator[StatCache]:
     # Inside the repo, as in real use: the walk must skip .codeveil/.
     with StatCache(repo / ".codeveil" / "state.sqlite") as stat_cache:
         yield stat_cache

@@ -17,7 +17,7 @@ from sync.client import StoreClient
 from sync.http_client import HttpClient
 from sync.local_client import LocalClient
 from sync.records import ChunkRecord, FileUpdate, NodeInfo
-from sync.store import Store
+from sync.store import Store, WorkspaceStore
 from sync.wire import BadRequest
 from tests.server_fixtures import ServerProcess
 
@@ -389,7 +389,9 @@ def test_bad_updates_are_refused_alike(
 # -- restarts and crashes ---------------------------------------------------------------
 
 
-def _crash_after(ws_store, updates: list[FileUpdate], deletes: list[bytes], steps: int) -> None:
+def _crash_after(
+    ws_store: WorkspaceStore, updates: list[FileUpdate], deletes: list[bytes], steps: int
+) -> None:
     """Run the first `steps` write steps of an apply, then stop as a killed process would."""
     ups, dels = ws_store._validate_apply(updates, deletes)
     with ws_store._write_lock, ws_store._flock():
@@ -455,13 +457,15 @@ def test_crash_mid_delete_keeps_nodes_pending_then_converges(tmp_path: Path) -> 
     store.close()
 
 
-def test_failing_row_write_leaves_pending_values(tmp_path: Path, monkeypatch) -> None:
+def test_failing_row_write_leaves_pending_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = Store(tmp_path / "store")
     client = LocalClient.create_workspace(store, "ws", dim=DIM, model_id=MODEL, key_check=CHECK)
     client.apply([update("a.py", rand(2, 1))], [])
     ws = store.workspace("ws")
 
-    def disk_full(*_args, **_kwargs):
+    def disk_full(*_args: object, **_kwargs: object) -> None:
         raise OSError("no space left on device")
 
     # Fault injection: step 2's LanceDB add fails after its delete went through.

@@ -1,0 +1,163 @@
+"""Reciprocal-rank fusion, the hybrid ranker, and grouping at chunk, symbol and file level."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from indexer.chunk import Chunk
+from indexer.embedder import HashingEmbedder
+from indexer.tokens import default_counter
+from retrieval.fusion import HybridRanker, SearchOptions, ranked, rrf
+from retrieval.grouping import group
+from retrieval.lexical import LexDoc, LexicalIndex
+
+
+def test_rrf_by_hand() -> None:
+    fused = rrf([["a", "b", "c"], ["b", "d"]], k=60)
+    assert fused["a"] == pytest.approx(1 / 61)
+    assert fused["b"] == pytest.approx(1 / 62 + 1 / 61)
+    assert fused["c"] == pytest.approx(1 / 63)
+    assert fused["d"] == pytest.approx(1 / 62)
+    assert [key for key, _ in ranked(fused)] == ["b", "a", "d", "c"]
+
+
+def test_rrf_weights_k_and_repeats() -> None:
+    fused = rrf([["a", "b"], ["b", "a"]], k=1, weights=[2.0, 1.0])
+    assert fused["a"] == pytest.approx(2 / 2 + 1 / 3)
+    assert fused["b"] == pytest.approx(2 / 3 + 1 / 2)
+    assert rrf([["a", "a", "b"]], k=0)["a"] == pytest.approx(1.0)  # best rank only
+    assert rrf([["a"], []], weights=[0.0, 1.0]) == {}
+    with pytest.raises(ValueError):
+        rrf([["a"]], weights=[1.0, 2.0])
+
+
+def _doc(path: str, symbol: str, start: int) -> LexDoc:
+    return LexDoc(path, start, start + 9, symbol, "python")
+
+
+RANKING = [
+    (_doc("a.py", "A > f", 1), 0.9),
+    (_doc("b.py", "g", 1), 0.8),
+    (_doc("a.py", "A > f", 11), 0.7),
+    (_doc("b.py", "h", 11), 0.6),
+    (_doc("a.py", "A > k", 21), 0.5),
+    (_doc("c.py", "", 1), 0.4),
+]
+
+
+def test_group_chunks_keeps_the_ranking() -> None:
+    groups = group(RANKING, "chunk")
+    assert [(g.best.path, g.best.start_line, g.score) for g in groups] == [
+        (d.path, d.start_line, s) for d, s in RANKING]
+
+
+def test_group_symbols() -> None:
+    groups = group(RANKING, "symbol", "max")
+    assert [g.key for g in groups] == [("a.py", "A > f"), ("b.py", "g"), ("b.py", "h"),
+                                       ("a.py", "A > k"), ("c.py", "")]
+    first = groups[0]
+    assert first.best.start_line == 1 and first.score == 0.9
+    assert [m.start_line for m in first.members] == [1, 11]
+    summed = group(RANKING, "symbol", "sum")
+    assert summed[0].score == pytest.approx(1.6)
+
+
+@pytest.mark.parametrize(("agg", "scores"), [
+    ("max", {"a.py": 0.9, "b.py": 0.8, "c.py": 0.4}),
+    ("sum", {"a.py": 2.1, "b.py": 1.4, "c.py": 0.4}),
+    ("topm", {"a.py": 2.1, "b.py": 1.4, "c.py": 0.4}),
+    ("decay", {"a.py": 0.9 + 0.35 + 0.125, "b.py": 0.8 + 0.3, "c.py": 0.4}),
+    ("rrf", {"a.py": 1 / 61 + 1 / 63 + 1 / 65, "b.py": 1 / 62 + 1 / 64, "c.py": 1 / 66}),
+])
+def test_group_files(agg: str, scores: dict[str, float]) -> None:
+    groups = group(RANKING, "file", agg)  # type: ignore[arg-type]
+    assert {g.key[0]: g.score for g in groups} == pytest.approx(scores)
+    assert [g.key[0] for g in groups] == sorted(scores, key=lambda p: -scores[p])
+    a = next(g for g in groups if g.key == ("a.py",))
+    assert a.best.start_line == 1 and len(a.members) == 3
+
+
+def test_top_m_caps_a_long_file() -> None:
+    long_file = [(_doc("long.py", f"f{i}", i * 10), 0.3) for i in range(10)]
+    ranking = [(_doc("short.py", "s", 1), 0.85), (_doc("short.py", "t", 11), 0.2), *long_file]
+    assert group(ranking, "file", "sum")[0].key == ("long.py",)
+    assert group(ranking, "file", "topm", top_m=2)[0].key == ("short.py",)
+
+
+def test_unknown_level_or_aggregation() -> None:
+    with pytest.raises(ValueError):
+        group(RANKING, "module")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        group(RANKING, "file", "median")  # type: ignore[arg-type]
+
+
+# -- the hybrid ranker over real components --------------------------------------------
+
+CHUNKS = [
+    Chunk("net/upload.py", 1, 12, "python", "Uploader > upload",
+          "def upload(self, path):\n    for attempt in range(self.retries):\n"
+          "        try:\n            return self.client.put(path)\n"
+          "        except ConnectionError:\n            time.sleep(delay)\n"),
+    Chunk("auth/password.py", 1, 6, "python", "hash_password",
+          "def hash_password(password):\n    salt = os.urandom(16)\n"
+          "    return pbkdf2_hmac('sha256', password, salt)\n"),
+    Chunk("auth/password.py", 8, 12, "python", "verify_password",
+          "def verify_password(password, stored):\n"
+          "    return compare_digest(hash_password(password), stored)\n"),
+    Chunk("web/cart.js", 1, 8, "javascript", "cartTotal",
+          "function cartTotal(items, taxRate) {\n  let total = 0;\n"
+          "  for (const item of items) total += item.price;\n  return total;\n}\n"),
+]
+
+
+class _Vectors:
+    """Exact cosine neighbours over plain vectors (the store minus its encryption)."""
+
+    def __init__(self, chunks: Sequence[Chunk], model: HashingEmbedder) -> None:
+        self.docs = [LexDoc(c.path, c.start_line, c.end_line, c.symbol, c.language)
+                     for c in chunks]
+        self.m = model.embed([c.embed_text for c in chunks])
+
+    def nearest(self, v: np.ndarray, n: int) -> list[tuple[LexDoc, float]]:
+        s = self.m @ v
+        order = np.argsort(-s)[:n]
+        return [(self.docs[i], float(s[i])) for i in order]
+
+
+@pytest.fixture
+def ranker() -> HybridRanker:
+    model = HashingEmbedder()
+    return HybridRanker(LexicalIndex.from_chunks(CHUNKS), model.embed,
+                        _Vectors(CHUNKS, model).nearest, default_counter().count, 40)
+
+
+def test_hybrid_ranking_fuses_every_source(ranker: HybridRanker) -> None:
+    r = ranker.rank("verify_password fails when stored hash differs")
+    assert r.chunks[0][0].symbol == "verify_password"
+    assert set(r.sources) == {"vector", "lexical", "evidence"}
+    assert r.matched["symbols"] == ["verify_password"]
+    keys = [d.key for d, _ in r.chunks]
+    assert len(keys) == len(set(keys))  # one entry per chunk however many sources found it
+    scores = [s for _, s in r.chunks]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_long_query_is_split_and_every_part_searched(ranker: HybridRanker) -> None:
+    long = ("cart total of items price with tax rate. " * 8 + "\n\n"
+            + "upload retries client put after connection error. " * 8)
+    # Each part finds its own chunk, and both lead the ranking (best cosine over parts).
+    r = ranker.rank(long, SearchOptions(hybrid=False, evidence=False, split="max"))
+    assert r.parts >= 2
+    assert {r.chunks[0][0].path, r.chunks[1][0].path} == {"web/cart.js", "net/upload.py"}
+    # Without splitting the query is one vector (its windows averaged).
+    assert ranker.rank(long, SearchOptions(split="none")).parts == 1
+
+
+def test_filters_apply_to_every_source(ranker: HybridRanker) -> None:
+    lex = ranker.lexical
+    r = ranker.rank("password upload cart", mask=lex.mask(path="auth/*"),
+                    keep=lambda d: d.path.startswith("auth/"))
+    assert r.chunks and {d.path for d, _ in r.chunks} == {"auth/password.py"}

@@ -1,0 +1,250 @@
+"""Sync against both stores (in-process and a real server on loopback): incremental
+updates, deletes, a teammate joining by diff, and convergence after crashes.
+
+These tests use the hashing embedder: what they measure is the sync, not the model
+(the real model runs in test_index_e2e, test_canary and test_cli).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lancedb
+import pytest
+
+from indexer.embedder import HashingEmbedder
+from retrieval import Index
+from sync.keys import export_key, import_key, load_key
+from sync.workspace import load_config, load_token, store_path
+from tests.conftest import write_repo
+
+BACKENDS = ["embedded", "http"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def open_index(repo: Path, backend: str, server_url: str | None) -> Index:
+    idx = Index(repo, embedder=HashingEmbedder())
+    if backend == "http":
+        idx.init(server=server_url)
+    return idx
+
+
+def many_files(root: Path, count: int, *, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    files = {}
+    for i in range(count):
+        folder = f"pkg{i % 7}/sub{i % 3}" if i % 5 else f"pkg{i % 7}"
+        words = " ".join(rng.choice(["alpha", "beta", "gamma", "delta", "omega"])
+                         for _ in range(12))
+        files[f"{folder}/mod_{i}.py"] = (
+            f"def function_{i}(value):\n    '''{words}'''\n    return value + {i}\n"
+        )
+    return write_repo(root, files)
+
+
+def snapshot(data_dir: Path, workspace_id: str) -> tuple[bytes | None, list[bytes], list]:
+    """(root value, sorted chunk ids, sorted nodes) of a workspace, read from its files."""
+    ws = data_dir / "workspaces" / workspace_id
+    db = sqlite3.connect(ws / "tree.sqlite")
+    nodes = sorted(db.execute("SELECT key, parent, value, is_dir FROM nodes"))
+    root = db.execute("SELECT value FROM nodes WHERE parent IS NULL").fetchone()
+    db.close()
+    ids = sorted(lancedb.connect(ws).open_table("chunks").to_arrow().column("chunk_id")
+                 .to_pylist())
+    return (root[0] if root else None), ids, nodes
+
+
+def data_dir_of(repo: Path, backend: str, live_server) -> Path:
+    return store_path(repo) if backend == "embedded" else live_server.data_dir
+
+
+def test_nothing_changed_is_one_request(tmp_path: Path, backend: str, live_server) -> None:
+    repo = many_files(tmp_path / "repo", 60)
+    idx = open_index(repo, backend, live_server.url)
+    first = idx.index()
+    assert first.files_changed == 60
+    assert first.chunks_embedded + first.chunks_from_cache == first.chunks_total > 0
+    again = idx.index()
+    assert (again.files_changed, again.files_deleted, again.chunks_embedded) == (0, 0, 0)
+    assert again.requests == 1
+    if backend == "http":
+        assert again.bytes_sent < 200 and again.bytes_received < 500
+    idx.close()
+
+
+def test_one_change_costs_its_depth_not_the_repo(tmp_path: Path, backend: str,
+                                                 live_server) -> None:
+    repo = many_files(tmp_path / "repo", 200)
+    idx = open_index(repo, backend, live_server.url)
+    idx.index()
+    target = repo / "pkg3/sub2/mod_38.py"
+    target.write_text(target.read_text() + "\ndef freshly_added_helper():\n    return 1\n")
+    report = idx.index()
+    assert report.files_changed == 1 and report.files_deleted == 0
+    # root + one children request per level (root, pkg3, pkg3/sub2) + apply + dirs.
+    assert report.requests <= 6
+    if backend == "http":
+        assert report.bytes_sent < 20_000  # one file's chunks, not the repo's 200
+    hits = idx.search("freshly_added_helper", k=3)
+    assert hits[0].path == "pkg3/sub2/mod_38.py"
+    idx.close()
+
+
+def test_deletes_remove_files_and_whole_directories(tmp_path: Path, backend: str,
+                                                    live_server) -> None:
+    repo = many_files(tmp_path / "repo", 80)
+    idx = open_index(repo, backend, live_server.url)
+    idx.index()
+    before = idx.status()["server_chunks"]
+    (repo / "pkg1/mod_15.py").unlink()
+    shutil.rmtree(repo / "pkg2")
+    report = idx.index()
+    gone = 1 + sum(1 for i in range(80) if i % 7 == 2)
+    assert report.files_deleted == gone
+    assert idx.status()["server_chunks"] == before - gone
+    for hit in idx.search("function value return", k=50):
+        assert not hit.path.startswith("pkg2/") and hit.path != "pkg1/mod_15.py"
+    again = idx.index()
+    assert again.requests == 1
+    idx.close()
+
+
+def test_store_equals_a_clean_sync_after_many_edits(tmp_path: Path, backend: str,
+                                                   live_server, monkeypatch) -> None:
+    repo = many_files(tmp_path / "repo", 120)
+    idx = open_index(repo, backend, live_server.url)
+    idx.index()
+    rng = random.Random(7)
+    files = sorted(p for p in repo.rglob("*.py"))
+    for path in rng.sample(files, 15):
+        path.write_text(path.read_text() + f"\n# edit {rng.random()}\n")
+    for path in rng.sample([f for f in files if f.exists()], 10):
+        path.unlink()
+    write_repo(repo, {"newdir/deep/er/fresh.py": "def fresh():\n    return 'new'\n"})
+    idx.index()
+    ws = load_config(repo).workspace_id
+    state = snapshot(data_dir_of(repo, backend, live_server), ws)
+    idx.close()
+
+    # A clean sync of the same files under the same key lands on the same store.
+    clean_repo = tmp_path / "clean"
+    shutil.copytree(repo, clean_repo, ignore=shutil.ignore_patterns(".codeveil"))
+    monkeypatch.setenv("CODEVEIL_KEY", export_key(load_key(ws)))
+    clean = open_index(clean_repo, backend, live_server.url)
+    clean.index()
+    clean_ws = load_config(clean_repo).workspace_id
+    clean_state = snapshot(data_dir_of(clean_repo, backend, live_server), clean_ws)
+    clean.close()
+    assert state[0] is not None and state[0] == clean_state[0]
+    assert state[1] == clean_state[1]
+    assert state[2] == clean_state[2]
+
+
+def test_teammate_joins_by_diff_not_reupload(tmp_path: Path, live_server, monkeypatch) -> None:
+    repo = many_files(tmp_path / "repo", 100)
+    idx = open_index(repo, "http", live_server.url)
+    idx.index()
+    ws = load_config(repo).workspace_id
+    shared_key, token = export_key(load_key(ws)), load_token(ws)
+    idx.close()
+
+    # The teammate: another home (config dir), a clone of the same files, one edit.
+    mate = tmp_path / "mate"
+    shutil.copytree(repo, mate, ignore=shutil.ignore_patterns(".codeveil"))
+    (mate / "pkg0/mod_0.py").write_text("def teammate_change():\n    return 0\n")
+    monkeypatch.setenv("CODEVEIL_CONFIG_DIR", str(tmp_path / "mate-config"))
+    import_key(ws, shared_key)
+    mate_idx = Index(mate, embedder=HashingEmbedder())
+    mate_idx.init(server=live_server.url, workspace_id=ws, token=token)
+    report = mate_idx.index()
+    assert report.files_changed == 1
+    assert report.chunks_embedded <= 2
+    assert report.chunks_total >= 100  # every file is chunked locally for search
+    assert mate_idx.search("teammate_change", k=1)[0].path == "pkg0/mod_0.py"
+    mate_idx.close()
+
+
+# -- crashes ------------------------------------------------------------------------
+
+
+def cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "retrieval.cli", *args], cwd=cwd, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def test_client_killed_mid_sync_converges(tmp_path: Path, backend: str, live_server) -> None:
+    repo = many_files(tmp_path / "repo", 1500, seed=3)
+    env = dict(os.environ, CODEVEIL_EMBEDDER="hashing")
+    if backend == "http":
+        assert cli(["init", ".", "--server", live_server.url], repo, env).wait(60) == 0
+    rng = random.Random(11)
+    kills = 0
+    for _ in range(4):
+        proc = cli(["index", "-q"], repo, env)
+        time.sleep(rng.uniform(1.0, 4.0))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait(60)
+        # Change things between attempts, as a user would.
+        victim = repo / f"pkg{rng.randrange(7)}/mod_{rng.randrange(7, 1500, 7)}.py"
+        if victim.exists():
+            victim.unlink()
+    assert kills >= 1
+    final = cli(["index", "-q"], repo, env)
+    assert final.wait(300) == 0, final.stderr.read().decode()
+    ws = load_config(repo).workspace_id
+    state = snapshot(data_dir_of(repo, backend, live_server), ws)
+
+    clean_repo = tmp_path / "clean"
+    shutil.copytree(repo, clean_repo, ignore=shutil.ignore_patterns(".codeveil"))
+    clean_env = dict(env, CODEVEIL_KEY=export_key(load_key(ws)))
+    if backend == "http":
+        assert cli(["init", ".", "--server", live_server.url], clean_repo, clean_env).wait(60) == 0
+    assert cli(["index", "-q"], clean_repo, clean_env).wait(300) == 0
+    clean_ws = load_config(clean_repo).workspace_id
+    clean_state = snapshot(data_dir_of(clean_repo, backend, live_server), clean_ws)
+    assert state[0] == clean_state[0] and state[1] == clean_state[1]
+    assert state[2] == clean_state[2]
+
+
+def test_server_killed_mid_sync_converges(tmp_path: Path, server_factory) -> None:
+    server = server_factory(tmp_path / "server-data")
+    repo = many_files(tmp_path / "repo", 1500, seed=5)
+    env = dict(os.environ, CODEVEIL_EMBEDDER="hashing")
+    assert cli(["init", ".", "--server", server.url], repo, env).wait(60) == 0
+    rng = random.Random(13)
+    for _ in range(3):
+        proc = cli(["index", "-q"], repo, env)
+        time.sleep(rng.uniform(1.0, 4.0))
+        server.kill()
+        proc.wait(120)  # the client fails with a clear error, or had finished
+        assert "Traceback" not in proc.stderr.read().decode()
+        server.restart()
+    final = cli(["index", "-q"], repo, env)
+    assert final.wait(300) == 0, final.stderr.read().decode()
+    ws = load_config(repo).workspace_id
+    state = snapshot(server.data_dir, ws)
+
+    clean_repo = tmp_path / "clean"
+    shutil.copytree(repo, clean_repo, ignore=shutil.ignore_patterns(".codeveil"))
+    clean_env = dict(env, CODEVEIL_KEY=export_key(load_key(ws)))
+    assert cli(["init", ".", "--server", server.url], clean_repo, clean_env).wait(60) == 0
+    assert cli(["index", "-q"], clean_repo, clean_env).wait(300) == 0
+    clean_state = snapshot(server.data_dir, load_config(clean_repo).workspace_id)
+    assert state[0] == clean_state[0] and state[1] == clean_state[1]
+    assert state[2] == clean_state[2]
