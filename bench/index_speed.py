@@ -20,11 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import Timer, copy_tree, isolate, table, write_json  # noqa: E402
-from indexer.embedder import HashingEmbedder, SentenceTransformerEmbedder  # noqa: E402
-from indexer.local_chunks import LocalChunks, open_state_db  # noqa: E402
-from retrieval import Index  # noqa: E402
-from sync.workspace import state_path  # noqa: E402
+from bench._common import Timer, copy_tree, isolate, table, write_json
+from indexer.embedder import HashingEmbedder, SentenceTransformerEmbedder
+from indexer.local_chunks import LocalChunks, open_state_db
+from retrieval import Index
+from sync.workspace import state_path
 
 
 def default_repo() -> Path:

@@ -542,6 +542,93 @@ def run_e2e(args, n: int) -> dict:
     return {"instances": len(ranks), **{f"acc@{k}": acc(ranks, k) for k in ACC_KS}}
 
 
+# -- latency ------------------------------------------------------------------------------
+
+
+def run_latency(n_chunks: int, swebench: Path) -> dict:
+    """Milliseconds per query that ranking adds besides the model and the store, at
+    `n_chunks` chunks: BM25, evidence, fusion and grouping (median of the SWE-bench
+    issue texts as queries, and of short queries)."""
+    import glob
+    import importlib.util
+    import re
+    import statistics
+
+    from indexer.chunk import Chunk
+    from indexer.tokens import default_counter
+    from retrieval.fusion import HybridRanker, SearchOptions, rrf
+    from retrieval.grouping import group
+    from retrieval.lexical import LexDoc, LexicalIndex
+    from retrieval.query import extract_refs
+
+    spec = importlib.util.find_spec("numpy")
+    assert spec and spec.origin
+    site = Path(spec.origin).parent.parent
+    chunks: list[Chunk] = []
+    for f in sorted(glob.glob(str(site / "**" / "*.py"), recursive=True)):
+        try:
+            lines = Path(f).read_text(encoding="utf-8").splitlines(keepends=True)
+        except (OSError, UnicodeDecodeError):
+            continue
+        rel = str(Path(f).relative_to(site))
+        for start in range(0, len(lines), 30):
+            body = "".join(lines[start : start + 30])
+            m = re.search(r"(?:def|class) (\w+)", body)
+            chunks.append(Chunk(rel, start + 1, start + 30, "python", m.group(1) if m else "",
+                                body))
+        if len(chunks) >= n_chunks:
+            break
+    chunks = chunks[:n_chunks]
+    t0 = time.perf_counter()
+    lex = LexicalIndex.from_chunks(chunks)
+    build = time.perf_counter() - t0
+    docs = [lex.doc(i) for i in range(len(lex))]
+    rng = np.random.default_rng(0)
+
+    def nearest(_v: np.ndarray, n: int) -> list[tuple[LexDoc, float]]:
+        # Stands in for the store (timed elsewhere): a fixed-cost list of neighbours.
+        picks = rng.choice(len(docs), size=n, replace=False)
+        return [(docs[i], 0.5) for i in picks]
+
+    def embed(texts: Sequence[str]) -> np.ndarray:
+        return np.ones((len(texts), 384), dtype=np.float32) / np.sqrt(384)
+
+    counter = default_counter()
+    ranker = HybridRanker(lex, embed, nearest, counter.count, 254)
+    t0 = time.perf_counter()
+    ranker.names()
+    names_build = time.perf_counter() - t0
+    issues = [json.loads(line)["query"] for line in swebench.open()][:30]
+    short = ["retry failed uploads", "parse http header", "where is the config loaded",
+             "Session.send timeout", "compare password digest"] * 6
+    out: dict = {"chunks": len(lex), "build_s": build, "names_build_s": names_build}
+    for label, queries in (("short", short), ("issue", issues)):
+        times: dict[str, list[float]] = defaultdict(list)
+        for q in queries:
+            t = time.perf_counter()
+            bm = lex.top(q, 100)
+            times["bm25"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            extract_refs(q)
+            ranker._evidence_ranking(extract_refs(q), bm, None, 100)
+            times["evidence"].append(time.perf_counter() - t)
+            vec = [d.key for d, _ in nearest(np.zeros(1), 100)]
+            t = time.perf_counter()
+            fused = rrf([vec, [lex.doc(i).key for i, _ in bm]])
+            ranking = [(docs[0], s) for s in sorted(fused.values(), reverse=True)]
+            times["rrf"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            r = ranker.rank(q, SearchOptions())
+            times["rank_total"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            group(r.chunks, "file")
+            group(r.chunks, "symbol")
+            times["grouping"].append(time.perf_counter() - t)
+            del ranking
+        out[label] = {k: 1000 * statistics.median(v) for k, v in times.items()}
+    return out
+
+
 # -- output --------------------------------------------------------------------------------
 
 
@@ -598,6 +685,9 @@ def main() -> None:
                         help="Skip the row that needs chunks embedded without headers.")
     parser.add_argument("--e2e", type=int, default=0,
                         help="Also run this many instances through Index.search.")
+    parser.add_argument("--latency", type=int, default=0, metavar="CHUNKS",
+                        help="Also time ranking (BM25, evidence, fusion, grouping) at this "
+                        "many chunks.")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--out", default="quality")
     args = parser.parse_args()
@@ -617,6 +707,8 @@ def main() -> None:
         results["swebench"] = run_swebench(args, enc, plain, memo)
     if args.e2e:
         results["e2e"] = run_e2e(args, args.e2e)
+    if args.latency:
+        results["latency"] = run_latency(args.latency, args.swebench)
     if args.stage == "warm":
         return
     if results.get("swebench"):
@@ -638,6 +730,12 @@ def main() -> None:
                      for s, v in cq["systems"].items()]))
     if results.get("e2e"):
         print("\nEnd to end through Index.search:", results["e2e"])
+    if results.get("latency"):
+        lat = results["latency"]
+        print(f"\nRanking latency at {lat['chunks']} chunks, ms per query (median)")
+        parts = ["bm25", "evidence", "rrf", "grouping", "rank_total"]
+        print(table(["queries", *parts],
+                    [[q, *(lat[q][p] for p in parts)] for q in ("short", "issue")]))
     path = write_json(args.out, results)
     print(f"\nwrote {path}")
     if not args.no_plot:

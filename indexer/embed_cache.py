@@ -94,8 +94,12 @@ class CachedEmbedder:
         return self.embedder.dim
 
     def embed(
-        self, texts: Sequence[str], *, progress: Callable[[int], None] | None = None
+        self,
+        texts: Sequence[str],
+        *,
+        progress: Callable[[int, int], None] | None = None,
     ) -> EmbedResult:
+        """Vectors of `texts`; `progress(embedded, cached)` is told as texts get vectors."""
         keys = [cache_key(self.embedder.model_id, t) for t in texts]
         cached = self.cache.get_many(keys, self.embedder.dim)
         out = np.zeros((len(texts), self.embedder.dim), dtype=np.float32)
@@ -107,9 +111,12 @@ class CachedEmbedder:
             else:
                 out[i] = vec
         if progress is not None and len(texts) > len(missing):
-            progress(len(texts) - len(missing))
+            progress(0, len(texts) - len(missing))
+        unique_missing = len({texts[i] for i in missing})
         if missing:
-            vecs = self.embedder.embed([texts[i] for i in missing], progress=progress)
+            on_batch = (lambda n: progress(n, 0)) if progress is not None else None
+            vecs = self.embedder.embed([texts[i] for i in missing], progress=on_batch)
             out[missing] = vecs
             self.cache.put_many([(keys[i], vecs[j]) for j, i in enumerate(missing)])
-        return EmbedResult(out, from_cache=len(texts) - len(missing), embedded=len(missing))
+        # Duplicates within the batch went through the model once: count them as cached.
+        return EmbedResult(out, from_cache=len(texts) - unique_missing, embedded=unique_missing)

@@ -71,14 +71,17 @@ class Embedder(ABC):
                 owner.append(u)
         order = sorted(range(len(pieces)), key=lambda i: len(pieces[i]))
         pooled = np.zeros((len(keys), self.dim), dtype=np.float32)
-        done_texts = 0
+        windows_left = np.bincount(owner, minlength=len(keys))
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             vecs = self.embed_batch([pieces[i] for i in idx])
             np.add.at(pooled, [owner[i] for i in idx], vecs)
             if progress is not None:
-                finished = sum(len(unique[keys[owner[i]]]) for i in idx)
-                done_texts += finished
+                finished = 0
+                for i in idx:
+                    windows_left[owner[i]] -= 1
+                    if windows_left[owner[i]] == 0:
+                        finished += len(unique[keys[owner[i]]])
                 progress(finished)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         pooled /= np.where(norms == 0, 1, norms)
@@ -198,7 +201,29 @@ class HashingEmbedder(Embedder):
         return out
 
 
-EMBEDDERS = {"minilm": SentenceTransformerEmbedder, "hashing": HashingEmbedder}
+def _onnx_minilm(precision: str) -> Callable[[], Embedder]:
+    def make() -> Embedder:
+        # Imported on use: onnxruntime is optional, and the module imports this one.
+        from indexer.onnx_embedder import minilm_embedder
+
+        return minilm_embedder(precision)  # type: ignore[arg-type]
+
+    return make
+
+
+#: The backend that "minilm" (the default) runs: the fastest whose retrieval quality
+#: stays within a point of torch fp32, as measured by bench/embed_backends.py.
+DEFAULT_MINILM = "minilm-torch"
+
+#: CODEVEIL_EMBEDDER names. The ONNX ones fall back (int8 -> ONNX fp32 -> torch) with a
+#: logged reason where this machine cannot run them; the model id says what runs.
+EMBEDDERS: dict[str, Callable[[], Embedder]] = {
+    "minilm-torch": SentenceTransformerEmbedder,
+    "minilm-onnx": _onnx_minilm("fp32"),
+    "minilm-onnx-int8": _onnx_minilm("int8"),
+    "hashing": HashingEmbedder,
+}
+EMBEDDERS["minilm"] = EMBEDDERS[DEFAULT_MINILM]
 
 
 def default_embedder() -> Embedder:

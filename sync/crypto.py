@@ -55,6 +55,7 @@ of about beta / 4: beta is the privacy/recall trade-off.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import math
 import os
@@ -312,13 +313,21 @@ def _ball(aes_key: bytes, seeds: Sequence[bytes], dim: int, radius: float) -> np
     return direction
 
 
+@functools.lru_cache(maxsize=8)
 def _rotation(vector_key: bytes, dim: int) -> np.ndarray:
-    """The secret dim x dim orthogonal matrix, float64, the same on every machine."""
+    """The secret dim x dim orthogonal matrix, float64, the same on every machine.
+
+    Cached per key: the QR decomposition costs ~0.2 s at dim 384, far more than a query,
+    and every search and sync of a workspace needs the same matrix. Read-only, since the
+    cached array is shared.
+    """
     aes_key = hmac.digest(vector_key, _TAG_ROTATION + dim.to_bytes(4, "big"), "sha256")
     even = dim * dim + (dim * dim & 1)
     u = _uniforms64(_stream_words(aes_key, [bytes(_SEED_SIZE)], even))
     q, r = np.linalg.qr(_gaussians(u)[0, : dim * dim].reshape(dim, dim))
-    return q * np.where(np.diag(r) < 0, -1.0, 1.0)
+    rotation = q * np.where(np.diag(r) < 0, -1.0, 1.0)
+    rotation.setflags(write=False)
+    return rotation
 
 
 class VectorCipher:

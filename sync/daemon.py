@@ -48,6 +48,7 @@ import logging
 import logging.handlers
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -626,8 +627,14 @@ class Daemon:
         self._watch_enabled = watch
         self._filter = EventFilter(self.root)
 
-        self._cond = threading.Condition()  # guards _raw and _stopping
+        # Watcher threads hand raw batches over in `_raw`, and every hand-over, stop request
+        # and signal writes a byte to a pipe the main loop sleeps on (the self-pipe trick):
+        # a wake-up that comes before the loop starts waiting is never lost.
+        self._lock = threading.Lock()  # guards _raw
         self._raw: list[tuple[float, set[tuple[int, str]] | BaseException]] = []
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._stopping = False
         self._syncing = False
         self._alarm_armed = False
@@ -674,9 +681,21 @@ class Daemon:
 
     def request_stop(self) -> None:
         """Ask the daemon to stop after the sync in flight (thread- and signal-safe)."""
-        with self._cond:  # an RLock: safe even if the signal interrupted a holder
-            self._stopping = True
-            self._cond.notify_all()
+        self._stopping = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._wake_w < 0:
+            return  # run() has ended
+        with contextlib.suppress(OSError):  # a full pipe wakes the loop anyway
+            os.write(self._wake_w, b"\0")
+
+    def _sleep(self, timeout: float | None) -> None:
+        """Block until woken or `timeout` seconds pass, then empty the wake-up pipe."""
+        select.select([self._wake_r], [], [], timeout)
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         first = not self._stopping
@@ -696,7 +715,7 @@ class Daemon:
     # -- main -----------------------------------------------------------------------
 
     def run(self, lock: DaemonLock | None = None) -> int:
-        """Sync until stopped; returns the exit status (0 after a requested stop).
+        """Sync until stopped; returns the exit status (0 after a requested stop). Once.
 
         Takes the repo's lock unless given one (raises AlreadyRunningError). Signal
         handlers for SIGTERM and SIGINT are installed when run in the main thread.
@@ -704,7 +723,11 @@ class Daemon:
         own_lock = lock is None
         lock = lock or DaemonLock.acquire(self.files)
         handlers: dict[int, Any] = {}
+        old_wakeup_fd: int | None = None
         if threading.current_thread() is threading.main_thread():
+            # The C-level handler writes to the pipe before the Python one runs, so a
+            # signal arriving just before the loop blocks still wakes it.
+            old_wakeup_fd = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
             # SIGHUP too: a foreground daemon whose terminal went away should stop
             # cleanly rather than die mid-write.
             for sig, handler in ((signal.SIGTERM, self._on_signal),
@@ -734,6 +757,12 @@ class Daemon:
             self._disarm_watch()
             for sig, old in handlers.items():
                 signal.signal(sig, old)
+            if old_wakeup_fd is not None:
+                signal.set_wakeup_fd(old_wakeup_fd)
+            wake_r, wake_w = self._wake_r, self._wake_w
+            self._wake_r = self._wake_w = -1
+            os.close(wake_r)
+            os.close(wake_w)
             self._status.update(state="stopped" if code == 0 else "failed",
                                 stopped=time.time(), next_retry_at=None)
             with contextlib.suppress(OSError):
@@ -747,10 +776,8 @@ class Daemon:
         return code
 
     def _loop(self) -> None:
-        while True:
-            with self._cond:
-                if self._stopping:
-                    return
+        while not self._stopping:
+            with self._lock:
                 raw, self._raw = self._raw, []
             self._absorb(raw)
             now = time.monotonic()
@@ -763,11 +790,8 @@ class Daemon:
                 continue
             wake = due if self._watch_retry_at is None else min(due, self._watch_retry_at)
             self._set_state()
-            with self._cond:
-                if not self._raw and not self._stopping:
-                    # A real blocking wait: no wake-ups until an event, a timer or a
-                    # signal (whose handler notifies this condition).
-                    self._cond.wait(None if wake == float("inf") else wake - now)
+            # A real blocking wait: nothing runs until an event, a timer or a signal.
+            self._sleep(None if wake == float("inf") else wake - now)
 
     def _next_due(self, now: float) -> float:
         """When the next sync should start (monotonic time)."""
@@ -795,9 +819,9 @@ class Daemon:
     # -- events ---------------------------------------------------------------------
 
     def _sink(self, arrived: float, batch: set[tuple[int, str]] | BaseException) -> None:
-        with self._cond:
+        with self._lock:
             self._raw.append((arrived, batch))
-            self._cond.notify_all()
+        self._wake()
 
     def _absorb(self, raw: list[tuple[float, set[tuple[int, str]] | BaseException]]) -> None:
         """Filter raw watcher batches into pending paths; re-arm the watcher if needed."""

@@ -11,7 +11,6 @@ number of changed paths times the depth, not with the size of the repo.
 
 from __future__ import annotations
 
-import posixpath
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -25,7 +24,7 @@ ROOT = ""
 
 
 def parent_of(path: str) -> str:
-    return posixpath.dirname(path)
+    return path.rpartition("/")[0]
 
 
 def ancestors_of(path: str) -> list[str]:
@@ -63,7 +62,7 @@ class LocalTree:
             for child in tree.children[d]:
                 is_dir = child in tree.children
                 digest = tree.dirs[child] if is_dir else files[child]
-                name = posixpath.basename(child).encode("utf-8", "surrogateescape")
+                name = child.rpartition("/")[2].encode("utf-8", "surrogateescape")
                 h.update(len(name).to_bytes(4, "little") + name + (b"d" if is_dir else b"f"))
                 h.update(digest)
             tree.dirs[d] = h.digest()

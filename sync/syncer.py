@@ -13,8 +13,10 @@ the next sync descends again: the tree never claims a state the store does not h
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -189,9 +191,61 @@ class Syncer:
         plan: Diff,
         report: SyncReport,
     ) -> bool:
-        """Chunk, embed and send `todo` in batches. False if a file moved under us."""
-        complete = True
+        """Chunk, embed and send `todo` in batches. False if a file moved under us.
+
+        Reading and chunking run in a thread ahead of the model (which releases the GIL
+        while it computes), so the model never waits for the disk or the parser.
+        """
+        moved = threading.Event()
+        stop = threading.Event()
+        batches: queue.Queue[list[_Pending] | BaseException | None] = queue.Queue(maxsize=2)
+
+        def put(item: list[_Pending] | BaseException | None) -> None:
+            while not stop.is_set():
+                try:
+                    batches.put(item, timeout=0.1)
+                    return
+                except queue.Full:
+                    continue
+
+        def produce() -> None:
+            try:
+                for batch in self._batches(todo, upload, files, moved, report):
+                    put(batch)
+                    if stop.is_set():  # the consumer failed: stop chunking at once
+                        return
+                put(None)
+            except BaseException as exc:  # handed to the consumer, which re-raises it
+                put(exc)
+
+        producer = threading.Thread(target=produce, name="codeveil-chunker", daemon=True)
+        producer.start()
         deletes = list(plan.delete)
+        try:
+            while True:
+                item = batches.get()
+                if item is None:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                self._flush(item, deletes, report)
+                deletes = []
+            if deletes:
+                self._flush([], deletes, report)
+        finally:
+            stop.set()
+            producer.join()
+        return not moved.is_set()
+
+    def _batches(
+        self,
+        todo: Sequence[str],
+        upload: set[str],
+        files: dict[str, bytes],
+        moved: threading.Event,
+        report: SyncReport,
+    ) -> Iterator[list[_Pending]]:
+        """Read and chunk `todo`, in batches of about BATCH_CHUNKS chunks to send."""
         batch: list[_Pending] = []
         batch_chunks = 0
         for path in todo:
@@ -199,40 +253,37 @@ class Syncer:
             source = self._read(self.root, path)
             if not isinstance(source, SourceFile):
                 # Vanished or became unreadable since the scan: leave directories pending.
-                complete = False
+                moved.set()
                 report.seconds_chunk += time.perf_counter() - t0
                 continue
             if source.digest != files[path]:
-                complete = False
+                moved.set()
             chunks = chunk_file(path, source.text)
             report.seconds_chunk += time.perf_counter() - t0
             batch.append(_Pending(path, source.digest, chunks, path in upload))
             batch_chunks += len(chunks) if path in upload else 0
             if batch_chunks >= BATCH_CHUNKS or len(batch) >= BATCH_FILES:
-                self._flush(batch, deletes, report)
-                deletes = []
+                yield batch
                 batch, batch_chunks = [], 0
-        if batch or deletes:
-            self._flush(batch, deletes, report)
-        return complete
+        if batch:
+            yield batch
 
     def _flush(self, batch: list[_Pending], deletes: list[bytes], report: SyncReport) -> None:
         sending = [p for p in batch if p.upload]
         texts = [c.embed_text for p in sending for c in p.chunks]
         t0 = time.perf_counter()
-        result = self.embedder.embed(
-            texts, progress=None
-        )
+        result = self.embedder.embed(texts, progress=self.progress.chunks_done)
         report.seconds_embed += time.perf_counter() - t0
         report.chunks_embedded += result.embedded
         report.chunks_from_cache += result.from_cache
-        self.progress.chunks_done(result.embedded, result.from_cache)
 
         t0 = time.perf_counter()
         updates = self._updates(sending, result.vectors)
         for start in range(0, max(len(deletes), 1), DELETE_BATCH):
             part = deletes[start : start + DELETE_BATCH]
-            self.client.apply(updates if start == 0 else [], part)
+            first = updates if start == 0 else []
+            if first or part:
+                self.client.apply(first, part)
         # Local chunks are written once the server holds them, so a crash re-sends.
         self.local.replace_files([(p.path, p.digest, p.chunks) for p in batch])
         report.seconds_sync += time.perf_counter() - t0
