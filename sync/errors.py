@@ -12,8 +12,15 @@
         ├── CryptoError             (sync.crypto) a sealed record failed to open
         │   ├── MetadataAuthError       wrong key, or altered, truncated or moved blob
         │   └── MetadataFormatError     unknown envelope version or malformed plaintext
-        ├── StoreError              (sync.store)  the store on disk is unusable
-        └── ClientError             (sync.http_client) the server refused or could not be reached
+        ├── StoreError              (sync.wire)   the store refused a request or is unusable
+        │   ├── BadRequest              malformed or over-limit input (HTTP 400/413/422)
+        │   ├── WorkspaceNotFound       no such workspace (404)
+        │   ├── WorkspaceExists         the id is taken (409)
+        │   └── AuthError               no or wrong token (401)
+        │       └── PermissionDenied    a token of another workspace (403)
+        └── ClientError             (sync.http_client) the server could not answer
+            ├── ServerUnavailable       unreachable or overloaded: retry later
+            └── ServerError             a 5xx or an unreadable answer
 
 Key and crypto errors are defined here and raised by sync.keys and sync.crypto; the
 others live next to the code that raises them and are re-exported here.

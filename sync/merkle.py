@@ -21,6 +21,8 @@ from sync.client import StoreClient
 from sync.keys import WorkspaceKey
 
 ROOT = ""
+# Directory keys per `children` request (the server accepts up to 10,000).
+CHILDREN_BATCH = 5_000
 
 
 def parent_of(path: str) -> str:
@@ -120,8 +122,12 @@ def diff(tree: LocalTree, client: StoreClient, key: WorkspaceKey) -> Diff:
         frontier = [ROOT]
         while frontier:
             keys = {crypto.node_key(key, d): d for d in frontier}
-            answer = client.children(list(keys))
-            out.requests += 1
+            answer: dict[bytes, list] = {}
+            key_list = list(keys)
+            # One request per level, split only where a level is wider than a request.
+            for start in range(0, len(key_list), CHILDREN_BATCH):
+                answer.update(client.children(key_list[start : start + CHILDREN_BATCH]))
+                out.requests += 1
             next_frontier: list[str] = []
             for dir_key, d in keys.items():
                 touched_dirs.add(d)

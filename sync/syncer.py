@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 BATCH_CHUNKS = 512
 BATCH_FILES = 256
 DELETE_BATCH = 2048
+DIRS_BATCH = 50_000  # directory values per request (the server accepts 100,000)
 
 
 @dataclass
@@ -172,7 +173,9 @@ class Syncer:
         complete = self._send(todo, upload, files, plan, report)
         if complete and (plan.dirs or plan.delete):
             t0 = time.perf_counter()
-            self.client.set_dir_values(dir_values(tree, self.key, plan.dirs))
+            values = dir_values(tree, self.key, plan.dirs)
+            for start in range(0, len(values), DIRS_BATCH):
+                self.client.set_dir_values(values[start : start + DIRS_BATCH])
             report.seconds_sync += time.perf_counter() - t0
 
         report.chunks_total = self.local.count()
