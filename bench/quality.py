@@ -65,13 +65,14 @@ ACC_KS = (1, 3, 5, 10)
 # -- embedders ----------------------------------------------------------------------
 
 
-def _embedders():
+def _embedders(name: str | None):
     """(codeveil's cached embedder, plain truncating cached embedder). Imported late so
-    that --data can point the embedding cache before it is opened."""
+    that --data can point the embedding cache before it is opened. `name` pins an
+    embedder of `indexer.embedder.EMBEDDERS` (default: the one `codeveil index` uses)."""
     from indexer.embed_cache import CachedEmbedder, EmbeddingCache
-    from indexer.embedder import Embedder, default_embedder
+    from indexer.embedder import EMBEDDERS, Embedder, default_embedder
 
-    model = default_embedder()
+    model = EMBEDDERS[name]() if name else default_embedder()
 
     class Plain(Embedder):
         """The same model used the plain way: one text, one vector, truncated at the
@@ -283,7 +284,8 @@ def prepare(corpus: Corpus, enc, plain, memo: Memo, *, noheader: bool,
     # a few batches rather than one call per query.
     embed_all(plain, query_texts, "plain queries")
     parts = [p for q in query_texts
-             for p in split_query(q, counter.count, enc.embedder.max_tokens)]
+             for p in split_query(q, counter.count, enc.embedder.max_tokens,
+                                  count_many=counter.count_batch)]
     embed_all(enc, [*parts, *query_texts], "queries")
 
     paths = list(corpus.files)
@@ -328,59 +330,76 @@ def prepare(corpus: Corpus, enc, plain, memo: Memo, *, noheader: bool,
 
     hvec = embed_all(enc, [c.embed_text for c in chunks], "chunks with header")
     ranker_h = HybridRanker(lex, embed_parts, VectorIndex(docs, hvec).nearest,
-                            counter.count, enc.embedder.max_tokens)
+                            counter.count, enc.embedder.max_tokens,
+                            count_many=counter.count_batch)
     ranker_n = None
     if noheader:
         nvec = embed_all(enc, [c.text for c in chunks], "chunks without header")
         ranker_n = HybridRanker(lex, embed_parts, VectorIndex(docs, nvec).nearest,
-                                counter.count, enc.embedder.max_tokens)
+                                counter.count, enc.embedder.max_tokens,
+                                count_many=counter.count_batch)
     return Prepared(corpus, bm25_files, code_bm25_files, windows, ranker_h, ranker_n, lex)
 
 
+SHIPPED = "codeveil (shipped defaults)"
+
+
 def codeveil_variants(noheader: bool) -> list[tuple[str, str, dict, str]]:
-    """(name, vectors, SearchOptions fields, file aggregation) of the ablation rows."""
+    """(name, vectors, SearchOptions fields, file aggregation) of the codeveil rows.
+
+    First the ablation ladder, each row adding one piece (options spelled out, so the
+    ladder does not move when defaults change); then the shipped defaults; then the
+    defaults with one choice changed."""
     from retrieval.grouping import DEFAULT_AGG
 
     agg = DEFAULT_AGG["file"]
-    vec_only = {"hybrid": False, "evidence": False}
+    step = {"hybrid": False, "evidence": False, "split": "first", "w_file_lexical": 0.0}
+    ladder = [
+        ("chunks+header, vector, query cut", {}, "max"),
+        ("+ whole query (windows averaged)", {"split": "none"}, "max"),
+        ("+ query split (rrf)", {"split": "rrf"}, "max"),
+        ("+ BM25 fusion", {"hybrid": True}, "max"),
+        ("+ evidence", {"evidence": True}, "max"),
+        ("+ file-level BM25 fusion", {"w_file_lexical": 1.0}, "max"),
+        (f"+ file agg {agg}", {}, agg),
+    ]
     rows: list[tuple[str, str, dict, str]] = []
     if noheader:
-        rows.append(("chunks, vector, no header", "noheader", {**vec_only, "split": "none"},
-                     "max"))
+        rows.append(("chunks, vector, no header, query cut", "noheader", dict(step), "max"))
+    for name, change, a in ladder:
+        step = {**step, **change}
+        rows.append((name, "header", dict(step), a))
+    rows.append((SHIPPED, "header", {}, agg))
+    rows += [(f"defaults, file agg {a}", "header", {}, a)
+             for a in ("max", "sum", "topm", "decay", "rrf") if a != agg]
     rows += [
-        ("chunks+header, vector", "header", {**vec_only, "split": "none"}, "max"),
-        ("+ query split (rrf)", "header", {**vec_only, "split": "rrf"}, "max"),
-        ("+ BM25 fusion", "header", {"evidence": False, "split": "rrf"}, "max"),
-        ("+ evidence", "header", {"split": "rrf"}, "max"),
-        (f"+ file agg {agg} (full)", "header", {}, agg),
-    ]
-    for a in ("sum", "topm", "decay", "rrf", "max"):
-        if a != agg:
-            rows.append((f"full, agg {a}", "header", {}, a))
-    rows += [
-        ("full, split max", "header", {"split": "max"}, agg),
-        ("full, split mean", "header", {"split": "mean"}, agg),
-        ("full, split none", "header", {"split": "none"}, agg),
-        ("full, rrf k=20", "header", {"rrf_k": 20.0}, agg),
-        ("full, BM25 weight 0.5", "header", {"w_lexical": 0.5}, agg),
-        ("full, BM25 weight 2", "header", {"w_lexical": 2.0}, agg),
-        ("full, evidence weight 2", "header", {"w_evidence": 2.0}, agg),
-        ("full, depth 200", "header", {"depth": 200}, agg),
-        ("full, BM25 all repeats", "header", {"dedupe_terms": False}, agg),
-        ("BM25 chunks only", "header",
-         {"w_vector": 0.0, "evidence": False}, agg),
+        ("defaults, split max", "header", {"split": "max"}, agg),
+        ("defaults, split mean", "header", {"split": "mean"}, agg),
+        ("defaults, split none", "header", {"split": "none"}, agg),
+        ("defaults, rrf k=20", "header", {"rrf_k": 20.0}, agg),
+        ("defaults, BM25 weight 0.5", "header", {"w_lexical": 0.5}, agg),
+        ("defaults, BM25 weight 2", "header", {"w_lexical": 2.0}, agg),
+        ("defaults, evidence weight 2", "header", {"w_evidence": 2.0}, agg),
+        ("defaults, no evidence", "header", {"evidence": False}, agg),
+        ("defaults, file BM25 weight 0", "header", {"w_file_lexical": 0.0}, agg),
+        ("defaults, file BM25 weight 0.5", "header", {"w_file_lexical": 0.5}, agg),
+        ("defaults, file BM25 weight 2", "header", {"w_file_lexical": 2.0}, agg),
+        ("defaults, depth 200", "header", {"depth": 200}, agg),
+        ("defaults, BM25 all repeats", "header", {"dedupe_terms": False}, agg),
+        ("defaults, BM25 rarest 32 terms", "header", {"max_query_terms": 32}, agg),
+        ("BM25 chunks only", "header", {"w_vector": 0.0, "evidence": False,
+                                        "w_file_lexical": 0.0}, agg),
     ]
     return rows
 
 
 def rank_files(prep: Prepared, q: str, variant: tuple[str, str, dict, str]) -> list[str]:
-    from retrieval.fusion import SearchOptions
-    from retrieval.grouping import group
+    from retrieval.fusion import SearchOptions, group_ranking
 
     _name, vectors, opts, agg = variant
     ranker = prep.ranker_header if vectors == "header" else prep.ranker_noheader
     ranking = ranker.rank(q, replace(SearchOptions(), **opts))
-    return [g.key[0] for g in group(ranking.chunks, "file", agg)][:DEPTH_FILES]
+    return [g.key[0] for g in group_ranking(ranking, "file", agg)][:DEPTH_FILES]
 
 
 # -- SWE-bench -------------------------------------------------------------------------
@@ -488,10 +507,9 @@ def run_cosqa(args, enc, plain, memo: Memo) -> dict:
     # One window per function (functions are short): the plain baseline is the whole
     # function, truncated by the model.
     variants = codeveil_variants(args.noheader)
-    keep = {"chunks, vector, no header", "chunks+header, vector", "+ BM25 fusion",
-            "+ evidence", "BM25 chunks only", "full, BM25 weight 0.5", "full, BM25 weight 2",
-            "full, rrf k=20"}
-    variants = [v for v in variants if v[0] in keep or v[0].startswith("+ file agg")]
+    # Queries are one short line: the query-splitting rows would repeat the others.
+    variants = [v for v in variants if ("split" not in v[0] and "query" not in v[0][2:])
+                or "query cut" in v[0]]
     if args.stage == "warm":
         return {}
     systems = ["BM25 files", "BM25 files, code tokens", "MiniLM 40-line windows"] + [
@@ -521,7 +539,10 @@ def run_cosqa(args, enc, plain, memo: Memo) -> dict:
 
 
 def run_e2e(args, n: int) -> dict:
-    """The first `n` SWE-bench instances through `Index.search` (encrypted round trip)."""
+    """The first `n` SWE-bench instances through `Index.search` (encrypted round trip):
+    a copy of each tree holding the files the other systems saw, indexed by the
+    embedded store (vectors come from the cache), searched with group="file"."""
+    import fnmatch
     import shutil
     import tempfile
 
@@ -529,17 +550,26 @@ def run_e2e(args, n: int) -> dict:
 
     instances = swebench_instances(args.swebench, args.repos, args.per_repo)[:n]
     ranks = []
-    for inst in instances:
-        src = tree_for(args.data, args.mirrors, inst["repo"], inst["commit"])
-        with tempfile.TemporaryDirectory(prefix="codeveil-e2e-") as tmp:
-            root = Path(tmp) / "repo"
-            shutil.copytree(src, root)
-            idx = Index(root)
-            idx.index()
-            hits = idx.search(inst["query"], k=DEPTH_FILES, group="file")
-            idx.close()
-        ranks.append(first_gold([h.path for h in hits], set(inst["gold_files"])))
-    return {"instances": len(ranks), **{f"acc@{k}": acc(ranks, k) for k in ACC_KS}}
+    with tempfile.TemporaryDirectory(prefix="codeveil-e2e-") as tmp:
+        os.environ["CODEVEIL_CONFIG_DIR"] = str(Path(tmp) / "config")  # throwaway keys
+        for inst in instances:
+            src = tree_for(args.data, args.mirrors, inst["repo"], inst["commit"])
+            root = Path(tmp) / inst["id"]
+
+            def skip(folder: str, names: list[str], src: Path = src) -> list[str]:
+                rel = Path(folder).relative_to(src)
+                return [x for x in names if (Path(folder) / x).is_file()
+                        and not fnmatch.fnmatch(str(rel / x), args.include)]
+
+            shutil.copytree(src, root, ignore=skip)
+            with Index(root) as idx:
+                idx.index()
+                hits = idx.search(inst["query"], k=DEPTH_FILES, group="file")
+            ranks.append(first_gold([h.path for h in hits], set(inst["gold_files"])))
+            shutil.rmtree(root)
+            log.info("e2e %s: gold rank %s", inst["id"], ranks[-1])
+    return {"instances": len(ranks), "ids": [i["id"] for i in instances], "ranks": ranks,
+            **{f"acc@{k}": acc(ranks, k) for k in ACC_KS}}
 
 
 # -- latency ------------------------------------------------------------------------------
@@ -587,14 +617,15 @@ def run_latency(n_chunks: int, swebench: Path) -> dict:
 
     def nearest(_v: np.ndarray, n: int) -> list[tuple[LexDoc, float]]:
         # Stands in for the store (timed elsewhere): a fixed-cost list of neighbours.
-        picks = rng.choice(len(docs), size=n, replace=False)
+        picks = rng.integers(0, len(docs), size=n)
         return [(docs[i], 0.5) for i in picks]
 
     def embed(texts: Sequence[str]) -> np.ndarray:
         return np.ones((len(texts), 384), dtype=np.float32) / np.sqrt(384)
 
     counter = default_counter()
-    ranker = HybridRanker(lex, embed, nearest, counter.count, 254)
+    ranker = HybridRanker(lex, embed, nearest, counter.count, 254,
+                          count_many=counter.count_batch)
     t0 = time.perf_counter()
     ranker.names()
     names_build = time.perf_counter() - t0
@@ -688,6 +719,9 @@ def main() -> None:
     parser.add_argument("--latency", type=int, default=0, metavar="CHUNKS",
                         help="Also time ranking (BM25, evidence, fusion, grouping) at this "
                         "many chunks.")
+    parser.add_argument("--embedder", default=None,
+                        help="Pin an embedder by name (indexer.embedder.EMBEDDERS); default:"
+                        " the one `codeveil index` uses.")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--out", default="quality")
     args = parser.parse_args()
@@ -696,7 +730,7 @@ def main() -> None:
                         datefmt="%H:%M:%S")
     logging.getLogger("bm25s").setLevel(logging.WARNING)
     os.environ.setdefault("CODEVEIL_CACHE_DIR", str(args.data / "cache"))
-    enc, plain = _embedders()
+    enc, plain = _embedders(args.embedder)
     memo = Memo()
     results: dict = {"model": enc.model_id, "args": {
         k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
@@ -729,7 +763,15 @@ def main() -> None:
                     [[s, v["mrr"], v["recall@1"], v["recall@10"]]
                      for s, v in cq["systems"].items()]))
     if results.get("e2e"):
-        print("\nEnd to end through Index.search:", results["e2e"])
+        e2e = results["e2e"]
+        rows = [["Index.search (encrypted store)", *(e2e[f"acc@{k}"] for k in ACC_KS)]]
+        if results.get("swebench"):
+            # The same instances through the in-memory ranking, for comparison.
+            by_id = {d["id"]: d[SHIPPED] for d in results["swebench"]["details"]}
+            same = [by_id[i] for i in e2e["ids"] if i in by_id]
+            rows.append([f"{SHIPPED}, plain vectors", *(acc(same, k) for k in ACC_KS)])
+        print(f"\nEnd to end, {e2e['instances']} SWE-bench instances: file-level Acc@k")
+        print(table(["system", *(f"Acc@{k}" for k in ACC_KS)], rows))
     if results.get("latency"):
         lat = results["latency"]
         print(f"\nRanking latency at {lat['chunks']} chunks, ms per query (median)")

@@ -226,6 +226,23 @@ EMBEDDERS: dict[str, Callable[[], Embedder]] = {
 EMBEDDERS["minilm"] = EMBEDDERS[DEFAULT_MINILM]
 
 
+def embedder_for_model_id(model_id: str) -> Embedder | None:
+    """The embedder that makes vectors of `model_id` (say, the one a workspace was built
+    with), with no fallback to another backend; None if none here does."""
+    if model_id.startswith("codeveil/hashing-"):
+        return HashingEmbedder(int(model_id.rsplit("-", 1)[1]))
+    model, _, backend = model_id.rpartition(":")
+    if model != "sentence-transformers/all-MiniLM-L6-v2":
+        return None
+    if backend == "torch-fp32":
+        return SentenceTransformerEmbedder()
+    if backend in ("onnx-fp32", "onnx-int8"):
+        from indexer.onnx_embedder import OnnxEmbedder
+
+        return OnnxEmbedder("int8" if backend == "onnx-int8" else "fp32")
+    return None
+
+
 def default_embedder() -> Embedder:
     """The embedder `codeveil index` uses: all-MiniLM-L6-v2 unless CODEVEIL_EMBEDDER names
     another (`hashing` is for measuring the system around the model, not for search)."""

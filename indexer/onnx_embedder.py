@@ -32,7 +32,7 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -52,7 +52,7 @@ from indexer.paths import cache_dir
 
 if TYPE_CHECKING:
     import onnxruntime as ort
-    from tokenizers import Encoding
+    from tokenizers import Encoding, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +140,8 @@ def read_cached(directory: Path, precision: Precision, stamp: dict[str, Any]) ->
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if manifest.get("stamp") != stamp:
+        log.info("cached %s graph in %s was made from another model or version", precision,
+                 directory)
         return None
     if len(data) != manifest.get("size") or xxhash.xxh3_128_hexdigest(data) != manifest.get(
         "xxh3"
@@ -149,29 +151,37 @@ def read_cached(directory: Path, precision: Precision, stamp: dict[str, Any]) ->
     return data
 
 
-def _write_atomic(path: Path, write: Any) -> None:
-    """Call `write(temp_path)`, flush the file to disk, then rename it onto `path`."""
+def _write_atomic(path: Path, write: Callable[[Path], None]) -> tuple[int, str]:
+    """Call `write(temp_path)`, flush the file to disk, rename it onto `path`; returns
+    the size and xxh3-128 digest of what was written."""
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
         write(tmp)
+        digest = xxhash.xxh3_128()
+        size = 0
         with tmp.open("rb+") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+                size += len(block)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+    return size, digest.hexdigest()
 
 
-def _publish(directory: Path, precision: Precision, build: Any, stamp: dict[str, Any]) -> None:
+def _publish(
+    directory: Path, precision: Precision, build: Callable[[Path], None], stamp: dict[str, Any]
+) -> None:
     """Build a graph into place, then the manifest that makes it valid (in that order)."""
     graph = _graph_path(directory, precision)
-    _write_atomic(graph, build)
-    data = graph.read_bytes()
+    size, digest = _write_atomic(graph, build)
     manifest = {
         "file": graph.name,
-        "size": len(data),
-        "xxh3": xxhash.xxh3_128_hexdigest(data),
+        "size": size,
+        "xxh3": digest,
         "stamp": stamp,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
@@ -250,7 +260,7 @@ def _export_fp32(out: Path) -> None:
 
     hf_logging.disable_progress_bar()
     # Eager attention traces to plain MatMul/Softmax, the pattern onnxruntime's BERT
-    # fusion recognises; the SDPA path traces to a graph that cannot be fused.
+    # fusion is written for.
     model = AutoModel.from_pretrained(str(get_model_path()), attn_implementation="eager")
     model.eval()
 
@@ -259,7 +269,12 @@ def _export_fp32(out: Path) -> None:
             super().__init__()
             self.inner = inner
 
-        def forward(self, input_ids, attention_mask, token_type_ids):  # type: ignore[no-untyped-def]
+        def forward(
+            self,
+            input_ids: torch.Tensor,
+            attention_mask: torch.Tensor,
+            token_type_ids: torch.Tensor,
+        ) -> torch.Tensor:
             return self.inner(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
@@ -548,7 +563,7 @@ class OnnxEmbedder(Embedder):
             return session
 
     @staticmethod
-    def _tokenizer():  # type: ignore[no-untyped-def]
+    def _tokenizer() -> Tokenizer:
         from indexer.tokens import get_tokenizer
 
         return get_tokenizer()

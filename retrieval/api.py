@@ -24,9 +24,8 @@ from indexer.embedder import Embedder, default_embedder
 from indexer.errors import CodeveilError
 from indexer.local_chunks import LocalChunks, open_state_db
 from indexer.tokens import default_counter
-from retrieval.fusion import HybridRanker, SearchOptions
+from retrieval.fusion import HybridRanker, SearchOptions, group_ranking
 from retrieval.grouping import LEVELS, Group
-from retrieval.grouping import group as group_hits
 from retrieval.hits import Hit
 from retrieval.lexical import LexDoc, LexicalIndex, LexicalStore
 from retrieval.locate import FileLines, locate
@@ -232,7 +231,7 @@ class Index:
                               depth=min(max(self.search_options.depth, k * OVERFETCH), 1000))
             ranking = ranker.rank(query, options, mask=lexical.mask(path=path, language=language),
                                   keep=keep)
-            return self._read_hits(root, LocalChunks(db), group_hits(ranking.chunks, group), k)
+            return self._read_hits(root, LocalChunks(db), group_ranking(ranking, group), k)
         finally:
             db.close()
 
@@ -267,8 +266,9 @@ class Index:
             return out
 
         embedder = self._cached_embedder().embedder
-        self._ranker = HybridRanker(lexical, self._query_vectors, nearest,
-                                    default_counter().count, embedder.max_tokens)
+        counter = default_counter()
+        self._ranker = HybridRanker(lexical, self._query_vectors, nearest, counter.count,
+                                    embedder.max_tokens, count_many=counter.count_batch)
         return self._ranker
 
     def _query_vectors(self, texts: Sequence[str]) -> np.ndarray:

@@ -22,6 +22,7 @@ from typing import Final, Literal, TypeVar
 
 import numpy as np
 
+from retrieval.grouping import Aggregation, Group, Level, group
 from retrieval.lexical import LexDoc, LexicalIndex
 from retrieval.query import Evidence, QueryRefs, RepoNames, extract_refs, split_query
 
@@ -30,7 +31,11 @@ DEPTH: Final = 100
 
 K = TypeVar("K", bound=Hashable)
 
-SplitMode = Literal["rrf", "max", "mean", "none"]
+# How the parts of a long query combine: "rrf" fuses the parts' rankings, "max" ranks by
+# the best cosine over parts, "mean" searches the mean of the parts' vectors. "none"
+# embeds the query whole (the embedder averages its token windows); "first" searches
+# the first part only, which is what a model's own truncation does (a baseline).
+SplitMode = Literal["rrf", "max", "mean", "none", "first"]
 
 # Embeds texts that fit the window: float32 [n, dim], unit rows.
 Embed = Callable[[Sequence[str]], np.ndarray]
@@ -70,7 +75,7 @@ class SearchOptions:
     """How a query is ranked. The defaults are what the benchmarks found best."""
 
     hybrid: bool = True  # fuse BM25 with the vectors
-    split: SplitMode = "rrf"  # how the parts of a long query combine ("none": one vector)
+    split: SplitMode = "rrf"  # how the parts of a long query combine
     evidence: bool = True  # rank chunks that the query names (paths, symbols, frames)
     rrf_k: float = RRF_K
     w_vector: float = 1.0
@@ -78,6 +83,8 @@ class SearchOptions:
     w_evidence: float = 1.0
     depth: int = DEPTH  # chunks taken from each ranking
     dedupe_terms: bool = True  # BM25: a query term counts once
+    max_query_terms: int | None = None  # BM25: only the query's rarest terms
+    w_file_lexical: float = 0.0  # file level: fuse whole-file BM25 with this weight
 
 
 @dataclass
@@ -88,17 +95,48 @@ class Ranking:
     parts: int = 1
     sources: dict[str, int] = field(default_factory=dict)  # source -> candidates it gave
     matched: dict[str, list[str]] = field(default_factory=dict)
+    # File-level rankings fused when grouping by file: (paths best first, weight).
+    file_lists: list[tuple[list[str], float]] = field(default_factory=list)
+    file_best: dict[str, LexDoc] = field(default_factory=dict)  # a chunk to show per file
+    rrf_k: float = RRF_K
+
+
+def group_ranking(ranking: Ranking, level: Level, agg: Aggregation | None = None) -> list[Group]:
+    """`ranking` grouped at `level`; at file level, fused with its file-level rankings.
+
+    The chunk-based file ranking (chunk scores aggregated per file) and each file-level
+    ranking (whole-file BM25) are fused by reciprocal rank; the fused score becomes the
+    group's score.
+    """
+    groups = group(ranking.chunks, level, agg)
+    if level != "file" or not ranking.file_lists:
+        return groups
+    by_key = {g.key: g for g in groups}
+    lists = [[g.key for g in groups]] + [[(p,) for p in paths]
+                                         for paths, _ in ranking.file_lists]
+    weights = [1.0] + [w for _, w in ranking.file_lists]
+    out = []
+    for key, score in ranked(rrf(lists, k=ranking.rrf_k, weights=weights)):
+        g = by_key.get(key)
+        if g is None:
+            best = ranking.file_best[key[0]]
+            g = Group(key, best, 0.0, [best])
+        g.score = score
+        out.append(g)
+    return out
 
 
 class HybridRanker:
     """Ranks the chunks of one repo for a query, from the vectors, BM25 and evidence."""
 
     def __init__(self, lexical: LexicalIndex, embed: Embed, nearest: Nearest,
-                 count_tokens: Callable[[str], int], max_tokens: int) -> None:
+                 count_tokens: Callable[[str], int], max_tokens: int, *,
+                 count_many: Callable[[Sequence[str]], list[int]] | None = None) -> None:
         self.lexical = lexical
         self.embed = embed
         self.nearest = nearest
         self.count_tokens = count_tokens
+        self.count_many = count_many
         self.max_tokens = max_tokens
         self._names: RepoNames | None = None
 
@@ -129,8 +167,11 @@ class HybridRanker:
         docs: dict[tuple[str, int, int], LexDoc] = {}
         sources: dict[str, int] = {}
 
-        parts = (split_query(query, self.count_tokens, self.max_tokens)
+        parts = (split_query(query, self.count_tokens, self.max_tokens,
+                             count_many=self.count_many)
                  if o.split != "none" else [query])
+        if o.split == "first":
+            parts = parts[:1]
         vec = self._vector_ranking(parts, o, keep)
         for d, _ in vec:
             docs.setdefault(d.key, d)
@@ -140,7 +181,8 @@ class HybridRanker:
 
         bm25: list[tuple[int, float]] = []
         if o.hybrid and len(self.lexical):
-            bm25 = self.lexical.top(query, o.depth, mask=mask, dedupe=o.dedupe_terms)
+            bm25 = self.lexical.top(query, o.depth, mask=mask, dedupe=o.dedupe_terms,
+                                    max_terms=o.max_query_terms)
             keys = []
             for i, _ in bm25:
                 d = self.lexical.doc(i)
@@ -169,7 +211,28 @@ class HybridRanker:
         chunks = [(docs[key], score) for key, score in ranked(fused)]
         if keep is not None:
             chunks = [(d, s) for d, s in chunks if keep(d)]
-        return Ranking(chunks, parts=len(parts), sources=sources, matched=matched)
+        result = Ranking(chunks, parts=len(parts), sources=sources, matched=matched,
+                         rrf_k=o.rrf_k)
+        if o.hybrid and o.w_file_lexical and len(self.lexical):
+            files = self.lexical.file_top(query, o.depth, mask=mask, dedupe=o.dedupe_terms,
+                                          max_terms=o.max_query_terms)
+            result.file_lists.append(([p for p, _ in files], o.w_file_lexical))
+            result.file_best = self._file_best([p for p, _ in files], bm25)
+            sources["file_lexical"] = len(files)
+        return result
+
+    def _file_best(self, paths: list[str], bm25: list[tuple[int, float]]) -> dict[str, LexDoc]:
+        """A chunk to show for each file: its best BM25 chunk, else its first."""
+        best: dict[str, LexDoc] = {}
+        for i, _ in bm25:
+            d = self.lexical.doc(i)
+            best.setdefault(d.path, d)
+        for p in paths:
+            if p not in best:
+                docs = self.lexical.docs_of(p)
+                if len(docs):
+                    best[p] = self.lexical.doc(int(docs[0]))
+        return best
 
     def _vector_ranking(self, parts: list[str], o: SearchOptions,
                         keep: Callable[[LexDoc], bool] | None) -> list[tuple[LexDoc, float]]:

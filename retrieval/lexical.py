@@ -230,7 +230,7 @@ class _Segment:
 
     def add_scores(self, out: np.ndarray, cols: np.ndarray, times: np.ndarray) -> None:
         for col, t in zip(cols.tolist(), times.tolist(), strict=True):
-            if col < 0:
+            if col < 0 or t == 0:
                 continue
             lo, hi = self.col_ptr[col], self.col_ptr[col + 1]
             # Doc ids are unique within a column, so a fancy-indexed add is exact.
@@ -422,6 +422,7 @@ class LexicalIndex:
         self.deleted = deleted if deleted is not None else np.zeros(len(base), dtype=bool)
         self.tokenizer = tokenizer or Tokenizer()
         self._by_path: dict[str, np.ndarray] | None = None
+        self._files: tuple[list[str], np.ndarray, np.ndarray] | None = None
         self._alive = ~self.deleted
 
     @classmethod
@@ -463,13 +464,9 @@ class LexicalIndex:
             return self._alive
         return np.concatenate([self._alive, np.ones(len(self.delta), dtype=bool)])
 
-    def scores(self, query: str | Sequence[str], *, dedupe: bool = True) -> np.ndarray:
-        """BM25 score of every doc (float32 [len(self)]); deleted docs score 0.
-
-        `query` is text or tokens. With `dedupe`, a term counts once however often the
-        query repeats it: a long issue text repeats its common words, and summing every
-        repeat lets them drown the rare names that identify the code.
-        """
+    def _query_terms(self, query: str | Sequence[str], dedupe: bool,
+                     max_terms: int | None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """(base columns, delta columns, weight) of each distinct query term (-1: absent)."""
         if isinstance(query, str):
             hashes = self.tokenizer.query_hashes(query)
         else:
@@ -478,19 +475,110 @@ class LexicalIndex:
         h = np.fromiter(counts.keys(), dtype=np.uint64, count=len(counts))
         times = (np.ones(len(counts), dtype=np.float32) if dedupe
                  else np.fromiter(counts.values(), dtype=np.float32, count=len(counts)))
-        out = np.zeros(len(self), dtype=np.float32)
+        base_cols = self.base.columns(h)
+        delta_cols = self.delta.columns(h) if self.delta is not None else None
+        if max_terms is not None and len(h) > max_terms:
+            df = np.where(base_cols >= 0, self.base.df[np.maximum(base_cols, 0)], 0)
+            if delta_cols is not None and self.delta is not None:
+                df = df + np.where(delta_cols >= 0, self.delta.df[np.maximum(delta_cols, 0)], 0)
+            # Unknown terms (df 0) score nothing anyway; rank them last.
+            order = np.argsort(np.where(df > 0, df, np.iinfo(np.int64).max), kind="stable")
+            keep = np.zeros(len(h), dtype=bool)
+            keep[order[:max_terms]] = True
+            times = np.where(keep, times, 0.0).astype(np.float32)
+        return base_cols, delta_cols, times
+
+    def scores(self, query: str | Sequence[str], *, dedupe: bool = True,
+               max_terms: int | None = None) -> np.ndarray:
+        """BM25 score of every doc (float32 [len(self)]); deleted docs score 0.
+
+        `query` is text or tokens. With `dedupe`, a term counts once however often the
+        query repeats it: a long issue text repeats its common words, and summing every
+        repeat lets them drown the rare names that identify the code. `max_terms` keeps
+        only that many of the query's rarest terms (highest document frequency dropped
+        first): the common words of a long query cost the most and weigh the least.
+        """
+        base_cols, delta_cols, times = self._query_terms(query, dedupe, max_terms)
         nb = len(self.base)
-        self.base.add_scores(out[:nb], self.base.columns(h), times)
-        if self.delta is not None:
-            self.delta.add_scores(out[nb:], self.delta.columns(h), times)
+        out = np.zeros(len(self), dtype=np.float32)
+        self.base.add_scores(out[:nb], base_cols, times)
+        if self.delta is not None and delta_cols is not None:
+            self.delta.add_scores(out[nb:], delta_cols, times)
         if self.deleted.any():
             out[:nb][self.deleted] = 0.0
         return out
 
+    def file_scores(self, query: str | Sequence[str], *, mask: np.ndarray | None = None,
+                    dedupe: bool = True, max_terms: int | None = None,
+                    ) -> tuple[list[str], np.ndarray]:
+        """BM25 of whole files (a file's text = all its chunks), from the chunk postings.
+
+        Returns (paths, score of each). Term frequencies, lengths and document
+        frequencies are summed per file at query time, so no second index is kept.
+        `mask` (over docs) leaves out chunks, and files with no chunk left score 0.
+        """
+        paths, file_of, flen = self._file_table()
+        live = flen > 0
+        n_files = int(live.sum())
+        out = np.zeros(len(paths), dtype=np.float64)
+        if n_files == 0:
+            return paths, out
+        norm = self.k1 * (1 - self.b + self.b * flen / float(flen[live].mean()))
+        base_cols, delta_cols, times = self._query_terms(query, dedupe, max_terms)
+        segs = [(self.base, base_cols, 0)]
+        if self.delta is not None and delta_cols is not None:
+            segs.append((self.delta, delta_cols, len(self.base)))
+        for j, t in enumerate(times.tolist()):
+            if t == 0:
+                continue
+            tf = np.zeros(len(paths), dtype=np.float64)
+            for seg, cols, offset in segs:
+                col = int(cols[j])
+                if col < 0:
+                    continue
+                docs = seg.col_docs[seg.col_ptr[col] : seg.col_ptr[col + 1]] + offset
+                f = file_of[docs]
+                ok = f >= 0 if mask is None else (f >= 0) & mask[docs]
+                tf += np.bincount(f[ok], weights=seg.col_tf[seg.col_ptr[col] :
+                                                            seg.col_ptr[col + 1]][ok],
+                                  minlength=len(paths))
+            df = int(np.count_nonzero(tf))
+            if df:
+                idf = np.log1p((n_files - df + 0.5) / (df + 0.5))
+                out += t * idf * tf / (tf + norm)
+        return paths, out
+
+    def file_top(self, query: str | Sequence[str], k: int, *, mask: np.ndarray | None = None,
+                 dedupe: bool = True, max_terms: int | None = None,
+                 ) -> list[tuple[str, float]]:
+        """The `k` best files by whole-file BM25, best first."""
+        paths, s = self.file_scores(query, mask=mask, dedupe=dedupe, max_terms=max_terms)
+        return [(paths[i], score) for i, score in top_k(s, k)]
+
+    def _file_table(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """(paths, file number of every doc or -1 if deleted, token length of each file)."""
+        if self._files is None:
+            ids: dict[str, int] = {}
+            parts = []
+            for seg in (self.base, self.delta):
+                if seg is None:
+                    continue
+                pmap = np.array([ids.setdefault(p, len(ids)) for p in seg.paths] or [0],
+                                dtype=np.int64)
+                parts.append(pmap[seg.path_id])
+            file_of = np.concatenate(parts)
+            file_of[~self.alive()] = -1
+            lengths = np.concatenate([seg.lengths for seg in (self.base, self.delta)
+                                      if seg is not None])
+            ok = file_of >= 0
+            flen = np.bincount(file_of[ok], weights=lengths[ok], minlength=len(ids))
+            self._files = (list(ids), file_of, flen)
+        return self._files
+
     def top(self, query: str | Sequence[str], k: int, *, mask: np.ndarray | None = None,
-            dedupe: bool = True) -> list[tuple[int, float]]:
+            dedupe: bool = True, max_terms: int | None = None) -> list[tuple[int, float]]:
         """The `k` best (doc index, score) with a positive score, best first."""
-        s = self.scores(query, dedupe=dedupe)
+        s = self.scores(query, dedupe=dedupe, max_terms=max_terms)
         if mask is not None:
             s = np.where(mask, s, 0.0)
         return top_k(s, k)

@@ -41,6 +41,7 @@ def split_query(
     count: Callable[[str], int],
     max_tokens: int = CONTENT_MAX_TOKENS,
     *,
+    count_many: Callable[[Sequence[str]], list[int]] | None = None,
     hard_split: Callable[[str, int], list[str]] | None = None,
 ) -> list[str]:
     """Cut `text` into consecutive parts of at most `max_tokens` each (by `count`).
@@ -48,38 +49,69 @@ def split_query(
     `"".join(parts) == text` always holds: separators stay with the part before them.
     Parts are as few as the boundaries allow: neighbouring pieces are packed greedily.
     A run with no whitespace longer than the window is cut by `hard_split` (default:
-    by characters, halving until each piece fits).
+    by characters, halving until each piece fits). `count_many` counts several texts in
+    one call (a tokenizer's batch); pieces are counted once each, not once per packing
+    step, since word-piece counts add up across cuts made after whitespace.
     """
     if not text:
         return []
-    if count(text) <= max_tokens:
+    many = count_many or (lambda texts: [count(t) for t in texts])
+    total = count(text)
+    if total <= max_tokens:
         return [text]
-    pieces = _pieces(text, count, max_tokens, 0, hard_split or _halve(count))
-    parts: list[str] = []
-    current = ""
-    for piece in pieces:
-        joined = current + piece
-        if current and count(joined) > max_tokens:
-            parts.append(current)
-            current = piece
+    pieces, sizes = _pieces(text, total, many, max_tokens, hard_split or _halve(count))
+    groups: list[list[int]] = []
+    size = 0
+    for i, n in enumerate(sizes):
+        if groups and size + n <= max_tokens:
+            groups[-1].append(i)
+            size += n
         else:
-            current = joined
-    if current:
-        parts.append(current)
-    return _absorb_blank(parts)
-
-
-def _pieces(text: str, count: Callable[[str], int], max_tokens: int, level: int,
-            hard_split: Callable[[str, int], list[str]]) -> list[str]:
-    """Pieces of `text` that each fit, cut at boundaries of `_LEVELS[level]` or finer."""
-    if count(text) <= max_tokens:
-        return [text]
-    if level == len(_LEVELS):
-        return hard_split(text, max_tokens)
+            groups.append([i])
+            size = n
+    parts = ["".join(pieces[i] for i in g) for g in groups]
+    # Sums are exact at whitespace cuts; a part joined across a hard cut may count
+    # higher, and then goes out as its pieces, each of which was counted on its own.
     out: list[str] = []
-    for piece in _cut(text, _LEVELS[level]):
-        out.extend(_pieces(piece, count, max_tokens, level + 1, hard_split))
-    return out
+    for part, group, n in zip(parts, groups, many(parts), strict=True):
+        out.extend([part] if n <= max_tokens else [pieces[i] for i in group])
+    return _absorb_blank(out)
+
+
+def _pieces(text: str, total: int, many: Callable[[Sequence[str]], list[int]],
+            max_tokens: int, hard_split: Callable[[str, int], list[str]],
+            ) -> tuple[list[str], list[int]]:
+    """Pieces of `text` that each fit, and their sizes: cut at paragraphs, then lines,
+    sentences and spaces, going finer only inside pieces that are still too big."""
+    pieces, sizes = [text], [total]
+    for boundary in _LEVELS:
+        if all(n <= max_tokens for n in sizes):
+            return pieces, sizes
+        new_pieces: list[str] = []
+        fresh: list[int] = []  # indices into new_pieces that need counting
+        kept: dict[int, int] = {}
+        for piece, n in zip(pieces, sizes, strict=True):
+            if n <= max_tokens:
+                kept[len(new_pieces)] = n
+                new_pieces.append(piece)
+            else:
+                for sub in _cut(piece, boundary):
+                    fresh.append(len(new_pieces))
+                    new_pieces.append(sub)
+        counted = many([new_pieces[i] for i in fresh])
+        kept.update(zip(fresh, counted, strict=True))
+        pieces, sizes = new_pieces, [kept[i] for i in range(len(new_pieces))]
+    out_p: list[str] = []
+    out_n: list[int] = []
+    for piece, n in zip(pieces, sizes, strict=True):
+        if n <= max_tokens:
+            out_p.append(piece)
+            out_n.append(n)
+        else:
+            subs = hard_split(piece, max_tokens)
+            out_p.extend(subs)
+            out_n.extend(many(subs))
+    return out_p, out_n
 
 
 def _cut(text: str, boundary: re.Pattern[str]) -> list[str]:

@@ -80,10 +80,13 @@ LOG_MAX_BYTES = 1_000_000
 LOG_BACKUPS = 3
 
 # watchfiles' Rust loop has no blocking wait: it sleeps one step at a time, then checks
-# for a stop request and whether a burst of events has ended. 200 ms keeps two idle
-# watchers near 0.03% of a core while adding at most ~0.2 s to the debounce.
-WATCH_STEP_MS = 200
-WATCH_MAX_BATCH_MS = 1_000
+# for a stop request and whether a burst of events has ended, and hands a batch over
+# at least every two steps while events keep coming. The main loop waits for
+# `debounce` seconds without a batch, so two steps must stay well below the debounce
+# for a long burst not to look like a quiet tree. 100 ms keeps two idle watchers under
+# 0.1% of a core.
+WATCH_STEP_MS = 100
+WATCH_MAX_BATCH_MS = WATCH_STEP_MS
 WATCH_RETRY_SECONDS = 60.0  # re-arm a watcher that failed (e.g. out of inotify watches)
 LOCK_WAIT_SECONDS = 2.0  # `status` probes hold the lock for microseconds; ride them out
 SKIPPED_IN_STATUS = 20  # a summary, not the full list of skipped files
@@ -417,6 +420,10 @@ def setup_logging(files: DaemonFiles, *, to_stderr: bool, capture_std: bool,
         handler.setFormatter(fmt)
         root_logger.addHandler(handler)
     root_logger.setLevel(level)
+    # One line per HTTP request would bury the daemon's own story (a periodic sync is
+    # three requests); failures still surface as the sync's error.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
     logging.captureWarnings(True)
 
 
@@ -798,8 +805,7 @@ class Daemon:
         if self._failures:
             return self._retry_at  # pending events wait for the backoff too
         if self._pending:
-            quiet = max(0.0, self.debounce - WATCH_STEP_MS / 1000)
-            return min(self._last_event + quiet, self._first_event + self.max_wait)
+            return min(self._last_event + self.debounce, self._first_event + self.max_wait)
         if self.full_interval <= 0 and self._status["syncs"]:
             return float("inf")
         return self._next_full

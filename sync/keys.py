@@ -67,7 +67,9 @@ from sync.errors import (
 )
 
 __all__ = [
+    "CHECK_SIZE",
     "ENV_KEY",
+    "EXPORT_PREFIX",
     "KEY_SIZE",
     "WorkspaceKey",
     "create_key",

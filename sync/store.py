@@ -13,6 +13,8 @@ Layout::
     DATA/workspaces/<id>/chunks.lance/       LanceDB table of chunk rows: rid, chunk_id, fid,
                                              vector, meta
     DATA/workspaces/<id>/writer.lock         empty; flock'ed by the writing process
+    DATA/workspaces/<id>/search.index        snapshot of the search index and its rows
+                                             (sync.vector_index), and its generation
 
 Crash safety. `apply` writes in three steps (see `WorkspaceStore.apply`) so that a node's
 value is only ever set after the chunks it stands for are stored, and every node above
@@ -25,10 +27,21 @@ while LanceDB kept the step-2 rows, and an old leaf value would then claim conte
 store no longer has. FULL costs one fsync per step, i.e. two per apply batch. (LanceDB's
 own durability on power loss is LanceDB's; a process crash is covered fully.)
 
-Search runs on one faiss index per workspace (exact L2 for now), built from LanceDB on
-first use and kept in step by `apply`. Chunk rows get their faiss ids (`rid`) from a
-counter in tree.sqlite, not from their chunk ids, so two rows with the same chunk id (a
-client bug, or a 64-bit prefix collision) can never remove each other from the index.
+Search runs on one faiss index per workspace (sync.vector_index): exact L2 while the
+workspace is small, IVF beyond `IndexPolicy.exact_max_rows` rows, retrained as it grows.
+`apply` keeps it in step. Chunk rows get their faiss ids (`rid`) from a counter in
+tree.sqlite, not from their chunk ids, so two rows with the same chunk id (a client bug,
+or a 64-bit prefix collision) can never remove each other from the index, and a rid
+always stands for the same row: an index of any earlier state can be brought up to date
+by comparing its rids with LanceDB's ("catching up"), without a rebuild.
+
+The index and its rows are written to `search.index` now and then (at most every
+`index_save_interval` seconds after applies, after a rebuild, and on close), with the
+generation they reflect. A snapshot is only written from an index known to equal
+LanceDB's rows at that generation: one built or caught up while holding the writer lock,
+and kept in step by this process's own applies since. On open, a snapshot of the current
+generation is used as it is; an older one is caught up; none, or one that does not fit,
+means a rebuild from LanceDB. A crash between saves costs a catch-up, never correctness.
 
 Several processes may open the same data dir (the embedded store is used by the daemon
 and by the CLI at once): writers take an flock on `writer.lock`, and every change bumps a
@@ -51,6 +64,7 @@ import shutil
 import sqlite3
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -63,6 +77,17 @@ import numpy as np
 import pyarrow as pa
 
 from sync.records import KEY_BYTES, FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
+from sync.vector_index import (
+    IndexPolicy,
+    RowTable,
+    SnapshotError,
+    VectorIndex,
+    chunk_id_array,
+    pack,
+    read_snapshot,
+    read_snapshot_info,
+    write_snapshot,
+)
 from sync.wire import (
     LIMITS,
     AuthError,
@@ -82,6 +107,7 @@ except ImportError:  # pragma: no cover - not POSIX: one writing process per dat
 __all__ = [
     "AuthError",
     "BadRequest",
+    "IndexPolicy",
     "PermissionDenied",
     "Store",
     "StoreError",
@@ -99,6 +125,12 @@ TABLE = "chunks"
 CLEANUP_AFTER = timedelta(minutes=2)
 _SQL_BATCH = 500  # bound on parameters per statement
 _LANCE_IN_BATCH = 2000  # bound on values per `fid IN (...)` filter
+_SCAN_BATCH = 65_536  # rows per batch when reading the table for the index
+SNAPSHOT = "search.index"
+# Seconds between index snapshots while applies keep coming (see `WorkspaceStore`).
+DEFAULT_SAVE_INTERVAL = 60.0
+# A snapshot temp file this old was left by a writer that died mid-save.
+_STALE_TEMP_SECONDS = 3600.0
 
 
 # -- small helpers ----------------------------------------------------------------------
@@ -147,6 +179,73 @@ def _schema(dim: int) -> pa.Schema:
             pa.field("meta", pa.binary(), nullable=False),
         ]
     )
+
+
+_COLUMNS = ["rid", "fid", "chunk_id", "meta", "vector"]
+
+
+class _Scanned:
+    """Chunk rows read from LanceDB, gathered as `RowTable.from_columns` takes them."""
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self._parts: list[tuple[np.ndarray, ...]] = []
+
+    def add(self, batch: pa.RecordBatch, keep: np.ndarray | None = None) -> np.ndarray:
+        """Take the rows of `batch` (those `keep` marks); returns their vectors."""
+        if keep is not None:
+            batch = batch.filter(pa.array(keep))
+        rids = batch.column("rid").to_numpy()
+        fids = batch.column("fid").to_numpy()
+        id_offsets, ids = _binary(batch.column("chunk_id"))
+        if np.any(np.diff(id_offsets) != KEY_BYTES):
+            raise StoreError("a stored chunk id is not 16 bytes")
+        meta_offsets, metas = _binary(batch.column("meta"))
+        self._parts.append((rids, fids, ids.reshape(-1, KEY_BYTES), meta_offsets, metas))
+        values = batch.column("vector").flatten().to_numpy(zero_copy_only=False)
+        return values.reshape(len(rids), self.dim)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        parts = self._parts
+        if not parts:
+            return {
+                "rid": np.empty(0, np.int64),
+                "fid": np.empty(0, np.int64),
+                "chunk_id": np.empty((0, KEY_BYTES), np.uint8),
+                "meta_offsets": np.zeros(1, np.int64),
+                "meta_data": np.empty(0, np.uint8),
+            }
+        bases = np.cumsum([0] + [int(p[3][-1]) for p in parts[:-1]])
+        return {
+            "rid": np.concatenate([p[0] for p in parts]),
+            "fid": np.concatenate([p[1] for p in parts]),
+            "chunk_id": np.concatenate([p[2] for p in parts]),
+            "meta_offsets": np.concatenate(
+                [np.zeros(1, np.int64)] + [p[3][1:] + b for p, b in zip(parts, bases, strict=True)]
+            ),
+            "meta_data": np.concatenate([p[4] for p in parts]),
+        }
+
+
+def _binary(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets from 0, bytes) of a binary column, without a Python object per value."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    column = column.cast(pa.large_binary())  # int64 offsets: one layout to read
+    _validity, offsets_buf, data_buf = column.buffers()
+    n, at = len(column), column.offset
+    offsets = np.frombuffer(offsets_buf, np.int64)[at : at + n + 1] if n else np.zeros(1, np.int64)
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+    return offsets - offsets[0], data[offsets[0] : offsets[-1]]
+
+
+def _remove_stale_temps(folder: Path, name: str) -> None:
+    """Delete temp files of snapshots whose writer died mid-save (they are large)."""
+    cutoff = time.time() - _STALE_TEMP_SECONDS
+    for tmp in folder.glob(f".{name}.*.tmp"):
+        with contextlib.suppress(OSError):
+            if tmp.stat().st_mtime < cutoff:
+                tmp.unlink()
 
 
 class _RWLock:
@@ -268,6 +367,13 @@ class WorkspaceStore:
     Thread-safe: applies (and directory updates) are serialised by a lock, across
     processes by an flock; reads of the tree and searches run concurrently with them and
     with each other. Implements the operations of `sync.client.StoreClient`.
+
+    `index_policy` picks and tunes the search index (sync.vector_index.IndexPolicy).
+    `index_save_interval` bounds how often applies snapshot it; a snapshot never takes
+    more than a tenth of the time either, however large the index. `build_threads` is
+    the OpenMP thread count of index builds (None: all cores), which unlike a single
+    search do gain from threads. `index_events` counts what happened to the index
+    (built, loaded, caught_up, rebuilt, saved), for logs and tests.
     """
 
     def __init__(
@@ -278,9 +384,15 @@ class WorkspaceStore:
         limits: Limits = LIMITS,
         compact_every: int = 32,
         faiss_threads: int | None = 1,
+        index_policy: IndexPolicy | None = None,
+        index_save_interval: float = DEFAULT_SAVE_INTERVAL,
+        build_threads: int | None = None,
     ) -> None:
         self.path = path
         self.faiss_threads = faiss_threads
+        self.index_policy = index_policy or IndexPolicy()
+        self.index_save_interval = index_save_interval
+        self.build_threads = build_threads
         self.workspace_id = record.workspace_id
         self.dim = record.dim
         self.limits = limits
@@ -293,12 +405,17 @@ class WorkspaceStore:
         self._write_lock = threading.Lock()
         self._lock_path = path / "writer.lock"
         self._table = lancedb.connect(path).open_table(TABLE)  # used under _write_lock only
+        # _index and _rows change together, under _write_lock and _index_lock.write().
         self._index_lock = _RWLock()
-        self._index: faiss.IndexIDMap2 | None = None
-        self._rows: dict[int, tuple[bytes, bytes]] = {}  # rid -> (chunk_id, meta)
-        self._fid_rids: dict[int, list[int]] = {}  # fid -> rids of its rows
+        self._index: VectorIndex | None = None
+        self._rows = RowTable()  # rid -> (chunk_id, meta); fid -> rids
         self._loaded_generation = -1
-        self._index_stale = False
+        self._index_stale = False  # may disagree with _rows: rebuild from LanceDB
+        self._index_behind = False  # agrees with _rows, LanceDB may differ: catch up
+        self._index_clean = False  # equals LanceDB's rows at _loaded_generation
+        self._saved_generation = -1  # of the snapshot on disk, as far as we know
+        self._next_save = 0.0  # time.monotonic() before which applies do not snapshot
+        self.index_events: Counter[str] = Counter()
         self._applies_since_compact = 0
         self._closed = False
 
@@ -320,14 +437,24 @@ class WorkspaceStore:
         self._check_open()
         with self._rlock:
             (nodes,) = self._rconn.execute("SELECT COUNT(*) FROM nodes").fetchone()
+        index: dict[str, Any] | None = None
         if self._current():
             with self._index_lock.read():
                 chunks = len(self._rows)
+                if self._index is not None:
+                    index = self._index.describe()
         else:
             # Counting must not build the index (`codeveil status` never searches); a
             # fresh handle sees the latest version whoever wrote it.
             chunks = lancedb.connect(self.path).open_table(TABLE).count_rows()
         r = self._record
+        extra: dict[str, Any] = {
+            "created_at": r.created_at,
+            "distance": "l2",
+            "limits": self.limits.as_dict(),
+        }
+        if index is not None:
+            extra["index"] = index
         return WorkspaceInfo(
             workspace_id=r.workspace_id,
             dim=r.dim,
@@ -335,11 +462,7 @@ class WorkspaceStore:
             key_check=r.key_check,
             chunks=chunks,
             nodes=nodes,
-            extra={
-                "created_at": r.created_at,
-                "distance": "l2",
-                "limits": self.limits.as_dict(),
-            },
+            extra=extra,
         )
 
     def root(self) -> NodeInfo | None:
@@ -398,13 +521,15 @@ class WorkspaceStore:
             if index is None or index.ntotal == 0:
                 return []
             dist, ids = index.search(query, min(k, index.ntotal))
-            hits = []
-            for d, rid in zip(dist[0].tolist(), ids[0].tolist(), strict=True):
-                if rid < 0:
-                    continue
-                chunk_id, meta = self._rows[rid]
-                hits.append(SearchHit(chunk_id, max(d, 0.0) ** 0.5, meta))
-        return hits
+            found = [
+                (d, rid) for d, rid in zip(dist[0].tolist(), ids[0].tolist(), strict=True)
+                if rid >= 0
+            ]
+            rows = self._rows.lookup([rid for _, rid in found])
+        return [
+            SearchHit(chunk_id, max(d, 0.0) ** 0.5, meta)
+            for (d, _), (chunk_id, meta) in zip(found, rows, strict=True)
+        ]
 
     # -- writes -------------------------------------------------------------------------
 
@@ -441,6 +566,9 @@ class WorkspaceStore:
             self._step2_replace_rows(plan, ups)
             self._step3_commit(plan, ups)
             self._maybe_compact()
+            self._maybe_rebuild()
+            if self._save_due():
+                self._save_index()
 
     def set_dir_values(self, values: Sequence[tuple[bytes, bytes]]) -> None:
         """Set the values of existing directories; other keys are ignored.
@@ -485,14 +613,17 @@ class WorkspaceStore:
             )
 
     def close(self) -> None:
+        """Snapshot the index if it changed since the last snapshot, then close."""
         if self._closed:
             return
         with self._write_lock:
+            if self._index is not None and self._loaded_generation != self._saved_generation:
+                with self._flock():
+                    self._save_index()
             self._closed = True
             with self._index_lock.write():
                 self._index = None
-                self._rows = {}
-                self._fid_rids = {}
+                self._rows = RowTable()
             with self._rlock:
                 self._rconn.close()
             self._wconn.close()
@@ -642,24 +773,25 @@ class WorkspaceStore:
         return _Plan(frozenset(fids), frozenset(gone - shape.keys()), first_rid)
 
     def _step2_replace_rows(self, plan: _Plan, updates: list[_Update]) -> None:
+        # Only files that have rows: a new file costs LanceDB nothing. (_prepare_write
+        # made the index equal LanceDB's rows, so the row table knows every file's rows.)
+        old = sorted(f for f in plan.fids if self._rows.has_file(f))
+        n = sum(len(u.chunk_ids) for u in updates)
+        rids = np.arange(plan.first_rid, plan.first_rid + n, dtype=np.int64)
+        fids = np.repeat(
+            np.array([fid_of(u.file_key) for u in updates], dtype=np.int64),
+            [len(u.chunk_ids) for u in updates],
+        )
+        chunk_ids = [c for u in updates for c in u.chunk_ids]
+        metas = [m for u in updates for m in u.metas]
+        vectors = (
+            np.concatenate([u.vectors for u in updates])
+            if n
+            else np.empty((0, self.dim), np.float32)
+        )
         try:
-            # Only files that have rows: a new file costs LanceDB nothing.
-            old = sorted(f for f in plan.fids if f in self._fid_rids)
             for part in _batched(old, _LANCE_IN_BATCH):
                 self._table.delete(f"fid IN ({','.join(map(str, part))})")
-            n = sum(len(u.chunk_ids) for u in updates)
-            rids = np.arange(plan.first_rid, plan.first_rid + n, dtype=np.int64)
-            fids = np.repeat(
-                np.array([fid_of(u.file_key) for u in updates], dtype=np.int64),
-                [len(u.chunk_ids) for u in updates],
-            )
-            chunk_ids = [c for u in updates for c in u.chunk_ids]
-            metas = [m for u in updates for m in u.metas]
-            vectors = (
-                np.concatenate([u.vectors for u in updates])
-                if n
-                else np.empty((0, self.dim), np.float32)
-            )
             if n:
                 self._table.add(
                     pa.Table.from_arrays(
@@ -673,24 +805,20 @@ class WorkspaceStore:
                         schema=_schema(self.dim),
                     )
                 )
+        except BaseException:
+            # LanceDB may hold part of the change; the index still agrees with its own
+            # rows, so the next user catches it up to whatever LanceDB holds.
+            self._index_behind = True
+            raise
+        try:
             with self._index_lock.write():
                 index = self._index
                 assert index is not None  # _prepare_write built it
-                gone = [r for f in old for r in self._fid_rids.pop(f)]
-                if gone:
-                    index.remove_ids(np.array(gone, dtype=np.int64))
-                    for r in gone:
-                        del self._rows[r]
-                if n:
-                    index.add_with_ids(vectors, rids)
-                    for r, c, m, f in zip(
-                        rids.tolist(), chunk_ids, metas, fids.tolist(), strict=True
-                    ):
-                        self._rows[r] = (c, m)
-                        self._fid_rids.setdefault(f, []).append(r)
+                index.remove(self._rows.remove_files(old))
+                index.add(vectors, rids)
+                self._rows.append(rids, fids, chunk_id_array(chunk_ids), *pack(metas))
         except BaseException:
-            # LanceDB may hold part of the change: rebuild the index from it next time.
-            self._index_stale = True
+            self._index_stale = True  # the index and its rows may disagree now
             raise
 
     def _step3_commit(self, plan: _Plan, updates: list[_Update]) -> None:
@@ -733,11 +861,13 @@ class WorkspaceStore:
         return (
             self._index is not None
             and not self._index_stale
+            and not self._index_behind
             and self._generation() == self._loaded_generation
         )
 
     def _refresh(self) -> None:
-        """Before a search: rebuild the index if another process changed the workspace."""
+        """Before a search: bring the index up to date if another process changed the
+        workspace (or there is none yet)."""
         if self._current():
             return
         # An apply running in this process brings the index up to date before it writes
@@ -747,54 +877,231 @@ class WorkspaceStore:
             return
         try:
             self._check_open()
-            self._reload_if_needed()
+            self._reload_if_needed(locked=False)
+            if not self._index_clean and self._save_due():
+                # Built without the writer lock, the index may reflect a writer's half
+                # finished apply: only worth a snapshot once verified under the lock,
+                # and only if no writer holds it now (a search never waits for one).
+                with self._flock(blocking=False) as held:
+                    if held:
+                        self._reload_if_needed(locked=True)
+                        self._save_index()
         finally:
             self._write_lock.release()
 
     def _prepare_write(self) -> None:
-        """Under the write locks: the table handle and the index at the latest state."""
+        """Under the write locks: the table handle at the latest version, and the index
+        equal to its rows (clean, see the module docstring)."""
         self._set_faiss_threads()  # for this thread's index updates in step 2
         self._table.checkout_latest()
-        self._reload_if_needed()
+        self._reload_if_needed(locked=True)
 
-    def _reload_if_needed(self) -> None:
-        """Caller holds _write_lock. Builds the new index aside, then swaps it in, so
-        searches keep running on the old one meanwhile."""
-        if self._current():
+    def _reload_if_needed(self, *, locked: bool) -> None:
+        """Caller holds _write_lock, and the flock if `locked` (then the index ends up
+        clean). Loads the snapshot if there is no index yet, catches the index up with
+        LanceDB, or rebuilds it from LanceDB. New indexes are built aside and swapped in,
+        so searches keep running on the old one meanwhile."""
+        if self._current() and (self._index_clean or not locked):
             return
-        started = time.perf_counter()
         generation = self._generation()  # before reading rows: a later change shows up
         self._set_faiss_threads()
         self._table.checkout_latest()
-        table = self._table.to_arrow()
-        index = faiss.IndexIDMap2(faiss.IndexFlatL2(self.dim))
-        rows: dict[int, tuple[bytes, bytes]] = {}
-        fid_rids: dict[int, list[int]] = {}
-        for batch in table.to_batches():
-            if not batch.num_rows:
-                continue
-            rids = batch.column("rid").to_numpy()
-            vectors = batch.column("vector").flatten().to_numpy().reshape(-1, self.dim)
-            index.add_with_ids(np.ascontiguousarray(vectors), rids)
-            for r, c, m, f in zip(
-                rids.tolist(),
-                batch.column("chunk_id").to_pylist(),
-                batch.column("meta").to_pylist(),
-                batch.column("fid").to_pylist(),
-                strict=True,
+        loaded = self._index is None and self._load_snapshot(generation)
+        if loaded and self._loaded_generation == generation:
+            # Saved clean at this generation, and no writer has begun since (its first
+            # step would have bumped it): equal to LanceDB as it stands.
+            self._index_clean = True
+            self._maybe_rebuild()
+            return
+        if self._index is not None and not self._index_stale:
+            self._catch_up(generation)
+        else:
+            self._build_from_table(generation)
+        self._index_clean = locked
+        self._maybe_rebuild()
+
+    def _load_snapshot(self, generation: int) -> bool:
+        """Install the snapshot on disk if there is one that fits this workspace."""
+        path = self.path / SNAPSHOT
+        started = time.perf_counter()
+        try:
+            info = read_snapshot_info(path)
+            with self._rlock:
+                (next_rid,) = self._rconn.execute(
+                    "SELECT value FROM state WHERE name = 'next_rid'"
+                ).fetchone()
+            # A snapshot from the future (tree.sqlite restored from a backup, say) may
+            # hold rids that now stand for other rows.
+            if info.get("dim") != self.dim or not (
+                info.get("generation", generation + 1) <= generation
+                and info.get("next_rid", next_rid + 1) <= next_rid
             ):
-                rows[r] = (c, m)
-                fid_rids.setdefault(f, []).append(r)
+                raise SnapshotError(f"{path} does not match the workspace's state")
+            index, rows, info = read_snapshot(path, self.index_policy)
+        except FileNotFoundError:
+            return False
+        except (SnapshotError, OSError) as exc:
+            log.warning("workspace %s: ignoring the index snapshot: %s", self.workspace_id, exc)
+            return False
         with self._index_lock.write():
-            self._index, self._rows, self._fid_rids = index, rows, fid_rids
-            self._loaded_generation = generation
-            self._index_stale = False
+            self._index, self._rows = index, rows
+            self._loaded_generation = self._saved_generation = int(info["generation"])
+            self._index_stale = self._index_behind = self._index_clean = False
+        self.index_events["loaded"] += 1
         log.info(
-            "workspace %s: search index built from %d rows in %.2fs",
-            self.workspace_id,
-            len(rows),
+            "workspace %s: search index (%s, %d rows, generation %d) loaded in %.2fs",
+            self.workspace_id, index.kind, len(rows), info["generation"],
             time.perf_counter() - started,
         )
+        return True
+
+    def _catch_up(self, generation: int) -> None:
+        """Make the index hold exactly LanceDB's rows, by rid: a rid always stands for
+        the same row, so rows are only ever missing or extra, never changed."""
+        started = time.perf_counter()
+        index = self._index
+        assert index is not None
+        stored = np.sort(
+            np.concatenate(
+                [b.column("rid").to_numpy() for b in self._scan(["rid"])]
+                or [np.empty(0, np.int64)]
+            )
+        )
+        have = self._rows.rids()
+        gone = np.setdiff1d(have, stored, assume_unique=True)
+        new = np.setdiff1d(stored, have, assume_unique=True)
+        added = _Scanned(self.dim)
+        vectors = []
+        if len(new):
+            # New rows have the highest rids (the counter only grows): scan from there.
+            for b in self._scan(_COLUMNS, where=f"rid >= {int(new[0])}"):
+                vectors.append(added.add(b, keep=np.isin(b.column("rid").to_numpy(), new)))
+        cols = added.columns()
+        order = np.argsort(cols["rid"])
+        if not np.array_equal(cols["rid"][order], new):
+            raise StoreError(
+                f"workspace {self.workspace_id}: LanceDB changed while the index caught up"
+            )
+        with self._index_lock.write():
+            try:
+                index.remove(gone)
+                self._rows.remove_rids(gone)
+                if len(new):
+                    index.add(np.concatenate(vectors), cols["rid"])
+                    fresh = RowTable.from_columns(**cols).columns()  # in rid order
+                    self._rows.append(*fresh.values())
+            except BaseException:
+                self._index_stale = True
+                raise
+            self._loaded_generation = generation
+            self._index_behind = False
+        self.index_events["caught_up"] += 1
+        log.info(
+            "workspace %s: search index caught up (-%d +%d rows) in %.2fs",
+            self.workspace_id, len(gone), len(new), time.perf_counter() - started,
+        )
+
+    def _build_from_table(self, generation: int) -> None:
+        """Build the index and its rows from every row in LanceDB."""
+        started = time.perf_counter()
+        policy = self.index_policy
+        # Read into an exact index first: its storage is where an IVF build samples and
+        # adds from, so LanceDB is read once, whatever the kind.
+        exact = VectorIndex.exact(self.dim, policy)
+        scanned = _Scanned(self.dim)
+        for b in self._scan(_COLUMNS):
+            vectors = scanned.add(b)
+            exact.add(vectors, b.column("rid").to_numpy())
+        table = RowTable.from_columns(**scanned.columns())
+        index = exact
+        if policy.wants_rebuild(exact, len(table)):
+            with self._build_threads():
+                index = exact.rebuilt(len(table))
+            del exact
+        with self._index_lock.write():
+            self._index, self._rows = index, table
+            self._loaded_generation = generation
+            self._index_stale = self._index_behind = False
+        self._next_save = 0.0  # that was expensive: keep it
+        self.index_events["built"] += 1
+        log.info(
+            "workspace %s: search index (%s) built from %d rows in %.2fs",
+            self.workspace_id, index.kind, len(table), time.perf_counter() - started,
+        )
+
+    def _maybe_rebuild(self) -> None:
+        """Caller holds _write_lock. Switch index kind or retrain IVF cells when the
+        workspace has outgrown (or shrunk below) what the index was built for."""
+        index = self._index
+        if index is None or self._index_stale:
+            return
+        rows = len(self._rows)
+        if not self.index_policy.wants_rebuild(index, rows):
+            return
+        started = time.perf_counter()
+        with self._build_threads():
+            # From the index's own storage: no LanceDB read, and the same rows.
+            fresh = index.rebuilt(rows)
+        with self._index_lock.write():
+            self._index = fresh
+        self._next_save = 0.0
+        self.index_events["rebuilt"] += 1
+        log.info(
+            "workspace %s: search index rebuilt %s -> %s for %d rows in %.2fs",
+            self.workspace_id, index.kind, fresh.kind, rows, time.perf_counter() - started,
+        )
+
+    def _save_due(self) -> bool:
+        return (
+            self._index is not None
+            and self._loaded_generation != self._saved_generation
+            and time.monotonic() >= self._next_save
+        )
+
+    def _save_index(self) -> None:
+        """Caller holds _write_lock and the flock. Snapshot the index if it is clean and
+        current. An optimisation: a failure is logged, never raised."""
+        if not (self._index_clean and self._current()):
+            return
+        assert self._index is not None
+        started = time.perf_counter()
+        try:
+            with self._rlock:
+                (next_rid,) = self._rconn.execute(
+                    "SELECT value FROM state WHERE name = 'next_rid'"
+                ).fetchone()
+            _remove_stale_temps(self.path, SNAPSHOT)
+            size = write_snapshot(
+                self.path / SNAPSHOT,
+                self._index,
+                self._rows,
+                {"generation": self._loaded_generation, "next_rid": int(next_rid)},
+            )
+        except Exception:
+            log.warning(
+                "workspace %s: could not save the search index", self.workspace_id,
+                exc_info=True,
+            )
+            self._next_save = time.monotonic() + self.index_save_interval
+            return
+        took = time.perf_counter() - started
+        self._saved_generation = self._loaded_generation
+        self._next_save = time.monotonic() + max(self.index_save_interval, 10 * took)
+        self.index_events["saved"] += 1
+        log.info(
+            "workspace %s: search index saved (%d rows, %.0f MB) in %.2fs",
+            self.workspace_id, len(self._rows), size / 1e6, took,
+        )
+
+    def _scan(
+        self, columns: list[str], where: str | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """Batches of the table at the version checked out (the handle does not move
+        until the next checkout_latest, so successive scans agree)."""
+        query = self._table.search().select(columns).limit(None)
+        if where is not None:
+            query = query.where(where)
+        yield from query.to_batches(_SCAN_BATCH)
 
     # -- misc -------------------------------------------------------------------------
 
@@ -805,15 +1112,28 @@ class WorkspaceStore:
             faiss.omp_set_num_threads(self.faiss_threads)
 
     @contextlib.contextmanager
-    def _flock(self) -> Iterator[None]:
-        """Excludes writers in other processes. Opened per write, so an idle store holds
-        no descriptor; closing the file releases the lock even if the process dies."""
-        if fcntl is None:
+    def _build_threads(self) -> Iterator[None]:
+        faiss.omp_set_num_threads(self.build_threads or os.cpu_count() or 1)
+        try:
             yield
+        finally:
+            self._set_faiss_threads()
+
+    @contextlib.contextmanager
+    def _flock(self, *, blocking: bool = True) -> Iterator[bool]:
+        """Excludes writers in other processes; yields whether the lock is held (always,
+        when blocking). Opened per write, so an idle store holds no descriptor; closing
+        the file releases the lock even if the process dies."""
+        if fcntl is None:
+            yield True
             return
         with open(self._lock_path, "a+b") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            yield
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            yield True
 
     def _check_open(self) -> None:
         if self._closed:
@@ -923,10 +1243,16 @@ class Store:
         limits: Limits = LIMITS,
         compact_every: int = 32,
         faiss_threads: int | None = 1,
+        index_policy: IndexPolicy | None = None,
+        index_save_interval: float = DEFAULT_SAVE_INTERVAL,
+        build_threads: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.limits = limits
         self.compact_every = compact_every
+        self.index_policy = index_policy or IndexPolicy()
+        self.index_save_interval = index_save_interval
+        self.build_threads = build_threads
         (self.data_dir / "workspaces").mkdir(parents=True, exist_ok=True)
         self.faiss_threads = faiss_threads
         self._lock = threading.RLock()  # guards the registry connection and _open
@@ -1026,6 +1352,9 @@ class Store:
                     limits=self.limits,
                     compact_every=self.compact_every,
                     faiss_threads=self.faiss_threads,
+                    index_policy=self.index_policy,
+                    index_save_interval=self.index_save_interval,
+                    build_threads=self.build_threads,
                 )
                 self._open[workspace_id] = ws
             return ws

@@ -52,8 +52,12 @@ def cv(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[st
     )
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    """Poll `check` until it returns something truthy; fail naming `what` on timeout."""
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 120.0) -> Any:
+    """Poll `check` until it returns something truthy; fail naming `what` on timeout.
+
+    Timeouts are generous upper bounds for a loaded machine; on a quiet one every wait
+    here ends within a few seconds.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = check()
@@ -95,6 +99,17 @@ def search(repo: Path, query: str) -> list[dict[str, Any]]:
     return json.loads(proc.stdout)
 
 
+def wait_for_top_hit(repo: Path, path: str, needle: str) -> dict[str, Any]:
+    """Search (with `codeveil search --json`) until the top hit is `needle` in `path`."""
+    def top() -> dict[str, Any] | None:
+        hits = search(repo, "reticulate splines minimap zoom")
+        if hits and hits[0]["path"] == path and needle in hits[0]["text"]:
+            return hits[0]
+        return None
+
+    return wait_for(f"{needle} in {path} to be the top hit", top)
+
+
 def start(repo: Path, *options: str) -> int:
     proc = cv("daemon", "start", repo, "--debounce", "0.2", *options)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -121,6 +136,9 @@ def repos(tmp_path: Path) -> Iterator[list[Path]]:
     made: list[Path] = []
     yield made
     for repo in made:
+        # Shown by pytest only when the test failed.
+        log = DaemonFiles.for_root(repo).log
+        print(f"--- {log}\n{log.read_text() if log.exists() else '(none)'}")
         state = probe(repo)
         stopped = not state.running or cv("daemon", "stop", repo).returncode == 0
         if not stopped and state.pid:
@@ -162,25 +180,27 @@ def test_start_edit_search_status_stop(tmp_path: Path, repos: list[Path]) -> Non
 
     # An edit is searchable within seconds, as the top hit.
     upload = repo / "net" / "upload.py"
+    before = time.time()
     upload.write_text(upload.read_text() + NEW_FUNCTION)
-    edited = time.time()
-    wait_for("the sync of the edit", lambda: settled(repo, edited, pid))
-    hits = search(repo, "reticulate splines minimap zoom")
-    assert hits[0]["path"] == "net/upload.py"
-    assert "def reticulate_splines_for_minimap" in hits[0]["text"]
+    wait_for("the sync of the edit", lambda: settled(repo, before, pid))
+    wait_for_top_hit(repo, "net/upload.py", "def reticulate_splines_for_minimap")
 
     # A deleted file leaves the index.
+    before = time.time()
     (repo / "geo" / "distance.go").unlink()
-    deleted = time.time()
-    wait_for("the sync of the deletion", lambda: settled(repo, deleted, pid))
-    with Index(repo, embedder=HashingEmbedder()) as idx:
-        assert idx.status()["files"] == 5
-        assert all(h.path != "geo/distance.go" for h in idx.search("Haversine distance", k=5))
+    wait_for("the sync of the deletion", lambda: settled(repo, before, pid))
+
+    def deleted_everywhere() -> bool:
+        with Index(repo, embedder=HashingEmbedder()) as idx:
+            hits = idx.search("Haversine great-circle distance", k=5)
+            return idx.status()["files"] == 5 and all(h.path != "geo/distance.go" for h in hits)
+
+    wait_for("the deleted file to leave the index", deleted_everywhere)
 
     stopped = cv("daemon", "stop", repo)
     assert stopped.returncode == 0, stopped.stderr
     assert f"stopped (pid {pid})" in stopped.stdout
-    wait_for("the daemon process to exit", lambda: not alive(pid), timeout=5)
+    wait_for("the daemon process to exit", lambda: not alive(pid), timeout=10)
     files = DaemonFiles.for_root(repo)
     assert not files.pid.exists()
     assert status_of(repo)["state"] == "stopped"
@@ -223,7 +243,7 @@ def test_kill_9_mid_sync_then_restart_converges(tmp_path: Path, repos: list[Path
     time.sleep(1.0)
     assert status_of(repo)["last_sync_finished"] is None, "the sync ended before the kill"
     os.kill(pid, signal.SIGKILL)
-    wait_for("the killed daemon to be gone", lambda: not alive(pid), timeout=5)
+    wait_for("the killed daemon to be gone", lambda: not alive(pid), timeout=10)
 
     # The kernel dropped the lock; status sees a dead daemon and clears its pid file.
     shown = cv("daemon", "status", repo)
@@ -236,10 +256,8 @@ def test_kill_9_mid_sync_then_restart_converges(tmp_path: Path, repos: list[Path
     target.write_text(target.read_text() + NEW_FUNCTION)
     pid2 = start(repo)
     assert pid2 != pid
-    wait_for("the resumed sync", lambda: synced_since(repo, 0, pid2), timeout=60)
-    hits = search(repo, "reticulate splines minimap zoom")
-    assert hits[0]["path"] == "pkg07/mod_00007.py"
-    assert "def reticulate_splines_for_minimap" in hits[0]["text"]
+    wait_for("the resumed sync", lambda: synced_since(repo, 0, pid2))
+    wait_for_top_hit(repo, "pkg07/mod_00007.py", "def reticulate_splines_for_minimap")
     assert cv("daemon", "stop", repo).returncode == 0
 
     index = cv("index", repo, "--json")
@@ -280,11 +298,10 @@ def test_server_outage_retries_then_catches_up(
     assert "UNREACHABLE" in shown.stdout and "failed syncs in a row" in shown.stdout
 
     server.start()  # the same port and data
-    caught_up = wait_for("the catch-up sync", lambda: settled(repo, down_since, pid), timeout=30)
+    # The first sync to succeed started after the edit, so it carries it.
+    caught_up = wait_for("the catch-up sync", lambda: settled(repo, down_since, pid))
     assert caught_up["server_reachable"] is True and caught_up["consecutive_errors"] == 0
-    hits = search(repo, "reticulate splines minimap zoom")
-    assert hits[0]["path"] == "net/upload.py"
-    assert "def reticulate_splines_for_minimap" in hits[0]["text"]
+    wait_for_top_hit(repo, "net/upload.py", "def reticulate_splines_for_minimap")
 
     assert cv("daemon", "stop", repo).returncode == 0
     report = json.loads(cv("index", repo, "--json").stdout)

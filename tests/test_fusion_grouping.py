@@ -10,7 +10,7 @@ import pytest
 from indexer.chunk import Chunk
 from indexer.embedder import HashingEmbedder
 from indexer.tokens import default_counter
-from retrieval.fusion import HybridRanker, SearchOptions, ranked, rrf
+from retrieval.fusion import HybridRanker, Ranking, SearchOptions, group_ranking, ranked, rrf
 from retrieval.grouping import group
 from retrieval.lexical import LexDoc, LexicalIndex
 
@@ -87,6 +87,23 @@ def test_top_m_caps_a_long_file() -> None:
     assert group(ranking, "file", "topm", top_m=2)[0].key == ("short.py",)
 
 
+def test_file_level_rankings_are_fused_when_grouping_files() -> None:
+    only_lexical = _doc("d.py", "z", 1)
+    ranking = Ranking(list(RANKING), file_lists=[(["d.py", "c.py"], 1.0)],
+                      file_best={"d.py": only_lexical}, rrf_k=60)
+    files = group_ranking(ranking, "file", "max")
+    scores = {g.key[0]: g.score for g in files}
+    # Chunk-based order a, b, c; file list d, c: c is in both.
+    assert scores["c.py"] == pytest.approx(1 / 63 + 1 / 62)
+    assert scores["d.py"] == pytest.approx(1 / 61)
+    assert scores["a.py"] == pytest.approx(1 / 61)
+    assert files[0].key == ("c.py",)
+    assert next(g for g in files if g.key == ("d.py",)).best is only_lexical
+    # Other levels ignore file lists.
+    assert [g.key for g in group_ranking(ranking, "chunk")] == [
+        g.key for g in group(RANKING, "chunk")]
+
+
 def test_unknown_level_or_aggregation() -> None:
     with pytest.raises(ValueError):
         group(RANKING, "module")  # type: ignore[arg-type]
@@ -161,3 +178,35 @@ def test_filters_apply_to_every_source(ranker: HybridRanker) -> None:
     r = ranker.rank("password upload cart", mask=lex.mask(path="auth/*"),
                     keep=lambda d: d.path.startswith("auth/"))
     assert r.chunks and {d.path for d, _ in r.chunks} == {"auth/password.py"}
+
+
+# -- through Index.search -------------------------------------------------------------
+
+
+def test_index_search_levels(sample_repo, hashing_embedder) -> None:
+    from retrieval import Index, SearchError
+
+    with Index(sample_repo, embedder=hashing_embedder) as idx:
+        idx.index()
+        chunks = idx.search("hash_password salt pbkdf2", k=5)
+        assert chunks[0].path == "auth/password.py" and "hash_password" in chunks[0].symbol
+        assert "def hash_password" in chunks[0].text
+        files = idx.search("password", k=10, group="file")
+        assert len({h.path for h in files}) == len(files)
+        assert files[0].path == "auth/password.py"
+        symbols = idx.search("upload retries", k=10, group="symbol")
+        keys = [(h.path, h.symbol) for h in symbols]
+        assert len(set(keys)) == len(keys)
+        assert keys[0][0] == "net/upload.py"
+        assert {h.path for h in idx.search("distance", k=10, language="go")} == {
+            "geo/distance.go"}
+        with pytest.raises(SearchError):
+            idx.search("x", group="module")
+
+        # An edited file: the lexical side follows the next sync.
+        (sample_repo / "auth" / "password.py").write_text(
+            "def rotate_signing_secret(vault):\n    return vault.rotate()\n")
+        idx.index()
+        top = idx.search("rotate_signing_secret", k=1, group="symbol")[0]
+        assert (top.path, top.symbol, top.stale) == (
+            "auth/password.py", "rotate_signing_secret", False)

@@ -66,6 +66,31 @@ def test_scores_equal_bm25s_lucene() -> None:
         np.testing.assert_allclose(idx.scores(query), expected, rtol=1e-5, atol=1e-6)
 
 
+def test_file_scores_equal_bm25s_over_whole_files() -> None:
+    chunks = [*CORPUS, _chunk("net/http.py", "def send(request):\n    return http(request)\n",
+                              "send", start=5)]
+    idx = LexicalIndex.from_chunks(chunks)
+    paths, _ = idx.file_scores("x")
+    file_tokens = [[t for c in chunks if c.path == p for t in tokenize(lexical_text(c))]
+                   for p in paths]
+    ref = bm25s.BM25(method="lucene", k1=idx.k1, b=idx.b)
+    ref.index(file_tokens, show_progress=False)
+    for query in ("http request response", "password salt", "net"):
+        q = [t for t in dict.fromkeys(tokenize(query)) if t in ref.vocab_dict]
+        np.testing.assert_allclose(idx.file_scores(query)[1], ref.get_scores(q), rtol=1e-5)
+    assert idx.file_top("http request", 1)[0][0] == "net/http.py"
+
+
+def test_max_terms_keeps_the_rarest_query_terms() -> None:
+    idx = LexicalIndex.from_chunks(CORPUS)
+    # "def" is in three chunks, "pbkdf2" in one: with one term only pbkdf2 counts.
+    full = idx.scores("def pbkdf2")
+    rare = idx.scores("def pbkdf2", max_terms=1)
+    assert (full > 0).sum() == 3 and (rare > 0).sum() == 1
+    assert idx.doc(int(np.argmax(rare))).path == "auth/password.py"
+    np.testing.assert_allclose(idx.scores("def pbkdf2", max_terms=5), full)
+
+
 def test_filters_mask_path_and_language() -> None:
     idx = LexicalIndex.from_chunks(CORPUS)
     mask = idx.mask(path="net/*")
