@@ -209,6 +209,7 @@ def main() -> None:
 def single_file_runs(repo: Path, paths: list[Path], idx: Index, rng: random.Random,
                      runs: int) -> dict[str, Any]:
     totals, debounces, syncs, searchable = [], [], [], []
+    phases: dict[str, list[float]] = {}
     for run in range(runs):
         path = rng.choice(paths)
         rel = path.relative_to(repo).as_posix()
@@ -228,6 +229,9 @@ def single_file_runs(repo: Path, paths: list[Path], idx: Index, rng: random.Rand
         debounces.append(s["last_sync_started"] - wall)
         syncs.append(s["last_sync_seconds"])
         searchable.append(wall + total - s["last_sync_finished"])
+        for key, value in s["last_result"].items():
+            if key.startswith("seconds_"):
+                phases.setdefault(key, []).append(value)
         print(f"  single file {run + 1}/{runs}: {total:.2f} s", file=sys.stderr)
         time.sleep(1.0)
     return {
@@ -238,6 +242,8 @@ def single_file_runs(repo: Path, paths: list[Path], idx: Index, rng: random.Rand
         "median_sync_seconds": round(statistics.median(syncs), 3),
         # From the end of the daemon's sync to the first search that returned the hit.
         "median_search_after_sync": round(statistics.median(searchable), 3),
+        # The sync's own breakdown (SyncReport): walk, chunk, embed, store round trips.
+        "median_sync_phases": {k: round(statistics.median(v), 3) for k, v in phases.items()},
     }
 
 
@@ -311,6 +317,9 @@ def report_results(results: dict[str, Any]) -> None:
     print()
     print(f"{results['files']} files, {results['embedder']} embedder")
     print(table(["what", "median s", "detail"], rows))
+    phases = ", ".join(f"{k.removeprefix('seconds_')} {v:.2f} s"
+                       for k, v in single["median_sync_phases"].items())
+    print(f"one-file sync, median by phase: {phases}")
     print()
     print(table(["idle daemon", "value"], [
         ("CPU % of one core", idle["cpu_percent"]),

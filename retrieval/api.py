@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
+import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -29,6 +30,7 @@ from retrieval.grouping import LEVELS, Group
 from retrieval.hits import Hit
 from retrieval.lexical import LexDoc, LexicalIndex, LexicalStore
 from retrieval.locate import FileLines, locate
+from retrieval.rerank import PlainReranker
 from sync import crypto
 from sync.client import StoreClient
 from sync.keys import ENV_KEY, WorkspaceKey, create_key, load_key
@@ -83,6 +85,7 @@ class Index:
         self._query_cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lexical_store: LexicalStore | None = None
         self._ranker: HybridRanker | None = None
+        self._rerank_db: sqlite3.Connection | None = None
         #: How `search` ranks; the defaults are the ones the benchmarks found best.
         self.search_options = SearchOptions()
 
@@ -250,6 +253,8 @@ class Index:
         cipher = crypto.VectorCipher(key, config.dim)
         metas: OrderedDict[bytes, crypto.ChunkMeta] = OrderedDict()
 
+        reranker = self._plain_reranker(config)
+
         def nearest(vector: np.ndarray, n: int) -> list[tuple[LexDoc, float]]:
             out = []
             for found in client.search(cipher.encrypt_query(vector), min(n, 1000)):
@@ -263,6 +268,11 @@ class Index:
                 doc = LexDoc(meta.path, meta.start_line, meta.end_line, meta.symbol,
                              meta.language, meta.chunk_hash)
                 out.append((doc, cipher.distance_to_cosine(found.distance)))
+            # Exact cosines from this machine's own plain vectors, where it has them.
+            exact = reranker.scores([(d.path, d.symbol, d.chunk_hash) for d, _ in out], vector)
+            out = [(d, approx if e is None else e)
+                   for (d, approx), e in zip(out, exact, strict=True)]
+            out.sort(key=lambda pair: -pair[1])
             return out
 
         embedder = self._cached_embedder().embedder
@@ -270,6 +280,13 @@ class Index:
         self._ranker = HybridRanker(lexical, self._query_vectors, nearest, counter.count,
                                     embedder.max_tokens, count_many=counter.count_batch)
         return self._ranker
+
+    def _plain_reranker(self, config: RepoConfig) -> PlainReranker:
+        if self._rerank_db is None:
+            self._rerank_db = open_state_db(state_path(find_root(self._start)))
+        embedder = self._cached_embedder()
+        return PlainReranker(LocalChunks(self._rerank_db), embedder.cache, embedder.model_id,
+                             config.dim)
 
     def _query_vectors(self, texts: Sequence[str]) -> np.ndarray:
         """Vectors of query texts (each fits the window), through a small LRU cache."""
@@ -333,6 +350,10 @@ class Index:
         }
 
     def close(self) -> None:
+        self._ranker = None  # it holds the client and the connection closed here
+        if self._rerank_db is not None:
+            self._rerank_db.close()
+            self._rerank_db = None
         if self._client is not None:
             self._client.close()
             self._client = None

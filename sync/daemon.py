@@ -42,6 +42,7 @@ because a sync killed at any point is resumed by the next (docs/architecture.md,
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import fcntl
 import json
 import logging
@@ -425,6 +426,10 @@ def setup_logging(files: DaemonFiles, *, to_stderr: bool, capture_std: bool,
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
     logging.captureWarnings(True)
+    if capture_std:
+        # A crash in native code (faiss, LanceDB, the model) then leaves its Python
+        # traceback in the log instead of nothing.
+        faulthandler.enable()
 
 
 # -- which events matter ----------------------------------------------------------------
@@ -917,18 +922,24 @@ class Daemon:
             reason = f"{len(taken)} changed paths"
         else:
             reason = "retry" if self._failures else "periodic check"
-        self._status.update(state="syncing", last_sync_started=started, pending_changes=0)
-        self._write_status()
-        log.debug("sync started (%s)", reason)
+        # Marked as syncing before the last look at `_stopping`: a signal that comes
+        # before this line is seen below, one that comes after it arms the grace timer.
         self._syncing = True
         try:
-            result = self._sync_once()
-        except Exception as exc:
-            self._syncing = False
-            self._sync_failed(exc, taken)
-        else:
-            self._syncing = False
-            self._sync_done(result, started, reason)
+            if self._stopping:
+                self._pending |= taken
+                return
+            self._status.update(state="syncing", last_sync_started=started, pending_changes=0)
+            self._write_status()
+            log.debug("sync started (%s)", reason)
+            try:
+                result = self._sync_once()
+            except Exception as exc:
+                self._syncing = False
+                self._sync_failed(exc, taken)
+            else:
+                self._syncing = False
+                self._sync_done(result, started, reason)
         finally:
             self._syncing = False
             if self._alarm_armed:  # SIGTERM came during the sync, which has now ended

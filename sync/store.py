@@ -877,15 +877,13 @@ class WorkspaceStore:
             return
         try:
             self._check_open()
-            self._reload_if_needed(locked=False)
-            if not self._index_clean and self._save_due():
-                # Built without the writer lock, the index may reflect a writer's half
-                # finished apply: only worth a snapshot once verified under the lock,
-                # and only if no writer holds it now (a search never waits for one).
-                with self._flock(blocking=False) as held:
-                    if held:
-                        self._reload_if_needed(locked=True)
-                        self._save_index()
+            # With the writer lock the result is clean, so it can be snapshotted; without
+            # it (a writer is busy; a search never waits for one) it may reflect half an
+            # apply, which the generation check repairs on the next search.
+            with self._flock(blocking=False) as held:
+                self._reload_if_needed(locked=held)
+                if held and self._save_due():
+                    self._save_index()
         finally:
             self._write_lock.release()
 

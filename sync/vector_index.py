@@ -99,7 +99,9 @@ class IndexPolicy:
     candidates_per_hit: int = 4
 
     def nlist(self, rows: int) -> int:
-        return max(1, round(self.cells_per_sqrt * math.sqrt(max(rows, 1))))
+        # Small workspaces (tests) are capped so that every cell gets its training points.
+        cells = min(self.cells_per_sqrt * math.sqrt(max(rows, 1)), rows / self.train_per_cell)
+        return max(1, round(cells))
 
     def nprobe(self, nlist: int, rows: int, k: int) -> int:
         base = max(self.min_probes, math.ceil(nlist * self.probe_fraction))
@@ -564,7 +566,7 @@ def read_snapshot(
         except (KeyError, ValueError, TypeError, RuntimeError) as exc:
             raise SnapshotError(f"{path}: {exc}") from exc
     kind = info["index"]["kind"]
-    index = faiss.downcast_index(raw)
+    index = raw  # read_index hands back the concrete class, owning its C++ object
     if kind not in ("exact", "ivf") or index.d != info["dim"]:
         raise SnapshotError(f"{path}: unexpected index ({kind}, dim {index.d})")
     vindex = VectorIndex(index, kind, int(info["index"]["trained_rows"]), policy)

@@ -348,7 +348,7 @@ def test_queries_are_perturbed_afresh() -> None:
 
 def test_distance_to_cosine_recovers_the_cosine() -> None:
     vectors = _clustered(np.random.default_rng(3), 400)
-    cipher = VectorCipher(KEY, DIM)
+    cipher = VectorCipher(KEY, DIM, beta=0.1)
     encrypted = cipher.encrypt(vectors[:300], _ids(300)).astype(np.float64)
     errors = []
     for query in vectors[300:]:
@@ -357,7 +357,7 @@ def test_distance_to_cosine_recovers_the_cosine() -> None:
         estimate = np.array([cipher.distance_to_cosine(d) for d in distances])
         errors.append(np.abs(estimate - vectors[:300] @ query))
     mean_error = float(np.mean(errors))
-    print(f"distance_to_cosine: mean absolute error {mean_error:.4f} at beta {DEFAULT_BETA}")
+    print(f"distance_to_cosine: mean absolute error {mean_error:.4f} at beta 0.1")
     assert mean_error < 0.01
     assert cipher.distance_to_cosine(0.0) == 1.0
     assert cipher.distance_to_cosine(10 * cipher.scale) == -1.0
@@ -452,13 +452,18 @@ def _recall(
 
 
 def test_default_beta_keeps_the_plain_top_10(corpus: tuple[np.ndarray, np.ndarray]) -> None:
+    # The server's own order at the default beta, and what the client re-ranks: the
+    # 40 candidates a k=10 search asks for.
     overlap = _recall(corpus, DEFAULT_BETA)
-    print(f"top-10 overlap, encrypted vs plain, beta {DEFAULT_BETA}: {overlap:.4f}")
-    assert overlap >= 0.97
+    within = _recall(corpus, DEFAULT_BETA, candidates=40)
+    print(f"beta {DEFAULT_BETA}: top-10 overlap {overlap:.4f}, plain top-10 within"
+          f" encrypted top-40 {within:.4f}")
+    assert overlap >= 0.8
+    assert within >= 0.99
 
 
 def test_overlap_falls_as_beta_grows(corpus: tuple[np.ndarray, np.ndarray]) -> None:
-    betas = (0.0, DEFAULT_BETA, 0.3, 0.6, 1.2, 2.4)
+    betas = (0.0, 0.1, 0.3, 0.6, 1.2, 2.4)
     overlaps = [_recall(corpus, beta) for beta in betas]
     print(
         "top-10 overlap by beta: "

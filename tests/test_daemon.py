@@ -47,7 +47,7 @@ def _env() -> dict[str, str]:
 def cv(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run the `codeveil` command as a user would."""
     return subprocess.run(
-        [sys.executable, "-m", "retrieval.cli", *map(str, args)], env=_env(),
+        [sys.executable, "-X", "faulthandler", "-m", "retrieval.cli", *map(str, args)], env=_env(),
         capture_output=True, text=True, timeout=timeout, cwd="/",
     )
 
@@ -236,14 +236,16 @@ def test_kill_9_mid_sync_then_restart_converges(tmp_path: Path, repos: list[Path
     repos.append(repo)
 
     pid = start(repo)
+    # Kill it once the first batches are in the store (LanceDB has written a data file),
+    # i.e. in the middle of the upload.
+    store = repo / ".codeveil" / "store"
     wait_for("the first sync to write to the store", lambda: (
         status_of(repo).get("state") == "syncing"
-        and (repo / ".codeveil" / "state.sqlite").exists()
+        and any(store.glob("workspaces/*/chunks.lance/data/*.lance"))
     ))
-    time.sleep(1.0)
-    assert status_of(repo)["last_sync_finished"] is None, "the sync ended before the kill"
     os.kill(pid, signal.SIGKILL)
     wait_for("the killed daemon to be gone", lambda: not alive(pid), timeout=10)
+    assert status_of(repo)["last_sync_finished"] is None, "the sync ended before the kill"
 
     # The kernel dropped the lock; status sees a dead daemon and clears its pid file.
     shown = cv("daemon", "status", repo)

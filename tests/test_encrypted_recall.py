@@ -1,7 +1,9 @@
 """Searching encrypted vectors finds what searching plain vectors finds.
 
-On this project's own chunks with the real model: for each query, the top 10 by L2 in
-encrypted space (what the server computes) against the top 10 by cosine on plain vectors.
+On this project's own chunks with the real model: for each query, the top 10 by cosine on
+plain vectors against (a) the top 10 by L2 in encrypted space, the server's own order, and
+(b) what search shows: the server's top 40 (k times the overfetch factor) re-ranked by the
+client with its plain vectors.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from indexer.chunker import chunk_file
+from retrieval.api import OVERFETCH
 from sync.crypto import VectorCipher, chunk_id
 from sync.keys import WorkspaceKey
 
@@ -42,13 +45,17 @@ def test_encrypted_top10_matches_plain_top10(real_embedder) -> None:
     ids = [chunk_id(key, c.path, c.chunk_hash, i) for i, c in enumerate(chunks)]
     enc = cipher.encrypt(vectors, ids)
 
-    overlaps = []
+    depth = 10 * OVERFETCH
+    server_only, reranked = [], []
     for q in qvecs:
-        plain = set(np.argsort(-(vectors @ q))[:10])
+        plain = np.argsort(-(vectors @ q))[:10]
         eq = cipher.encrypt_query(q)
-        secret = set(np.argsort(((enc - eq) ** 2).sum(axis=1))[:10])
-        overlaps.append(len(plain & secret) / 10)
-    recall = float(np.mean(overlaps))
-    print(f"encrypted vs plain recall@10 over {len(queries)} queries, {len(chunks)} chunks:"
-          f" {recall:.4f}")
-    assert recall >= 0.99
+        by_server = np.argsort(((enc - eq) ** 2).sum(axis=1))[:depth]
+        rescored = by_server[np.argsort(-(vectors[by_server] @ q))][:10]
+        server_only.append(len(set(plain) & set(by_server[:10])) / 10)
+        reranked.append(len(set(plain) & set(rescored)) / 10)
+    raw, shown = float(np.mean(server_only)), float(np.mean(reranked))
+    print(f"recall@10 vs plain over {len(queries)} queries, {len(chunks)} chunks, beta"
+          f" {cipher.beta}: server order {raw:.4f}, re-ranked top-{depth} {shown:.4f}")
+    assert shown >= 0.99  # within 1 point of plain search
+    assert raw >= 0.8  # the server's own order is already close
