@@ -46,10 +46,14 @@ COSQA = Path("/work/shared/bench/cosqa")
 REFERENCE = "torch-fp32"
 MRR_TOLERANCE = 1.0  # points of MRR x 100 a faster backend may lose and still be default
 
-BACKENDS: dict[str, Callable[[Path], Embedder]] = {
-    "torch-fp32": lambda _models: SentenceTransformerEmbedder(),
-    "onnx-fp32": lambda models: OnnxEmbedder("fp32", models_directory=models),
-    "onnx-int8": lambda models: OnnxEmbedder("int8", models_directory=models),
+BACKENDS: dict[str, Callable[[Path, int | None], Embedder]] = {
+    "torch-fp32": lambda _models, threads: SentenceTransformerEmbedder(threads=threads),
+    "onnx-fp32": lambda models, threads: OnnxEmbedder(
+        "fp32", models_directory=models, threads=threads
+    ),
+    "onnx-int8": lambda models, threads: OnnxEmbedder(
+        "int8", models_directory=models, threads=threads
+    ),
 }
 # CODEVEIL_EMBEDDER name of each backend, for the recommendation.
 SETTING = {
@@ -81,20 +85,24 @@ def sample_chunks(repo: Path, count: int) -> list[str]:
 
 def measure_speed(
     backends: dict[str, Embedder], texts: list[str], rounds: int
-) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """Seconds per backend over all of `texts`, interleaved by rounds; and the vectors."""
+) -> tuple[dict[str, float], dict[str, float], dict[str, np.ndarray]]:
+    """Wall and CPU seconds per backend over all of `texts`, interleaved by rounds; and
+    the vectors. CPU time is the steadier measure on a shared machine: other processes
+    stretch wall time but not the cycles a backend itself spends."""
     seconds = dict.fromkeys(backends, 0.0)
+    cpu = dict.fromkeys(backends, 0.0)
     vectors = {name: np.zeros((len(texts), 384), dtype=np.float32) for name in backends}
     names = list(backends)
     bounds = np.linspace(0, len(texts), rounds + 1).astype(int)
     for r in range(rounds):
         part = texts[bounds[r] : bounds[r + 1]]
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             vecs = backends[name].embed(part)
             seconds[name] += time.perf_counter() - start
+            cpu[name] += time.process_time() - start_cpu
             vectors[name][bounds[r] : bounds[r + 1]] = vecs
-    return seconds, vectors
+    return seconds, cpu, vectors
 
 
 def cosqa_quality(backends: dict[str, Embedder], cache_path: Path) -> dict[str, dict]:
@@ -135,6 +143,8 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads per backend (default: all cores)")
     parser.add_argument("--models-dir", type=Path, default=None,
                         help="where ONNX exports are cached (default: codeveil's cache)")
     parser.add_argument("--no-speed", action="store_true", help="only the CoSQA measure")
@@ -151,7 +161,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown backends {sorted(unknown)}; use {sorted(BACKENDS)}")
     models = args.models_dir or models_dir()
-    backends = {name: BACKENDS[name](models) for name in names}
+    backends = {name: BACKENDS[name](models, args.threads) for name in names}
     # First use loads the model (and exports the ONNX graph once): not indexing time.
     first_use = {}
     for name, model in backends.items():
@@ -160,30 +170,37 @@ def main() -> None:
         first_use[name] = time.perf_counter() - start
 
     payload: dict = {"backends": {n: backends[n].model_id for n in names},
-                     "first_use_s": first_use, "threads": os.cpu_count()}
+                     "first_use_s": first_use, "threads": args.threads or os.cpu_count(),
+                     "load_average": os.getloadavg()}
     if not args.no_speed:
         repo = args.repo or default_repo()
         texts = sample_chunks(repo, args.chunks)
-        seconds, vectors = measure_speed(backends, texts, args.rounds)
+        seconds, cpu, vectors = measure_speed(backends, texts, args.rounds)
         ref = vectors.get(REFERENCE)
         rows, speed = [], {}
         for name in names:
             rate = len(texts) / seconds[name]
-            entry: dict = {"seconds": seconds[name], "chunks_per_s": rate}
+            entry: dict = {"seconds": seconds[name], "chunks_per_s": rate,
+                           "cpu_seconds": cpu[name], "chunks_per_cpu_s": len(texts) / cpu[name]}
             if REFERENCE in seconds:
                 entry["speedup"] = seconds[REFERENCE] / seconds[name]
+                entry["cpu_speedup"] = cpu[REFERENCE] / cpu[name]
             if ref is not None:
                 cos = (vectors[name] * ref).sum(axis=1)
                 entry.update(cos_mean=float(cos.mean()), cos_min=float(cos.min()),
                              cos_p01=float(np.percentile(cos, 1)))
             speed[name] = entry
-            rows.append([name, rate, entry.get("speedup", ""), entry.get("cos_mean", ""),
+            rows.append([name, rate, entry.get("speedup", ""), entry["chunks_per_cpu_s"],
+                         entry.get("cpu_speedup", ""), entry.get("cos_mean", ""),
                          entry.get("cos_min", "")])
         print(f"{len(texts)} chunks of {repo}, {args.rounds} interleaved rounds,"
-              f" {os.cpu_count()} threads")
-        print(table(["backend", "chunks/s", f"x {REFERENCE}", "cos mean", "cos min"],
-                    [[r[0], r[1], *(f"{v:.4f}" if isinstance(v, float) else v
-                                    for v in r[2:])] for r in rows]))
+              f" {args.threads or os.cpu_count()} threads, load average"
+              f" {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        print(table(["backend", "chunks/s", "x torch", "chunks/cpu-s", "x torch (cpu)",
+                     "cos mean", "cos min"],
+                    [[r[0], r[1], f"{r[2]:.2f}", r[3], f"{r[4]:.2f}",
+                      *(f"{v:.4f}" if isinstance(v, float) else v for v in r[5:])]
+                     for r in rows]))
         payload.update(repo=str(repo), chunks=len(texts), rounds=args.rounds, speed=speed)
 
     if args.cosqa:

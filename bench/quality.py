@@ -376,6 +376,7 @@ def codeveil_variants(noheader: bool) -> list[tuple[str, str, dict, str]]:
         ("defaults, split max", "header", {"split": "max"}, agg),
         ("defaults, split mean", "header", {"split": "mean"}, agg),
         ("defaults, split none", "header", {"split": "none"}, agg),
+        ("defaults, first part weight 2", "header", {"w_first_part": 2.0}, agg),
         ("defaults, rrf k=20", "header", {"rrf_k": 20.0}, agg),
         ("defaults, BM25 weight 0.5", "header", {"w_lexical": 0.5}, agg),
         ("defaults, BM25 weight 2", "header", {"w_lexical": 2.0}, agg),

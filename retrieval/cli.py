@@ -365,9 +365,18 @@ class _DaemonSync:
     index from disk before every write)."""
 
     def __init__(self, root: Path) -> None:
-        self.index = Index(root)
+        from indexer.embedder import default_embedder
+
+        self.model = default_embedder()
+        self.index = Index(root, embedder=self.model)
+        self.warm = False
 
     def __call__(self) -> dict:
+        if not self.warm:
+            # Load the model with the start-up sync, which usually has nothing to embed,
+            # rather than with the first edit, which would then wait for it.
+            self.model.embed(["warm up"])
+            self.warm = True
         try:
             return self.index.index().to_dict()
         except BaseException:

@@ -85,6 +85,7 @@ class SearchOptions:
     dedupe_terms: bool = True  # BM25: a query term counts once
     max_query_terms: int | None = None  # BM25: only the query's rarest terms
     w_file_lexical: float = 0.0  # file level: fuse whole-file BM25 with this weight
+    w_first_part: float = 1.0  # weight of a long query's first part (title, opening)
 
 
 @dataclass
@@ -253,7 +254,8 @@ class HybridRanker:
                 for d, s in hits:
                     best[d.key] = max(best.get(d.key, -2.0), s)
             return [(docs[key], s) for key, s in ranked(best)][: o.depth]
-        fused = rrf([[d.key for d, _ in hits] for hits in per_part], k=o.rrf_k)
+        weights = [o.w_first_part] + [1.0] * (len(per_part) - 1)
+        fused = rrf([[d.key for d, _ in hits] for hits in per_part], k=o.rrf_k, weights=weights)
         return [(docs[key], s) for key, s in ranked(fused)][: o.depth]
 
     def _nearest(self, vector: np.ndarray, n: int,

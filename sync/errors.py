@@ -18,6 +18,8 @@
         │   ├── WorkspaceExists         the id is taken (409)
         │   └── AuthError               no or wrong token (401)
         │       └── PermissionDenied    a token of another workspace (403)
+        ├── DaemonError             (sync.daemon) the daemon cannot start or be reached
+        │   └── AlreadyRunningError     another daemon holds the repo's lock
         └── ClientError             (sync.http_client) the server could not answer
             ├── ServerUnavailable       unreachable or overloaded: retry later
             └── ServerError             a 5xx or an unreadable answer

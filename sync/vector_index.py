@@ -229,8 +229,11 @@ class VectorIndex:
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "rows": self.ntotal}
         if self.kind == "ivf":
-            out |= {"nlist": self.nlist, "trained_rows": self.trained_rows,
-                    "nprobe_k10": self.policy.nprobe(self.nlist, self.ntotal, 10)}
+            out |= {
+                "nlist": self.nlist,
+                "trained_rows": self.trained_rows,
+                "nprobe": self.policy.nprobe(self.nlist, self.ntotal, 1),  # more for large k
+            }
         return out
 
 

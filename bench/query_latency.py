@@ -1,0 +1,400 @@
+"""Search latency, recall and memory against workspace size, in-process and through the
+server, with the query embedding a user waits for.
+
+    python bench/query_latency.py [--sizes 10000,100000,1000000] [--queries 200] [--k 100]
+        [--keep DIR]
+
+For each size, a workspace of synthetic clustered unit vectors (dim 384, shaped like
+all-MiniLM-L6-v2 embeddings of code, see `synthetic`) encrypted with `VectorCipher`
+under a random key, written through the store's own `apply` in batches of 20,000
+chunks (files of 10 chunks). Then, all in one run so that every number sees the same
+machine:
+
+- ingest_s: those applies, with the index kept in step and retrained as it grows;
+- build_s: the index built from LanceDB alone (a restart that finds no snapshot);
+- save_s, snapshot_mb: writing the snapshot (on close);
+- open_s: a fresh store's first search when the snapshot is there (a restart);
+- per query, in this order: the real model embeds a realistic query (`embed`), the
+  client encrypts it (`encrypt`), and the store searches for k=100 as `retrieval` asks
+  (`local`: in-process; `http`: `python -m sync.server` on loopback, keep-alive;
+  the two alternate which goes first). `total` = embed + encrypt + http, what a user
+  of a server waits for. The search vector is a synthetic query of the corpus's
+  distribution (a real query's vector would not relate to synthetic data);
+- recall@10 and @100 of the answers against exact search over the same vectors;
+- server RSS after the searches.
+
+Prints a table; writes bench/results/query_latency.json and query_latency.png.
+Needs about 6 GB of memory and 4 GB of disk at 1M.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import RESULTS, Server, Timer, isolate, table, write_json
+from sync.crypto import VectorCipher
+from sync.http_client import HttpClient
+from sync.keys import WorkspaceKey
+from sync.local_client import LocalClient
+from sync.records import ChunkRecord, FileUpdate
+from sync.store import SNAPSHOT, Store
+from sync.vector_index import IndexPolicy
+
+DIM = 384
+PER_FILE = 10
+BATCH = 20_000  # chunks per apply: the store's limit
+MODEL = "sentence-transformers/all-MiniLM-L6-v2:torch-fp32"
+
+# What developers type into code search; embedded for real to time the model.
+QUERIES = [
+    "retry failed http requests with exponential backoff",
+    "where is the connection pool closed",
+    "parse multipart form data upload",
+    "validate email field in model",
+    "how are cookies stored between requests",
+    "set request timeout",
+    "convert numpy array to arrow table",
+    "json encoder for datetime objects",
+    "load model weights from checkpoint file",
+    "tokenize text into word pieces",
+    "progress bar for long running loop",
+    "read yaml configuration file",
+    "middleware that adds cors headers",
+    "command line option with default value from environment variable",
+    "verify tls certificate of the server",
+    "stream response body in chunks",
+    "encrypt data with aes gcm",
+    "match file paths against gitignore patterns",
+    "watch a directory for file changes",
+    "shortest path in a weighted graph",
+    "attention layer forward pass",
+    "learning rate scheduler warmup",
+    "serialize model to dict excluding unset fields",
+    "server shutdown gracefully on sigterm",
+    "exception handler returns json error",
+    "why does the request hang when the server closes the connection early",
+    "the function that decides which files are ignored when walking a repository",
+    "handle keyboard interrupt and clean up temporary files",
+    "thread safe lazy initialization of a global",
+    "context manager that measures elapsed time",
+]
+
+
+# -- data -------------------------------------------------------------------------------
+
+
+def synthetic(n: int, queries: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`n` corpus vectors and `queries` query vectors, unit norm, float32.
+
+    Code embeddings are anisotropic (a common direction, a spectrum that falls off) and
+    nested: a package's chunks are closer to each other than to the rest, a file's closer
+    still. So: a covariance with a power-law spectrum in a random basis, a common mean,
+    and three levels of centres (areas of ~20k chunks, packages of ~500, files of
+    PER_FILE) each drawn around its parent; a chunk is its file's centre plus noise.
+    A query is a chunk plus more noise (a question is phrased unlike the code it finds).
+    The constants were fitted to 12k real chunks of Python packages embedded with
+    all-MiniLM-L6-v2 and to 60 real queries: nearest-neighbour similarities, the
+    spectrum, and IVF recall against nprobe (docs/benchmarks.md, "Query latency").
+    """
+    rng = np.random.default_rng(seed)
+    basis, _ = np.linalg.qr(rng.standard_normal((DIM, DIM)))
+    spectrum = np.arange(1, DIM + 1, dtype=np.float64) ** -SPECTRUM
+    spectrum /= np.sqrt((spectrum**2).sum())
+    shape = (basis * spectrum).T.astype(np.float32)  # z @ shape: the spectrum, E|.|^2 = 1
+    mean = rng.standard_normal(DIM).astype(np.float32)
+    centres = (MEAN_NORM * mean / np.linalg.norm(mean))[None, :]
+    owner = np.zeros(n, np.int64)
+    for size, scale in LEVELS:
+        groups = max(1, n // size)
+        point_group = np.arange(n) * groups // n  # contiguous blocks nest level by level
+        first_point = np.searchsorted(point_group, np.arange(groups))
+        noise = rng.standard_normal((groups, DIM)).astype(np.float32) @ shape
+        centres = centres[owner[first_point]] + scale * noise
+        owner = point_group
+    corpus = np.empty((n, DIM), np.float32)
+    for start in range(0, n, 100_000):
+        stop = min(n, start + 100_000)
+        noise = rng.standard_normal((stop - start, DIM)).astype(np.float32) @ shape
+        corpus[start:stop] = centres[owner[start:stop]] + LEAF * noise
+    picked = corpus[rng.integers(0, n, queries)]
+    noise = rng.standard_normal((queries, DIM)).astype(np.float32) @ shape
+    query = picked / np.linalg.norm(picked, axis=1, keepdims=True) + QUERY_NOISE * noise
+    corpus /= np.linalg.norm(corpus, axis=1, keepdims=True)
+    query /= np.linalg.norm(query, axis=1, keepdims=True)
+    return corpus, query.astype(np.float32)
+
+
+SPECTRUM = 0.7
+MEAN_NORM = 0.5
+LEVELS = ((20_000, 0.55), (500, 0.5), (PER_FILE, 0.45))
+LEAF = 0.5
+QUERY_NOISE = 0.6
+
+
+def chunk_ids(first: int, n: int) -> list[bytes]:
+    return [i.to_bytes(16, "big") for i in range(first, first + n)]
+
+
+def fill(client: LocalClient, cipher: VectorCipher, corpus: np.ndarray) -> np.ndarray:
+    """Write the corpus as files of PER_FILE chunks, BATCH chunks per apply; returns the
+    encrypted vectors."""
+    root = b"\x00" * 16
+    encrypted = np.empty_like(corpus)
+    for start in range(0, len(corpus), BATCH):
+        stop = min(len(corpus), start + BATCH)
+        ids = chunk_ids(start, stop - start)
+        vectors = encrypted[start:stop] = cipher.encrypt(corpus[start:stop], ids)
+        updates = []
+        for f in range(start, stop, PER_FILE):
+            n = min(PER_FILE, stop - f)
+            area = (f // 5000).to_bytes(16, "big")  # one directory level, like src/<pkg>/
+            chunks = tuple(
+                ChunkRecord(ids[f - start + j], vectors[f - start + j], os.urandom(96))
+                for j in range(n)
+            )
+            # The store groups a file's rows by its key's first 8 bytes: keep them distinct.
+            file_key = f.to_bytes(8, "big") + b"\xff" * 8
+            updates.append(FileUpdate(file_key, (root, b"\x01" + area[1:]), file_key, chunks))
+        client.apply(updates, [])
+    return encrypted
+
+
+# -- measurement ------------------------------------------------------------------------
+
+
+class SyncServer(Server):
+    """`python -m sync.server` rather than the CLI, so RSS counts the server alone."""
+
+    def __init__(self, data_dir: Path) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.data_dir = data_dir
+        self.log = open(data_dir.parent / "server.log", "wb")  # noqa: SIM115
+        root = Path(__file__).resolve().parent.parent
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sync.server", "--data", str(data_dir),
+             "--port", str(self.port), "--log-level", "warning"],
+            stdout=self.log, stderr=subprocess.STDOUT, cwd=root,
+        )
+        self._wait()
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) * 1000 if values else float("nan")
+
+
+def recall(found: list[list[bytes]], exact: np.ndarray, k: int) -> float:
+    hits = [len(set(f[:k]) & set(chunk_ids_of(e[:k]))) / k for f, e in zip(found, exact,
+                                                                          strict=True)]
+    return float(np.mean(hits))
+
+
+def chunk_ids_of(rows: np.ndarray) -> list[bytes]:
+    return [int(r).to_bytes(16, "big") for r in rows]
+
+
+def exact_neighbours(vectors: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
+    import faiss
+
+    faiss.omp_set_num_threads(os.cpu_count() or 1)
+    index = faiss.IndexFlatL2(vectors.shape[1])
+    index.add(vectors)
+    _dist, rows = index.search(queries, k)
+    return rows
+
+
+def run_size(n: int, args: argparse.Namespace, work: Path, embedder: Any) -> dict[str, Any]:
+    rng_seed = n
+    key = WorkspaceKey.generate()
+    cipher = VectorCipher(key, DIM)
+    corpus, plain_queries = synthetic(n, args.queries, seed=rng_seed)
+    data = work / f"ws{n}" / "data"
+    data.mkdir(parents=True)
+    row: dict[str, Any] = {"rows": n}
+
+    store = Store(data)
+    _id, token = store.create_workspace(DIM, MODEL, key.key_check, workspace_id="bench")
+    client = LocalClient(store, "bench")
+    with Timer() as t:
+        encrypted = fill(client, cipher, corpus)
+    row["ingest_s"] = t.seconds
+    del corpus
+    gc.collect()
+    store.close()
+    snapshot = data / "workspaces" / "bench" / SNAPSHOT
+    snapshot.unlink()
+
+    with Timer() as t:  # a restart without a snapshot: LanceDB, then the index
+        store = Store(data)
+        client = LocalClient(store, "bench")
+        client.search(encrypted[0], 1)
+    row["build_s"] = t.seconds
+    with Timer() as t:
+        store.close()  # writes the snapshot
+    row["save_s"] = t.seconds
+    row["snapshot_mb"] = snapshot.stat().st_size / 1e6
+    with Timer() as t:
+        store = Store(data)
+        client = LocalClient(store, "bench")
+        client.search(encrypted[0], 1)
+    row["open_s"] = t.seconds
+    assert store.workspace("bench").index_events["loaded"] == 1
+    row["index"] = client.info().extra.get("index")
+
+    queries = np.stack([cipher.encrypt_query(q) for q in plain_queries])
+    exact = exact_neighbours(encrypted, queries, args.k)
+    del encrypted
+    gc.collect()
+
+    with Timer() as t:
+        server = SyncServer(data)
+    row["server_start_s"] = t.seconds
+    http = HttpClient(server.url, "bench", token)
+    with Timer() as t:
+        http.search(queries[0], 1)
+    row["server_open_s"] = t.seconds
+
+    times: dict[str, list[float]] = {"embed": [], "encrypt": [], "local": [], "http": [],
+                                     "total": []}
+    found_local: list[list[bytes]] = []
+    found_http: list[list[bytes]] = []
+    for i in range(args.warmup):
+        embedder.embed([QUERIES[i % len(QUERIES)] + " warm"])
+        client.search(queries[i], args.k)
+        http.search(queries[i], args.k)
+    load_before = os.getloadavg()[0]
+    for i, q in enumerate(queries):
+        t0 = time.perf_counter()
+        vector = embedder.embed([QUERIES[i % len(QUERIES)]])[0]
+        t1 = time.perf_counter()
+        cipher.encrypt_query(vector)
+        t2 = time.perf_counter()
+        order = ("local", "http") if i % 2 else ("http", "local")
+        for which in order:
+            started = time.perf_counter()
+            if which == "local":
+                found_local.append([h.chunk_id for h in client.search(q, args.k)])
+            else:
+                found_http.append([h.chunk_id for h in http.search(q, args.k)])
+            times[which].append(time.perf_counter() - started)
+        times["embed"].append(t1 - t0)
+        times["encrypt"].append(t2 - t1)
+        times["total"].append(t2 - t0 + times["http"][-1])
+    row["load_avg"] = (load_before + os.getloadavg()[0]) / 2
+    row["server_rss_mb"] = server.rss_mb()
+    http.close()
+    server.stop()
+    store.close()
+
+    for name, values in times.items():
+        row[f"{name}_p50_ms"] = pct(values, 50)
+        row[f"{name}_p99_ms"] = pct(values, 99)
+    row["recall@10"] = recall(found_local, exact, 10)
+    row[f"recall@{args.k}"] = recall(found_local, exact, args.k)
+    row["http_equals_local"] = found_http == found_local
+    row["disk_mb"] = sum(f.stat().st_size for f in data.rglob("*") if f.is_file()) / 1e6
+    return row
+
+
+# -- report -----------------------------------------------------------------------------
+
+
+def plot(rows: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [r["rows"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, label, colour in (("local", "search, in-process", "C0"),
+                                ("http", "search, HTTP", "C1"),
+                                ("total", "embed + encrypt + HTTP search", "C2")):
+        ax1.plot(sizes, [r[f"{name}_p50_ms"] for r in rows], marker="o", color=colour,
+                 label=f"{label} p50")
+        ax1.plot(sizes, [r[f"{name}_p99_ms"] for r in rows], marker="x", color=colour,
+                 linestyle="--", label=f"{label} p99")
+    ax1.set_ylabel("ms")
+    ax1.set_title("query latency (k=100)")
+    ax2.plot(sizes, [r["server_rss_mb"] for r in rows], marker="o", label="server RSS")
+    ax2.plot(sizes, [r["snapshot_mb"] for r in rows], marker="o", label="index snapshot")
+    ax2.set_ylabel("MB")
+    ax2.set_title("memory and snapshot size")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("chunks in workspace")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    RESULTS.mkdir(exist_ok=True)
+    fig.savefig(RESULTS / "query_latency.png", dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10000,100000,1000000")
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--k", type=int, default=100)
+    parser.add_argument("--keep", type=Path, help="build under DIR and keep it")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from indexer.embedder import SentenceTransformerEmbedder
+
+    work = args.keep or isolate()
+    work.mkdir(parents=True, exist_ok=True)
+    embedder = SentenceTransformerEmbedder()
+    embedder.embed(["load the model"])
+    rows = []
+    try:
+        for n in (int(s) for s in args.sizes.split(",")):
+            rows.append(run_size(n, args, work, embedder))
+            print(f"{n} rows done: {rows[-1]}", flush=True)
+            if not args.keep:
+                shutil.rmtree(work / f"ws{n}", ignore_errors=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    headers = ["rows", "index", "embed p50", "local p50/p99", "http p50/p99",
+               "total p50/p99", "recall@10", f"recall@{args.k}", "RSS MB", "build s", "open s"]
+    print(table(headers, [
+        [r["rows"], _kind(r["index"]), r["embed_p50_ms"],
+         f"{r['local_p50_ms']:.1f}/{r['local_p99_ms']:.1f}",
+         f"{r['http_p50_ms']:.1f}/{r['http_p99_ms']:.1f}",
+         f"{r['total_p50_ms']:.1f}/{r['total_p99_ms']:.1f}",
+         r["recall@10"], r[f"recall@{args.k}"], r["server_rss_mb"], r["build_s"], r["open_s"]]
+        for r in rows
+    ]))
+    write_json("query_latency", {"k": args.k, "queries": args.queries,
+                                 "policy": IndexPolicy().__repr__(), "results": rows})
+    plot(rows)
+
+
+def _kind(index: dict[str, Any] | None) -> str:
+    if not index:
+        return "?"
+    if index["kind"] == "ivf":
+        return f"ivf {index['nlist']}/{index['nprobe']}"
+    return index["kind"]
+
+
+if __name__ == "__main__":
+    main()
