@@ -911,9 +911,7 @@ class WorkspaceStore:
             self._index_clean = True
             self._maybe_rebuild()
             return
-        if self._index is not None and not self._index_stale:
-            self._catch_up(generation)
-        else:
+        if self._index is None or self._index_stale or not self._catch_up(generation):
             self._build_from_table(generation)
         self._index_clean = locked
         self._maybe_rebuild()
@@ -953,9 +951,10 @@ class WorkspaceStore:
         )
         return True
 
-    def _catch_up(self, generation: int) -> None:
+    def _catch_up(self, generation: int) -> bool:
         """Make the index hold exactly LanceDB's rows, by rid: a rid always stands for
-        the same row, so rows are only ever missing or extra, never changed."""
+        the same row, so rows are only ever missing or extra, never changed. False if
+        LanceDB's rows did not add up (the caller rebuilds)."""
         started = time.perf_counter()
         index = self._index
         assert index is not None
@@ -975,19 +974,19 @@ class WorkspaceStore:
             for b in self._scan(_COLUMNS, where=f"rid >= {int(new[0])}"):
                 vectors.append(added.add(b, keep=np.isin(b.column("rid").to_numpy(), new)))
         cols = added.columns()
-        order = np.argsort(cols["rid"])
-        if not np.array_equal(cols["rid"][order], new):
-            raise StoreError(
-                f"workspace {self.workspace_id}: LanceDB changed while the index caught up"
-            )
+        if len(stored) != len(np.unique(stored)) or not np.array_equal(
+            np.sort(cols["rid"]), new
+        ):
+            log.warning("workspace %s: cannot catch the index up; rebuilding it",
+                        self.workspace_id)
+            return False
         with self._index_lock.write():
             try:
                 index.remove(gone)
                 self._rows.remove_rids(gone)
                 if len(new):
                     index.add(np.concatenate(vectors), cols["rid"])
-                    fresh = RowTable.from_columns(**cols).columns()  # in rid order
-                    self._rows.append(*fresh.values())
+                    self._rows.append(**RowTable.from_columns(**cols).columns())  # rid order
             except BaseException:
                 self._index_stale = True
                 raise
@@ -998,6 +997,7 @@ class WorkspaceStore:
             "workspace %s: search index caught up (-%d +%d rows) in %.2fs",
             self.workspace_id, len(gone), len(new), time.perf_counter() - started,
         )
+        return True
 
     def _build_from_table(self, generation: int) -> None:
         """Build the index and its rows from every row in LanceDB."""

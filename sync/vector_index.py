@@ -318,19 +318,20 @@ class RowTable:
 
     def append(
         self,
-        rids: np.ndarray,
-        fids: np.ndarray,
-        chunk_ids: np.ndarray,
+        rid: np.ndarray,
+        fid: np.ndarray,
+        chunk_id: np.ndarray,
         meta_offsets: np.ndarray,
         meta_data: np.ndarray,
     ) -> None:
-        """Add rows: `chunk_ids` (n, 16) uint8; meta i is meta_data[offsets[i]:offsets[i+1]]
+        """Add rows: `chunk_id` (n, 16) uint8; meta i is meta_data[offsets[i]:offsets[i+1]]
         (see `pack`)."""
-        n = len(rids)
+        n = len(rid)
         if not n:
             return
-        rids = np.asarray(rids, dtype=np.int64)
-        fids = np.asarray(fids, dtype=np.int64)
+        rids = np.asarray(rid, dtype=np.int64)
+        fids = np.asarray(fid, dtype=np.int64)
+        chunk_ids = chunk_id
         if np.any(np.diff(rids) <= 0) or (self._n and rids[0] <= self._rid[self._n - 1]):
             # Not reached through the store (rids only grow); kept correct regardless.
             mine = self.columns()
