@@ -1,13 +1,14 @@
 """Embedding backends side by side: torch fp32, ONNX fp32, ONNX int8 on the same chunks.
 
-    python bench/embed_backends.py [--repo PATH] [--chunks 400] [--rounds 4]
-                                   [--cosqa] [--cosqa-cache DIR] [--backends a,b,c]
+    python bench/embed_backends.py [--repo PATH] [--chunks 400] [--rounds 4] [--threads N]
+                                   [--cosqa] [--cosqa-cache FILE] [--backends a,b,c]
 
 1. Speed: real chunks (codeveil's chunker over a source tree, default the installed
    `rich` package), embedded by every backend through `Embedder.embed`. The chunks are
    cut into `--rounds` slices and each slice is run by every backend in turn, the order
-   rotating, so a noisy machine slows all backends alike. Reports chunks/s, the ratio to
-   torch fp32, and the cosine of each backend's vectors to torch fp32's (mean, min).
+   rotating, so a noisy machine slows all backends alike. Reports chunks/s (wall and per
+   CPU second), the ratios to torch fp32, and the cosine of each backend's vectors to
+   torch fp32's (mean, min).
 2. With --cosqa: retrieval quality on CoSQA dev (500 queries against 6,267 functions,
    /work/shared/bench/cosqa): MRR and Recall@1/5/10 per backend. Vectors go through the
    embedding cache in --cosqa-cache, so an interrupted run resumes where it stopped.

@@ -908,7 +908,11 @@ class LexicalStore:
         base_id = secrets.token_bytes(8) if base_changed or old is None else old.base_id
         saved = _Saved(index, stamp, files, base_id)
         t2 = time.perf_counter()
-        self._save(saved, base_changed)
+        try:
+            self._save(saved, base_changed)
+        except OSError as exc:
+            # A read-only or full disk costs the next process a rebuild, not this search.
+            log.warning("could not save the lexical index in %s: %s", self.directory, exc)
         self.last_refresh = {
             "mode": mode, "chunks": stamp[1], "tokenized": len(rows),
             "merged": int(base_changed and mode == "update"),

@@ -298,16 +298,19 @@ def test_snapshot_survives_a_server_restart(
     token = HttpClient.create_workspace(server.url, "ws", dim=DIM, model_id="m",
                                         key_check=b"check")
     client = HttpClient(server.url, "ws", token)
-    vectors = CIPHER.encrypt(clustered(50, 17), [key(f"c{i}") for i in range(50)])
-    client.apply([FileUpdate(key("a.py"), (key(""),), key("v"), tuple(
-        ChunkRecord(key(f"c{i}"), v, b"m") for i, v in enumerate(vectors)))], [])
+    vectors = CIPHER.encrypt(clustered(60, 17), [key(f"c{i}") for i in range(60)])
+    for name, part in (("a.py", slice(0, 30)), ("b.py", slice(30, 60))):
+        client.apply([FileUpdate(key(name), (key(""),), key("v"), tuple(
+            ChunkRecord(key(f"c{i}"), vectors[i], b"m") for i in range(60)[part]))], [])
     before = client.search(vectors[3], 5)
-    server.stop()  # SIGTERM: the store closes and saves
-    assert (tmp_path / "data" / "workspaces" / "ws" / SNAPSHOT).exists()
+    snapshot = tmp_path / "data" / "workspaces" / "ws" / SNAPSHOT
+    assert read_snapshot_info(snapshot)["generation"] == 2  # the first apply's; then idle
+    server.stop()  # SIGTERM: the store closes and saves what changed since
+    assert read_snapshot_info(snapshot)["generation"] == 4
     server.start()
     assert client.search(vectors[3], 5) == before
     log_text = server.log_text()
-    assert "search index (exact, 50 rows, generation" in log_text
+    assert "search index (exact, 60 rows, generation 4) loaded" in log_text
     assert log_text.count("built from") == 1  # the first start only
     client.close()
 
