@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from indexer.embed_cache import CachedEmbedder, EmbeddingCache
-from indexer.embedder import Embedder, default_embedder
+from indexer.embedder import Embedder, default_embedder, embedder_for_model_id
 from indexer.errors import CodeveilError
 from indexer.local_chunks import LocalChunks, open_state_db
 from indexer.tokens import default_counter
@@ -101,9 +101,21 @@ class Index:
 
     def _cached_embedder(self) -> CachedEmbedder:
         if self._embedder is None:
-            model = self._embedder_given or default_embedder()
+            model = self._embedder_given or self._workspace_embedder() or default_embedder()
             self._embedder = CachedEmbedder(model, EmbeddingCache())
         return self._embedder
+
+    def _workspace_embedder(self) -> Embedder | None:
+        """The model an existing workspace was built with, so a later change of the
+        default never mixes vectors; None for a new index, or when CODEVEIL_EMBEDDER
+        names a model explicitly (then a mismatch is reported, not papered over)."""
+        if os.environ.get("CODEVEIL_EMBEDDER"):
+            return None
+        try:
+            config = load_config(find_root(self._start))
+        except CodeveilError:
+            return None
+        return embedder_for_model_id(config.model_id)
 
     def init(self, *, server: str | None = None, workspace_id: str | None = None,
              token: str | None = None) -> RepoConfig:

@@ -248,3 +248,17 @@ def test_server_killed_mid_sync_converges(tmp_path: Path, server_factory) -> Non
     clean_state = snapshot(server.data_dir, load_config(clean_repo).workspace_id)
     assert state[0] == clean_state[0] and state[1] == clean_state[1]
     assert state[2] == clean_state[2]
+
+
+def test_an_existing_workspace_keeps_its_model(tmp_path: Path, monkeypatch) -> None:
+    # Built with one model, later opened with no model named: the workspace's own model
+    # is used, so a new default never mixes vectors into it.
+    monkeypatch.delenv("CODEVEIL_EMBEDDER", raising=False)
+    repo = many_files(tmp_path / "repo", 5)
+    built = Index(repo, embedder=HashingEmbedder())
+    built.index()
+    built.close()
+    reopened = Index(repo)
+    assert reopened.index().files_changed == 0
+    assert reopened.search("function value", k=1)
+    reopened.close()
