@@ -251,11 +251,18 @@ def extract_refs(text: str) -> QueryRefs:
     names += [m.group(1) for m in _CAMEL.finditer(text)]
     names += [m.group(1) for m in _SNAKE.finditer(text)]
     names += [f.function for f in refs.frames if f.function]
-    refs.symbols = _unique(
-        [*refs.symbols, *(n for n in names if n.split(".")[-1].lower() not in _COMMON_NAMES)]
-    )
+    refs.symbols = _unique([*refs.symbols, *(n for n in names if _is_specific(n))])
     refs.modules = _unique(refs.modules)
     return refs
+
+
+def _is_specific(name: str) -> bool:
+    """Whether a name can point at code: not a builtin or keyword, not a one- or
+    two-letter variable, and not a `test_*` function (in an issue that is nearly always
+    the reporter's own test, and a repo test of the same name is a coincidence)."""
+    last = name.split(".")[-1]
+    return (last.lower() not in _COMMON_NAMES and len(last) > 2
+            and not last.lower().startswith("test"))
 
 
 def _looks_like_file(dotted: str) -> bool:
