@@ -729,6 +729,8 @@ def main() -> None:
     args.repos = [r for r in args.repos.split(",") if r]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
+    import bm25s  # noqa: F401  (it sets its logger to DEBUG on import; quiet it after)
+
     logging.getLogger("bm25s").setLevel(logging.WARNING)
     os.environ.setdefault("CODEVEIL_CACHE_DIR", str(args.data / "cache"))
     enc, plain = _embedders(args.embedder)

@@ -343,17 +343,24 @@ class RequestLog:
 
 
 def create_app(
-    store: Store | str | os.PathLike[str], *, max_body_bytes: int = LIMITS.max_body_bytes
+    store: Store | str | os.PathLike[str],
+    *,
+    max_body_bytes: int = LIMITS.max_body_bytes,
+    close_store: bool | None = None,
 ) -> FastAPI:
-    """The ASGI app over `store` (a Store, or a data dir the app opens and closes)."""
+    """The ASGI app over `store` (a Store, or a data dir the app opens). The app closes
+    the store at shutdown if it opened it, or if `close_store` says so."""
     owned = not isinstance(store, Store)
     the_store: Store = Store(store) if owned else store  # type: ignore[arg-type]
+    closes = owned if close_store is None else close_store
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
-        if owned:
-            the_store.close()
+        if closes:
+            # Closing snapshots changed search indexes (sync.store), which can take
+            # seconds for a large workspace: off the event loop.
+            await run_in_threadpool(the_store.close)
 
     app = FastAPI(
         title="codeveil",
@@ -441,7 +448,9 @@ def serve(
         )
     store = Store(data_dir)
     try:
-        app = create_app(store, max_body_bytes=max_body_bytes)
+        # The app closes the store at shutdown: uvicorn re-raises SIGTERM once it has
+        # stopped, so code after run() does not run then; `finally` covers failed starts.
+        app = create_app(store, max_body_bytes=max_body_bytes, close_store=True)
         log.info("serving %s on http://%s:%d%s", Path(data_dir), host, port, API_PREFIX)
         config = uvicorn.Config(
             app,

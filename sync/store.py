@@ -35,13 +35,14 @@ or a 64-bit prefix collision) can never remove each other from the index, and a 
 always stands for the same row: an index of any earlier state can be brought up to date
 by comparing its rids with LanceDB's ("catching up"), without a rebuild.
 
-The index and its rows are written to `search.index` now and then (at most every
-`index_save_interval` seconds after applies, after a rebuild, and on close), with the
-generation they reflect. A snapshot is only written from an index known to equal
-LanceDB's rows at that generation: one built or caught up while holding the writer lock,
-and kept in step by this process's own applies since. On open, a snapshot of the current
-generation is used as it is; an older one is caught up; none, or one that does not fit,
-means a rebuild from LanceDB. A crash between saves costs a catch-up, never correctness.
+The index and its rows are written to `search.index` now and then, with the generation
+they reflect: by an apply, at most every `index_save_interval` seconds or right after a
+rebuild, and on close; never while a search waits. A snapshot is only written from an
+index known to equal LanceDB's rows at that generation: one built or caught up while
+holding the writer lock, and kept in step by this process's own applies since. On open,
+a snapshot of the current generation is used as it is; an older one is caught up; none,
+or one that does not fit, means a rebuild from LanceDB. A crash between saves costs a
+catch-up, never correctness.
 
 Several processes may open the same data dir (the embedded store is used by the daemon
 and by the CLI at once): writers take an flock on `writer.lock`, and every change bumps a
@@ -877,13 +878,12 @@ class WorkspaceStore:
             return
         try:
             self._check_open()
-            # With the writer lock the result is clean, so it can be snapshotted; without
-            # it (a writer is busy; a search never waits for one) it may reflect half an
+            # With the writer lock the result is clean, so close() may snapshot it (a
+            # search never waits for a snapshot to be written); without it (a writer is
+            # busy, and a search never waits for one either) it may reflect half an
             # apply, which the generation check repairs on the next search.
             with self._flock(blocking=False) as held:
                 self._reload_if_needed(locked=held)
-                if held and self._save_due():
-                    self._save_index()
         finally:
             self._write_lock.release()
 
