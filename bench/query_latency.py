@@ -14,12 +14,15 @@ machine:
 - build_s: the index built from LanceDB alone (a restart that finds no snapshot);
 - save_s, snapshot_mb: writing the snapshot (on close);
 - open_s: a fresh store's first search when the snapshot is there (a restart);
-- per query, in this order: the real model embeds a realistic query (`embed`), the
-  client encrypts it (`encrypt`), and the store searches for k=100 as `retrieval` asks
-  (`local`: in-process; `http`: `python -m sync.server` on loopback, keep-alive;
-  the two alternate which goes first). `total` = embed + encrypt + http, what a user
-  of a server waits for. The search vector is a synthetic query of the corpus's
-  distribution (a real query's vector would not relate to synthetic data);
+- per query: the real model (the default backend, as `codeveil search` uses it) embeds
+  a realistic query (`embed`) and the client
+  encrypts it (`encrypt`); then, in a loop of their own (torch's threads keep spinning
+  after a call and would slow whatever runs next), the store searches for k=100 as
+  `retrieval` asks (`local`: in-process; `http`: `python -m sync.server` on loopback,
+  keep-alive; the two alternate which goes first). `total` = embed + encrypt + http
+  query by query: what a user of a server waits for. The search vector is a synthetic
+  query of the corpus's distribution (a real query's vector would not relate to
+  synthetic data);
 - recall@10 and @100 of the answers against exact search over the same vectors;
 - server RSS after the searches.
 
@@ -137,11 +140,11 @@ def synthetic(n: int, queries: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return corpus, query.astype(np.float32)
 
 
-SPECTRUM = 0.7
+SPECTRUM = 0.4
 MEAN_NORM = 0.5
-LEVELS = ((20_000, 0.55), (500, 0.5), (PER_FILE, 0.45))
-LEAF = 0.5
-QUERY_NOISE = 0.6
+LEVELS = ((20_000, 0.5), (500, 0.5), (PER_FILE, 0.6))
+LEAF = 0.6
+QUERY_NOISE = 2.5
 
 
 def chunk_ids(first: int, n: int) -> list[bytes]:
@@ -271,8 +274,7 @@ def run_size(n: int, args: argparse.Namespace, work: Path, embedder: Any) -> dic
         http.search(queries[0], 1)
     row["server_open_s"] = t.seconds
 
-    times: dict[str, list[float]] = {"embed": [], "encrypt": [], "local": [], "http": [],
-                                     "total": []}
+    times: dict[str, list[float]] = {"embed": [], "encrypt": [], "local": [], "http": []}
     found_local: list[list[bytes]] = []
     found_http: list[list[bytes]] = []
     for i in range(args.warmup):
@@ -280,23 +282,27 @@ def run_size(n: int, args: argparse.Namespace, work: Path, embedder: Any) -> dic
         client.search(queries[i], args.k)
         http.search(queries[i], args.k)
     load_before = os.getloadavg()[0]
-    for i, q in enumerate(queries):
+    # The model first, then the searches: torch's worker threads keep spinning for a
+    # while after each call, and would otherwise take a core from the search measured
+    # next. total_i = embed_i + encrypt_i + http_i.
+    for i in range(len(queries)):
         t0 = time.perf_counter()
         vector = embedder.embed([QUERIES[i % len(QUERIES)]])[0]
         t1 = time.perf_counter()
         cipher.encrypt_query(vector)
-        t2 = time.perf_counter()
-        order = ("local", "http") if i % 2 else ("http", "local")
-        for which in order:
+        times["embed"].append(t1 - t0)
+        times["encrypt"].append(time.perf_counter() - t1)
+    time.sleep(1.0)
+    for i, q in enumerate(queries):
+        for which in ("local", "http") if i % 2 else ("http", "local"):
             started = time.perf_counter()
             if which == "local":
                 found_local.append([h.chunk_id for h in client.search(q, args.k)])
             else:
                 found_http.append([h.chunk_id for h in http.search(q, args.k)])
             times[which].append(time.perf_counter() - started)
-        times["embed"].append(t1 - t0)
-        times["encrypt"].append(t2 - t1)
-        times["total"].append(t2 - t0 + times["http"][-1])
+    times["total"] = [e + c + h for e, c, h in zip(times["embed"], times["encrypt"],
+                                                   times["http"], strict=True)]
     row["load_avg"] = (load_before + os.getloadavg()[0]) / 2
     row["server_rss_mb"] = server.rss_mb()
     http.close()
@@ -311,6 +317,47 @@ def run_size(n: int, args: argparse.Namespace, work: Path, embedder: Any) -> dic
     row["http_equals_local"] = found_http == found_local
     row["disk_mb"] = sum(f.stat().st_size for f in data.rglob("*") if f.is_file()) / 1e6
     return row
+
+
+def crossover(sizes: list[int], queries: int, k: int) -> list[dict[str, Any]]:
+    """Exact against IVF search alone (no store, no HTTP) at each size, alternating
+    query by query: where exact search stops being cheap, i.e. the threshold."""
+    import faiss
+
+    from sync.vector_index import VectorIndex
+
+    cipher = VectorCipher(WorkspaceKey.generate(), DIM)
+    policy = IndexPolicy(exact_max_rows=1)  # IVF at every size
+    out = []
+    for n in sizes:
+        corpus, plain = synthetic(n, queries, seed=n + 1)
+        vectors = cipher.encrypt(corpus, chunk_ids(0, n))
+        del corpus
+        rids = np.arange(n, dtype=np.int64)
+        queries_enc = np.stack([cipher.encrypt_query(q) for q in plain])
+        exact = VectorIndex.exact(DIM, policy)
+        exact.add(vectors, rids)
+        faiss.omp_set_num_threads(os.cpu_count() or 1)
+        with Timer() as t:
+            ivf = VectorIndex.build(DIM, n, lambda r=rids, v=vectors: iter([(r, v)]), policy)
+        faiss.omp_set_num_threads(1)  # as the store searches
+        times: dict[str, list[float]] = {"exact": [], "ivf": []}
+        hits = 0
+        for i, q in enumerate(queries_enc):
+            found = {}
+            for name in ("exact", "ivf") if i % 2 else ("ivf", "exact"):
+                index = exact if name == "exact" else ivf
+                started = time.perf_counter()
+                _d, rows = index.search(q[None, :], k)
+                times[name].append(time.perf_counter() - started)
+                found[name] = set(rows[0, :10].tolist())
+            hits += len(found["exact"] & found["ivf"])
+        out.append({"rows": n, "exact_p50_ms": pct(times["exact"], 50),
+                    "exact_p99_ms": pct(times["exact"], 99), "ivf_p50_ms": pct(times["ivf"], 50),
+                    "ivf_p99_ms": pct(times["ivf"], 99), "ivf_build_s": t.seconds,
+                    "ivf_recall@10": hits / (10 * len(queries_enc)), **ivf.describe()})
+        print(f"crossover {n}: {out[-1]}", flush=True)
+    return out
 
 
 # -- report -----------------------------------------------------------------------------
@@ -355,15 +402,18 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--k", type=int, default=100)
     parser.add_argument("--keep", type=Path, help="build under DIR and keep it")
+    parser.add_argument("--crossover", default="10000,30000,60000,120000",
+                        help="sizes for exact against IVF alone ('' to skip)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    from indexer.embedder import SentenceTransformerEmbedder
+    from indexer.embedder import default_embedder
 
     work = args.keep or isolate()
     work.mkdir(parents=True, exist_ok=True)
-    embedder = SentenceTransformerEmbedder()
+    embedder = default_embedder()  # the model `codeveil search` embeds queries with
     embedder.embed(["load the model"])
     rows = []
+    cross = crossover([int(s) for s in args.crossover.split(",") if s], 200, args.k)
     try:
         for n in (int(s) for s in args.sizes.split(",")):
             rows.append(run_size(n, args, work, embedder))
@@ -383,8 +433,16 @@ def main() -> None:
          r["recall@10"], r[f"recall@{args.k}"], r["server_rss_mb"], r["build_s"], r["open_s"]]
         for r in rows
     ]))
+    if cross:
+        print(table(["rows", "exact p50/p99 ms", "ivf p50/p99 ms", "ivf nlist/nprobe",
+                     "ivf recall@10", "ivf build s"], [
+            [c["rows"], f"{c['exact_p50_ms']:.1f}/{c['exact_p99_ms']:.1f}",
+             f"{c['ivf_p50_ms']:.1f}/{c['ivf_p99_ms']:.1f}", f"{c['nlist']}/{c['nprobe']}",
+             c["ivf_recall@10"], c["ivf_build_s"]] for c in cross
+        ]))
     write_json("query_latency", {"k": args.k, "queries": args.queries,
-                                 "policy": IndexPolicy().__repr__(), "results": rows})
+                                 "policy": repr(IndexPolicy()), "crossover": cross,
+                                 "results": rows})
     plot(rows)
 
 
