@@ -73,7 +73,6 @@ from pathlib import Path
 from typing import Any
 
 import faiss
-import lancedb
 import numpy as np
 import pyarrow as pa
 
@@ -168,6 +167,15 @@ def fid_of(file_key: bytes) -> int:
 
 def _token_hash(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+def _lancedb() -> Any:
+    """The lancedb module, imported on first use: the import takes seconds (its REST
+    namespace client builds pydantic models), and a search answered from the index
+    snapshot never touches LanceDB, so `codeveil search` does not pay for it."""
+    import lancedb
+
+    return lancedb
 
 
 def _schema(dim: int) -> pa.Schema:
@@ -405,7 +413,7 @@ class WorkspaceStore:
         self._rlock = threading.Lock()
         self._write_lock = threading.Lock()
         self._lock_path = path / "writer.lock"
-        self._table = lancedb.connect(path).open_table(TABLE)  # used under _write_lock only
+        self._table_handle: Any = None  # opened on first use, under _write_lock only
         # _index and _rows change together, under _write_lock and _index_lock.write().
         self._index_lock = _RWLock()
         self._index: VectorIndex | None = None
@@ -420,6 +428,13 @@ class WorkspaceStore:
         self._applies_since_compact = 0
         self._closed = False
 
+    @property
+    def _table(self) -> Any:
+        """The LanceDB table (callers hold _write_lock)."""
+        if self._table_handle is None:
+            self._table_handle = _lancedb().connect(self.path).open_table(TABLE)
+        return self._table_handle
+
     @staticmethod
     def initialize(path: Path, dim: int) -> None:
         """Create the files of a new, empty workspace."""
@@ -429,7 +444,7 @@ class WorkspaceStore:
             _init_tree_db(conn)
         finally:
             conn.close()
-        lancedb.connect(path).create_table(TABLE, schema=_schema(dim))
+        _lancedb().connect(path).create_table(TABLE, schema=_schema(dim))
         (path / "writer.lock").touch()
 
     # -- reads --------------------------------------------------------------------------
@@ -445,9 +460,13 @@ class WorkspaceStore:
                 if self._index is not None:
                     index = self._index.describe()
         else:
-            # Counting must not build the index (`codeveil status` never searches); a
-            # fresh handle sees the latest version whoever wrote it.
-            chunks = lancedb.connect(self.path).open_table(TABLE).count_rows()
+            # Counting must not build the index (`codeveil status` never searches). The
+            # snapshot's trailer counts its rows; if it is of the current generation that
+            # is the count, and LanceDB (seconds to import) is not needed.
+            chunks = self._snapshot_rows()
+            if chunks is None:
+                # A fresh handle sees the latest version whoever wrote it.
+                chunks = _lancedb().connect(self.path).open_table(TABLE).count_rows()
         r = self._record
         extra: dict[str, Any] = {
             "created_at": r.created_at,
@@ -903,7 +922,6 @@ class WorkspaceStore:
             return
         generation = self._generation()  # before reading rows: a later change shows up
         self._set_faiss_threads()
-        self._table.checkout_latest()
         loaded = self._index is None and self._load_snapshot(generation)
         if loaded and self._loaded_generation == generation:
             # Saved clean at this generation, and no writer has begun since (its first
@@ -911,10 +929,22 @@ class WorkspaceStore:
             self._index_clean = True
             self._maybe_rebuild()
             return
+        self._table.checkout_latest()
         if self._index is None or self._index_stale or not self._catch_up(generation):
             self._build_from_table(generation)
         self._index_clean = locked
         self._maybe_rebuild()
+
+    def _snapshot_rows(self) -> int | None:
+        """Rows in the snapshot on disk if it is of the current generation, else None."""
+        try:
+            info = read_snapshot_info(self.path / SNAPSHOT)
+        except (FileNotFoundError, SnapshotError, OSError):
+            return None
+        rows = info.get("rows")
+        if not isinstance(rows, int) or info.get("generation") != self._generation():
+            return None
+        return rows
 
     def _load_snapshot(self, generation: int) -> bool:
         """Install the snapshot on disk if there is one that fits this workspace."""
@@ -1073,7 +1103,8 @@ class WorkspaceStore:
                 self.path / SNAPSHOT,
                 self._index,
                 self._rows,
-                {"generation": self._loaded_generation, "next_rid": int(next_rid)},
+                {"generation": self._loaded_generation, "next_rid": int(next_rid),
+                 "rows": len(self._rows)},
             )
         except Exception:
             log.warning(

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -365,3 +367,28 @@ def test_vector_index_batches_cover_every_row() -> None:
     assert exact.kind == "exact" and exact.ntotal == 3000
     _dist, found = exact.search(vectors[:3], 1)
     assert found[:, 0].tolist() == rids[:3].tolist()
+
+
+def test_a_reopened_store_answers_from_its_snapshot_without_lancedb(tmp_path: Path) -> None:
+    # Importing lancedb takes seconds; a CLI search of an unchanged workspace must not.
+    w = Workspace(tmp_path / "data")
+    w.put([f"f{i}" for i in range(30)], seed=1)
+    query = w.queries(1, seed=5)[0]
+    expected = [h.chunk_id.hex() for h in w.client.search(query, 5)]
+    w.store.close()
+    script = f"""
+import sys
+import numpy as np
+from sync.local_client import LocalClient
+from sync.store import Store
+from sync.vector_index import IndexPolicy
+store = Store({str(tmp_path / "data")!r}, index_policy=IndexPolicy(exact_max_rows=1000))
+client = LocalClient(store, "ws")
+info = client.info()
+query = np.array({query.tolist()!r}, dtype=np.float32)
+print(info.chunks, [h.chunk_id.hex() for h in client.search(query, 5)] == {expected!r},
+      "lancedb" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent, check=True)
+    assert out.stdout.split() == [str(30 * PER_FILE), "True", "False"], out.stderr
