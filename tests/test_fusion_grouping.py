@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -171,6 +172,18 @@ def test_long_query_is_split_and_every_part_searched(ranker: HybridRanker) -> No
     assert {r.chunks[0][0].path, r.chunks[1][0].path} == {"web/cart.js", "net/upload.py"}
     # Without splitting the query is one vector (its windows averaged).
     assert ranker.rank(long, SearchOptions(split="none")).parts == 1
+
+
+def test_prose_query_gives_bm25_a_smaller_vote(ranker: HybridRanker) -> None:
+    only_bm25 = SearchOptions(w_vector=0.0, evidence=False, w_lexical_prose=0.25)
+    prose = ranker.rank("password fails when the stored hash differs", only_bm25)
+    code = ranker.rank("verify_password fails when the stored hash differs", only_bm25)
+    # The best BM25 chunk's fused score is its one vote: weight / (k + 1).
+    assert prose.chunks[0][1] == pytest.approx(0.25 / (only_bm25.rrf_k + 1))
+    assert code.chunks[0][1] == pytest.approx(1.0 / (only_bm25.rrf_k + 1))
+    same = ranker.rank("password fails when the stored hash differs",
+                       replace(only_bm25, w_lexical_prose=None))
+    assert same.chunks[0][1] == pytest.approx(1.0 / (only_bm25.rrf_k + 1))
 
 
 def test_filters_apply_to_every_source(ranker: HybridRanker) -> None:
