@@ -2,7 +2,8 @@
 
     python bench/quality.py --data DIR [--datasets swebench,cosqa]
         [--repos requests,flask,pytest,xarray,sphinx] [--per-repo N] [--cosqa-limit N]
-        [--mirrors DIR] [--stage warm|eval|all] [--no-header-ablation] [--no-plot]
+        [--ids FILE] [--mirrors DIR] [--stage warm|eval|all] [--header-ablation LIST]
+        [--e2e N] [--latency CHUNKS] [--embedder NAME] [--no-plot]
 
 SWE-bench Verified (dev): issue text -> the files its fix edited; file-level Acc@1/3/5/10
 (share of issues with a gold file among the top k distinct files). CoSQA (dev): web query
@@ -353,12 +354,14 @@ def codeveil_variants(noheader: bool) -> list[tuple[str, str, dict, str]]:
     from retrieval.grouping import DEFAULT_AGG
 
     agg = DEFAULT_AGG["file"]
-    step = {"hybrid": False, "evidence": False, "split": "first", "w_file_lexical": 0.0}
+    step = {"hybrid": False, "evidence": False, "split": "first", "w_file_lexical": 0.0,
+            "w_lexical_prose": None}
     ladder = [
         ("chunks+header, vector, query cut", {}, "max"),
         ("+ whole query (windows averaged)", {"split": "none"}, "max"),
         ("+ query split (rrf)", {"split": "rrf"}, "max"),
         ("+ BM25 fusion", {"hybrid": True}, "max"),
+        ("+ BM25 weight 0.25 for prose queries", {"w_lexical_prose": 0.25}, "max"),
         ("+ evidence", {"evidence": True}, "max"),
         ("+ file-level BM25 fusion", {"w_file_lexical": 1.0}, "max"),
         (f"+ file agg {agg}", {}, agg),
@@ -377,12 +380,14 @@ def codeveil_variants(noheader: bool) -> list[tuple[str, str, dict, str]]:
         ("defaults, split mean", "header", {"split": "mean"}, agg),
         ("defaults, split none", "header", {"split": "none"}, agg),
         ("defaults, first part weight 2", "header", {"w_first_part": 2.0}, agg),
-        ("defaults, rrf k=20", "header", {"rrf_k": 20.0}, agg),
-        ("defaults, BM25 weight 0.5", "header", {"w_lexical": 0.5}, agg),
-        ("defaults, BM25 weight 2", "header", {"w_lexical": 2.0}, agg),
+        ("defaults, rrf k=60", "header", {"rrf_k": 60.0}, agg),
+        ("defaults, BM25 weight 0.25", "header", {"w_lexical": 0.25}, agg),
+        ("defaults, BM25 weight 1", "header", {"w_lexical": 1.0}, agg),
+        ("defaults, prose queries' BM25 weight 0.5", "header", {"w_lexical_prose": None}, agg),
+        ("defaults, prose queries' BM25 weight 0", "header", {"w_lexical_prose": 0.0}, agg),
         ("defaults, evidence weight 2", "header", {"w_evidence": 2.0}, agg),
         ("defaults, no evidence", "header", {"evidence": False}, agg),
-        ("defaults, file BM25 weight 0", "header", {"w_file_lexical": 0.0}, agg),
+        ("defaults, file BM25 weight 1", "header", {"w_file_lexical": 1.0}, agg),
         ("defaults, file BM25 weight 0.5", "header", {"w_file_lexical": 0.5}, agg),
         ("defaults, file BM25 weight 2", "header", {"w_file_lexical": 2.0}, agg),
         ("defaults, depth 200", "header", {"depth": 200}, agg),
@@ -406,8 +411,14 @@ def rank_files(prep: Prepared, q: str, variant: tuple[str, str, dict, str]) -> l
 # -- SWE-bench -------------------------------------------------------------------------
 
 
-def swebench_instances(path: Path, repos: Sequence[str], per_repo: int | None) -> list[dict]:
+def swebench_instances(path: Path, repos: Sequence[str], per_repo: int | None,
+                       ids: Path | None = None) -> list[dict]:
+    """The instances of `repos` (at most `per_repo` each), only those listed in the file
+    `ids` (one instance id per line, `#` comments) if given."""
     rows = [json.loads(line) for line in path.open()]
+    if ids is not None:
+        keep = {line.split("#")[0].strip() for line in ids.read_text().splitlines()}
+        rows = [r for r in rows if r["id"] in keep]
     wanted = [REPO_NAMES.get(r, r) for r in repos]
     out = []
     for repo in wanted:
@@ -441,11 +452,12 @@ def first_gold(files: Sequence[str], gold: set[str]) -> int | None:
 
 
 def run_swebench(args, enc, plain, memo: Memo) -> dict:
-    instances = swebench_instances(args.swebench, args.repos, args.per_repo)
+    instances = swebench_instances(args.swebench, args.repos, args.per_repo, args.ids)
     by_version: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for inst in instances:
         by_version[(inst["repo"], inst["commit"])].append(inst)
-    variants = codeveil_variants(args.noheader)
+    noheader = "swebench" in args.header_ablation
+    variants = codeveil_variants(noheader)
     systems = ["BM25 files", "BM25 files, code tokens", "MiniLM 40-line windows"] + [
         v[0] for v in variants]
     ranks: dict[str, list[int | None]] = {s: [] for s in systems}
@@ -461,7 +473,7 @@ def run_swebench(args, enc, plain, memo: Memo) -> dict:
         log.info("[%d/%d] %s@%s: %d files, %d chunks", n, len(by_version), repo, commit[:12],
                  len(corpus.files), len(corpus.chunks))
         queries = [i["query"] for i in insts]
-        prep = prepare(corpus, enc, plain, memo, noheader=args.noheader, query_texts=queries)
+        prep = prepare(corpus, enc, plain, memo, noheader=noheader, query_texts=queries)
         if args.stage == "warm":
             continue
         for inst in insts:
@@ -503,11 +515,12 @@ def run_cosqa(args, enc, plain, memo: Memo) -> dict:
     corpus = cosqa_corpus(args.cosqa / "corpus.jsonl")
     log.info("cosqa: %d queries, %d functions, %d chunks", len(rows), len(corpus.files),
              len(corpus.chunks))
-    prep = prepare(corpus, enc, plain, memo, noheader=args.noheader,
+    noheader = "cosqa" in args.header_ablation
+    prep = prepare(corpus, enc, plain, memo, noheader=noheader,
                    query_texts=[r["query"] for r in rows])
     # One window per function (functions are short): the plain baseline is the whole
     # function, truncated by the model.
-    variants = codeveil_variants(args.noheader)
+    variants = codeveil_variants(noheader)
     # Queries are one short line: the query-splitting rows would repeat the others.
     variants = [v for v in variants if ("split" not in v[0] and "query" not in v[0][2:])
                 or "query cut" in v[0]]
@@ -549,7 +562,7 @@ def run_e2e(args, n: int) -> dict:
 
     from retrieval import Index
 
-    instances = swebench_instances(args.swebench, args.repos, args.per_repo)[:n]
+    instances = swebench_instances(args.swebench, args.repos, args.per_repo, args.ids)[:n]
     ranks = []
     with tempfile.TemporaryDirectory(prefix="codeveil-e2e-") as tmp:
         os.environ["CODEVEIL_CONFIG_DIR"] = str(Path(tmp) / "config")  # throwaway keys
@@ -703,6 +716,9 @@ def main() -> None:
     parser.add_argument("--repos", default="requests,flask,pytest,xarray,sphinx")
     parser.add_argument("--per-repo", type=int, default=None,
                         help="At most this many SWE-bench instances per repo.")
+    parser.add_argument("--ids", default=str(Path(__file__).with_name("swebench_ids.txt")),
+                        help="File of SWE-bench instance ids to keep, one per line (default:"
+                        " bench/swebench_ids.txt); '' for every instance of --repos.")
     parser.add_argument("--cosqa-limit", type=int, default=None)
     parser.add_argument("--swebench", type=Path,
                         default=SHARED / "swebench" / "verified_dev.jsonl")
@@ -713,8 +729,10 @@ def main() -> None:
                         "Python files, where all gold files are; '*' for all files).")
     parser.add_argument("--stage", choices=("warm", "eval", "all"), default="all",
                         help="warm: only embed (fill the cache); eval/all: measure.")
-    parser.add_argument("--no-header-ablation", dest="noheader", action="store_false",
-                        help="Skip the row that needs chunks embedded without headers.")
+    parser.add_argument("--header-ablation", default="swebench,cosqa",
+                        help="Datasets that get the row of chunks embedded without their "
+                        "`path > symbol` header (it embeds every chunk a second time); "
+                        "'' for none.")
     parser.add_argument("--e2e", type=int, default=0,
                         help="Also run this many instances through Index.search.")
     parser.add_argument("--latency", type=int, default=0, metavar="CHUNKS",
@@ -727,12 +745,15 @@ def main() -> None:
     parser.add_argument("--out", default="quality")
     args = parser.parse_args()
     args.repos = [r for r in args.repos.split(",") if r]
+    args.ids = Path(args.ids) if args.ids else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
     import bm25s  # noqa: F401  (it sets its logger to DEBUG on import; quiet it after)
 
     logging.getLogger("bm25s").setLevel(logging.WARNING)
     os.environ.setdefault("CODEVEIL_CACHE_DIR", str(args.data / "cache"))
+    if args.embedder:  # --e2e indexes through `Index`, which reads the model from here
+        os.environ["CODEVEIL_EMBEDDER"] = args.embedder
     enc, plain = _embedders(args.embedder)
     memo = Memo()
     results: dict = {"model": enc.model_id, "args": {

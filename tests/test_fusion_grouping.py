@@ -175,7 +175,8 @@ def test_long_query_is_split_and_every_part_searched(ranker: HybridRanker) -> No
 
 
 def test_prose_query_gives_bm25_a_smaller_vote(ranker: HybridRanker) -> None:
-    only_bm25 = SearchOptions(w_vector=0.0, evidence=False, w_lexical_prose=0.25)
+    only_bm25 = SearchOptions(w_vector=0.0, evidence=False, w_lexical=1.0,
+                              w_lexical_prose=0.25)
     prose = ranker.rank("password fails when the stored hash differs", only_bm25)
     code = ranker.rank("verify_password fails when the stored hash differs", only_bm25)
     # The best BM25 chunk's fused score is its one vote: weight / (k + 1).
