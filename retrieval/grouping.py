@@ -2,7 +2,7 @@
 
 A symbol is a chunk's symbol path within its file (`Session > send`; "" for module-level
 code); a file is its path. A group is shown as its best chunk, with a score aggregated
-from all of its chunks in the fused ranking.
+from its chunks in the fused ranking (at file level, the best chunk of each symbol).
 
 Aggregations (of the fused chunk scores of a group, best first: s1 >= s2 >= ...):
 
@@ -72,17 +72,24 @@ def group(ranking: Sequence[tuple[LexDoc, float]], level: Level,
     groups: dict[tuple[str, ...], Group] = {}
     scores: dict[tuple[str, ...], list[float]] = {}
     ranks: dict[tuple[str, ...], list[int]] = {}
+    # A file's score counts each of its symbols once, by its best chunk: a long function
+    # cut into five chunks is one piece of evidence, not five (measured on CoSQA, where a
+    # file is one function: MRR 49.3 -> 51.5 with `decay`, SWE-bench unchanged).
+    counted: set[tuple[str, str]] = set()
     for rank, (doc, score) in enumerate(ranking, start=1):
         key = group_key(doc, level)
         g = groups.get(key)
         if g is None:
-            groups[key] = Group(key, doc, 0.0, [doc])
-            scores[key] = [score]
-            ranks[key] = [rank]
-        else:
-            g.members.append(doc)
-            scores[key].append(score)
-            ranks[key].append(rank)
+            groups[key] = g = Group(key, doc, 0.0, [])
+            scores[key] = []
+            ranks[key] = []
+        g.members.append(doc)
+        if level == "file":
+            if (doc.path, doc.symbol) in counted:
+                continue
+            counted.add((doc.path, doc.symbol))
+        scores[key].append(score)
+        ranks[key].append(rank)
     for key, g in groups.items():
         g.score = _aggregate(agg, scores[key], ranks[key], top_m, rank_k)
     return sorted(groups.values(), key=lambda g: -g.score)

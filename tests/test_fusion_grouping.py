@@ -68,10 +68,11 @@ def test_group_symbols() -> None:
 
 @pytest.mark.parametrize(("agg", "scores"), [
     ("max", {"a.py": 0.9, "b.py": 0.8, "c.py": 0.4}),
-    ("sum", {"a.py": 2.1, "b.py": 1.4, "c.py": 0.4}),
-    ("topm", {"a.py": 2.1, "b.py": 1.4, "c.py": 0.4}),
-    ("decay", {"a.py": 0.9 + 0.35 + 0.125, "b.py": 0.8 + 0.3, "c.py": 0.4}),
-    ("rrf", {"a.py": 1 / 61 + 1 / 63 + 1 / 65, "b.py": 1 / 62 + 1 / 64, "c.py": 1 / 66}),
+    # a.py's second chunk of `A > f` (0.7, rank 3) does not count again.
+    ("sum", {"a.py": 1.4, "b.py": 1.4, "c.py": 0.4}),
+    ("topm", {"a.py": 1.4, "b.py": 1.4, "c.py": 0.4}),
+    ("decay", {"a.py": 0.9 + 0.25, "b.py": 0.8 + 0.3, "c.py": 0.4}),
+    ("rrf", {"a.py": 1 / 61 + 1 / 65, "b.py": 1 / 62 + 1 / 64, "c.py": 1 / 66}),
 ])
 def test_group_files(agg: str, scores: dict[str, float]) -> None:
     groups = group(RANKING, "file", agg)  # type: ignore[arg-type]
@@ -79,6 +80,15 @@ def test_group_files(agg: str, scores: dict[str, float]) -> None:
     assert [g.key[0] for g in groups] == sorted(scores, key=lambda p: -scores[p])
     a = next(g for g in groups if g.key == ("a.py",))
     assert a.best.start_line == 1 and len(a.members) == 3
+
+
+def test_a_symbol_cut_into_many_chunks_counts_once_for_its_file() -> None:
+    split = [(_doc("long.py", "parse", i * 10), 0.5 - i * 0.01) for i in range(5)]
+    ranking = [split[0], (_doc("two.py", "a", 1), 0.45), (_doc("two.py", "b", 11), 0.44),
+               *split[1:]]
+    files = group(ranking, "file", "decay")
+    assert [g.key[0] for g in files] == ["two.py", "long.py"]
+    assert files[1].score == pytest.approx(0.5) and len(files[1].members) == 5
 
 
 def test_top_m_caps_a_long_file() -> None:
