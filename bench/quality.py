@@ -71,7 +71,12 @@ def _embedders(name: str | None):
     that --data can point the embedding cache before it is opened. `name` pins an
     embedder of `indexer.embedder.EMBEDDERS` (default: the one `codeveil index` uses)."""
     from indexer.embed_cache import CachedEmbedder, EmbeddingCache
-    from indexer.embedder import EMBEDDERS, Embedder, default_embedder
+    from indexer.embedder import (
+        EMBEDDERS,
+        Embedder,
+        SentenceTransformerEmbedder,
+        default_embedder,
+    )
 
     model = EMBEDDERS[name]() if name else default_embedder()
 
@@ -85,7 +90,10 @@ def _embedders(name: str | None):
             self.max_tokens = model.max_tokens
 
         def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
-            return model.embed_batch(texts)
+            if isinstance(model, SentenceTransformerEmbedder):
+                return model.embed_batch(texts)  # sentence-transformers truncates
+            # The ONNX backends refuse over-long texts: cut them at the window instead.
+            return model.embed_batch([model.windows(t)[0] for t in texts])
 
     cache = EmbeddingCache()
     return CachedEmbedder(model, cache), CachedEmbedder(Plain(), cache)
