@@ -11,13 +11,17 @@ import os
 import sqlite3
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from indexer.errors import CodeveilError
-from retrieval.api import Index
-from retrieval.hits import Hit
-from sync.syncer import Progress, SyncReport
+from sync.progress import Progress
+
+if TYPE_CHECKING:
+    from retrieval.api import Index
+    from retrieval.hits import Hit
+    from sync.syncer import SyncReport
 
 EXIT_ERROR = 1
 
@@ -41,6 +45,14 @@ class _Group(click.Group):
             if os.environ.get("CODEVEIL_DEBUG"):
                 raise
             _fail(f"unexpected {type(exc).__name__}: {exc} (CODEVEIL_DEBUG=1 shows a traceback)")
+
+
+def _index(*args: Any, **kwargs: Any) -> Index:
+    """`retrieval.api.Index`, imported on first use: the model, store and ranking stack
+    take about a second to import, which `--help` and `daemon status` need not pay."""
+    from retrieval.api import Index
+
+    return Index(*args, **kwargs)
 
 
 def _fail(message: str) -> None:
@@ -136,7 +148,7 @@ def index(path: Path, as_json: bool, quiet: bool) -> None:
     """
     if not path.exists():
         raise CodeveilError(f"no such folder: {path}")
-    idx = Index(path)
+    idx = _index(path)
     show_bar = not (quiet or as_json) and sys.stderr.isatty()
     if show_bar:
         with _RichProgress() as bar:
@@ -180,7 +192,7 @@ def search(query: str, k: int, path_glob: str | None, language: str | None, grou
     QUERY may be a question, an identifier, an error message or a whole stack trace.
     Prints path:start-end, the symbol, and the lines as they are on disk now.
     """
-    with Index(repo) as idx:
+    with _index(repo) as idx:
         hits = idx.search(query, k=k, path=path_glob, language=language, group=group)
     if as_json:
         click.echo(json.dumps([h.to_dict() for h in hits], indent=2))
@@ -219,7 +231,7 @@ def _print_hits(hits: list[Hit], query: str) -> None:
 @click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path))
 def status(as_json: bool, repo: Path) -> None:
     """Show where the index is and what it holds."""
-    with Index(repo) as idx:
+    with _index(repo) as idx:
         info = idx.status()
     if as_json:
         click.echo(json.dumps(info, indent=2))
@@ -241,7 +253,7 @@ def init(path: Path, server: str, workspace: str | None, token: str | None) -> N
         raise CodeveilError(
             f"{path} is already indexed; remove {codeveil_dir(path)} first to re-point it"
         )
-    config = Index(path).init(server=server, workspace_id=workspace, token=token)
+    config = _index(path).init(server=server, workspace_id=workspace, token=token)
     click.echo(f"workspace {config.workspace_id} on {server}")
 
 
@@ -325,8 +337,6 @@ def mcp(repo: Path) -> None:
 # `codeveil daemon start|stop|status|run`. The machinery lives in sync.daemon; this
 # section builds the sync it runs (`Index.index()`) and reports. See docs/daemon.md.
 
-from typing import TYPE_CHECKING  # noqa: E402  (this section is appended as a unit)
-
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -356,7 +366,7 @@ def _daemon_root(path: Path) -> Path:
     """The folder a daemon serves: the indexed folder around PATH, else PATH itself."""
     if not path.is_dir():
         raise CodeveilError(f"no such folder: {path}")
-    return Index(path).root
+    return _index(path).root
 
 
 class _DaemonSync:
@@ -368,7 +378,7 @@ class _DaemonSync:
         from indexer.embedder import default_embedder
 
         self.model = default_embedder()
-        self.index = Index(root, embedder=self.model)
+        self.index = _index(root, embedder=self.model)
         self.warm = False
 
     def __call__(self) -> dict:

@@ -32,6 +32,7 @@ from sync import crypto
 from sync.client import StoreClient
 from sync.keys import WorkspaceKey
 from sync.merkle import Diff, LocalTree, diff, dir_values
+from sync.progress import Progress
 from sync.records import ChunkRecord, FileUpdate
 
 log = logging.getLogger(__name__)
@@ -71,22 +72,6 @@ class SyncReport:
             if k.startswith("seconds"):
                 out[k] = round(out[k], 4)
         return out
-
-
-class Progress:
-    """Receives progress of a sync; the CLI draws it, the library never prints."""
-
-    def scanned(self, files: int) -> None:
-        """The walk found `files` candidate files."""
-
-    def planned(self, files: int, chunks_hint: int) -> None:
-        """`files` files will be chunked and sent."""
-
-    def files_done(self, n: int) -> None:
-        """`n` more files were chunked and sent."""
-
-    def chunks_done(self, embedded: int, cached: int) -> None:
-        """More chunks got vectors: `embedded` by the model, `cached` from the cache."""
 
 
 @dataclass

@@ -1,0 +1,20 @@
+"""How a sync reports progress. Its own module so that the CLI can subclass it without
+importing the indexing machinery (and numpy, tree-sitter, the store) just to start."""
+
+from __future__ import annotations
+
+
+class Progress:
+    """Receives progress of a sync; the CLI draws it, the library never prints."""
+
+    def scanned(self, files: int) -> None:
+        """The walk found `files` candidate files."""
+
+    def planned(self, files: int, chunks_hint: int) -> None:
+        """`files` files will be chunked and sent."""
+
+    def files_done(self, n: int) -> None:
+        """`n` more files were chunked and sent."""
+
+    def chunks_done(self, embedded: int, cached: int) -> None:
+        """More chunks got vectors: `embedded` by the model, `cached` from the cache."""
