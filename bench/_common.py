@@ -77,11 +77,15 @@ class Server:
         self.data_dir = data_dir
         self.log = open(data_dir.parent / "server.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "retrieval.cli", "serve", "--data", str(data_dir),
-             "--port", str(self.port)],
-            stdout=self.log, stderr=subprocess.STDOUT,
+            [sys.executable, *self.arguments()], stdout=self.log, stderr=subprocess.STDOUT,
+            cwd=Path(__file__).resolve().parent.parent,
         )
         self._wait()
+
+    def arguments(self) -> list[str]:
+        """What follows `python` on the server's command line."""
+        return ["-m", "retrieval.cli", "serve", "--data", str(self.data_dir),
+                "--port", str(self.port)]
 
     def _wait(self, timeout: float = 120.0) -> None:
         import httpx

@@ -754,6 +754,7 @@ def main() -> None:
     args = parser.parse_args()
     args.repos = [r for r in args.repos.split(",") if r]
     args.ids = Path(args.ids) if args.ids else None
+    args.header_ablation = {d for d in args.header_ablation.split(",") if d}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
     import bm25s  # noqa: F401  (it sets its logger to DEBUG on import; quiet it after)

@@ -37,7 +37,6 @@ import gc
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -181,22 +180,9 @@ def fill(client: LocalClient, cipher: VectorCipher, corpus: np.ndarray) -> np.nd
 class SyncServer(Server):
     """`python -m sync.server` rather than the CLI, so RSS counts the server alone."""
 
-    def __init__(self, data_dir: Path) -> None:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.data_dir = data_dir
-        self.log = open(data_dir.parent / "server.log", "wb")  # noqa: SIM115
-        root = Path(__file__).resolve().parent.parent
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sync.server", "--data", str(data_dir),
-             "--port", str(self.port), "--log-level", "warning"],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=root,
-        )
-        self._wait()
+    def arguments(self) -> list[str]:
+        return ["-m", "sync.server", "--data", str(self.data_dir), "--port", str(self.port),
+                "--log-level", "warning"]
 
 
 def pct(values: list[float], q: float) -> float:
