@@ -15,9 +15,10 @@ Systems, all over the same files (the ones `indexer.walk` keeps):
 - BM25 files: `bm25s` over whole files, its own tokenizer, English stop words.
 - MiniLM windows: all-MiniLM-L6-v2 over 40-line windows, the model's own truncation for
   windows and query, a file ranked by its best window.
-- codeveil, built up one piece at a time (the ablation): syntax chunks; the
-  `path > symbol` header; a long query split into parts; BM25 over the chunks fused by
-  RRF; evidence from what the query names; then the fusion and file aggregation choices.
+- codeveil, built up one piece at a time (the ablation): syntax chunks embedded with
+  their `path > symbol` header (`--header-ablation`: also without it, the lines alone);
+  a long query split into parts; BM25 over the chunks fused by RRF; evidence from what
+  the query names; then the fusion and file aggregation choices.
   These run the production ranking code (`retrieval.fusion.HybridRanker`,
   `retrieval.grouping`) over plain vectors in memory; `--e2e N` also runs N instances
   through `Index.search` (encrypted store, DCPE vectors) to show the same numbers hold.
@@ -274,12 +275,11 @@ class Prepared:
     bm25_files: Callable[[str], list[str]]
     code_bm25_files: Callable[[str], list[str]]
     windows: Callable[[str], list[str]]
-    ranker_header: object  # HybridRanker over header vectors
-    ranker_noheader: object | None
+    rankers: dict[str, object]  # chunk rendering -> HybridRanker over its vectors
     lexical: object
 
 
-def prepare(corpus: Corpus, enc, plain, memo: Memo, *, noheader: bool,
+def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
             query_texts: Sequence[str]) -> Prepared:
     import bm25s
 
@@ -337,28 +337,40 @@ def prepare(corpus: Corpus, enc, plain, memo: Memo, *, noheader: bool,
     def embed_parts(parts: Sequence[str]) -> np.ndarray:
         return embed_all(enc, parts, "query parts")
 
-    hvec = embed_all(enc, [c.embed_text for c in chunks], "chunks with header")
-    ranker_h = HybridRanker(lex, embed_parts, VectorIndex(docs, hvec).nearest,
-                            counter.count, enc.embedder.max_tokens,
-                            count_many=counter.count_batch)
-    ranker_n = None
-    if noheader:
-        nvec = embed_all(enc, [c.text for c in chunks], "chunks without header")
-        ranker_n = HybridRanker(lex, embed_parts, VectorIndex(docs, nvec).nearest,
-                                counter.count, enc.embedder.max_tokens,
-                                count_many=counter.count_batch)
-    return Prepared(corpus, bm25_files, code_bm25_files, windows, ranker_h, ranker_n, lex)
+    rankers = {}
+    for fmt in formats:
+        vectors = embed_all(enc, [RENDERINGS[fmt](c) for c in chunks], f"chunks ({fmt})")
+        rankers[fmt] = HybridRanker(lex, embed_parts, VectorIndex(docs, vectors).nearest,
+                                    counter.count, enc.embedder.max_tokens,
+                                    count_many=counter.count_batch)
+    return Prepared(corpus, bm25_files, code_bm25_files, windows, rankers, lex)
 
 
 SHIPPED = "codeveil (shipped defaults)"
 
 
-def codeveil_variants(noheader: bool) -> list[tuple[str, str, dict, str]]:
-    """(name, vectors, SearchOptions fields, file aggregation) of the codeveil rows.
+# What the model reads of a chunk: what `codeveil index` embeds (`Chunk.embed_text`,
+# the `path > symbol` header line, then the lines), and the lines alone (the ablation).
+RENDERINGS: dict[str, Callable] = {
+    "header": lambda c: c.embed_text,
+    "lines": lambda c: c.text,
+}
+SHIPPED_RENDERING = "header"
+
+
+def formats_for(ablation: bool) -> list[str]:
+    """The chunk renderings to embed: the shipped one, and with `ablation` the other."""
+    return [SHIPPED_RENDERING] + ([f for f in RENDERINGS if f != SHIPPED_RENDERING]
+                                  if ablation else [])
+
+
+def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
+    """(name, chunk rendering, SearchOptions fields, file aggregation) of the codeveil rows.
 
     First the ablation ladder, each row adding one piece (options spelled out, so the
     ladder does not move when defaults change); then the shipped defaults; then the
-    defaults with one choice changed."""
+    defaults with one choice changed. With `ablation`, also the rows of the other chunk
+    rendering (`RENDERINGS`)."""
     from retrieval.grouping import DEFAULT_AGG
 
     agg = DEFAULT_AGG["file"]
@@ -374,35 +386,39 @@ def codeveil_variants(noheader: bool) -> list[tuple[str, str, dict, str]]:
         ("+ file-level BM25 fusion", {"w_file_lexical": 1.0}, "max"),
         (f"+ file agg {agg}", {}, agg),
     ]
+    other = [f for f in formats_for(ablation) if f != SHIPPED_RENDERING]
+    fmt = SHIPPED_RENDERING
     rows: list[tuple[str, str, dict, str]] = []
-    if noheader:
-        rows.append(("chunks, vector, no header, query cut", "noheader", dict(step), "max"))
-    for name, change, a in ladder:
+    for n, (name, change, a) in enumerate(ladder):
         step = {**step, **change}
-        rows.append((name, "header", dict(step), a))
-    rows.append((SHIPPED, "header", {}, agg))
-    rows += [(f"defaults, file agg {a}", "header", {}, a)
+        rows.append((name, fmt, dict(step), a))
+        if n == 0:
+            rows += [("chunks, no header, vector, query cut", o, dict(step), a) for o in other]
+    rows.append((SHIPPED, fmt, {}, agg))
+    rows += [("defaults, no header", o, {}, agg) for o in other]
+    rows += [(f"defaults, file agg {a}", fmt, {}, a)
              for a in ("max", "sum", "topm", "decay", "rrf") if a != agg]
     rows += [
-        ("defaults, split max", "header", {"split": "max"}, agg),
-        ("defaults, split mean", "header", {"split": "mean"}, agg),
-        ("defaults, split none", "header", {"split": "none"}, agg),
-        ("defaults, first part weight 2", "header", {"w_first_part": 2.0}, agg),
-        ("defaults, rrf k=60", "header", {"rrf_k": 60.0}, agg),
-        ("defaults, BM25 weight 0.25", "header", {"w_lexical": 0.25}, agg),
-        ("defaults, BM25 weight 1", "header", {"w_lexical": 1.0}, agg),
-        ("defaults, prose queries' BM25 weight 0.5", "header", {"w_lexical_prose": None}, agg),
-        ("defaults, prose queries' BM25 weight 0", "header", {"w_lexical_prose": 0.0}, agg),
-        ("defaults, evidence weight 2", "header", {"w_evidence": 2.0}, agg),
-        ("defaults, no evidence", "header", {"evidence": False}, agg),
-        ("defaults, file BM25 weight 1", "header", {"w_file_lexical": 1.0}, agg),
-        ("defaults, file BM25 weight 0.5", "header", {"w_file_lexical": 0.5}, agg),
-        ("defaults, file BM25 weight 2", "header", {"w_file_lexical": 2.0}, agg),
-        ("defaults, depth 200", "header", {"depth": 200}, agg),
-        ("defaults, BM25 all repeats", "header", {"dedupe_terms": False}, agg),
-        ("defaults, BM25 rarest 32 terms", "header", {"max_query_terms": 32}, agg),
-        ("BM25 chunks only", "header", {"w_vector": 0.0, "evidence": False,
-                                        "w_file_lexical": 0.0}, agg),
+        ("defaults, split max", fmt, {"split": "max"}, agg),
+        ("defaults, split mean", fmt, {"split": "mean"}, agg),
+        ("defaults, split none", fmt, {"split": "none"}, agg),
+        ("defaults, first part weight 2", fmt, {"w_first_part": 2.0}, agg),
+        ("defaults, rrf k=60", fmt, {"rrf_k": 60.0}, agg),
+        ("defaults, BM25 weight 0.25", fmt, {"w_lexical": 0.25}, agg),
+        ("defaults, BM25 weight 1", fmt, {"w_lexical": 1.0}, agg),
+        ("defaults, prose queries' BM25 weight 0.5", fmt, {"w_lexical_prose": None}, agg),
+        ("defaults, prose queries' BM25 weight 0.1", fmt, {"w_lexical_prose": 0.1}, agg),
+        ("defaults, prose queries' BM25 weight 0", fmt, {"w_lexical_prose": 0.0}, agg),
+        ("defaults, evidence weight 2", fmt, {"w_evidence": 2.0}, agg),
+        ("defaults, no evidence", fmt, {"evidence": False}, agg),
+        ("defaults, file BM25 weight 1", fmt, {"w_file_lexical": 1.0}, agg),
+        ("defaults, file BM25 weight 0.5", fmt, {"w_file_lexical": 0.5}, agg),
+        ("defaults, file BM25 weight 2", fmt, {"w_file_lexical": 2.0}, agg),
+        ("defaults, depth 200", fmt, {"depth": 200}, agg),
+        ("defaults, BM25 all repeats", fmt, {"dedupe_terms": False}, agg),
+        ("defaults, BM25 rarest 32 terms", fmt, {"max_query_terms": 32}, agg),
+        ("BM25 chunks only", fmt, {"w_vector": 0.0, "evidence": False,
+                                   "w_file_lexical": 0.0}, agg),
     ]
     return rows
 
@@ -410,9 +426,8 @@ def codeveil_variants(noheader: bool) -> list[tuple[str, str, dict, str]]:
 def rank_files(prep: Prepared, q: str, variant: tuple[str, str, dict, str]) -> list[str]:
     from retrieval.fusion import SearchOptions, group_ranking
 
-    _name, vectors, opts, agg = variant
-    ranker = prep.ranker_header if vectors == "header" else prep.ranker_noheader
-    ranking = ranker.rank(q, replace(SearchOptions(), **opts))
+    _name, fmt, opts, agg = variant
+    ranking = prep.rankers[fmt].rank(q, replace(SearchOptions(), **opts))
     return [g.key[0] for g in group_ranking(ranking, "file", agg)][:DEPTH_FILES]
 
 
@@ -464,8 +479,8 @@ def run_swebench(args, enc, plain, memo: Memo) -> dict:
     by_version: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for inst in instances:
         by_version[(inst["repo"], inst["commit"])].append(inst)
-    noheader = "swebench" in args.header_ablation
-    variants = codeveil_variants(noheader)
+    ablation = "swebench" in args.header_ablation
+    variants = codeveil_variants(ablation)
     systems = ["BM25 files", "BM25 files, code tokens", "MiniLM 40-line windows"] + [
         v[0] for v in variants]
     ranks: dict[str, list[int | None]] = {s: [] for s in systems}
@@ -481,7 +496,8 @@ def run_swebench(args, enc, plain, memo: Memo) -> dict:
         log.info("[%d/%d] %s@%s: %d files, %d chunks", n, len(by_version), repo, commit[:12],
                  len(corpus.files), len(corpus.chunks))
         queries = [i["query"] for i in insts]
-        prep = prepare(corpus, enc, plain, memo, noheader=noheader, query_texts=queries)
+        prep = prepare(corpus, enc, plain, memo, formats=formats_for(ablation),
+                       query_texts=queries)
         if args.stage == "warm":
             continue
         for inst in insts:
@@ -523,12 +539,12 @@ def run_cosqa(args, enc, plain, memo: Memo) -> dict:
     corpus = cosqa_corpus(args.cosqa / "corpus.jsonl")
     log.info("cosqa: %d queries, %d functions, %d chunks", len(rows), len(corpus.files),
              len(corpus.chunks))
-    noheader = "cosqa" in args.header_ablation
-    prep = prepare(corpus, enc, plain, memo, noheader=noheader,
+    ablation = "cosqa" in args.header_ablation
+    prep = prepare(corpus, enc, plain, memo, formats=formats_for(ablation),
                    query_texts=[r["query"] for r in rows])
     # One window per function (functions are short): the plain baseline is the whole
     # function, truncated by the model.
-    variants = codeveil_variants(noheader)
+    variants = codeveil_variants(ablation)
     # Queries are one short line: the query-splitting rows would repeat the others.
     variants = [v for v in variants if ("split" not in v[0] and "query" not in v[0][2:])
                 or "query cut" in v[0]]
@@ -685,6 +701,21 @@ def run_latency(n_chunks: int, swebench: Path) -> dict:
 # -- output --------------------------------------------------------------------------------
 
 
+BASELINES = ("BM25 files", "MiniLM 40-line windows")
+
+
+def _bar_color(name: str) -> str:
+    """Orange for what ships, dark grey for the baselines it must beat, blue for the
+    ablation ladder, light grey for the variants of the defaults."""
+    if name == SHIPPED:
+        return "#e8710a"
+    if name in BASELINES:
+        return "#444444"
+    if name.startswith(("+", "chunks", "BM25 chunks")):
+        return "#3b7dd8"
+    return "#aaaaaa"
+
+
 def plot(results: dict, path: Path) -> None:
     import matplotlib
 
@@ -703,9 +734,7 @@ def plot(results: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 7), squeeze=False)
     for ax, (title, values) in zip(axes[0], panels, strict=True):
         names = list(values)
-        colors = ["#999999" if not (n.startswith("+") or n.startswith("chunks") or
-                                    n.startswith("full") or n.startswith("BM25 chunks"))
-                  else "#3b7dd8" for n in names]
+        colors = [_bar_color(n) for n in names]
         ax.barh(names[::-1], [values[n] for n in names][::-1], color=colors[::-1])
         ax.set_title(title)
         ax.set_xlim(0, 1)
@@ -738,9 +767,9 @@ def main() -> None:
     parser.add_argument("--stage", choices=("warm", "eval", "all"), default="all",
                         help="warm: only embed (fill the cache); eval/all: measure.")
     parser.add_argument("--header-ablation", default="swebench,cosqa",
-                        help="Datasets that get the row of chunks embedded without their "
-                        "`path > symbol` header (it embeds every chunk a second time); "
-                        "'' for none.")
+                        help="Datasets that also get the rows of chunks embedded without "
+                        "their `path > symbol` header (it embeds every chunk a second "
+                        "time); '' for none.")
     parser.add_argument("--e2e", type=int, default=0,
                         help="Also run this many instances through Index.search.")
     parser.add_argument("--latency", type=int, default=0, metavar="CHUNKS",
@@ -766,7 +795,8 @@ def main() -> None:
     enc, plain = _embedders(args.embedder)
     memo = Memo()
     results: dict = {"model": enc.model_id, "args": {
-        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+        k: str(v) if isinstance(v, Path) else sorted(v) if isinstance(v, set) else v
+        for k, v in vars(args).items()}}
     datasets = args.datasets.split(",")
     if "cosqa" in datasets:
         results["cosqa"] = run_cosqa(args, enc, plain, memo)
