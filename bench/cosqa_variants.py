@@ -81,14 +81,9 @@ class Ranks:
         self.systems: dict[str, list[int | None]] = {}
 
     def first(self, order: Sequence[int], gold: str) -> int | None:
-        seen: set[str] = set()
-        for i in order:
-            p = self.paths[i]
-            if p not in seen:
-                seen.add(p)
-                if p == gold:
-                    return len(seen)
-        return None
+        """Rank of `gold` among the distinct functions of the chunks in `order`."""
+        files = Q.files_from_windows(((self.paths[i], 0.0) for i in order), len(order))
+        return Q.first_gold(files, {gold})
 
     def add_scores(self, name: str, scores: np.ndarray) -> None:
         """`scores`: [queries, chunks]."""
@@ -100,11 +95,7 @@ class Ranks:
         self.systems[name] = [self.first(o, g) for o, g in zip(orders, self.golds, strict=True)]
 
     def summary(self) -> dict[str, dict[str, float]]:
-        out = {}
-        for name, r in self.systems.items():
-            out[name] = {"mrr": sum(1 / x for x in r if x) / len(r),
-                         "recall@1": Q.acc(r, 1), "recall@10": Q.acc(r, 10)}
-        return out
+        return Q.mrr_summary(self.systems)
 
 
 def unit(m: np.ndarray) -> np.ndarray:

@@ -358,10 +358,9 @@ RENDERINGS: dict[str, Callable] = {
 SHIPPED_RENDERING = "header"
 
 
-def formats_for(ablation: bool) -> list[str]:
-    """The chunk renderings to embed: the shipped one, and with `ablation` the other."""
-    return [SHIPPED_RENDERING] + ([f for f in RENDERINGS if f != SHIPPED_RENDERING]
-                                  if ablation else [])
+def renderings(ablation: bool) -> list[str]:
+    """The chunk renderings to embed: the shipped one first, and with `ablation` the rest."""
+    return [SHIPPED_RENDERING, *(f for f in RENDERINGS if ablation and f != SHIPPED_RENDERING)]
 
 
 def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
@@ -386,8 +385,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         ("+ file-level BM25 fusion", {"w_file_lexical": 1.0}, "max"),
         (f"+ file agg {agg}", {}, agg),
     ]
-    other = [f for f in formats_for(ablation) if f != SHIPPED_RENDERING]
-    fmt = SHIPPED_RENDERING
+    fmt, *other = renderings(ablation)
     rows: list[tuple[str, str, dict, str]] = []
     for n, (name, change, a) in enumerate(ladder):
         step = {**step, **change}
@@ -496,7 +494,7 @@ def run_swebench(args, enc, plain, memo: Memo) -> dict:
         log.info("[%d/%d] %s@%s: %d files, %d chunks", n, len(by_version), repo, commit[:12],
                  len(corpus.files), len(corpus.chunks))
         queries = [i["query"] for i in insts]
-        prep = prepare(corpus, enc, plain, memo, formats=formats_for(ablation),
+        prep = prepare(corpus, enc, plain, memo, formats=renderings(ablation),
                        query_texts=queries)
         if args.stage == "warm":
             continue
@@ -540,7 +538,7 @@ def run_cosqa(args, enc, plain, memo: Memo) -> dict:
     log.info("cosqa: %d queries, %d functions, %d chunks", len(rows), len(corpus.files),
              len(corpus.chunks))
     ablation = "cosqa" in args.header_ablation
-    prep = prepare(corpus, enc, plain, memo, formats=formats_for(ablation),
+    prep = prepare(corpus, enc, plain, memo, formats=renderings(ablation),
                    query_texts=[r["query"] for r in rows])
     # One window per function (functions are short): the plain baseline is the whole
     # function, truncated by the model.
@@ -565,12 +563,16 @@ def run_cosqa(args, enc, plain, memo: Memo) -> dict:
             results[v[0]] = rank_files(prep, q, v)
         for s, files in results.items():
             ranks[s].append(first_gold(files[:100], gold))
-    summary = {
+    return {"queries": len(rows), "systems": mrr_summary(ranks)}
+
+
+def mrr_summary(ranks: dict[str, list[int | None]]) -> dict[str, dict[str, float]]:
+    """MRR, Recall@1 and Recall@10 per system, from the gold's rank per query."""
+    return {
         s: {"mrr": sum(1 / x for x in r if x) / len(r), "recall@1": acc(r, 1),
             "recall@10": acc(r, 10)}
         for s, r in ranks.items()
     }
-    return {"queries": len(rows), "systems": summary}
 
 
 # -- end to end ----------------------------------------------------------------------------
