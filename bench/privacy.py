@@ -1,0 +1,546 @@
+"""What a server that knows some of the code can learn from what it stores.
+
+Builds a store from a real public tree plus a planted private module, then plays the
+server: it holds the store's data dir, knows the embedding model and the chunker, and
+knows the public part of the code (it chunks and embeds it itself). From the data dir
+alone it runs:
+
+    canaries        unique strings planted in the private module's code, names and path,
+                    searched for in every byte of the data dir
+    nearest         each stored vector labelled by its nearest public plain vector
+    procrustes@k    k known (plain, stored) pairs; an orthogonal map with a scale fitted
+                    to them, every other row mapped back and labelled by nearest neighbour
+    ridge@k         the same with a ridge-regressed linear map
+    seedless        no known pair: rows matched by their sorted distances to their
+                    neighbours (scale-free), then Procrustes iterated on mutual matches
+    id order        rows labelled by the rank of their row id against the sorted public
+                    chunk list (a tree listing is enough for this)
+    equal leaves    files with identical content that get identical leaf values
+    query linking   a query sent twice, linked by distance and by its results; and the
+                    query text picked out of a guess list with the best recovered map
+
+Each attack is reported as a success rate beside its chance rate, for a plain-vector
+control (what a server storing plain embeddings would give away) and for the encrypted
+vectors at several betas (the stored beta is read back; other betas re-encrypt the same
+rows with the same chunk ids). Beside each beta: the recall the client keeps (encrypted
+top-100 re-ranked with the plain vectors, against the plain top-10). A mode whose rows
+hold no comparable vector is reported at chance for every vector attack.
+
+    python bench/privacy.py                      # the installed `requests` package
+    python bench/privacy.py --tree PATH --betas 0.5,1,2,4,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import sqlite3
+import sys
+import textwrap
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import Timer, isolate, table, write_json
+
+KNOWN_PAIRS = (10, 50, 100, 384)
+BETAS = (0.5, 1.0, 2.0, 4.0, 8.0)
+RERANK_CANDIDATES = 100
+PROFILE_NEIGHBOURS = 48
+SEEDLESS_ROUNDS = 12
+
+# Plain-language searches a user of an HTTP library would run; also the attacker's
+# guess list for recovering a query's text.
+QUERIES = [
+    "how are cookies persisted between requests",
+    "retry a request when the connection fails",
+    "set a timeout for the connection",
+    "follow redirects and rebuild the authorization header",
+    "encode form data for a POST body",
+    "parse the content type header charset",
+    "stream the response body in chunks",
+    "verify TLS certificates with a custom CA bundle",
+    "basic authentication with username and password",
+    "digest authentication challenge",
+    "read proxy settings from the environment",
+    "raise an error for a 4xx or 5xx status code",
+    "decode a JSON response",
+    "build the full URL with query parameters",
+    "merge session settings with request settings",
+    "case insensitive dictionary for headers",
+    "close the connection pool adapter",
+    "guess the filename of an uploaded file object",
+    "multipart file upload encoding",
+    "detect the encoding of a response from its content",
+    "prepare a request before sending it",
+    "hooks called after a response arrives",
+    "netrc file credentials lookup",
+    "strip the authorization header on redirect to another host",
+    "iterate over the lines of a streamed response",
+    "convert a dictionary into a cookie jar",
+    "mount a transport adapter for a URL prefix",
+    "check whether a URL should bypass the proxy",
+    "raise when too many redirects happen",
+    "default user agent string",
+]
+
+PRIVATE_MODULE = '''
+"""Internal billing reconciliation: not public code."""
+
+import hashlib
+
+{canary_const} = "{canary_value}"
+
+
+class {canary_class}:
+    """Reconciles invoices against the ledger of {canary_comment}."""
+
+    def __init__(self, ledger, threshold=0.01):
+        self.ledger = ledger
+        self.threshold = threshold
+
+    def {canary_func}(self, invoice):
+        """Match an invoice to ledger entries and flag a mismatch above the threshold."""
+        entries = [e for e in self.ledger if e.customer == invoice.customer]
+        total = sum(e.amount for e in entries)
+        if abs(total - invoice.amount) > self.threshold:
+            return ("mismatch", invoice.number, total - invoice.amount)
+        return ("ok", invoice.number, 0.0)
+
+    def fingerprint(self, invoice):
+        digest = hashlib.sha256(f"{{invoice.customer}}:{{invoice.number}}".encode())
+        return digest.hexdigest()[:16]
+
+
+def settle_quarter(accounts, rate):
+    """Apply the quarterly interest rate to every overdue account."""
+    for account in accounts:
+        if account.overdue_days > 90:
+            account.balance *= 1 + rate
+    return accounts
+'''
+
+
+# -- the set-up (the client's side) ----------------------------------------------------
+
+
+@dataclass
+class Setup:
+    repo: Path
+    store_dir: Path
+    workspace_id: str
+    key: object  # sync.keys.WorkspaceKey
+    canaries: list[str]
+    public_prefix: str
+    duplicate: tuple[str, str]  # (public file, its private copy)
+
+
+def default_tree() -> Path:
+    import requests
+
+    return Path(requests.__file__).resolve().parent
+
+
+def build_repo(tree: Path, work: Path) -> Setup:
+    """Index `tree` (as `<name>/`) plus a private module with canaries and a private copy
+    of one public file, in the embedded store."""
+    from retrieval import Index
+    from sync.keys import load_key
+    from sync.workspace import load_config, store_path
+
+    repo = work / "repo"
+    prefix = tree.name
+    shutil.copytree(tree, repo / prefix,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
+    tag = secrets.token_hex(6)
+    canaries = [f"cvcanary{tag}{part}" for part in ("const", "value", "class", "func",
+                                                    "comment", "path")]
+    private = repo / "internal" / f"{canaries[5]}_billing.py"
+    private.parent.mkdir(parents=True)
+    private.write_text(textwrap.dedent(PRIVATE_MODULE).lstrip().format(
+        canary_const=canaries[0].upper(), canary_value=canaries[1],
+        canary_class=canaries[2].capitalize(), canary_func=canaries[3],
+        canary_comment=canaries[4]))
+    canaries[0], canaries[2] = canaries[0].upper(), canaries[2].capitalize()
+    sources = sorted(p for p in (repo / prefix).rglob("*.py") if p.stat().st_size > 200)
+    original = sources[len(sources) // 2]
+    copy = repo / "internal" / f"vendored_{original.name}"
+    shutil.copyfile(original, copy)
+
+    Index(repo).index()
+    config = load_config(repo)
+    return Setup(repo=repo, store_dir=store_path(repo), workspace_id=config.workspace_id,
+                 key=load_key(config.workspace_id), canaries=canaries, public_prefix=prefix,
+                 duplicate=(original.relative_to(repo).as_posix(),
+                            copy.relative_to(repo).as_posix()))
+
+
+# -- what the server holds -------------------------------------------------------------
+
+
+@dataclass
+class ServerView:
+    rids: np.ndarray
+    chunk_ids: list[bytes]
+    vectors: np.ndarray | None  # None where rows hold nothing comparable
+    metas: list[bytes]
+    leaves: dict[bytes, bytes]  # node key -> value, files only
+
+
+def read_server(store_dir: Path) -> ServerView:
+    import lancedb
+
+    (ws_dir,) = [p for p in (store_dir / "workspaces").iterdir() if p.is_dir()]
+    rows = lancedb.connect(ws_dir).open_table("chunks").to_arrow()
+    names = set(rows.column_names)
+    vectors = (np.asarray(rows.column("vector").to_pylist(), dtype=np.float32)
+               if "vector" in names else None)
+    with sqlite3.connect(ws_dir / "tree.sqlite") as conn:
+        leaves = {bytes(k): bytes(v) for k, v in conn.execute(
+            "SELECT key, value FROM nodes WHERE is_dir = 0 AND value IS NOT NULL")}
+    return ServerView(
+        rids=np.asarray(rows.column("rid").to_pylist(), dtype=np.int64),
+        chunk_ids=[bytes(c) for c in rows.column("chunk_id").to_pylist()],
+        vectors=vectors, metas=[bytes(m) for m in rows.column("meta").to_pylist()],
+        leaves=leaves)
+
+
+# -- ground truth and the attacker's knowledge -----------------------------------------
+
+
+@dataclass
+class Truth:
+    """Row i of the server view is public chunk labels[i] (or -1: private), with its
+    plain vector plain[i]; `known` are the attacker's own embeddings of the public code."""
+
+    labels: np.ndarray
+    plain: np.ndarray
+    known: np.ndarray
+    known_files: list[str]
+    row_files: list[str]
+    public_order: list[int] = field(default_factory=list)
+
+
+def ground_truth(setup: Setup, view: ServerView) -> Truth:
+    from indexer.chunker import chunk_file
+    from indexer.embed_cache import CachedEmbedder, EmbeddingCache
+    from indexer.embedder import default_embedder
+    from sync.crypto import open_meta
+
+    embedder = CachedEmbedder(default_embedder(), EmbeddingCache())
+    chunks = []
+    for path in sorted(setup.repo.rglob("*.py")):
+        rel = path.relative_to(setup.repo).as_posix()
+        if rel.startswith(".codeveil"):
+            continue
+        chunks.extend(chunk_file(rel, path.read_text()))
+    vectors = embedder.embed([c.embed_text for c in chunks]).vectors
+    by_hash = {(c.path, c.chunk_hash): i for i, c in enumerate(chunks)}
+    public = [i for i, c in enumerate(chunks) if c.path.startswith(setup.public_prefix + "/")]
+    public_index = {i: n for n, i in enumerate(public)}
+
+    labels, plain, row_files = [], [], []
+    for cid, blob in zip(view.chunk_ids, view.metas, strict=True):
+        meta = open_meta(setup.key, setup.workspace_id, cid, blob)
+        i = by_hash[(meta.path, meta.chunk_hash)]
+        labels.append(public_index.get(i, -1))
+        plain.append(vectors[i])
+        row_files.append(meta.path)
+    return Truth(labels=np.asarray(labels), plain=np.asarray(plain, dtype=np.float32),
+                 known=np.asarray(vectors[public], dtype=np.float32),
+                 known_files=[chunks[i].path for i in public], row_files=row_files,
+                 public_order=sorted(range(len(public)),
+                                     key=lambda n: (chunks[public[n]].path,
+                                                    chunks[public[n]].start_line)))
+
+
+# -- the attacks -----------------------------------------------------------------------
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def _nearest(estimates: np.ndarray, known: np.ndarray) -> np.ndarray:
+    return np.argmax(_unit(estimates) @ _unit(known).T, axis=1)
+
+
+def _accuracy(pred: np.ndarray, labels: np.ndarray, rows: np.ndarray) -> float:
+    return float(np.mean(pred[rows] == labels[rows])) if len(rows) else 0.0
+
+
+def attack_nearest(stored: np.ndarray, t: Truth) -> float:
+    public = np.flatnonzero(t.labels >= 0)
+    return _accuracy(_nearest(stored, t.known), t.labels, public)
+
+
+def _procrustes(plain: np.ndarray, stored: np.ndarray) -> tuple[np.ndarray, float]:
+    """Q orthogonal and s > 0 minimising |s plain Q - stored|."""
+    u, sigma, vt = np.linalg.svd(plain.T @ stored)
+    q = u @ vt
+    return q, float(sigma.sum() / max((plain**2).sum(), 1e-12))
+
+
+def attack_known_pairs(stored: np.ndarray, t: Truth, k: int, method: str,
+                       rng: np.random.Generator) -> tuple[float | None, float | None]:
+    """(labelling accuracy on the other public rows, mean cosine of the recovered private
+    vectors to the truth) with k known pairs; None when k leaves no other public row."""
+    public = np.flatnonzero(t.labels >= 0)
+    if k >= len(public):
+        return None, None
+    seeds = rng.choice(public, size=min(k, len(public)), replace=False)
+    others = np.setdiff1d(public, seeds)
+    plain, enc = t.known[t.labels[seeds]], stored[seeds]
+    if method == "procrustes":
+        q, s = _procrustes(plain, enc)
+        estimates = stored @ q.T / s
+    else:
+        scale = float(np.median(np.linalg.norm(stored, axis=1)))
+        x = enc / scale
+        alpha = 1e-2 * max(float(np.trace(x.T @ x)) / x.shape[1], 1e-12)
+        w = np.linalg.solve(x.T @ x + alpha * np.eye(x.shape[1]), x.T @ plain)
+        estimates = (stored / scale) @ w
+    acc = _accuracy(_nearest(estimates, t.known), t.labels, others)
+    return acc, _private_cosine(estimates, t)
+
+
+def _private_cosine(estimates: np.ndarray, t: Truth) -> float:
+    private = np.flatnonzero(t.labels < 0)
+    if not len(private):
+        return 0.0
+    return float(np.mean(np.sum(_unit(estimates[private]) * _unit(t.plain[private]), axis=1)))
+
+
+def _profiles(x: np.ndarray) -> np.ndarray:
+    """Each row's sorted distances to its nearest neighbours, over the set's median
+    distance: invariant to rotation and scale, blurred only by the perturbation."""
+    sq = np.sum(x**2, axis=1)
+    d = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2 * x @ x.T, 0.0))
+    np.fill_diagonal(d, np.inf)
+    near = np.sort(d, axis=1)[:, :PROFILE_NEIGHBOURS]
+    return near / np.median(d[np.isfinite(d)])
+
+
+def attack_seedless(stored: np.ndarray, t: Truth) -> tuple[float, float, np.ndarray]:
+    """No known pair. Returns (accuracy, private cosine, the recovered map's estimates)."""
+    public = np.flatnonzero(t.labels >= 0)
+    ps, pk = _profiles(stored), _profiles(t.known)
+    cost = (np.sum(ps**2, axis=1)[:, None] + np.sum(pk**2, axis=1)[None, :]
+            - 2 * ps @ pk.T)
+    guess = np.argmin(cost, axis=1)
+    part = np.partition(cost, 1, axis=1)
+    margin = part[:, 1] - part[:, 0]
+    seeds = np.argsort(-margin)[: max(len(stored) // 4, 8)]
+    estimates = stored
+    for _ in range(SEEDLESS_ROUNDS):
+        q, s = _procrustes(t.known[guess[seeds]], stored[seeds])
+        estimates = stored @ q.T / s
+        sim = _unit(estimates) @ _unit(t.known).T
+        guess = np.argmax(sim, axis=1)
+        back = np.argmax(sim, axis=0)
+        mutual = np.flatnonzero(back[guess] == np.arange(len(stored)))
+        if len(mutual) < 8:
+            break
+        seeds = mutual
+    return _accuracy(guess, t.labels, public), _private_cosine(estimates, t), estimates
+
+
+def attack_id_order(view: ServerView, t: Truth) -> tuple[float, float]:
+    """Rows sorted by id against the sorted public chunk list: (chunk, file) accuracy."""
+    public = np.flatnonzero(t.labels >= 0)
+    order = np.argsort(view.rids)
+    n, m = len(order), len(t.public_order)
+    pred = np.full(n, -1)
+    for rank, row in enumerate(order):
+        pred[row] = t.public_order[min(m - 1, rank * m // n)]
+    chunk = _accuracy(pred, t.labels, public)
+    files = float(np.mean([t.known_files[pred[r]] == t.row_files[r] for r in public]))
+    return chunk, files
+
+
+def attack_equal_leaves(setup: Setup, view: ServerView) -> tuple[int, int, bool]:
+    """(groups of identical files, of them with identical leaf values, planted copy named)."""
+    import xxhash
+
+    from sync.crypto import node_key
+
+    groups: dict[bytes, list[str]] = defaultdict(list)
+    for path in setup.repo.rglob("*"):
+        rel = path.relative_to(setup.repo).as_posix()
+        if path.is_file() and not rel.startswith(".codeveil"):
+            groups[xxhash.xxh3_128_digest(path.read_bytes())].append(rel)
+    dupes = [paths for paths in groups.values() if len(paths) > 1]
+
+    def value(rel: str) -> bytes | None:
+        return view.leaves.get(node_key(setup.key, rel))
+
+    linked = sum(1 for paths in dupes if len({value(p) for p in paths}) == 1
+                 and value(paths[0]) is not None)
+    a, b = setup.duplicate
+    return len(dupes), linked, value(a) is not None and value(a) == value(b)
+
+
+def attack_queries(stored: np.ndarray, t: Truth, encrypt, queries: np.ndarray,
+                   decrypt) -> dict[str, float]:
+    """A query sent twice, linked by distance and by top-10 results; its text recovered
+    from a guess list with the attacker's best map (`decrypt`, or None)."""
+    first = np.stack([encrypt(q) for q in queries])
+    second = np.stack([encrypt(q) for q in queries])
+    d = np.linalg.norm(first[:, None, :] - second[None, :, :], axis=2)
+    by_distance = float(np.mean(np.argmin(d, axis=1) == np.arange(len(queries))))
+
+    def top(x: np.ndarray) -> list[set[int]]:
+        dist = np.linalg.norm(x[:, None, :] - stored[None, :, :], axis=2)
+        return [set(np.argsort(row)[:10].tolist()) for row in dist]
+
+    a, b = top(first), top(second)
+    overlap = np.array([[len(x & y) / len(x | y) for y in b] for x in a])
+    by_results = float(np.mean(np.argmax(overlap, axis=1) == np.arange(len(queries))))
+    guessed = 0.0
+    if decrypt is not None:
+        guessed = float(np.mean(_nearest(decrypt(first), queries) == np.arange(len(queries))))
+    return {"link_distance": by_distance, "link_results": by_results, "query_text": guessed}
+
+
+def client_recall(stored: np.ndarray, t: Truth, encrypt, queries: np.ndarray) -> float:
+    """Plain top-10 found by the encrypted top-100 re-ranked with the plain vectors."""
+    hits = 0
+    for q in queries:
+        truth = set(np.argsort(-(t.plain @ q))[:10].tolist())
+        enc = encrypt(q)
+        candidates = np.argsort(np.linalg.norm(stored - enc, axis=1))[:RERANK_CANDIDATES]
+        reranked = candidates[np.argsort(-(t.plain[candidates] @ q))][:10]
+        hits += len(truth & set(reranked.tolist()))
+    return hits / (10 * len(queries))
+
+
+def scan_canaries(store_dir: Path, canaries: list[str]) -> int:
+    needles = [n for c in canaries
+               for n in (c.encode(), c.lower().encode(), c.encode("utf-16-le"))]
+    hits = 0
+    for path in store_dir.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            hits += sum(data.count(n) for n in needles)
+    return hits
+
+
+# -- the run ---------------------------------------------------------------------------
+
+
+def run_mode(name: str, stored: np.ndarray | None, t: Truth, encrypt,
+             queries: np.ndarray, seed: int) -> dict[str, object]:
+    """Every vector attack on one mode's stored vectors (None: nothing comparable)."""
+    m = len(t.known)
+    row: dict[str, object] = {"mode": name, "chance": 1.0 / m}
+    if stored is None:
+        row.update({"nearest": 1.0 / m, "seedless": 1.0 / m, "seedless_cos": 0.0,
+                    "link_distance": 1.0 / len(queries), "link_results": 1.0 / len(queries),
+                    "query_text": 1.0 / len(queries), "recall": None})
+        for k in KNOWN_PAIRS:
+            row[f"procrustes@{k}"] = row[f"ridge@{k}"] = 1.0 / m
+        return row
+    rng = np.random.default_rng(seed)
+    row["nearest"] = attack_nearest(stored, t)
+    for k in KNOWN_PAIRS:
+        row[f"procrustes@{k}"], row[f"procrustes@{k}_cos"] = attack_known_pairs(
+            stored, t, k, "procrustes", rng)
+        row[f"ridge@{k}"], row[f"ridge@{k}_cos"] = attack_known_pairs(
+            stored, t, k, "ridge", rng)
+    row["seedless"], row["seedless_cos"], _ = attack_seedless(stored, t)
+    public = np.flatnonzero(t.labels >= 0)
+    q, s = _procrustes(t.known[t.labels[public]], stored[public])
+    row.update(attack_queries(stored, t, encrypt, queries, lambda x: x @ q.T / s))
+    row["recall"] = client_recall(stored, t, encrypt, queries)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tree", type=Path, default=None,
+                        help="public source tree to index (default: the requests package)")
+    parser.add_argument("--betas", default=",".join(str(b) for b in BETAS))
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--out", default="privacy")
+    args = parser.parse_args(argv)
+    betas = [float(b) for b in args.betas.split(",") if b]
+
+    from indexer.embedder import default_embedder
+    from sync.crypto import DEFAULT_BETA, VectorCipher
+
+    base = isolate()
+    try:
+        with Timer() as build:
+            setup = build_repo(args.tree or default_tree(), base)
+        view = read_server(setup.store_dir)
+        t = ground_truth(setup, view)
+        queries = default_embedder().embed(QUERIES).astype(np.float32)
+        print(f"{len(view.rids)} rows ({int(np.sum(t.labels < 0))} private), "
+              f"{len(t.known)} public chunks known to the server; built in "
+              f"{build.seconds:.1f} s\n")
+
+        canaries = scan_canaries(setup.store_dir, setup.canaries)
+        order_chunk, order_file = attack_id_order(view, t)
+        dupes, linked, planted = attack_equal_leaves(setup, view)
+        structural = {"canary_hits": canaries, "canaries_planted": len(setup.canaries),
+                      "id_order_chunk": order_chunk, "id_order_file": order_file,
+                      "id_order_chance": 1.0 / len(t.known), "identical_file_groups": dupes,
+                      "identical_groups_with_equal_leaves": linked,
+                      "planted_copy_named": planted}
+
+        rows = [run_mode("plain vectors (control)", t.plain, t, lambda q: q, queries, args.seed)]
+        dim = t.plain.shape[1]
+        ids = view.chunk_ids
+        for beta in betas:
+            cipher = VectorCipher(setup.key, dim, beta)
+            stored = (view.vectors if view.vectors is not None and beta == DEFAULT_BETA
+                      else cipher.encrypt(t.plain, ids))
+            rows.append(run_mode(f"DCPE beta {beta:g}", stored, t,
+                                 cipher.encrypt_query, queries, args.seed))
+        if view.vectors is None:
+            rows.append(run_mode("sealed rows (this store)", None, t, None, queries,
+                                 args.seed))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+    print(table(["attack (server's data dir only)", "result"], [
+        ["canary hits (every byte)", f"{canaries} of {len(setup.canaries)} planted"],
+        ["rows labelled by id order: chunk", f"{order_chunk:.1%} (chance {1/len(t.known):.1%})"],
+        ["rows labelled by id order: file", f"{order_file:.1%}"],
+        ["identical files with equal leaves", f"{linked} of {dupes} groups"],
+        ["planted private copy named", str(planted)],
+    ]))
+    print()
+    pct = lambda v: "-" if v is None else f"{100 * v:.1f}"  # noqa: E731
+    headers = ["mode", "NN", *[f"Proc@{k}" for k in KNOWN_PAIRS],
+               *[f"ridge@{k}" for k in KNOWN_PAIRS], "seedless", "seedless cos"]
+    print("Rows labelled (%), chance "
+          f"{100 / len(t.known):.2f}%; 'cos': recovered private vectors vs truth")
+    print(table(headers, [[r["mode"], pct(r["nearest"]),
+                           *[pct(r[f"procrustes@{k}"]) for k in KNOWN_PAIRS],
+                           *[pct(r[f"ridge@{k}"]) for k in KNOWN_PAIRS],
+                           pct(r["seedless"]), f"{r['seedless_cos']:.3f}"] for r in rows]))
+    print()
+    print(f"Queries (%), {len(QUERIES)} queries, chance {100 / len(QUERIES):.1f}%; "
+          "recall: client's top-10 after re-rank of the encrypted top-100")
+    print(table(["mode", "linked by distance", "linked by results", "text from guess list",
+                 "recall@10"],
+                [[r["mode"], pct(r["link_distance"]), pct(r["link_results"]),
+                  pct(r["query_text"]), pct(r["recall"])] for r in rows]))
+    path = write_json(args.out, {"rows": len(view.rids), "public_chunks": len(t.known),
+                                 "structural": structural, "modes": rows,
+                                 "queries": len(QUERIES), "tree": str(args.tree or "requests")})
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    raise SystemExit(main())
