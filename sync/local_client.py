@@ -27,7 +27,7 @@ class LocalClient:
 
     def __init__(self, store: Store | str | os.PathLike[str], workspace_id: str) -> None:
         self._owns_store = not isinstance(store, Store)
-        self._store = Store(store) if self._owns_store else store  # type: ignore[arg-type]
+        self._store: Store = store if isinstance(store, Store) else Store(store)
         try:
             self._ws: WorkspaceStore = self._store.workspace(workspace_id)
         except BaseException:
@@ -58,7 +58,7 @@ class LocalClient:
         out is not needed in-process and is dropped.
         """
         owned = not isinstance(store, Store)
-        opened = Store(store) if owned else store  # type: ignore[arg-type]
+        opened = store if isinstance(store, Store) else Store(store)
         try:
             workspace_id, _token = opened.create_workspace(
                 dim, model_id, key_check, workspace_id=workspace_id

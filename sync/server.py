@@ -351,7 +351,7 @@ def create_app(
     """The ASGI app over `store` (a Store, or a data dir the app opens). The app closes
     the store at shutdown if it opened it, or if `close_store` says so."""
     owned = not isinstance(store, Store)
-    the_store: Store = Store(store) if owned else store  # type: ignore[arg-type]
+    the_store = store if isinstance(store, Store) else Store(store)
     closes = owned if close_store is None else close_store
 
     @contextlib.asynccontextmanager

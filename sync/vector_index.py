@@ -361,8 +361,8 @@ class RowTable:
         self._mbuf[m0 : m0 + size] = meta_data[:size]
         self._n += n
         self._live += n
-        for fid, first, count in _runs(rids, fids):
-            self._spans[fid] = (*self._spans.get(fid, ()), first, count)
+        for run_fid, first, count in _runs(rids, fids):
+            self._spans[run_fid] = (*self._spans.get(run_fid, ()), first, count)
 
     def remove_files(self, fids: Sequence[int]) -> np.ndarray:
         """Drop the rows of files `fids` (unknown ones are skipped); returns their rids."""
