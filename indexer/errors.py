@@ -1,12 +1,42 @@
-"""Errors of the indexing layer. The whole hierarchy (sync and retrieval add theirs)::
+"""The base of every error codeveil raises on purpose, and the whole tree, drawn once.
 
-    CodeveilError                      every error codeveil raises on purpose
-    ├── IndexerError                   files -> chunks -> vectors
-    │   └── EmbedderError              the model could not be loaded or run
-    ├── sync errors (sync/errors.py)   keys, crypto, store, server, network
-    └── retrieval errors               no index here, bad query options
+Each class lives next to the code that raises it (module in brackets); this drawing is
+the one map of them, and tests/test_errors.py fails when a class is missing from it or
+hangs under another parent than drawn::
 
-The CLI turns any CodeveilError into one line on stderr and a non-zero exit.
+    CodeveilError                         every error codeveil raises on purpose
+    ├── IndexerError                      files -> chunks -> vectors
+    │   └── EmbedderError                 the model could not be loaded or run
+    ├── NoIndexError        (sync.workspace)  no `.codeveil/` here or above
+    ├── SyncError           (sync.errors)     keys, crypto, store, server, network
+    │   ├── WorkspaceKeyError   (sync.errors)     the workspace key cannot be used
+    │   │   ├── KeyMissingError                   no key file and no CODEVEIL_KEY
+    │   │   ├── KeyExistsError                    a different key is already stored
+    │   │   ├── KeyFormatError                    not a key: bad text, length or version
+    │   │   │   └── KeyChecksumError              an exported key with a typo in it
+    │   │   ├── KeyPermissionError                the key file is open to other users
+    │   │   └── KeyMismatchError                  not the key the workspace was made with
+    │   ├── CryptoError         (sync.errors)     a sealed record failed to open
+    │   │   ├── MetadataAuthError                 wrong key, or altered, cut or moved blob
+    │   │   └── MetadataFormatError               unknown envelope version or bad plaintext
+    │   ├── ConfigError         (sync.workspace)  `.codeveil/config.json` is unusable
+    │   ├── StoreError          (sync.wire)       the store refused a request or is unusable
+    │   │   ├── BadRequest                        malformed or over-limit input (400/413/422)
+    │   │   ├── WorkspaceNotFound                 no such workspace (404)
+    │   │   ├── WorkspaceExists                   the id is taken (409)
+    │   │   └── AuthError                         no or wrong token (401)
+    │   │       └── PermissionDenied              a token of another workspace (403)
+    │   ├── SnapshotError       (sync.vector_index)  a search snapshot that cannot be used
+    │   ├── DaemonError         (sync.daemon)     the daemon cannot start or be reached
+    │   │   └── AlreadyRunningError               another daemon holds the repo's lock
+    │   └── ClientError         (sync.http_client)  the server could not answer
+    │       ├── ServerUnavailable                 unreachable or overloaded: retry later
+    │       └── ServerError                       a 5xx or an unreadable answer
+    ├── SearchError         (retrieval.api)   bad search options (k, group, ...)
+    └── ModelMismatchError  (retrieval.api)   the workspace holds another model's vectors
+
+`retrieval.WrongKeyError` is another name of KeyMismatchError. The CLI turns any
+CodeveilError into one line on stderr and a non-zero exit.
 """
 
 from __future__ import annotations

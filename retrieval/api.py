@@ -33,6 +33,7 @@ from retrieval.locate import FileLines, locate
 from retrieval.rerank import PlainReranker
 from sync import crypto
 from sync.client import StoreClient
+from sync.errors import KeyMismatchError
 from sync.keys import ENV_KEY, WorkspaceKey, create_key, load_key
 from sync.syncer import Progress, Syncer, SyncReport
 from sync.workspace import (
@@ -62,8 +63,9 @@ class SearchError(CodeveilError):
     """A search was asked with options that cannot work (bad k, unknown group...)."""
 
 
-class WrongKeyError(CodeveilError):
-    """The workspace key on this machine is not the one the workspace was built with."""
+# The key on this machine is not the one the workspace was built with: the same error
+# as sync's own check raises, under the name the API has always exported.
+WrongKeyError = KeyMismatchError
 
 
 class ModelMismatchError(CodeveilError):

@@ -1,31 +1,7 @@
-"""Errors of the sync layer (keys, crypto, store, server, network).
+"""Key and crypto errors of the sync layer, raised by sync.keys and sync.crypto.
 
-    CodeveilError (indexer.errors)
-    └── SyncError
-        ├── WorkspaceKeyError       (sync.keys)   the workspace key cannot be used
-        │   ├── KeyMissingError         no key file and no CODEVEIL_KEY
-        │   ├── KeyExistsError          a different key is already stored
-        │   ├── KeyFormatError          not a key: bad text, length or version
-        │   │   └── KeyChecksumError    an exported key with a typo in it
-        │   ├── KeyPermissionError      the key file is open to other users
-        │   └── KeyMismatchError        not the key this workspace was created with
-        ├── CryptoError             (sync.crypto) a sealed record failed to open
-        │   ├── MetadataAuthError       wrong key, or altered, truncated or moved blob
-        │   └── MetadataFormatError     unknown envelope version or malformed plaintext
-        ├── StoreError              (sync.wire)   the store refused a request or is unusable
-        │   ├── BadRequest              malformed or over-limit input (HTTP 400/413/422)
-        │   ├── WorkspaceNotFound       no such workspace (404)
-        │   ├── WorkspaceExists         the id is taken (409)
-        │   └── AuthError               no or wrong token (401)
-        │       └── PermissionDenied    a token of another workspace (403)
-        ├── DaemonError             (sync.daemon) the daemon cannot start or be reached
-        │   └── AlreadyRunningError     another daemon holds the repo's lock
-        └── ClientError             (sync.http_client) the server could not answer
-            ├── ServerUnavailable       unreachable or overloaded: retry later
-            └── ServerError             a 5xx or an unreadable answer
-
-Key and crypto errors are defined here and raised by sync.keys and sync.crypto; the
-others live next to the code that raises them and are re-exported here.
+The whole error tree, with the classes that live beside the code raising them, is drawn
+once in indexer/errors.py.
 """
 
 from __future__ import annotations

@@ -45,6 +45,8 @@ from typing import Any, BinaryIO, Final
 import faiss
 import numpy as np
 
+from sync.errors import SyncError
+
 __all__ = [
     "IndexPolicy",
     "RowTable",
@@ -66,7 +68,7 @@ _BATCH: Final = 65_536  # rows per add: bounds the temporary copies of a rebuild
 Batches = Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]]  # -> (rids, vectors)
 
 
-class SnapshotError(Exception):
+class SnapshotError(SyncError):
     """A snapshot file that cannot be used (damaged, another format, another dim)."""
 
 
