@@ -1,13 +1,14 @@
 """Query -> ranked code. The public API of codeveil.
 
-The names are imported on first use (PEP 562), so that importing the package, as the
-`codeveil` command does to start, does not load the model and store stack.
+The names are imported on first use (PEP 562, see indexer.lazy), so that importing the
+package, as the `codeveil` command does to start, does not load the model and store stack.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from indexer.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from retrieval.api import Index, ModelMismatchError, SearchError, WrongKeyError
@@ -26,14 +27,4 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'retrieval' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES, globals())

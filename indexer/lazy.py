@@ -1,0 +1,32 @@
+"""Package faces that import their names on first use (PEP 562).
+
+Importing a package must stay cheap: `import indexer.walk` runs `indexer/__init__.py`
+first, and the `codeveil` command starts in a fifth of a second only because no face
+pulls in the model, the store or LanceDB before a command needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def lazy_exports(
+    package: str, homes: Mapping[str, str], namespace: dict[str, Any]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """`__getattr__` and `__dir__` for a package whose names live in `homes`
+    (name -> module); a name is imported once, then kept in the package's `namespace`."""
+
+    def getattr_(name: str) -> Any:
+        home = homes.get(name)
+        if home is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(home), name)
+        namespace[name] = value
+        return value
+
+    def dir_() -> list[str]:
+        return sorted(homes)
+
+    return getattr_, dir_

@@ -1,0 +1,48 @@
+"""The Merkle tree, keys and encryption, the client<->server protocol, the server, the
+store and the daemon. The names below are imported on first use (see indexer.lazy)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from indexer.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from sync.client import StoreClient
+    from sync.errors import SyncError
+    from sync.http_client import HttpClient
+    from sync.keys import WorkspaceKey, create_key, load_key
+    from sync.local_client import LocalClient
+    from sync.store import Store
+    from sync.syncer import Syncer, SyncReport
+    from sync.wire import StoreError
+
+__all__ = [
+    "HttpClient",
+    "LocalClient",
+    "Store",
+    "StoreClient",
+    "StoreError",
+    "SyncError",
+    "SyncReport",
+    "Syncer",
+    "WorkspaceKey",
+    "create_key",
+    "load_key",
+]
+
+_HOMES = {
+    "HttpClient": "sync.http_client",
+    "LocalClient": "sync.local_client",
+    "Store": "sync.store",
+    "StoreClient": "sync.client",
+    "StoreError": "sync.wire",
+    "SyncError": "sync.errors",
+    "SyncReport": "sync.syncer",
+    "Syncer": "sync.syncer",
+    "WorkspaceKey": "sync.keys",
+    "create_key": "sync.keys",
+    "load_key": "sync.keys",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES, globals())

@@ -1,0 +1,52 @@
+"""The faces of the three packages: exactly these names, each importable, none eager."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+EXPORTED = {
+    "indexer": [
+        "CachedEmbedder", "Chunk", "CodeveilError", "Embedder", "EmbedderError",
+        "EmbeddingCache", "IndexerError", "WalkResult", "chunk_file", "default_embedder",
+        "walk_repo",
+    ],
+    "sync": [
+        "HttpClient", "LocalClient", "Store", "StoreClient", "StoreError", "SyncError",
+        "SyncReport", "Syncer", "WorkspaceKey", "create_key", "load_key",
+    ],
+    "retrieval": [
+        "Hit", "Index", "ModelMismatchError", "SearchError", "SyncReport", "WrongKeyError",
+    ],
+}
+
+
+@pytest.mark.parametrize("package", sorted(EXPORTED))
+def test_exported_names_are_pinned(package: str) -> None:
+    module = importlib.import_module(package)
+    assert sorted(module.__all__) == sorted(EXPORTED[package])
+    assert dir(module) == sorted(EXPORTED[package])
+
+
+@pytest.mark.parametrize("package", sorted(EXPORTED))
+def test_every_exported_name_resolves_to_its_home(package: str) -> None:
+    module = importlib.import_module(package)
+    for name in module.__all__:
+        value = getattr(module, name)
+        home = getattr(value, "__module__", None)
+        assert home is not None and home.split(".")[0] in EXPORTED, (name, home)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        module.nope  # noqa: B018
+
+
+def test_importing_the_faces_loads_no_heavy_stack() -> None:
+    """A fresh interpreter imports all three faces without torch, LanceDB or faiss."""
+    probe = ("import sys, indexer, sync, retrieval; "
+             "print(sorted(m for m in ('torch', 'lancedb', 'faiss', 'onnxruntime')"
+             " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
