@@ -8,7 +8,6 @@ SQLite in WAL mode, so an indexer and a daemon of another repo can share the fil
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import xxhash
 
 from indexer.embedder import Embedder
 from indexer.paths import cache_dir
+from indexer.private_files import connect_private
 
 # SQLite limits host parameters per statement; stay well below it.
 _LOOKUP_BATCH = 900
@@ -34,8 +34,7 @@ class EmbeddingCache:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or cache_dir() / "embeddings.sqlite"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
+        self._db = connect_private(self.path, timeout=30, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(

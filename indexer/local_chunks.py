@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from indexer.chunk import Chunk
+from indexer.private_files import connect_private
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chunk_files (
@@ -34,8 +35,7 @@ CREATE INDEX IF NOT EXISTS chunks_by_hash ON chunks (chunk_hash);
 
 def open_state_db(path: Path) -> sqlite3.Connection:
     """The client state database (WAL, so a search can read while an index writes)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(path, timeout=30, check_same_thread=False)
+    db = connect_private(path, timeout=30, check_same_thread=False)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
     return db

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import functools
 import os
-import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from indexer.private_files import connect_private
 from indexer.walk import FileStat, Skipped, SkipReason, SourceFile, WalkResult, read_source
 
 DEFAULT_RACY_MARGIN_NS = 2_000_000_000
@@ -126,10 +126,9 @@ class StatCache:
     def __init__(
         self, db_path: str | os.PathLike[str], *, racy_margin_ns: int = DEFAULT_RACY_MARGIN_NS
     ) -> None:
-        Path(db_path).parent.mkdir(parents=True, exist_ok=True)
         self.racy_margin_ns = racy_margin_ns
         # Autocommit; writes open their own explicit transactions.
-        self._db = sqlite3.connect(db_path, isolation_level=None)
+        self._db = connect_private(Path(db_path), isolation_level=None)
         self._db.execute("PRAGMA busy_timeout = 5000")  # the file is shared with other tables
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute("PRAGMA synchronous = NORMAL")

@@ -57,6 +57,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from indexer.paths import config_dir
+from indexer.private_files import fsync_dir, private_dir
 from sync.errors import (
     KeyChecksumError,
     KeyExistsError,
@@ -256,25 +257,6 @@ def key_path(workspace_id: str) -> Path:
     return config_dir() / "keys" / f"{workspace_id}.key"
 
 
-def _private_dir(folder: Path) -> None:
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if os.name == "posix":
-        mode = stat.S_IMODE(folder.stat().st_mode)
-        if mode & 0o077:
-            # An existing folder others can list would show which workspaces we hold keys for.
-            folder.chmod(0o700)
-
-
-def _fsync_dir(folder: Path) -> None:
-    if os.name != "posix":
-        return  # Windows cannot open a directory to fsync it; its rename is durable enough.
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _link_no_clobber(src: str, dst: Path) -> None:
     """Make `dst` name `src`'s file, failing with FileExistsError if `dst` exists."""
     try:
@@ -296,7 +278,7 @@ def write_secret_file(path: Path, data: bytes, *, replace: bool = True) -> None:
     No reader ever sees a partial file, and a crash leaves at most a `.tmp` file behind.
     """
     folder = path.parent
-    _private_dir(folder)
+    private_dir(folder)
     tmp = str(folder / f".{path.name}.{secrets.token_hex(8)}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     fd = os.open(tmp, flags, 0o600)
@@ -311,7 +293,7 @@ def write_secret_file(path: Path, data: bytes, *, replace: bool = True) -> None:
             os.replace(tmp, path)
         else:
             _link_no_clobber(tmp, path)
-        _fsync_dir(folder)
+        fsync_dir(folder)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

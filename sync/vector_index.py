@@ -45,6 +45,7 @@ from typing import Any, BinaryIO, Final
 import faiss
 import numpy as np
 
+from indexer.private_files import fsync_dir
 from sync.errors import SyncError
 
 __all__ = [
@@ -532,7 +533,7 @@ def write_snapshot(
             os.fsync(f.fileno())
             size = f.tell()
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         return size
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -604,12 +605,3 @@ def _trailer(f: BinaryIO) -> dict[str, Any]:
         raise SnapshotError(f"{f.name}: snapshot format {version!r}, not {SNAPSHOT_FORMAT}")
     return info
 
-
-def _fsync_dir(folder: Path) -> None:
-    if os.name != "posix":
-        return
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from indexer.errors import CodeveilError
 from indexer.paths import config_dir
+from indexer.private_files import private_dir
 from sync.errors import SyncError
 
 CONFIG_VERSION = 1
@@ -93,7 +94,7 @@ def load_config(root: Path) -> RepoConfig:
 
 def save_config(root: Path, config: RepoConfig) -> None:
     folder = codeveil_dir(root)
-    folder.mkdir(exist_ok=True)
+    private_dir(folder)
     ignore = folder / ".gitignore"
     if not ignore.exists():
         ignore.write_text("# codeveil's local index: never commit it\n*\n")

@@ -1,0 +1,47 @@
+"""Files only their owner may read: the client's state holds code, and its embedding
+cache holds vectors from which code can be approximated, so neither is left to the umask.
+
+A folder is made (or tightened to) 0700 and a database file created 0600 before SQLite
+opens it; SQLite gives its -wal and -shm files the database file's permissions.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from pathlib import Path
+from typing import Any
+
+__all__ = ["connect_private", "fsync_dir", "private_dir"]
+
+
+def private_dir(folder: Path) -> None:
+    """Create `folder` (and its parents) if needed and make it 0700."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if os.name == "posix" and stat.S_IMODE(folder.stat().st_mode) & 0o077:
+        folder.chmod(0o700)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or a new name in `folder` durable."""
+    if os.name != "posix":
+        return  # Windows cannot open a directory to fsync it; its rename is durable enough.
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def connect_private(path: Path, **options: Any) -> sqlite3.Connection:
+    """`sqlite3.connect(path, **options)` on a file readable by its owner only."""
+    path = Path(path)
+    private_dir(path.parent)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o600)
+    try:
+        if os.name == "posix" and stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+            os.fchmod(fd, 0o600)  # made by an older version under a looser umask
+    finally:
+        os.close(fd)
+    return sqlite3.connect(path, **options)
