@@ -16,6 +16,7 @@ import numpy as np
 import xxhash
 
 from indexer.embedder import Embedder
+from indexer.formats import check_sqlite_format
 from indexer.paths import cache_dir
 from indexer.private_files import connect_private
 
@@ -29,12 +30,23 @@ def cache_key(model_id: str, text: str) -> bytes:
     return xxhash.xxh3_128_digest(len(model).to_bytes(4, "little") + model + text.encode())
 
 
+# The layout of embeddings.sqlite; raise it, with a migration, when it changes.
+CACHE_FORMAT = 1
+
+
 class EmbeddingCache:
     """key -> float32 vector, on disk."""
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or cache_dir() / "embeddings.sqlite"
         self._db = connect_private(self.path, timeout=30, check_same_thread=False)
+        try:
+            check_sqlite_format(
+                self._db, self.path, what="the embedding cache", version=CACHE_FORMAT,
+                remedy="delete it (vectors are embedded again as needed)")
+        except BaseException:
+            self._db.close()
+            raise
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(

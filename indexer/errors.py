@@ -7,6 +7,7 @@ hangs under another parent than drawn::
     CodeveilError                         every error codeveil raises on purpose
     ├── IndexerError                      files -> chunks -> vectors
     │   └── EmbedderError                 the model could not be loaded or run
+    ├── FormatError         (indexer.formats) a file of a format this version does not read
     ├── NoIndexError        (sync.workspace)  no `.codeveil/` here or above
     ├── SyncError           (sync.errors)     keys, crypto, store, server, network
     │   ├── WorkspaceKeyError   (sync.errors)     the workspace key cannot be used

@@ -11,7 +11,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from indexer.chunk import Chunk
+from indexer.formats import check_sqlite_format
 from indexer.private_files import connect_private
+
+# The format of state.sqlite as a whole (this table, the stat cache's and the lexical
+# index's triggers); raise it, with a migration, whenever any of them changes.
+STATE_FORMAT = 1
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chunk_files (
@@ -36,8 +41,14 @@ CREATE INDEX IF NOT EXISTS chunks_by_hash ON chunks (chunk_hash);
 def open_state_db(path: Path) -> sqlite3.Connection:
     """The client state database (WAL, so a search can read while an index writes)."""
     db = connect_private(path, timeout=30, check_same_thread=False)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=NORMAL")
+    try:
+        check_sqlite_format(db, path, what="the client state", version=STATE_FORMAT,
+                            remedy="delete it and run `codeveil index` to rebuild it")
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+    except BaseException:
+        db.close()
+        raise
     return db
 
 
