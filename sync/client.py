@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from sync.records import FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
+from sync.records import DirValue, FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
 
 
 @dataclass
@@ -51,8 +51,9 @@ class StoreClient(Protocol):
         """
         ...
 
-    def set_dir_values(self, values: list[tuple[bytes, bytes]]) -> None:
-        """Set directory values (bottom-up order) once every file below them is applied."""
+    def set_dir_values(self, values: list[DirValue]) -> None:
+        """Set directory values (bottom-up order) once every file below them is applied;
+        each only if the store's children of it are the ones it was computed from."""
         ...
 
     def search(self, vector: np.ndarray, k: int) -> list[SearchHit]:

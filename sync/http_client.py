@@ -26,7 +26,7 @@ import numpy as np
 
 from sync.client import TransferStats
 from sync.errors import SyncError
-from sync.records import FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
+from sync.records import DirValue, FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
 from sync.wire import (
     API_PREFIX,
     ERRORS_BY_STATUS,
@@ -149,13 +149,8 @@ class HttpClient:
         }
         self._request("POST", "/apply", payload)
 
-    def set_dir_values(self, values: list[tuple[bytes, bytes]]) -> None:
-        payload = {
-            "values": [
-                [_encode(b64encode, k, "values"), _encode(b64encode, v, "values")]
-                for k, v in values
-            ]
-        }
+    def set_dir_values(self, values: list[DirValue]) -> None:
+        payload = {"values": [[_encode(b64encode, part, "values") for part in v] for v in values]}
         self._request("POST", "/tree/dirs", payload)
 
     def search(self, vector: np.ndarray, k: int) -> list[SearchHit]:

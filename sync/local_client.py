@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from sync.client import TransferStats
-from sync.records import FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
+from sync.records import DirValue, FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
 from sync.store import Store, WorkspaceStore
 
 
@@ -93,7 +93,7 @@ class LocalClient:
         self.stats.requests += 1
         self._ws.apply(updates, deletes)
 
-    def set_dir_values(self, values: list[tuple[bytes, bytes]]) -> None:
+    def set_dir_values(self, values: list[DirValue]) -> None:
         self.stats.requests += 1
         self._ws.set_dir_values(values)
 

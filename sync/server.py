@@ -6,7 +6,7 @@
     GET  /v1/workspaces/{id}                         WorkspaceInfo
     GET  /v1/workspaces/{id}/tree/root               {node: Node | null}
     POST /v1/workspaces/{id}/tree/children           {keys: [key]} -> {children: {key: [Node]}}
-    POST /v1/workspaces/{id}/tree/dirs               {values: [[key, value]]}
+    POST /v1/workspaces/{id}/tree/dirs               {values: [[key, value, children]]}
     POST /v1/workspaces/{id}/apply                   {updates: [{file_key, ancestors, value,
                                                      chunks: [{chunk_id, vector, meta}]}],
                                                      deletes: [key]}
@@ -120,7 +120,7 @@ class ChildrenBody(_Body):
 
 
 class DirValuesBody(_Body):
-    values: list[tuple[Key, Key]] = Field(max_length=LIMITS.max_dir_values)
+    values: list[tuple[Key, Key, Key]] = Field(max_length=LIMITS.max_dir_values)
 
 
 class SearchBody(_Body):

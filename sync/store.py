@@ -76,7 +76,15 @@ import faiss
 import numpy as np
 import pyarrow as pa
 
-from sync.records import KEY_BYTES, FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
+from sync.records import (
+    KEY_BYTES,
+    DirValue,
+    FileUpdate,
+    NodeInfo,
+    SearchHit,
+    WorkspaceInfo,
+    children_digest,
+)
 from sync.vector_index import (
     IndexPolicy,
     RowTable,
@@ -590,46 +598,58 @@ class WorkspaceStore:
             if self._save_due():
                 self._save_index()
 
-    def set_dir_values(self, values: Sequence[tuple[bytes, bytes]]) -> None:
-        """Set the values of existing directories; other keys are ignored.
+    def set_dir_values(self, values: Sequence[DirValue | tuple[bytes, bytes, bytes]]) -> None:
+        """Set the values of existing directories, each only over the children it was
+        computed from (compare-and-set); other keys are ignored.
 
-        A directory with a pending (NULL) child keeps its NULL: its value would claim a
-        subtree the store does not fully hold. Values are applied repeatedly until no
-        more can be, so their order does not matter (bottom-up needs a single pass).
+        Each item is (key, value, children digest). A directory keeps its value unless
+        its children, as stored now, digest to the one given (`children_digest`): a
+        pending (NULL) child never does, and neither does a child another writer changed
+        after this value was computed (two teammates syncing at once). The last writer
+        therefore cannot make the tree claim its own files over another's rows. Values
+        are applied repeatedly until no more can be, so their order does not matter
+        (bottom-up needs a single pass).
         """
         self._check_open()
         if not isinstance(values, Sequence) or isinstance(values, bytes | str):
-            raise BadRequest("values must be a list of (key, value) pairs")
+            raise BadRequest("values must be a list of (key, value, children) triples")
         if len(values) > self.limits.max_dir_values:
             raise BadRequest(
                 f"too many directory values: {len(values)} > {self.limits.max_dir_values}"
             )
-        pending: dict[bytes, bytes] = {}
-        for i, pair in enumerate(values):
-            if not isinstance(pair, Sequence) or isinstance(pair, bytes | str) or len(pair) != 2:
-                raise BadRequest(f"values[{i}] must be a (key, value) pair")
-            pending[_key(pair[0], f"values[{i}][0]")] = _key(pair[1], f"values[{i}][1]")
+        pending: dict[bytes, tuple[bytes, bytes]] = {}
+        for i, item in enumerate(values):
+            if not isinstance(item, Sequence) or isinstance(item, bytes | str) or len(item) != 3:
+                raise BadRequest(f"values[{i}] must be a (key, value, children digest) triple")
+            pending[_key(item[0], f"values[{i}][0]")] = (
+                _key(item[1], f"values[{i}][1]"), _key(item[2], f"values[{i}][2]")
+            )
         with self._write_lock, self._flock(), _transaction(self._wconn) as conn:
             progress = True
             while pending and progress:
                 progress = False
-                for key, value in list(pending.items()):
+                for key, (value, expected) in list(pending.items()):
                     row = conn.execute("SELECT is_dir FROM nodes WHERE key = ?", (key,)).fetchone()
                     if row is None or not row[0]:
                         del pending[key]
                         continue
-                    if conn.execute(
-                        "SELECT 1 FROM nodes WHERE parent = ? AND value IS NULL LIMIT 1", (key,)
-                    ).fetchone():
+                    kids = conn.execute(
+                        "SELECT key, value FROM nodes WHERE parent = ?", (key,)
+                    ).fetchall()
+                    if any(v is None for _, v in kids):
+                        continue  # may be set by a later value of this call
+                    if children_digest((bytes(k), bytes(v)) for k, v in kids) != expected:
                         continue
                     conn.execute("UPDATE nodes SET value = ? WHERE key = ?", (value, key))
                     del pending[key]
                     progress = True
-        if pending:
+            refused = len(pending)
+        if refused:
             log.info(
-                "workspace %s: %d directory values left pending below pending nodes",
+                "workspace %s: %d directory values refused: computed over other children"
+                " (another writer, or a pending node below)",
                 self.workspace_id,
-                len(pending),
+                refused,
             )
 
     def close(self) -> None:

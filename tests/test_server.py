@@ -106,7 +106,7 @@ def test_a_token_opens_its_own_workspace_only(server_url: str, http: httpx.Clien
         "children": lambda: intruder.children([k("root")]),
         "search": lambda: intruder.search(np.zeros(DIM), 5),
         "apply": lambda: intruder.apply([], [k("root")]),
-        "dirs": lambda: intruder.set_dir_values([(k("root"), k("x"))]),
+        "dirs": lambda: intruder.set_dir_values([(k("root"), k("x"), k("y"))]),
     }
     for call in calls.values():
         with pytest.raises(PermissionDenied, match="another workspace"):
@@ -210,6 +210,8 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     ("same file twice", "/apply", {"updates": [good_update("a"), good_update("a")]},
      422, "appears twice"),
     ("dir pair of one", "/tree/dirs", {"values": [[b64(k("a"))]]}, 422, "values.0"),
+    ("dir value without its children", "/tree/dirs", {"values": [[b64(k("a")), b64(k("b"))]]},
+     422, "values.0"),
     ("children without keys", "/tree/children", {}, 422, "keys: Field required"),
 ]
 
