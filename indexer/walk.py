@@ -12,6 +12,7 @@ Two steps, so that re-walking an unchanged repository stays cheap:
 from __future__ import annotations
 
 import codecs
+import functools
 import os
 import posixpath
 import re
@@ -361,6 +362,40 @@ def _read_bytes(path: str, max_file_bytes: int) -> tuple[bytes, os.stat_result]:
     return data, st
 
 
+@functools.lru_cache(maxsize=64)
+def _real_root(root: str) -> str:
+    return os.path.realpath(root)
+
+
+def _check_inside(root: str, path: str, opened: os.stat_result) -> None:
+    """Raise `_Rejected` unless the file read is one that lies inside the repo.
+
+    The walk checks a symlink's target, but the read follows links itself: a link (or a
+    directory on the way) swapped between the two would get an outside file indexed.
+    So after the read, the path is resolved again and the file found there must be the
+    very one that was read (same device and inode). A link flipped before the read
+    resolves outside; one flipped back after it names another inode: refused either way.
+    """
+    full = os.path.join(root, path)
+    if not os.path.islink(full) and os.path.realpath(os.path.dirname(full)) == os.path.join(
+        _real_root(root), os.path.dirname(path)
+    ).rstrip(os.sep):
+        real = full  # the common case: a plain file under real directories
+    else:
+        real = os.path.realpath(full)
+        root_real = _real_root(root)
+        if not _is_inside(real, root_real) or not ALWAYS_SKIPPED.isdisjoint(
+            real[len(root_real) :].split(os.sep)
+        ):
+            raise _Rejected(SkipReason.SYMLINK_OUTSIDE, "its target changed while it was read")
+    try:
+        now = os.stat(real, follow_symlinks=False)
+    except OSError:
+        now = None
+    if now is None or (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):
+        raise _Rejected(SkipReason.SYMLINK_OUTSIDE, "the file changed while it was read")
+
+
 def _is_minified(path: str, text: str) -> bool:
     ext = posixpath.splitext(path)[1][1:].lower()
     if ext not in MINIFIED_CHECK_EXTENSIONS or not text:
@@ -414,6 +449,7 @@ def read_source(
     read_ns = time.time_ns()
     try:
         data, st = _read_bytes(os.path.join(root, path), max_file_bytes)
+        _check_inside(os.fspath(root), path, st)
     except OSError as exc:
         return Skipped(path, SkipReason.UNREADABLE, exc.strerror or str(exc))
     except _Rejected as rejected:

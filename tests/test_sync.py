@@ -262,3 +262,29 @@ def test_an_existing_workspace_keeps_its_model(tmp_path: Path, monkeypatch) -> N
     assert reopened.index().files_changed == 0
     assert reopened.search("function value", k=1)
     reopened.close()
+
+
+def test_a_link_flipped_outside_during_indexing_never_gets_indexed(tmp_path: Path) -> None:
+    from tests.test_walk import _FLIPPER
+
+    repo = many_files(tmp_path / "repo", 30)
+    outside = tmp_path / "outside.py"
+    outside.write_text("def outside_secret_function():\n    return 'OUTSIDE_SECRET'\n")
+    (repo / "inside.py").write_text("def inside_function():\n    return 1\n")
+    os.symlink("inside.py", repo / "link.py")
+    idx = Index(repo, embedder=HashingEmbedder())
+    flipper = subprocess.Popen([sys.executable, "-c", _FLIPPER, str(repo / "link.py"),
+                                "inside.py", str(outside)])
+    try:
+        for i in range(25):
+            # A new stat each time, so the sync reads the link again (the race window).
+            (repo / "inside.py").write_text(f"def inside_function():\n    return {i}\n")
+            idx.index()
+            state = b"".join(p.read_bytes() for p in (repo / ".codeveil").glob("state.sqlite*"))
+            assert b"OUTSIDE_SECRET" not in state, f"indexed at sync {i}"
+    finally:
+        flipper.kill()
+        flipper.wait()
+    hits = idx.search("outside_secret_function OUTSIDE_SECRET", k=50)
+    assert all("OUTSIDE_SECRET" not in h.text for h in hits)
+    idx.close()
