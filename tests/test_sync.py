@@ -288,3 +288,21 @@ def test_a_link_flipped_outside_during_indexing_never_gets_indexed(tmp_path: Pat
     hits = idx.search("outside_secret_function OUTSIDE_SECRET", k=50)
     assert all("OUTSIDE_SECRET" not in h.text for h in hits)
     idx.close()
+
+
+def test_a_file_nested_too_deep_is_skipped_and_the_rest_indexed(
+    tmp_path: Path, backend: str, live_server
+) -> None:
+    repo = many_files(tmp_path / "repo", 10)
+    deepest_ok = "/".join(["d"] * 255)  # 255 directories above the file: the limit
+    too_deep = "/".join(["e"] * 300)
+    write_repo(repo, {f"{deepest_ok}/ok.py": "def deepest_allowed():\n    return 1\n",
+                      f"{too_deep}/deep.py": "def far_too_deep():\n    return 2\n"})
+    idx = open_index(repo, backend, live_server.url)
+    report = idx.index()
+    skipped = dict(report.skipped)
+    assert skipped["/".join(["e"] * 256)].startswith("nested too deep")
+    assert report.files_changed == 11
+    assert idx.search("deepest_allowed", k=1)[0].path == f"{deepest_ok}/ok.py"
+    assert idx.index().requests == 1  # and it stays in step
+    idx.close()
