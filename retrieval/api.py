@@ -39,6 +39,7 @@ from sync.workspace import (
     RepoConfig,
     codeveil_dir,
     find_root,
+    init_lock,
     load_config,
     load_token,
     new_workspace_id,
@@ -124,6 +125,21 @@ class Index:
         With `workspace_id` (and the key imported with `codeveil key import`), join an
         existing workspace on `server` instead of creating one.
         """
+        with init_lock(self._start.resolve()):
+            return self._init(server=server, workspace_id=workspace_id, token=token)
+
+    def _init_once(self) -> None:
+        """Create the index here unless another process (a daemon, a second agent) did
+        so meanwhile: the first to take the lock creates it, the others use what it made,
+        so one folder ends with one workspace and one key."""
+        root = self._start.resolve()
+        with init_lock(root):
+            if not (codeveil_dir(root) / "config.json").is_file():
+                self._init()
+
+    def _init(self, *, server: str | None = None, workspace_id: str | None = None,
+              token: str | None = None) -> RepoConfig:
+        """`init`, its caller holding the init lock."""
         root = self._start.resolve()
         embedder = self._cached_embedder()
         if workspace_id is None:
@@ -191,7 +207,7 @@ class Index:
         try:
             find_root(self._start)
         except CodeveilError:
-            self.init()
+            self._init_once()
         root, config, key, client = self._open()
         embedder = self._cached_embedder()
         syncer = Syncer(

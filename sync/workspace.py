@@ -5,6 +5,7 @@ Layout of `.codeveil/` inside an indexed folder::
     .codeveil/
       .gitignore        "*": the folder never enters git
       config.json       format version, workspace id, server URL (or none), model id, dim
+      init.lock         empty; flock'ed while the folder is being set up
       state.sqlite      client state: stat cache, local chunks (holds code; never sent)
       store/            the embedded store (only without a server): ciphertext only
 
@@ -13,15 +14,22 @@ The workspace key and the server token live in the user config dir, never in the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from indexer.errors import CodeveilError
 from indexer.paths import config_dir
 from sync.errors import SyncError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no concurrent initialisers
+    fcntl = None  # type: ignore[assignment]
 
 CONFIG_VERSION = 1
 DIR_NAME = ".codeveil"
@@ -91,16 +99,35 @@ def load_config(root: Path) -> RepoConfig:
         raise ConfigError(f"{path} lacks a valid field: {exc}") from exc
 
 
-def save_config(root: Path, config: RepoConfig) -> None:
+def _make_dir(root: Path) -> Path:
+    """`.codeveil/`, with the `.gitignore` that keeps it out of git from the start."""
     folder = codeveil_dir(root)
     folder.mkdir(exist_ok=True)
     ignore = folder / ".gitignore"
     if not ignore.exists():
         ignore.write_text("# codeveil's local index: never commit it\n*\n")
+    return folder
+
+
+def save_config(root: Path, config: RepoConfig) -> None:
+    folder = _make_dir(root)
     path = folder / "config.json"
-    tmp = path.with_suffix(".tmp")
+    # A name of its own: two processes saving at once must not rename each other's file.
+    tmp = folder / f".config.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     tmp.write_text(json.dumps(asdict(config), indent=2) + "\n")
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def init_lock(root: Path) -> Iterator[None]:
+    """Held while `.codeveil/` is being set up, so that two processes initialising one
+    folder at once (a daemon and an index, two agents) end with one workspace and one
+    key: the second waits, then finds the first one's config. Not reentrant."""
+    folder = _make_dir(root)
+    with open(folder / "init.lock", "a+b") as f:
+        if fcntl is not None:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        yield  # closing the file releases the lock, also when the process dies
 
 
 def new_workspace_id() -> str:

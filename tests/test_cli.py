@@ -118,3 +118,27 @@ def _commands(group: click.Group, prefix: str = ""):
 def test_every_command_has_help(name: str) -> None:
     cmd = dict(_commands(cli_main))[name]
     assert cmd.help and len(cmd.help.strip()) > 20, name
+
+
+def test_two_processes_initialising_one_folder_end_with_one_workspace(tmp_path: Path) -> None:
+    from sync.store import Store
+    from sync.workspace import load_config, store_path
+    from tests.conftest import write_repo
+
+    # Both start at once; creating a workspace takes seconds, so they overlap.
+    for trial in range(1):
+        repo = write_repo(tmp_path / f"repo{trial}")
+        env = dict(os.environ, CODEVEIL_EMBEDDER="hashing")
+        procs = [subprocess.Popen([sys.executable, "-m", "retrieval.cli", "index", "-q"],
+                                  cwd=repo, env=env, stderr=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+        for proc in procs:
+            assert proc.wait(120) == 0, proc.stderr.read()
+            proc.stderr.close()
+        with Store(store_path(repo)) as store:
+            assert store.workspace_ids() == [load_config(repo).workspace_id]
+        keys = list((Path(os.environ["CODEVEIL_CONFIG_DIR"]) / "keys").glob("*.key"))
+        assert len(keys) == trial + 1  # one per folder
+        found = run(["search", "retry failed uploads", "--json"], repo)
+        assert found.returncode == 0, found.stderr
+        assert json.loads(found.stdout)
