@@ -8,7 +8,6 @@ SQLite in WAL mode, so an indexer and a daemon of another repo can share the fil
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +15,13 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from indexer import sqlite_files
 from indexer.embedder import Embedder
 from indexer.paths import cache_dir
 
+CACHE_ADVICE = (
+    "it is only a cache: delete it (vectors are recomputed) or run `codeveil doctor --repair`"
+)
 # SQLite limits host parameters per statement; stay well below it.
 _LOOKUP_BATCH = 900
 
@@ -35,7 +38,8 @@ class EmbeddingCache:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or cache_dir() / "embeddings.sqlite"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
+        self._db = sqlite_files.connect(self.path, CACHE_ADVICE, timeout=30,
+                                        check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(

@@ -10,7 +10,13 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+from indexer import sqlite_files
 from indexer.chunk import Chunk
+
+STATE_ADVICE = (
+    "it holds only what the working tree rebuilds: run `codeveil doctor --repair`"
+    " (or delete it and run `codeveil index`)"
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chunk_files (
@@ -35,7 +41,7 @@ CREATE INDEX IF NOT EXISTS chunks_by_hash ON chunks (chunk_hash);
 def open_state_db(path: Path) -> sqlite3.Connection:
     """The client state database (WAL, so a search can read while an index writes)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(path, timeout=30, check_same_thread=False)
+    db = sqlite_files.connect(path, STATE_ADVICE, timeout=30, check_same_thread=False)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
     return db

@@ -37,8 +37,8 @@ class _Group(click.Group):
         except CodeveilError as exc:
             _fail(str(exc))
         except sqlite3.DatabaseError as exc:
-            _fail(f"the index files are corrupt ({exc}); delete .codeveil/ and run"
-                  " `codeveil index` again")
+            _fail(f"an index file is corrupt ({exc}); `codeveil doctor` finds which,"
+                  " `codeveil doctor --repair` rebuilds it")
         except KeyboardInterrupt:
             _fail("interrupted; nothing is lost, run the command again to continue")
         except Exception as exc:

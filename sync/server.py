@@ -49,12 +49,14 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from indexer.sqlite_files import CorruptFileError
 from sync.records import KEY_BYTES, ChunkRecord, FileUpdate
 from sync.store import Store, WorkspaceStore
 from sync.wire import (
     API_PREFIX,
     LIMITS,
     AuthError,
+    StoreCorrupt,
     StoreError,
     b64decode,
     b64encode,
@@ -326,6 +328,9 @@ class RequestLog:
 
         try:
             await self.app(scope, receive, send_counting)
+        except BaseException:
+            status = status or 500  # what the outermost error handler answers
+            raise
         finally:
             declared = dict(scope["headers"]).get(b"content-length", b"0").decode("latin-1")
             log.info(
@@ -371,16 +376,35 @@ def create_app(
     )
     app.state.store = the_store
 
+    damaged: set[str] = set()  # messages about damaged files, logged once each
+
     def route(method: str, path: str, handler: Handler) -> None:
         async def endpoint(request: Request) -> Response:
             body = await request.body()
-            status, payload = await run_in_threadpool(
-                handler,
-                the_store,
-                request.path_params.get("workspace_id", ""),
-                request.headers.get("authorization"),
-                body,
-            )
+            try:
+                status, payload = await run_in_threadpool(
+                    handler,
+                    the_store,
+                    request.path_params.get("workspace_id", ""),
+                    request.headers.get("authorization"),
+                    body,
+                )
+            except (StoreCorrupt, CorruptFileError) as exc:
+                # Every request to the workspace fails the same way until it is repaired:
+                # the operator hears of it once, each client every time.
+                message = str(exc)
+                if message not in damaged:
+                    damaged.add(message)
+                    log.error("%s %s: %s", request.method, request.url.path, message)
+                return JSONResponse({"error": message}, status_code=503)
+            except (StoreError, ValidationError):
+                raise
+            except Exception as exc:
+                # Here, not in an app-wide handler, so the request log sees the 500.
+                log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+                return JSONResponse(
+                    {"error": f"internal server error ({type(exc).__name__}); see the"
+                              " server's log"}, status_code=500)
             return JSONResponse(payload, status_code=status)
 
         endpoint.__name__ = handler.__name__.lstrip("_")

@@ -76,6 +76,7 @@ import faiss
 import numpy as np
 import pyarrow as pa
 
+from indexer import sqlite_files
 from sync.records import (
     KEY_BYTES,
     DirValue,
@@ -102,6 +103,7 @@ from sync.wire import (
     BadRequest,
     Limits,
     PermissionDenied,
+    StoreCorrupt,
     StoreError,
     WorkspaceExists,
     WorkspaceNotFound,
@@ -118,6 +120,7 @@ __all__ = [
     "IndexPolicy",
     "PermissionDenied",
     "Store",
+    "StoreCorrupt",
     "StoreError",
     "WorkspaceExists",
     "WorkspaceNotFound",
@@ -144,9 +147,20 @@ _STALE_TEMP_SECONDS = 3600.0
 # -- small helpers ----------------------------------------------------------------------
 
 
-def _connect(path: Path) -> sqlite3.Connection:
+TREE_ADVICE = (
+    "for the embedded store run `codeveil doctor --repair` in the repo (it is rebuilt from"
+    " the working tree); for a server, restore its data dir from a backup or delete this"
+    " workspace's folder and let the clients index again"
+)
+REGISTRY_ADVICE = (
+    "restore it from a backup of the data dir: it lists the workspaces and their tokens"
+)
+
+
+def _connect(path: Path, advice: str = TREE_ADVICE) -> sqlite3.Connection:
     # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE), never implicit.
-    conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+    conn = sqlite_files.connect(path, advice, timeout=30.0, isolation_level=None,
+                                check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")  # see the module docstring
     return conn
@@ -184,6 +198,32 @@ def _lancedb() -> Any:
     import lancedb
 
     return lancedb
+
+
+LANCE_ADVICE = (
+    "for the embedded store run `codeveil doctor --repair` in the repo (it is rebuilt from"
+    " the working tree); for a server, restore the data dir from a backup, or delete the"
+    " workspace's chunks.lance and tree.sqlite and let its clients index again"
+)
+
+
+@contextlib.contextmanager
+def _lance_reads(table_dir: Path) -> Iterator[None]:
+    """Reads of the LanceDB table: any failure (a damaged or missing data file or
+    manifest; LanceDB raises RuntimeError, OSError, ValueError, or a Rust panic, which is
+    a BaseException) becomes one `StoreCorrupt` naming the table and what to do."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise StoreCorrupt(
+            f"the chunk table {table_dir} cannot be read ({type(exc).__name__}: {first});"
+            f" {LANCE_ADVICE}"
+        ) from exc
 
 
 def _schema(dim: int) -> pa.Schema:
@@ -440,7 +480,8 @@ class WorkspaceStore:
     def _table(self) -> Any:
         """The LanceDB table (callers hold _write_lock)."""
         if self._table_handle is None:
-            self._table_handle = _lancedb().connect(self.path).open_table(TABLE)
+            with _lance_reads(self.path / f"{TABLE}.lance"):
+                self._table_handle = _lancedb().connect(self.path).open_table(TABLE)
         return self._table_handle
 
     @staticmethod
@@ -474,7 +515,8 @@ class WorkspaceStore:
             chunks = self._snapshot_rows()
             if chunks is None:
                 # A fresh handle sees the latest version whoever wrote it.
-                chunks = _lancedb().connect(self.path).open_table(TABLE).count_rows()
+                with _lance_reads(self.path / f"{TABLE}.lance"):
+                    chunks = _lancedb().connect(self.path).open_table(TABLE).count_rows()
         r = self._record
         extra: dict[str, Any] = {
             "created_at": r.created_at,
@@ -930,7 +972,8 @@ class WorkspaceStore:
         """Under the write locks: the table handle at the latest version, and the index
         equal to its rows (clean, see the module docstring)."""
         self._set_faiss_threads()  # for this thread's index updates in step 2
-        self._table.checkout_latest()
+        with _lance_reads(self.path / f"{TABLE}.lance"):
+            self._table.checkout_latest()
         self._reload_if_needed(locked=True)
 
     def _reload_if_needed(self, *, locked: bool) -> None:
@@ -949,7 +992,8 @@ class WorkspaceStore:
             self._index_clean = True
             self._maybe_rebuild()
             return
-        self._table.checkout_latest()
+        with _lance_reads(self.path / f"{TABLE}.lance"):
+            self._table.checkout_latest()
         if self._index is None or self._index_stale or not self._catch_up(generation):
             self._build_from_table(generation)
         self._index_clean = locked
@@ -1147,10 +1191,11 @@ class WorkspaceStore:
     ) -> Iterator[pa.RecordBatch]:
         """Batches of the table at the version checked out (the handle does not move
         until the next checkout_latest, so successive scans agree)."""
-        query = self._table.search().select(columns).limit(None)
-        if where is not None:
-            query = query.where(where)
-        yield from query.to_batches(_SCAN_BATCH)
+        with _lance_reads(self.path / f"{TABLE}.lance"):
+            query = self._table.search().select(columns).limit(None)
+            if where is not None:
+                query = query.where(where)
+            yield from query.to_batches(_SCAN_BATCH)
 
     # -- misc -------------------------------------------------------------------------
 
@@ -1305,7 +1350,7 @@ class Store:
         (self.data_dir / "workspaces").mkdir(parents=True, exist_ok=True)
         self.faiss_threads = faiss_threads
         self._lock = threading.RLock()  # guards the registry connection and _open
-        self._registry = _connect(self.data_dir / "registry.sqlite")
+        self._registry = _connect(self.data_dir / "registry.sqlite", REGISTRY_ADVICE)
         self._registry.executescript(
             """
             CREATE TABLE IF NOT EXISTS workspaces (

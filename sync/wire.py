@@ -78,6 +78,13 @@ class BadRequest(StoreError):
             self.http_status = status
 
 
+class StoreCorrupt(StoreError):
+    """A file of the store is damaged, truncated or missing; the message names it and
+    what to do. 503: the store cannot serve this workspace until it is repaired."""
+
+    http_status = 503
+
+
 class WorkspaceNotFound(StoreError):
     """No workspace with this id in this store."""
 
