@@ -36,6 +36,7 @@ from sync.client import StoreClient
 from sync.keys import ENV_KEY, WorkspaceKey, create_key, load_key
 from sync.syncer import Progress, Syncer, SyncReport
 from sync.workspace import (
+    ConfigError,
     RepoConfig,
     codeveil_dir,
     find_root,
@@ -193,6 +194,14 @@ class Index:
                 f"the key for workspace {config.workspace_id} does not match the one its index"
                 " was built with; import the right one with `codeveil key import`"
             )
+        for name, have, want in (("dim", config.dim, info.dim),
+                                 ("model_id", config.model_id, info.model_id)):
+            if have != want:
+                path = codeveil_dir(find_root(self._start)) / "config.json"
+                raise ConfigError(
+                    f"{path}: {name} is {have!r} but workspace {config.workspace_id} holds"
+                    f" {want!r}; set it back to {want!r}"
+                )
         model = self._cached_embedder()
         if info.model_id != model.model_id or info.dim != model.dim:
             raise ModelMismatchError(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -33,6 +34,11 @@ except ImportError:  # pragma: no cover - not POSIX: no concurrent initialisers
 
 CONFIG_VERSION = 1
 DIR_NAME = ".codeveil"
+_WORKSPACE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")  # as sync.store accepts
+_CONFIG_ADVICE = (
+    "restore the value (`codeveil status` on a teammate's clone shows it), or delete"
+    " .codeveil/ and index again"
+)
 
 
 class NoIndexError(CodeveilError):
@@ -88,15 +94,29 @@ def load_config(root: Path) -> RepoConfig:
             f"{path} has format version {raw.get('version') if isinstance(raw, dict) else '?'},"
             f" this codeveil reads version {CONFIG_VERSION}"
         )
-    try:
-        return RepoConfig(
-            workspace_id=str(raw["workspace_id"]),
-            model_id=str(raw["model_id"]),
-            dim=int(raw["dim"]),
-            server=raw.get("server"),
+    missing = [k for k in ("workspace_id", "model_id", "dim") if k not in raw]
+    if missing:
+        raise ConfigError(f"{path} lacks the field {missing[0]!r}; {_CONFIG_ADVICE}")
+    ws, model, dim, server = raw["workspace_id"], raw["model_id"], raw["dim"], raw.get("server")
+    # Checked here, so a hand-edited value is reported as the setting it is, not as
+    # whatever error it would cause further on.
+    if not isinstance(ws, str) or not _WORKSPACE_ID.match(ws):
+        raise ConfigError(
+            f"{path}: workspace_id {ws!r} is not a workspace id (1 to 64 of A-Z a-z 0-9 _ -);"
+            f" {_CONFIG_ADVICE}"
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{path} lacks a valid field: {exc}") from exc
+    if not isinstance(model, str) or not model or not model.isprintable():
+        raise ConfigError(f"{path}: model_id {model!r} is not a model id; {_CONFIG_ADVICE}")
+    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 65536:
+        raise ConfigError(f"{path}: dim {dim!r} is not a positive integer; {_CONFIG_ADVICE}")
+    if server is not None and not (
+        isinstance(server, str) and server.startswith(("http://", "https://"))
+    ):
+        raise ConfigError(
+            f"{path}: server {server!r} is not an http(s) URL; fix it, or run"
+            " `codeveil init --server URL` again"
+        )
+    return RepoConfig(workspace_id=ws, model_id=model, dim=dim, server=server)
 
 
 def _make_dir(root: Path) -> Path:

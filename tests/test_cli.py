@@ -142,3 +142,22 @@ def test_two_processes_initialising_one_folder_end_with_one_workspace(tmp_path: 
         found = run(["search", "retry failed uploads", "--json"], repo)
         assert found.returncode == 0, found.stderr
         assert json.loads(found.stdout)
+
+
+@pytest.mark.parametrize(("field", "bad", "needle"), [
+    ("workspace_id", "../../etc", "workspace_id '../../etc' is not a workspace id"),
+    ("dim", "384", "dim '384' is not a positive integer"),
+    ("dim", 385, "dim is 385 but workspace"),
+    ("model_id", "another-model", "model_id is 'another-model' but workspace"),
+])
+def test_hand_edited_config_values_are_named(sample_repo: Path, field: str, bad: object,
+                                             needle: str) -> None:
+    assert run(["index", "-q"], sample_repo).returncode == 0
+    path = sample_repo / ".codeveil/config.json"
+    config = json.loads(path.read_text())
+    config[field] = bad
+    path.write_text(json.dumps(config))
+    for args in (["search", "password"], ["index", "-q"]):
+        proc = run(args, sample_repo)
+        assert_one_line_error(proc, needle)
+        assert "config.json" in proc.stderr
