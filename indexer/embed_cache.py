@@ -8,7 +8,7 @@ SQLite in WAL mode, so an indexer and a daemon of another repo can share the fil
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +67,13 @@ class EmbeddingCache:
                 "INSERT OR REPLACE INTO embeddings (key, vector) VALUES (?, ?)",
                 [(k, np.asarray(v, dtype="<f4").tobytes()) for k, v in items],
             )
+
+    def vectors_of_size(self, dim: int) -> Iterator[np.ndarray]:
+        """Every stored vector of `dim` values (`codeveil doctor` checks them)."""
+        for (blob,) in self._db.execute(
+            "SELECT vector FROM embeddings WHERE length(vector) = ?", (dim * 4,)
+        ):
+            yield np.frombuffer(blob, dtype="<f4")
 
     def __len__(self) -> int:
         return self._db.execute("SELECT count(*) FROM embeddings").fetchone()[0]

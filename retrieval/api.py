@@ -101,6 +101,11 @@ class Index:
         except CodeveilError:
             return self._start.resolve()
 
+    @property
+    def embedder(self) -> CachedEmbedder:
+        """The embedder this index uses (the workspace's model), behind the cache."""
+        return self._cached_embedder()
+
     def _cached_embedder(self) -> CachedEmbedder:
         if self._embedder is None:
             model = self._embedder_given or self._workspace_embedder() or default_embedder()
@@ -211,8 +216,11 @@ class Index:
 
     # -- indexing -------------------------------------------------------------------
 
-    def index(self, *, progress: Progress | None = None) -> SyncReport:
-        """Bring the index up to date with the folder; creates it on first use."""
+    def index(self, *, progress: Progress | None = None, reupload: bool = False) -> SyncReport:
+        """Bring the index up to date with the folder; creates it on first use.
+
+        `reupload` sends every file again, whatever the store's tree says: the repair of
+        a store that lost rows (`codeveil doctor --repair`)."""
         try:
             find_root(self._start)
         except CodeveilError:
@@ -224,9 +232,11 @@ class Index:
             crypto.VectorCipher(key, embedder.dim), progress=progress,
         )
         try:
-            return syncer.run()
+            report = syncer.run(reupload=reupload)
         finally:
             syncer.close()
+        client.verify()  # never report success over a store that cannot read its rows
+        return report
 
     # -- search ---------------------------------------------------------------------
 
@@ -264,6 +274,7 @@ class Index:
         root, config, key, client = self._open()
         db = open_state_db(state_path(root))
         try:
+            self._check_state(root, LocalChunks(db), client)
             lexical = self._lexical(root).current(db)
             ranker = self._hybrid_ranker(config, key, client, lexical)
             keep = _hit_filter(path, language)
@@ -274,6 +285,20 @@ class Index:
             return self._read_hits(root, LocalChunks(db), group_ranking(ranking, group), k)
         finally:
             db.close()
+
+    @staticmethod
+    def _check_state(root: Path, local: LocalChunks, client: StoreClient) -> None:
+        """Refuse to search with a lost client state: the hits would silently change
+        (no lexical side, no exact scores, nothing to re-locate edited chunks with)."""
+        if local.count_files():
+            return
+        held = client.info().chunks
+        if held:
+            raise CodeveilError(
+                f"the client state {state_path(root)} is missing or empty while the store"
+                f" holds {held} chunks; run `codeveil index` (or `codeveil doctor --repair`)"
+                " to rebuild it from the working tree"
+            )
 
     def _lexical(self, root: Path) -> LexicalStore:
         if self._lexical_store is None or self._lexical_store.directory.parent != codeveil_dir(

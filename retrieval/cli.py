@@ -223,6 +223,30 @@ def _print_hits(hits: list[Hit], query: str) -> None:
         console.print()
 
 
+# -- doctor ---------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--repair", is_flag=True,
+              help="Rebuild what is damaged (moved aside first, never deleted).")
+@click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path))
+def doctor(repair: bool, repo: Path) -> None:
+    """Check every file of the index and its store; --repair rebuilds what it can.
+
+    Exits 0 when everything is (or was repaired to be) in order, 1 otherwise.
+    """
+    from retrieval.doctor import doctor as run_doctor
+
+    report = run_doctor(repo, repair=repair)
+    for line in report.lines():
+        click.echo(line)
+    if report.index is not None:
+        _print_report(report.index)
+    if not report.healthy:
+        hint = "" if repair else "; `codeveil doctor --repair` rebuilds what can be rebuilt"
+        _fail(f"problems found in the index at {report.root}{hint}")
+
+
 # -- status, init, key --------------------------------------------------------------
 
 

@@ -833,6 +833,11 @@ class LexicalStore:
             self._saved = self._refresh(db, self._saved)
             return self._saved.index
 
+    def damaged(self) -> bool:
+        """Whether saved index files exist but cannot be read (`codeveil doctor`)."""
+        files = [self.directory / BASE_FILE, self.directory / DELTA_FILE]
+        return any(f.exists() for f in files) and self._load() is None
+
     # -- disk -----------------------------------------------------------------------
 
     def _load(self) -> _Saved | None:

@@ -60,4 +60,10 @@ class StoreClient(Protocol):
         """The k stored chunks nearest to an encrypted query vector."""
         ...
 
+    def verify(self) -> None:
+        """Raise StoreCorrupt if the store plainly cannot read what it holds (a cheap
+        check, run before an index reports success). A server checks its own files and
+        answers 503 when they are damaged, so over HTTP this asks nothing."""
+        ...
+
     def close(self) -> None: ...

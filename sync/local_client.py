@@ -101,6 +101,16 @@ class LocalClient:
         self.stats.requests += 1
         return self._ws.search(vector, k)
 
+    def verify(self) -> None:
+        self._ws.verify()
+
+    def check(self) -> list[str]:
+        """Every problem found in the workspace's files (`WorkspaceStore.check`)."""
+        return self._ws.check()
+
+    def rows_by_file(self) -> dict[int, tuple[np.ndarray, list[bytes]]]:
+        return self._ws.rows_by_file()
+
     def close(self) -> None:
         if self._owns_store:
             self._store.close()

@@ -694,6 +694,97 @@ class WorkspaceStore:
                 refused,
             )
 
+    # -- checks (`codeveil doctor`, and `codeveil index` before it reports success) -----
+
+    def verify(self) -> None:
+        """Raise StoreCorrupt if the chunk table plainly cannot be read. Cheap: with the
+        table open (this process wrote or read it) its rows are counted and compared with
+        the index's; otherwise only its files are looked at, so an index with nothing to
+        send does not pay LanceDB's import."""
+        self._check_open()
+        table_dir = self.path / f"{TABLE}.lance"
+        with self._write_lock:
+            if self._table_handle is not None and self._current() and self._index_clean:
+                with _lance_reads(table_dir):
+                    self._table.checkout_latest()
+                    stored = self._table.count_rows()
+                if stored != len(self._rows):
+                    raise StoreCorrupt(
+                        f"the chunk table {table_dir} holds {stored} rows where the search"
+                        f" index holds {len(self._rows)}; {LANCE_ADVICE}"
+                    )
+                return
+        manifests = list((table_dir / "_versions").glob("*.manifest"))
+        if not manifests or not any(m.stat().st_size for m in manifests):
+            raise StoreCorrupt(f"the chunk table {table_dir} has no version manifest;"
+                               f" {LANCE_ADVICE}")
+        rows = self._snapshot_rows()
+        data = list((table_dir / "data").glob("*.lance"))
+        if (rows and not data) or any(d.stat().st_size == 0 for d in data):
+            raise StoreCorrupt(f"the chunk table {table_dir} lost its data files;"
+                               f" {LANCE_ADVICE}")
+
+    def check(self) -> list[str]:
+        """Every problem found in this workspace's files, one line each (empty: none).
+
+        tree.sqlite's integrity; the chunk table read in full (every row's rid, file and
+        chunk id); rids unique; every row belonging to a file of the tree; the search
+        snapshot, when of the current generation, holding exactly the table's rows."""
+        self._check_open()
+        problems: list[str] = []
+        tree = self.path / "tree.sqlite"
+        bad = sqlite_files.integrity_problem(tree)
+        if bad is not None:
+            return [f"{tree} is corrupt ({bad}); {TREE_ADVICE}"]
+        with self._rlock:
+            leaves = {fid_of(bytes(k)) for (k,) in self._rconn.execute(
+                "SELECT key FROM nodes WHERE is_dir = 0")}
+        try:
+            by_file = self.rows_by_file()
+        except StoreCorrupt as exc:
+            return [str(exc)]
+        rids = np.concatenate([r for r, _ in by_file.values()] or [np.empty(0, np.int64)])
+        table_dir = self.path / f"{TABLE}.lance"
+        if len(np.unique(rids)) != len(rids):
+            problems.append(f"the chunk table {table_dir} holds a row twice; {LANCE_ADVICE}")
+        orphans = sum(len(r) for fid, (r, _) in by_file.items() if fid not in leaves)
+        if orphans:
+            problems.append(f"the chunk table {table_dir} holds {orphans} rows of files the"
+                            f" tree does not have; {LANCE_ADVICE}")
+        snapshot = self.path / SNAPSHOT
+        try:
+            info = read_snapshot_info(snapshot)
+        except FileNotFoundError:
+            info = None
+        except (SnapshotError, OSError) as exc:
+            problems.append(f"the search snapshot {snapshot} is unreadable ({exc}); it is"
+                            " rebuilt from the chunk table (delete it to stop this message)")
+            info = None
+        if info is not None and info.get("generation") == self._generation():
+            try:
+                _index, rows, _ = read_snapshot(snapshot, self.index_policy)
+                same = np.array_equal(np.sort(rows.rids()), np.sort(rids))
+            except (SnapshotError, OSError, ValueError) as exc:
+                same, rows = False, None
+                problems.append(f"the search snapshot {snapshot} is unreadable ({exc})")
+            if rows is not None and not same:
+                problems.append(f"the search snapshot {snapshot} does not hold the chunk"
+                                " table's rows; delete it (it is rebuilt from the table)")
+        return problems
+
+    def rows_by_file(self) -> dict[int, tuple[np.ndarray, list[bytes]]]:
+        """fid -> (rids, chunk ids) of every row of the chunk table, read in full."""
+        out: dict[int, tuple[list[int], list[bytes]]] = {}
+        with self._write_lock, _lance_reads(self.path / f"{TABLE}.lance"):
+            self._table.checkout_latest()
+            for b in self._scan(["rid", "fid", "chunk_id"]):
+                for rid, fid, cid in zip(b.column("rid").to_pylist(), b.column("fid").to_pylist(),
+                                         b.column("chunk_id").to_pylist(), strict=True):
+                    entry = out.setdefault(fid, ([], []))
+                    entry[0].append(rid)
+                    entry[1].append(cid)
+        return {f: (np.array(r, np.int64), c) for f, (r, c) in out.items()}
+
     def close(self) -> None:
         """Snapshot the index if it changed since the last snapshot, then close."""
         if self._closed:

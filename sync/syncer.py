@@ -136,7 +136,9 @@ class Syncer:
 
     # -- the sync -------------------------------------------------------------------
 
-    def run(self) -> SyncReport:
+    def run(self, *, reupload: bool = False) -> SyncReport:
+        """One sync. `reupload` sends every file and directory value again, whatever the
+        store's tree claims (a store that lost rows it still has leaves for)."""
         started = time.perf_counter()
         report = SyncReport()
         before = (self.client.stats.requests, self.client.stats.bytes_sent,
@@ -146,6 +148,9 @@ class Syncer:
 
         t0 = time.perf_counter()
         plan = diff(tree, self.client, self.key)
+        if reupload:
+            plan.upload = sorted(tree.files)
+            plan.dirs = sorted(tree.children, key=lambda p: (-(p.count("/") + (p != "")), p))
         report.seconds_sync += time.perf_counter() - t0
 
         local_digests = self.local.file_digests()

@@ -60,6 +60,9 @@ class Interleaved:
     def search(self, vector: np.ndarray, k: int) -> list[SearchHit]:
         return self.inner.search(vector, k)
 
+    def verify(self) -> None:
+        self.inner.verify()
+
     def close(self) -> None:
         self.inner.close()
 
