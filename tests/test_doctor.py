@@ -176,7 +176,7 @@ def test_index_does_not_report_success_over_a_store_it_cannot_read(
 ) -> None:
     damage(repo)
     with Index(repo, embedder=HashingEmbedder()) as idx, pytest.raises(
-        StoreCorrupt, match="chunks.lance.*codeveil doctor --repair"
+        StoreCorrupt, match=r"chunks\.lance.*codeveil doctor --repair"
     ):
         idx.index()
 

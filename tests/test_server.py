@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import secrets
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -382,3 +384,40 @@ def test_log_holds_requests_but_no_tokens_or_bodies(live_server: ServerProcess) 
     assert f"POST /v1/workspaces/{ws.id}/apply 200" in log
     assert ws.token not in log
     assert marker.decode() not in log and b64(marker) not in log
+
+
+@pytest.mark.parametrize("damaged", ["tree.sqlite", "chunks.lance"])
+def test_a_damaged_workspace_file_is_a_clear_503_logged_once(
+    tmp_path: Path, server_factory, damaged: str
+) -> None:
+    server = server_factory(tmp_path / "data")
+    token = HttpClient.create_workspace(server.url, "ws1", dim=DIM, model_id="m",
+                                        key_check=b"check")
+    client = HttpClient(server.url, "ws1", token)
+    vec = np.ones(DIM, np.float32)
+    client.apply([FileUpdate(k("f"), (k("root"),), k("v"), (ChunkRecord(k("c"), vec, b"m"),))],
+                 [])
+    client.close()
+    server.stop()
+    ws = tmp_path / "data" / "workspaces" / "ws1"
+    if damaged == "tree.sqlite":
+        (ws / "tree.sqlite").write_bytes(b"garbage!" * 4096)
+        for side in ("tree.sqlite-wal", "tree.sqlite-shm"):
+            (ws / side).unlink(missing_ok=True)
+    else:
+        for f in (ws / "chunks.lance" / "_versions").iterdir():
+            f.unlink()
+        (ws / "search.index").unlink(missing_ok=True)  # searches must read the table
+    server.start()
+    client = HttpClient(server.url, "ws1", token)
+    for _ in range(3):
+        with pytest.raises(ServerUnavailable, match=f"503.*{damaged}.*(corrupt|cannot be read)"):
+            client.search(vec, 1)
+    client.close()
+    server.stop()
+    log = server.log_text()
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and damaged in errors[0], log  # the cause once, no traceback
+    assert "Traceback" not in log
+    statuses = re.findall(r"POST /v1/workspaces/ws1/search (\d+) ", log)
+    assert statuses == ["503"] * 3, log  # the request log says what was answered
