@@ -371,6 +371,12 @@ def _vector(value: object, dim: int, where: str) -> np.ndarray:
         out = arr.astype(np.float32)
     if not np.isfinite(out).all():
         raise BadRequest(f"{where} contains NaN or infinite values")
+    norm = float(np.linalg.norm(out.astype(np.float64)))
+    if norm > LIMITS.max_vector_norm:
+        raise BadRequest(
+            f"{where} has norm {norm:.3g}, over the limit of {LIMITS.max_vector_norm:.0e}"
+            " (its squared distances would overflow float32)"
+        )
     return out
 
 
@@ -884,6 +890,16 @@ class WorkspaceStore:
             raise BadRequest(
                 f"updates[{i}].chunks[{row - spans[i][0]}].vector contains NaN or infinite values"
             )
+        if len(matrix):
+            norms = np.linalg.norm(matrix.astype(np.float64), axis=1)
+            if norms.max() > lim.max_vector_norm:
+                row = int(np.argmax(norms))
+                i = next(i for i, (a, b) in enumerate(spans) if a <= row < b)
+                raise BadRequest(
+                    f"updates[{i}].chunks[{row - spans[i][0]}].vector has norm"
+                    f" {norms[row]:.3g}, over the limit of {lim.max_vector_norm:.0e} (its"
+                    " squared distances would overflow float32)"
+                )
         out = [
             dataclasses.replace(u, vectors=matrix[a:b])
             for u, (a, b) in zip(out, spans, strict=True)

@@ -404,6 +404,15 @@ def test_k_bounds(backend: Backend) -> None:
             client.search(np.zeros(DIM), k)
 
 
+def test_huge_finite_vectors_are_refused_not_silently_dropped(backend: Backend) -> None:
+    client = backend.create()
+    client.apply([update("a.py", rand(3, 1))], [])
+    with pytest.raises(BadRequest, match=r"norm .* over the limit"):
+        client.search(np.full(DIM, 1e20, np.float32), 3)
+    # Within the bound every neighbour comes back, however far.
+    assert len(client.search(np.full(DIM, 1e8, np.float32), 3)) == 3
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -413,6 +422,10 @@ def test_k_bounds(backend: Backend) -> None:
             lambda: FileUpdate(key("a"), (key(""),), value("v"),
                                (ChunkRecord(key("c"), np.full(DIM, 1e39), b"m"),)),
             "NaN or infinite",
+        ),
+        (  # finite, but its squared distances overflow float32
+            lambda: update("a.py", np.full((1, DIM), 1e20, np.float32)),
+            "norm 2.83e\\+20, over the limit",
         ),
         (lambda: FileUpdate(b"short", (key(""),), value("v")), "16 bytes"),
         (lambda: FileUpdate(key("a"), (), value("v")), "ancestors"),
