@@ -337,11 +337,17 @@ def key_import(text: str, workspace: str | None, repo: Path) -> None:
               help="Folder holding the server's encrypted data.")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=7400, show_default=True, type=click.IntRange(0, 65535))
-def serve(data: Path, host: str, port: int) -> None:
-    """Run the codeveil server: it stores only ciphertext and keyed hashes."""
+@click.option("--max-workspaces", type=click.IntRange(0), default=None,
+              help="Refuse to create workspaces beyond this many.")
+def serve(data: Path, host: str, port: int, max_workspaces: int | None) -> None:
+    """Run the codeveil server: it stores only ciphertext and keyed hashes.
+
+    With CODEVEIL_ADMIN_TOKEN set, only clients that send that token (the same variable,
+    on their side) can create workspaces.
+    """
     from sync.server import serve as run_server
 
-    run_server(data, host=host, port=port)
+    run_server(data, host=host, port=port, max_workspaces=max_workspaces)
 
 
 @main.command()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import operator
+import os
 import ssl
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -110,7 +111,9 @@ class HttpClient:
             "key_check": _encode(b64encode, key_check, "key_check"),
             "workspace_id": workspace_id,
         }
-        with _session(base_url.rstrip("/"), timeout, transport, None) as http:
+        # A server started with an admin token wants it for this (and only this) call.
+        admin = os.environ.get("CODEVEIL_ADMIN_TOKEN", "").strip() or None
+        with _session(base_url.rstrip("/"), timeout, transport, admin) as http:
             answer = _call(http, base_url, "POST", f"{API_PREFIX}/workspaces", payload)
         return _field(answer, lambda a: str(a["token"]))
 

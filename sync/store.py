@@ -1480,9 +1480,12 @@ class Store:
         model_id: str,
         key_check: bytes,
         workspace_id: str | None = None,
+        *,
+        max_workspaces: int | None = None,
     ) -> tuple[str, str]:
         """Create an empty workspace; returns (workspace_id, bearer token). The token is
-        shown this once: the store keeps only its SHA-256."""
+        shown this once: the store keeps only its SHA-256. With `max_workspaces`, refuse
+        (PermissionDenied) once the store holds that many."""
         lim = self.limits
         if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= lim.max_dim:
             raise BadRequest(f"dim must be an integer from 1 to {lim.max_dim}, got {dim!r}")
@@ -1509,6 +1512,13 @@ class Store:
                 taken = conn.execute("SELECT 1 FROM workspaces WHERE id = ?", (workspace_id,))
                 if taken.fetchone():
                     raise WorkspaceExists(f"workspace {workspace_id} already exists")
+                if max_workspaces is not None:
+                    (count,) = conn.execute("SELECT count(*) FROM workspaces").fetchone()
+                    if count >= max_workspaces:
+                        raise PermissionDenied(
+                            f"this server holds its limit of {max_workspaces} workspaces;"
+                            " ask its operator for room"
+                        )
                 if path.exists():  # left by a create that died before registering it
                     shutil.rmtree(path)
                 WorkspaceStore.initialize(path, dim)

@@ -421,3 +421,66 @@ def test_a_damaged_workspace_file_is_a_clear_503_logged_once(
     assert "Traceback" not in log
     statuses = re.findall(r"POST /v1/workspaces/ws1/search (\d+) ", log)
     assert statuses == ["503"] * 3, log  # the request log says what was answered
+
+
+def test_openapi_describes_path_parameters_and_request_bodies(live_server: ServerProcess) -> None:
+    spec = httpx.get(live_server.url + "/openapi.json", timeout=10).json()
+    refs: list[str] = []
+
+    def collect(node: object) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("$ref"), str):
+                refs.append(node["$ref"])
+            for value in node.values():
+                collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                collect(value)
+
+    collect(spec)
+    schemas = spec["components"]["schemas"]
+    assert refs and all(r.removeprefix("#/components/schemas/") in schemas for r in refs)
+    operations = 0
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            operations += 1
+            params = {p["name"]: p for p in op.get("parameters", [])}
+            if "{workspace_id}" in path:
+                assert params["workspace_id"]["in"] == "path", (method, path)
+                assert params["workspace_id"]["required"] is True
+            if method == "post":
+                body = op["requestBody"]["content"]["application/json"]["schema"]
+                assert body["$ref"].startswith("#/components/schemas/"), (method, path)
+    assert operations == 8
+    apply_body = schemas["ApplyBody"]["properties"]["updates"]["items"]
+    assert apply_body["$ref"] == "#/components/schemas/UpdateBody"
+    assert "base64url" in schemas["UpdateBody"]["properties"]["file_key"]["description"]
+
+
+def test_workspace_creation_needs_the_admin_token_and_keeps_to_the_quota(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CODEVEIL_ADMIN_TOKEN", "s3cret-admin")
+    server = ServerProcess(tmp_path / "data", args=("--max-workspaces", "2")).start()
+    try:
+        def create(name: str) -> str:
+            return HttpClient.create_workspace(server.url, name, dim=DIM, model_id="m",
+                                               key_check=b"check")
+
+        monkeypatch.delenv("CODEVEIL_ADMIN_TOKEN")
+        with pytest.raises(AuthError, match="needs its admin token"):
+            create("anyone")
+        monkeypatch.setenv("CODEVEIL_ADMIN_TOKEN", "wrong")
+        with pytest.raises(AuthError, match="needs its admin token"):
+            create("guess")
+        monkeypatch.setenv("CODEVEIL_ADMIN_TOKEN", "s3cret-admin")
+        token = create("one")
+        create("two")
+        with pytest.raises(PermissionDenied, match="limit of 2 workspaces"):
+            create("three")
+        # The admin token creates; it does not open a workspace, and its own token does.
+        assert HttpClient(server.url, "one", token).info().workspace_id == "one"
+        with pytest.raises(AuthError):
+            HttpClient(server.url, "one", "s3cret-admin").info()
+    finally:
+        server.stop()
