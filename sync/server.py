@@ -51,6 +51,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from indexer.errors import CodeveilError
 from indexer.sqlite_files import CorruptFileError
 from sync.records import KEY_BYTES, ChunkRecord, FileUpdate
 from sync.store import Store, WorkspaceStore
@@ -568,8 +569,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-workspaces", type=int, default=None,
                         help="refuse to create workspaces beyond this many")
     args = parser.parse_args(argv)
-    serve(args.data, args.host, args.port, log_level=args.log_level,
-          max_body_bytes=args.max_body_bytes, max_workspaces=args.max_workspaces)
+    try:
+        serve(args.data, args.host, args.port, log_level=args.log_level,
+              max_body_bytes=args.max_body_bytes, max_workspaces=args.max_workspaces)
+    except CodeveilError as exc:  # a damaged registry, say: one line, not a traceback
+        log.error("cannot serve %s: %s", args.data, exc)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

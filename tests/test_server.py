@@ -484,3 +484,20 @@ def test_workspace_creation_needs_the_admin_token_and_keeps_to_the_quota(
             HttpClient(server.url, "one", "s3cret-admin").info()
     finally:
         server.stop()
+
+
+def test_a_damaged_registry_stops_the_server_with_one_clear_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from sync.store import Store
+
+    Store(tmp_path / "data").close()
+    (tmp_path / "data" / "registry.sqlite").write_bytes(b"garbage!" * 4096)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sync.server", "--data", str(tmp_path / "data"), "--port",
+         str(free_port())], capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "registry.sqlite is corrupt" in proc.stderr and "restore it from a backup" in proc.stderr
