@@ -230,14 +230,20 @@ def _print_hits(hits: list[Hit], query: str) -> None:
 @click.option("--repair", is_flag=True,
               help="Rebuild what is damaged (moved aside first, never deleted).")
 @click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path))
-def doctor(repair: bool, repo: Path) -> None:
+@click.option("--data", "data", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="Check a server's data dir instead (read only).")
+def doctor(repair: bool, repo: Path, data: Path | None) -> None:
     """Check every file of the index and its store; --repair rebuilds what it can.
 
     Exits 0 when everything is (or was repaired to be) in order, 1 otherwise.
     """
+    from retrieval.doctor import check_data_dir
     from retrieval.doctor import doctor as run_doctor
 
-    report = run_doctor(repo, repair=repair)
+    if data is not None and repair:
+        raise click.UsageError("--repair works on a repo's index; a server's data dir is"
+                               " restored from a backup")
+    report = check_data_dir(data) if data is not None else run_doctor(repo, repair=repair)
     for line in report.lines():
         click.echo(line)
     if report.index is not None:

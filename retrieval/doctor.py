@@ -258,8 +258,37 @@ def _check_server(idx: Index, config: RepoConfig, report: DoctorReport, plan: _P
     try:
         idx.status()
     except CodeveilError as exc:
+        # The server's files are its operator's to repair (`codeveil doctor --data DIR`
+        # on the server); a client can only re-send once it answers again.
         f.problem = str(exc)
-        plan.reupload.append(f)
+
+
+def check_data_dir(data: str | Path) -> DoctorReport:
+    """Check a server's data dir (`codeveil doctor --data DIR`): the registry, then each
+    workspace's tree, chunk table and snapshot. Run it with the server stopped or not;
+    it only reads. Damaged workspaces are the operator's to restore from a backup."""
+    data = Path(data)
+    report = DoctorReport(data)
+    registry = Finding(str(data / "registry.sqlite"))
+    report.findings.append(registry)
+    if not (data / "registry.sqlite").exists():
+        registry.problem = "missing: this is not a codeveil data dir"
+        return report
+    bad = integrity_problem(data / "registry.sqlite")
+    if bad is not None:
+        registry.problem = f"corrupt ({bad}); restore it from a backup of the data dir"
+        return report
+    with Store(data) as store:
+        for workspace_id in store.workspace_ids():
+            f = Finding(str(data / "workspaces" / workspace_id))
+            report.findings.append(f)
+            try:
+                problems = store.workspace(workspace_id).check()
+            except CodeveilError as exc:
+                problems = [str(exc)]
+            if problems:
+                f.problem = "; ".join(problems)
+    return report
 
 
 @contextlib.contextmanager
@@ -329,4 +358,4 @@ def _all_chunks(root: Path) -> list:
         return [c for _rowid, c in local.iter_all()]
 
 
-__all__ = ["DoctorReport", "Finding", "doctor"]
+__all__ = ["DoctorReport", "Finding", "check_data_dir", "doctor"]

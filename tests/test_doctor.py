@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from indexer.embedder import HashingEmbedder
@@ -208,3 +209,24 @@ def test_doctor_command_prints_findings_and_exit_status(repo: Path) -> None:
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr
     assert "repaired" in repaired.stdout
     assert list(store_path(repo).parent.glob("store.damaged-*"))  # kept, not deleted
+
+
+def test_doctor_checks_a_server_data_dir(tmp_path: Path) -> None:
+    from retrieval.doctor import check_data_dir
+    from sync.local_client import LocalClient
+    from sync.records import ChunkRecord, FileUpdate
+
+    data = tmp_path / "data"
+    for name in ("good", "bad"):
+        with LocalClient.create_workspace(data, name, dim=4, model_id="m",
+                                          key_check=b"k") as client:
+            client.apply([FileUpdate(b"f" * 16, (b"r" * 16,), b"v" * 16,
+                                     (ChunkRecord(b"c" * 16, np.ones(4, np.float32), b"m"),))],
+                         [])
+    assert check_data_dir(data).healthy
+    for f in (data / "workspaces" / "bad" / "chunks.lance" / "data").iterdir():
+        f.unlink()
+    report = check_data_dir(data)
+    problems = {f.path: f.problem for f in report.findings if f.problem}
+    assert list(problems) == [str(data / "workspaces" / "bad")]
+    assert "chunks.lance" in problems[str(data / "workspaces" / "bad")]
