@@ -8,18 +8,21 @@ SQLite in WAL mode, so an indexer and a daemon of another repo can share the fil
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import xxhash
 
+from indexer import sqlite_files
 from indexer.embedder import Embedder
 from indexer.formats import check_sqlite_format
 from indexer.paths import cache_dir
-from indexer.private_files import connect_private
 
+CACHE_ADVICE = (
+    "it is only a cache: delete it (vectors are recomputed) or run `codeveil doctor --repair`"
+)
 # SQLite limits host parameters per statement; stay well below it.
 _LOOKUP_BATCH = 900
 
@@ -39,7 +42,8 @@ class EmbeddingCache:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or cache_dir() / "embeddings.sqlite"
-        self._db = connect_private(self.path, timeout=30, check_same_thread=False)
+        self._db = sqlite_files.connect(self.path, CACHE_ADVICE, private=True, timeout=30,
+                                        check_same_thread=False)
         try:
             check_sqlite_format(
                 self._db, self.path, what="the embedding cache", version=CACHE_FORMAT,
@@ -74,6 +78,13 @@ class EmbeddingCache:
                 "INSERT OR REPLACE INTO embeddings (key, vector) VALUES (?, ?)",
                 [(k, np.asarray(v, dtype="<f4").tobytes()) for k, v in items],
             )
+
+    def vectors_of_size(self, dim: int) -> Iterator[np.ndarray]:
+        """Every stored vector of `dim` values (`codeveil doctor` checks them)."""
+        for (blob,) in self._db.execute(
+            "SELECT vector FROM embeddings WHERE length(vector) = ?", (dim * 4,)
+        ):
+            yield np.frombuffer(blob, dtype="<f4")
 
     def __len__(self) -> int:
         return self._db.execute("SELECT count(*) FROM embeddings").fetchone()[0]

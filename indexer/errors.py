@@ -8,6 +8,7 @@ hangs under another parent than drawn::
     ├── IndexerError                      files -> chunks -> vectors
     │   └── EmbedderError                 the model could not be loaded or run
     ├── FormatError         (indexer.formats) a file of a format this version does not read
+    ├── CorruptFileError    (indexer.sqlite_files)  a damaged SQLite file: which, what to do
     ├── NoIndexError        (sync.workspace)  no `.codeveil/` here or above
     ├── SyncError           (sync.errors)     keys, crypto, store, server, network
     │   ├── WorkspaceKeyError   (sync.errors)     the workspace key cannot be used
@@ -23,6 +24,7 @@ hangs under another parent than drawn::
     │   ├── ConfigError         (sync.workspace)  `.codeveil/config.json` is unusable
     │   ├── StoreError          (sync.wire)       the store refused a request or is unusable
     │   │   ├── BadRequest                        malformed or over-limit input (400/413/422)
+    │   │   ├── StoreCorrupt                      a damaged store file: which, what to do (503)
     │   │   ├── WorkspaceNotFound                 no such workspace (404)
     │   │   ├── WorkspaceExists                   the id is taken (409)
     │   │   └── AuthError                         no or wrong token (401)

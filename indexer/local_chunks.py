@@ -10,13 +10,18 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+from indexer import sqlite_files
 from indexer.chunk import Chunk
 from indexer.formats import check_sqlite_format
-from indexer.private_files import connect_private
 
 # The format of state.sqlite as a whole (this table, the stat cache's and the lexical
 # index's triggers); raise it, with a migration, whenever any of them changes.
 STATE_FORMAT = 1
+
+STATE_ADVICE = (
+    "it holds only what the working tree rebuilds: run `codeveil doctor --repair`"
+    " (or delete it and run `codeveil index`)"
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chunk_files (
@@ -40,7 +45,8 @@ CREATE INDEX IF NOT EXISTS chunks_by_hash ON chunks (chunk_hash);
 
 def open_state_db(path: Path) -> sqlite3.Connection:
     """The client state database (WAL, so a search can read while an index writes)."""
-    db = connect_private(path, timeout=30, check_same_thread=False)
+    db = sqlite_files.connect(path, STATE_ADVICE, private=True, timeout=30,
+                              check_same_thread=False)
     try:
         check_sqlite_format(db, path, what="the client state", version=STATE_FORMAT,
                             remedy="delete it and run `codeveil index` to rebuild it")

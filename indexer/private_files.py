@@ -2,18 +2,17 @@
 cache holds vectors from which code can be approximated, so neither is left to the umask.
 
 A folder is made (or tightened to) 0700 and a database file created 0600 before SQLite
-opens it; SQLite gives its -wal and -shm files the database file's permissions.
+opens it (`indexer.sqlite_files.connect(..., private=True)`); SQLite gives its -wal and
+-shm files the database file's permissions.
 """
 
 from __future__ import annotations
 
 import os
-import sqlite3
 import stat
 from pathlib import Path
-from typing import Any
 
-__all__ = ["connect_private", "fsync_dir", "private_dir"]
+__all__ = ["fsync_dir", "private_dir", "private_file"]
 
 
 def private_dir(folder: Path) -> None:
@@ -34,9 +33,8 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def connect_private(path: Path, **options: Any) -> sqlite3.Connection:
-    """`sqlite3.connect(path, **options)` on a file readable by its owner only."""
-    path = Path(path)
+def private_file(path: Path) -> None:
+    """Create `path` empty if it is absent, and make it 0600 (and its folder 0700)."""
     private_dir(path.parent)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o600)
     try:
@@ -44,4 +42,3 @@ def connect_private(path: Path, **options: Any) -> sqlite3.Connection:
             os.fchmod(fd, 0o600)  # made by an older version under a looser umask
     finally:
         os.close(fd)
-    return sqlite3.connect(path, **options)

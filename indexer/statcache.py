@@ -27,7 +27,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from indexer.private_files import connect_private
+from indexer import sqlite_files
+from indexer.local_chunks import STATE_ADVICE
 from indexer.walk import FileStat, Skipped, SkipReason, SourceFile, WalkResult, read_source
 
 DEFAULT_RACY_MARGIN_NS = 2_000_000_000
@@ -128,7 +129,8 @@ class StatCache:
     ) -> None:
         self.racy_margin_ns = racy_margin_ns
         # Autocommit; writes open their own explicit transactions.
-        self._db = connect_private(Path(db_path), isolation_level=None)
+        self._db = sqlite_files.connect(Path(db_path), STATE_ADVICE, private=True,
+                                        isolation_level=None)
         self._db.execute("PRAGMA busy_timeout = 5000")  # the file is shared with other tables
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute("PRAGMA synchronous = NORMAL")

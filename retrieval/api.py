@@ -37,9 +37,11 @@ from sync.errors import KeyMismatchError
 from sync.keys import ENV_KEY, WorkspaceKey, create_key, load_key
 from sync.syncer import Progress, Syncer, SyncReport
 from sync.workspace import (
+    ConfigError,
     RepoConfig,
     codeveil_dir,
     find_root,
+    init_lock,
     load_config,
     load_token,
     new_workspace_id,
@@ -101,6 +103,11 @@ class Index:
         except CodeveilError:
             return self._start.resolve()
 
+    @property
+    def embedder(self) -> CachedEmbedder:
+        """The embedder this index uses (the workspace's model), behind the cache."""
+        return self._cached_embedder()
+
     def _cached_embedder(self) -> CachedEmbedder:
         if self._embedder is None:
             model = self._embedder_given or self._workspace_embedder() or default_embedder()
@@ -126,6 +133,21 @@ class Index:
         With `workspace_id` (and the key imported with `codeveil key import`), join an
         existing workspace on `server` instead of creating one.
         """
+        with init_lock(self._start.resolve()):
+            return self._init(server=server, workspace_id=workspace_id, token=token)
+
+    def _init_once(self) -> None:
+        """Create the index here unless another process (a daemon, a second agent) did
+        so meanwhile: the first to take the lock creates it, the others use what it made,
+        so one folder ends with one workspace and one key."""
+        root = self._start.resolve()
+        with init_lock(root):
+            if not (codeveil_dir(root) / "config.json").is_file():
+                self._init()
+
+    def _init(self, *, server: str | None = None, workspace_id: str | None = None,
+              token: str | None = None) -> RepoConfig:
+        """`init`, its caller holding the init lock."""
         root = self._start.resolve()
         embedder = self._cached_embedder()
         if workspace_id is None:
@@ -179,6 +201,14 @@ class Index:
                 f"the key for workspace {config.workspace_id} does not match the one its index"
                 " was built with; import the right one with `codeveil key import`"
             )
+        for name, have, want in (("dim", config.dim, info.dim),
+                                 ("model_id", config.model_id, info.model_id)):
+            if have != want:
+                path = codeveil_dir(find_root(self._start)) / "config.json"
+                raise ConfigError(
+                    f"{path}: {name} is {have!r} but workspace {config.workspace_id} holds"
+                    f" {want!r}; set it back to {want!r}"
+                )
         model = self._cached_embedder()
         if info.model_id != model.model_id or info.dim != model.dim:
             raise ModelMismatchError(
@@ -188,12 +218,15 @@ class Index:
 
     # -- indexing -------------------------------------------------------------------
 
-    def index(self, *, progress: Progress | None = None) -> SyncReport:
-        """Bring the index up to date with the folder; creates it on first use."""
+    def index(self, *, progress: Progress | None = None, reupload: bool = False) -> SyncReport:
+        """Bring the index up to date with the folder; creates it on first use.
+
+        `reupload` sends every file again, whatever the store's tree says: the repair of
+        a store that lost rows (`codeveil doctor --repair`)."""
         try:
             find_root(self._start)
         except CodeveilError:
-            self.init()
+            self._init_once()
         root, config, key, client = self._open()
         embedder = self._cached_embedder()
         syncer = Syncer(
@@ -201,9 +234,11 @@ class Index:
             crypto.VectorCipher(key, embedder.dim), progress=progress,
         )
         try:
-            return syncer.run()
+            report = syncer.run(reupload=reupload)
         finally:
             syncer.close()
+        client.verify()  # never report success over a store that cannot read its rows
+        return report
 
     # -- search ---------------------------------------------------------------------
 
@@ -241,6 +276,7 @@ class Index:
         root, config, key, client = self._open()
         db = open_state_db(state_path(root))
         try:
+            self._check_state(root, LocalChunks(db), client)
             lexical = self._lexical(root).current(db)
             ranker = self._hybrid_ranker(config, key, client, lexical)
             keep = _hit_filter(path, language)
@@ -251,6 +287,20 @@ class Index:
             return self._read_hits(root, LocalChunks(db), group_ranking(ranking, group), k)
         finally:
             db.close()
+
+    @staticmethod
+    def _check_state(root: Path, local: LocalChunks, client: StoreClient) -> None:
+        """Refuse to search with a lost client state: the hits would silently change
+        (no lexical side, no exact scores, nothing to re-locate edited chunks with)."""
+        if local.count_files():
+            return
+        held = client.info().chunks
+        if held:
+            raise CodeveilError(
+                f"the client state {state_path(root)} is missing or empty while the store"
+                f" holds {held} chunks; run `codeveil index` (or `codeveil doctor --repair`)"
+                " to rebuild it from the working tree"
+            )
 
     def _lexical(self, root: Path) -> LexicalStore:
         if self._lexical_store is None or self._lexical_store.directory.parent != codeveil_dir(

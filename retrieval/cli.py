@@ -37,8 +37,8 @@ class _Group(click.Group):
         except CodeveilError as exc:
             _fail(str(exc))
         except sqlite3.DatabaseError as exc:
-            _fail(f"the index files are corrupt ({exc}); delete .codeveil/ and run"
-                  " `codeveil index` again")
+            _fail(f"an index file is corrupt ({exc}); `codeveil doctor` finds which,"
+                  " `codeveil doctor --repair` rebuilds it")
         except KeyboardInterrupt:
             _fail("interrupted; nothing is lost, run the command again to continue")
         except Exception as exc:
@@ -223,6 +223,36 @@ def _print_hits(hits: list[Hit], query: str) -> None:
         console.print()
 
 
+# -- doctor ---------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--repair", is_flag=True,
+              help="Rebuild what is damaged (moved aside first, never deleted).")
+@click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path))
+@click.option("--data", "data", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="Check a server's data dir instead (read only).")
+def doctor(repair: bool, repo: Path, data: Path | None) -> None:
+    """Check every file of the index and its store; --repair rebuilds what it can.
+
+    Exits 0 when everything is (or was repaired to be) in order, 1 otherwise.
+    """
+    from retrieval.doctor import check_data_dir
+    from retrieval.doctor import doctor as run_doctor
+
+    if data is not None and repair:
+        raise click.UsageError("--repair works on a repo's index; a server's data dir is"
+                               " restored from a backup")
+    report = check_data_dir(data) if data is not None else run_doctor(repo, repair=repair)
+    for line in report.lines():
+        click.echo(line)
+    if report.index is not None:
+        _print_report(report.index)
+    if not report.healthy:
+        hint = "" if repair else "; `codeveil doctor --repair` rebuilds what can be rebuilt"
+        _fail(f"problems found in the index at {report.root}{hint}")
+
+
 # -- status, init, key --------------------------------------------------------------
 
 
@@ -313,11 +343,17 @@ def key_import(text: str, workspace: str | None, repo: Path) -> None:
               help="Folder holding the server's encrypted data.")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=7400, show_default=True, type=click.IntRange(0, 65535))
-def serve(data: Path, host: str, port: int) -> None:
-    """Run the codeveil server: it stores only ciphertext and keyed hashes."""
+@click.option("--max-workspaces", type=click.IntRange(0), default=None,
+              help="Refuse to create workspaces beyond this many.")
+def serve(data: Path, host: str, port: int, max_workspaces: int | None) -> None:
+    """Run the codeveil server: it stores only ciphertext and keyed hashes.
+
+    With CODEVEIL_ADMIN_TOKEN set, only clients that send that token (the same variable,
+    on their side) can create workspaces.
+    """
     from sync.server import serve as run_server
 
-    run_server(data, host=host, port=port)
+    run_server(data, host=host, port=port, max_workspaces=max_workspaces)
 
 
 @main.command()

@@ -45,6 +45,7 @@ import sqlite3
 import tempfile
 import threading
 import time
+import zipfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -389,17 +390,30 @@ def _unpack(raw: np.ndarray) -> list[str]:
 
 
 def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write one .npz atomically (a reader sees the old file or the new one)."""
+    """Write one .npz atomically and durably (a reader sees the old file or the new one,
+    also after a power cut: the data is fsynced before the rename, the rename after)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".npz")
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # not every file system can fsync a directory
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
 
 # -- the index: base + delta + deleted mask --------------------------------------------
@@ -819,6 +833,11 @@ class LexicalStore:
             self._saved = self._refresh(db, self._saved)
             return self._saved.index
 
+    def damaged(self) -> bool:
+        """Whether saved index files exist but cannot be read (`codeveil doctor`)."""
+        files = [self.directory / BASE_FILE, self.directory / DELTA_FILE]
+        return any(f.exists() for f in files) and self._load() is None
+
     # -- disk -----------------------------------------------------------------------
 
     def _load(self) -> _Saved | None:
@@ -827,8 +846,14 @@ class LexicalStore:
                 zb_d = {k: zb[k] for k in zb.files}
             with np.load(self.directory / DELTA_FILE, allow_pickle=False) as zd:
                 zd_d = {k: zd[k] for k in zd.files}
-        except (OSError, ValueError) as exc:
-            log.debug("no usable lexical index in %s (%s)", self.directory, exc)
+        except FileNotFoundError as exc:
+            log.debug("no lexical index in %s (%s)", self.directory, exc)
+            return None
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            # Truncated or garbled (a full disk, a crash before fsync existed): it only
+            # caches what the chunk table holds, so it is rebuilt, not fatal.
+            log.warning("the lexical index in %s is damaged (%s); rebuilding it",
+                        self.directory, exc)
             return None
         try:
             if (int(zb_d["version"][0]) != FORMAT_VERSION
@@ -842,8 +867,9 @@ class LexicalStore:
             files = dict(zip(_unpack(zd_d["file_paths"]),
                              (row.tobytes() for row in zd_d["file_digests"]), strict=True))
             stamp = (int(zd_d["stamp"][0]), int(zd_d["stamp"][1]), zd_d["epoch"].tobytes())
-        except (KeyError, ValueError) as exc:
-            log.debug("lexical index in %s unreadable (%s)", self.directory, exc)
+        except (KeyError, ValueError, IndexError, TypeError, UnicodeDecodeError) as exc:
+            log.warning("the lexical index in %s is unreadable (%s); rebuilding it",
+                        self.directory, exc)
             return None
         return _Saved(index, stamp, files, zb_d["base_id"].tobytes())
 

@@ -109,8 +109,8 @@ class _State:
             except CodeveilError as exc:
                 raise ToolError(str(exc)) from exc
             except sqlite3.DatabaseError as exc:
-                raise ToolError(f"the index files are corrupt ({exc}); delete .codeveil/ and"
-                                " call sync_index again") from exc
+                raise ToolError(f"an index file is corrupt ({exc}); `codeveil doctor` finds"
+                                " which, `codeveil doctor --repair` rebuilds it") from exc
 
 
 def run(repo: Path) -> None:

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from sync.records import FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
+from sync.records import DirValue, FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
 
 
 @dataclass
@@ -51,12 +51,19 @@ class StoreClient(Protocol):
         """
         ...
 
-    def set_dir_values(self, values: list[tuple[bytes, bytes]]) -> None:
-        """Set directory values (bottom-up order) once every file below them is applied."""
+    def set_dir_values(self, values: list[DirValue]) -> None:
+        """Set directory values (bottom-up order) once every file below them is applied;
+        each only if the store's children of it are the ones it was computed from."""
         ...
 
     def search(self, vector: np.ndarray, k: int) -> list[SearchHit]:
         """The k stored chunks nearest to an encrypted query vector."""
+        ...
+
+    def verify(self) -> None:
+        """Raise StoreCorrupt if the store plainly cannot read what it holds (a cheap
+        check, run before an index reports success). A server checks its own files and
+        answers 503 when they are damaged, so over HTTP this asks nothing."""
         ...
 
     def close(self) -> None: ...

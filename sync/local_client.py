@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from sync.client import TransferStats
-from sync.records import FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
+from sync.records import DirValue, FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
 from sync.store import Store, WorkspaceStore
 
 
@@ -93,13 +93,23 @@ class LocalClient:
         self.stats.requests += 1
         self._ws.apply(updates, deletes)
 
-    def set_dir_values(self, values: list[tuple[bytes, bytes]]) -> None:
+    def set_dir_values(self, values: list[DirValue]) -> None:
         self.stats.requests += 1
         self._ws.set_dir_values(values)
 
     def search(self, vector: np.ndarray, k: int) -> list[SearchHit]:
         self.stats.requests += 1
         return self._ws.search(vector, k)
+
+    def verify(self) -> None:
+        self._ws.verify()
+
+    def check(self) -> list[str]:
+        """Every problem found in the workspace's files (`WorkspaceStore.check`)."""
+        return self._ws.check()
+
+    def rows_by_file(self) -> dict[int, tuple[np.ndarray, list[bytes]]]:
+        return self._ws.rows_by_file()
 
     def close(self) -> None:
         if self._owns_store:

@@ -19,6 +19,7 @@ import xxhash
 from sync import crypto
 from sync.client import StoreClient
 from sync.keys import WorkspaceKey
+from sync.records import DirValue, children_digest
 
 ROOT = ""
 # Directory keys per `children` request (the server accepts up to 10,000).
@@ -159,8 +160,20 @@ def diff(tree: LocalTree, client: StoreClient, key: WorkspaceKey) -> Diff:
     return out
 
 
-def dir_values(
-    tree: LocalTree, key: WorkspaceKey, dirs: Iterable[str]
-) -> list[tuple[bytes, bytes]]:
-    """Server-side (key, value) pairs of local directories, in the order given."""
-    return [(crypto.node_key(key, d), crypto.node_value(key, tree.dirs[d])) for d in dirs]
+def dir_values(tree: LocalTree, key: WorkspaceKey, dirs: Iterable[str]) -> list[DirValue]:
+    """Server-side values of local directories, in the order given, each with the digest
+    of the children it stands for (the store sets it only over those children)."""
+    keys: dict[str, bytes] = {}
+
+    def node_key(path: str) -> bytes:
+        k = keys.get(path)
+        if k is None:
+            k = keys[path] = crypto.node_key(key, path)
+        return k
+
+    out = []
+    for d in dirs:
+        kids = [(node_key(c), crypto.node_value(key, tree.digest(c))) for c in tree.children[d]]
+        out.append(DirValue(node_key(d), crypto.node_value(key, tree.dirs[d]),
+                            children_digest(kids)))
+    return out

@@ -6,7 +6,10 @@ as little-endian float32.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,6 +37,31 @@ class FileUpdate:
     ancestors: tuple[bytes, ...]
     value: bytes
     chunks: tuple[ChunkRecord, ...] = ()
+
+
+class DirValue(NamedTuple):
+    """A directory value, and the children it was computed from.
+
+    `children` is `children_digest` of the (key, value) pairs of the directory's children
+    as the client computed them. The store sets `value` only if its own children of `key`
+    digest to the same bytes (a compare-and-set): a value computed over a tree that
+    another writer changed since is refused, so the tree never claims rows it lacks.
+    """
+
+    key: bytes
+    value: bytes
+    children: bytes
+
+
+def children_digest(children: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """SHA-256 of a directory's (child key, child value) pairs in key order, 16 bytes.
+
+    Computed alike by the client (from its tree) and the store (from its nodes)."""
+    h = hashlib.sha256(b"codeveil-children-v1")
+    for key, value in sorted(children):
+        h.update(key)
+        h.update(value)
+    return h.digest()[:KEY_BYTES]
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@
     GET  /v1/workspaces/{id}                         WorkspaceInfo
     GET  /v1/workspaces/{id}/tree/root               {node: Node | null}
     POST /v1/workspaces/{id}/tree/children           {keys: [key]} -> {children: {key: [Node]}}
-    POST /v1/workspaces/{id}/tree/dirs               {values: [[key, value]]}
+    POST /v1/workspaces/{id}/tree/dirs               {values: [[key, value, children]]}
     POST /v1/workspaces/{id}/apply                   {updates: [{file_key, ancestors, value,
                                                      chunks: [{chunk_id, vector, meta}]}],
                                                      deletes: [key]}
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hmac
 import json
 import logging
 import os
@@ -43,18 +44,22 @@ from typing import Annotated, Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, WithJsonSchema
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from indexer.errors import CodeveilError
+from indexer.sqlite_files import CorruptFileError
 from sync.records import KEY_BYTES, ChunkRecord, FileUpdate
 from sync.store import Store, WorkspaceStore
 from sync.wire import (
     API_PREFIX,
     LIMITS,
     AuthError,
+    StoreCorrupt,
     StoreError,
     b64decode,
     b64encode,
@@ -67,6 +72,9 @@ from sync.wire import (
 log = logging.getLogger("sync.server")  # not __name__: "__main__" under -m
 
 DEFAULT_PORT = 7400
+# Where `codeveil serve` and `codeveil init` read the token that creating workspaces
+# needs, when the server was started with one (never a command-line argument: `ps`).
+ADMIN_TOKEN_ENV = "CODEVEIL_ADMIN_TOKEN"
 
 
 # -- request bodies ---------------------------------------------------------------------
@@ -79,10 +87,17 @@ def _key(value: object) -> bytes:
     return raw
 
 
-# Validators raise ValueError with a short reason; the handler adds the JSON path.
-Key = Annotated[bytes, PlainValidator(_key)]
-Bytes = Annotated[bytes, PlainValidator(b64decode)]
-Vector = Annotated[Any, PlainValidator(decode_vector)]  # np.ndarray of float32
+# Validators raise ValueError with a short reason; the handler adds the JSON path. The
+# JSON schemas say what travels (for /openapi.json, client generators, fuzzers).
+Key = Annotated[bytes, PlainValidator(_key), WithJsonSchema(
+    {"type": "string", "pattern": "^[A-Za-z0-9_-]{22}$",
+     "description": f"{KEY_BYTES} bytes, base64url without padding"})]
+Bytes = Annotated[bytes, PlainValidator(b64decode), WithJsonSchema(
+    {"type": "string", "pattern": "^[A-Za-z0-9_-]*$",
+     "description": "bytes, base64url without padding"})]
+Vector = Annotated[Any, PlainValidator(decode_vector), WithJsonSchema(  # np.ndarray, float32
+    {"type": "string", "pattern": "^[A-Za-z0-9_-]*$",
+     "description": "little-endian float32 values, base64url without padding"})]
 
 
 class _Body(BaseModel):
@@ -120,7 +135,7 @@ class ChildrenBody(_Body):
 
 
 class DirValuesBody(_Body):
-    values: list[tuple[Key, Key]] = Field(max_length=LIMITS.max_dir_values)
+    values: list[tuple[Key, Key, Key]] = Field(max_length=LIMITS.max_dir_values)
 
 
 class SearchBody(_Body):
@@ -161,12 +176,25 @@ def _authorized(store: Store, workspace_id: str, authorization: str | None) -> W
     return store.workspace(workspace_id)
 
 
-def _create(store: Store, _ws: str, _auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
-    req = CreateWorkspaceBody.model_validate_json(body)
-    workspace_id, token = store.create_workspace(
-        req.dim, req.model_id, req.key_check, workspace_id=req.workspace_id
-    )
-    return 201, {"workspace_id": workspace_id, "token": token}
+def _creator(admin_token: str | None, max_workspaces: int | None) -> Handler:
+    """The create handler: open to anyone, or only to the holder of `admin_token`; at
+    most `max_workspaces` in the store, if given."""
+
+    def _create(store: Store, _ws: str, auth: str | None,
+                body: bytes) -> tuple[int, dict[str, Any]]:
+        if admin_token is not None:
+            given = _bearer(auth)
+            if given is None or not hmac.compare_digest(given.encode(), admin_token.encode()):
+                raise AuthError("creating a workspace on this server needs its admin token"
+                                f" (set {ADMIN_TOKEN_ENV} for `codeveil init`)")
+        req = CreateWorkspaceBody.model_validate_json(body)
+        workspace_id, token = store.create_workspace(
+            req.dim, req.model_id, req.key_check, workspace_id=req.workspace_id,
+            max_workspaces=max_workspaces,
+        )
+        return 201, {"workspace_id": workspace_id, "token": token}
+
+    return _create
 
 
 def _info(store: Store, ws: str, auth: str | None, _body: bytes) -> tuple[int, dict[str, Any]]:
@@ -326,6 +354,9 @@ class RequestLog:
 
         try:
             await self.app(scope, receive, send_counting)
+        except BaseException:
+            status = status or 500  # what the outermost error handler answers
+            raise
         finally:
             declared = dict(scope["headers"]).get(b"content-length", b"0").decode("latin-1")
             log.info(
@@ -347,6 +378,8 @@ def create_app(
     *,
     max_body_bytes: int = LIMITS.max_body_bytes,
     close_store: bool | None = None,
+    admin_token: str | None = None,
+    max_workspaces: int | None = None,
 ) -> FastAPI:
     """The ASGI app over `store` (a Store, or a data dir the app opens). The app closes
     the store at shutdown if it opened it, or if `close_store` says so."""
@@ -371,33 +404,86 @@ def create_app(
     )
     app.state.store = the_store
 
-    def route(method: str, path: str, handler: Handler) -> None:
+    damaged: set[str] = set()  # messages about damaged files, logged once each
+
+    schemas: dict[str, Any] = {}  # request bodies, for /openapi.json
+
+    def describe(path: str, body: type[BaseModel] | None) -> dict[str, Any]:
+        """The OpenAPI parameters and request body of a route. Endpoints read the raw body
+        (parsed off the event loop), so FastAPI cannot infer them."""
+        extra: dict[str, Any] = {}
+        if "{workspace_id}" in path:
+            extra["parameters"] = [{
+                "name": "workspace_id", "in": "path", "required": True,
+                "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"},
+            }]
+            extra["security"] = [{"bearer": []}]
+        if body is not None:
+            schema = body.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(schema.pop("$defs", {}))
+            schemas[body.__name__] = schema
+            extra["requestBody"] = {"required": True, "content": {"application/json": {
+                "schema": {"$ref": f"#/components/schemas/{body.__name__}"}}}}
+        return extra
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            spec = get_openapi(title=app.title, version=app.version, summary=app.summary,
+                               routes=app.routes)
+            components = spec.setdefault("components", {})
+            components.setdefault("schemas", {}).update(schemas)
+            components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    def route(method: str, path: str, handler: Handler,
+              body: type[BaseModel] | None = None) -> None:
         async def endpoint(request: Request) -> Response:
             body = await request.body()
-            status, payload = await run_in_threadpool(
-                handler,
-                the_store,
-                request.path_params.get("workspace_id", ""),
-                request.headers.get("authorization"),
-                body,
-            )
+            try:
+                status, payload = await run_in_threadpool(
+                    handler,
+                    the_store,
+                    request.path_params.get("workspace_id", ""),
+                    request.headers.get("authorization"),
+                    body,
+                )
+            except (StoreCorrupt, CorruptFileError) as exc:
+                # Every request to the workspace fails the same way until it is repaired:
+                # the operator hears of it once, each client every time.
+                message = str(exc)
+                if message not in damaged:
+                    damaged.add(message)
+                    log.error("%s %s: %s", request.method, request.url.path, message)
+                return JSONResponse({"error": message}, status_code=503)
+            except (StoreError, ValidationError):
+                raise
+            except Exception as exc:
+                # Here, not in an app-wide handler, so the request log sees the 500.
+                log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+                return JSONResponse(
+                    {"error": f"internal server error ({type(exc).__name__}); see the"
+                              " server's log"}, status_code=500)
             return JSONResponse(payload, status_code=status)
 
         endpoint.__name__ = handler.__name__.lstrip("_")
-        app.add_api_route(API_PREFIX + path, endpoint, methods=[method])
+        app.add_api_route(API_PREFIX + path, endpoint, methods=[method],
+                          openapi_extra=describe(path, body))
 
     @app.get(API_PREFIX + "/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "api": API_PREFIX.strip("/"), "limits": LIMITS.as_dict()}
 
     ws = "/workspaces/{workspace_id}"
-    route("POST", "/workspaces", _create)
+    route("POST", "/workspaces", _creator(admin_token, max_workspaces), CreateWorkspaceBody)
     route("GET", ws, _info)
     route("GET", ws + "/tree/root", _root)
-    route("POST", ws + "/tree/children", _children)
-    route("POST", ws + "/tree/dirs", _dirs)
-    route("POST", ws + "/apply", _apply)
-    route("POST", ws + "/search", _search)
+    route("POST", ws + "/tree/children", _children, ChildrenBody)
+    route("POST", ws + "/tree/dirs", _dirs, DirValuesBody)
+    route("POST", ws + "/apply", _apply, ApplyBody)
+    route("POST", ws + "/search", _search, SearchBody)
 
     @app.exception_handler(StoreError)
     async def store_error(_request: Request, exc: StoreError) -> JSONResponse:
@@ -440,8 +526,10 @@ def serve(
     *,
     log_level: str = "info",
     max_body_bytes: int = LIMITS.max_body_bytes,
+    max_workspaces: int | None = None,
 ) -> None:
-    """Run the server on `data_dir` until interrupted (SIGINT/SIGTERM)."""
+    """Run the server on `data_dir` until interrupted (SIGINT/SIGTERM). Creating
+    workspaces needs the token in CODEVEIL_ADMIN_TOKEN when that is set."""
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -450,7 +538,9 @@ def serve(
     try:
         # The app closes the store at shutdown: uvicorn re-raises SIGTERM once it has
         # stopped, so code after run() does not run then; `finally` covers failed starts.
-        app = create_app(store, max_body_bytes=max_body_bytes, close_store=True)
+        admin_token = os.environ.get(ADMIN_TOKEN_ENV, "").strip() or None
+        app = create_app(store, max_body_bytes=max_body_bytes, close_store=True,
+                         admin_token=admin_token, max_workspaces=max_workspaces)
         log.info("serving %s on http://%s:%d%s", Path(data_dir), host, port, API_PREFIX)
         config = uvicorn.Config(
             app,
@@ -476,9 +566,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
     parser.add_argument("--max-body-bytes", type=int, default=LIMITS.max_body_bytes)
+    parser.add_argument("--max-workspaces", type=int, default=None,
+                        help="refuse to create workspaces beyond this many")
     args = parser.parse_args(argv)
-    serve(args.data, args.host, args.port, log_level=args.log_level,
-          max_body_bytes=args.max_body_bytes)
+    try:
+        serve(args.data, args.host, args.port, log_level=args.log_level,
+              max_body_bytes=args.max_body_bytes, max_workspaces=args.max_workspaces)
+    except CodeveilError as exc:  # a damaged registry, say: one line, not a traceback
+        log.error("cannot serve %s: %s", args.data, exc)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

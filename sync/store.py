@@ -76,7 +76,16 @@ import faiss
 import numpy as np
 import pyarrow as pa
 
-from sync.records import KEY_BYTES, FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
+from indexer import sqlite_files
+from sync.records import (
+    KEY_BYTES,
+    DirValue,
+    FileUpdate,
+    NodeInfo,
+    SearchHit,
+    WorkspaceInfo,
+    children_digest,
+)
 from sync.vector_index import (
     IndexPolicy,
     RowTable,
@@ -94,6 +103,7 @@ from sync.wire import (
     BadRequest,
     Limits,
     PermissionDenied,
+    StoreCorrupt,
     StoreError,
     WorkspaceExists,
     WorkspaceNotFound,
@@ -110,6 +120,7 @@ __all__ = [
     "IndexPolicy",
     "PermissionDenied",
     "Store",
+    "StoreCorrupt",
     "StoreError",
     "WorkspaceExists",
     "WorkspaceNotFound",
@@ -136,9 +147,20 @@ _STALE_TEMP_SECONDS = 3600.0
 # -- small helpers ----------------------------------------------------------------------
 
 
-def _connect(path: Path) -> sqlite3.Connection:
+TREE_ADVICE = (
+    "for the embedded store run `codeveil doctor --repair` in the repo (it is rebuilt from"
+    " the working tree); for a server, restore its data dir from a backup or delete this"
+    " workspace's folder and let the clients index again"
+)
+REGISTRY_ADVICE = (
+    "restore it from a backup of the data dir: it lists the workspaces and their tokens"
+)
+
+
+def _connect(path: Path, advice: str = TREE_ADVICE) -> sqlite3.Connection:
     # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE), never implicit.
-    conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+    conn = sqlite_files.connect(path, advice, timeout=30.0, isolation_level=None,
+                                check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")  # see the module docstring
     return conn
@@ -176,6 +198,32 @@ def _lancedb() -> Any:
     import lancedb
 
     return lancedb
+
+
+LANCE_ADVICE = (
+    "for the embedded store run `codeveil doctor --repair` in the repo (it is rebuilt from"
+    " the working tree); for a server, restore the data dir from a backup, or delete the"
+    " workspace's chunks.lance and tree.sqlite and let its clients index again"
+)
+
+
+@contextlib.contextmanager
+def _lance_reads(table_dir: Path) -> Iterator[None]:
+    """Reads of the LanceDB table: any failure (a damaged or missing data file or
+    manifest; LanceDB raises RuntimeError, OSError, ValueError, or a Rust panic, which is
+    a BaseException) becomes one `StoreCorrupt` naming the table and what to do."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise StoreCorrupt(
+            f"the chunk table {table_dir} cannot be read ({type(exc).__name__}: {first});"
+            f" {LANCE_ADVICE}"
+        ) from exc
 
 
 def _schema(dim: int) -> pa.Schema:
@@ -323,6 +371,12 @@ def _vector(value: object, dim: int, where: str) -> np.ndarray:
         out = arr.astype(np.float32)
     if not np.isfinite(out).all():
         raise BadRequest(f"{where} contains NaN or infinite values")
+    norm = float(np.linalg.norm(out.astype(np.float64)))
+    if norm > LIMITS.max_vector_norm:
+        raise BadRequest(
+            f"{where} has norm {norm:.3g}, over the limit of {LIMITS.max_vector_norm:.0e}"
+            " (its squared distances would overflow float32)"
+        )
     return out
 
 
@@ -432,7 +486,8 @@ class WorkspaceStore:
     def _table(self) -> Any:
         """The LanceDB table (callers hold _write_lock)."""
         if self._table_handle is None:
-            self._table_handle = _lancedb().connect(self.path).open_table(TABLE)
+            with _lance_reads(self.path / f"{TABLE}.lance"):
+                self._table_handle = _lancedb().connect(self.path).open_table(TABLE)
         return self._table_handle
 
     @staticmethod
@@ -466,7 +521,8 @@ class WorkspaceStore:
             chunks = self._snapshot_rows()
             if chunks is None:
                 # A fresh handle sees the latest version whoever wrote it.
-                chunks = _lancedb().connect(self.path).open_table(TABLE).count_rows()
+                with _lance_reads(self.path / f"{TABLE}.lance"):
+                    chunks = _lancedb().connect(self.path).open_table(TABLE).count_rows()
         r = self._record
         extra: dict[str, Any] = {
             "created_at": r.created_at,
@@ -590,47 +646,150 @@ class WorkspaceStore:
             if self._save_due():
                 self._save_index()
 
-    def set_dir_values(self, values: Sequence[tuple[bytes, bytes]]) -> None:
-        """Set the values of existing directories; other keys are ignored.
+    def set_dir_values(self, values: Sequence[DirValue | tuple[bytes, bytes, bytes]]) -> None:
+        """Set the values of existing directories, each only over the children it was
+        computed from (compare-and-set); other keys are ignored.
 
-        A directory with a pending (NULL) child keeps its NULL: its value would claim a
-        subtree the store does not fully hold. Values are applied repeatedly until no
-        more can be, so their order does not matter (bottom-up needs a single pass).
+        Each item is (key, value, children digest). A directory keeps its value unless
+        its children, as stored now, digest to the one given (`children_digest`): a
+        pending (NULL) child never does, and neither does a child another writer changed
+        after this value was computed (two teammates syncing at once). The last writer
+        therefore cannot make the tree claim its own files over another's rows. Values
+        are applied repeatedly until no more can be, so their order does not matter
+        (bottom-up needs a single pass).
         """
         self._check_open()
         if not isinstance(values, Sequence) or isinstance(values, bytes | str):
-            raise BadRequest("values must be a list of (key, value) pairs")
+            raise BadRequest("values must be a list of (key, value, children) triples")
         if len(values) > self.limits.max_dir_values:
             raise BadRequest(
                 f"too many directory values: {len(values)} > {self.limits.max_dir_values}"
             )
-        pending: dict[bytes, bytes] = {}
-        for i, pair in enumerate(values):
-            if not isinstance(pair, Sequence) or isinstance(pair, bytes | str) or len(pair) != 2:
-                raise BadRequest(f"values[{i}] must be a (key, value) pair")
-            pending[_key(pair[0], f"values[{i}][0]")] = _key(pair[1], f"values[{i}][1]")
+        pending: dict[bytes, tuple[bytes, bytes]] = {}
+        for i, item in enumerate(values):
+            if not isinstance(item, Sequence) or isinstance(item, bytes | str) or len(item) != 3:
+                raise BadRequest(f"values[{i}] must be a (key, value, children digest) triple")
+            pending[_key(item[0], f"values[{i}][0]")] = (
+                _key(item[1], f"values[{i}][1]"), _key(item[2], f"values[{i}][2]")
+            )
         with self._write_lock, self._flock(), _transaction(self._wconn) as conn:
             progress = True
             while pending and progress:
                 progress = False
-                for key, value in list(pending.items()):
+                for key, (value, expected) in list(pending.items()):
                     row = conn.execute("SELECT is_dir FROM nodes WHERE key = ?", (key,)).fetchone()
                     if row is None or not row[0]:
                         del pending[key]
                         continue
-                    if conn.execute(
-                        "SELECT 1 FROM nodes WHERE parent = ? AND value IS NULL LIMIT 1", (key,)
-                    ).fetchone():
+                    kids = conn.execute(
+                        "SELECT key, value FROM nodes WHERE parent = ?", (key,)
+                    ).fetchall()
+                    if any(v is None for _, v in kids):
+                        continue  # may be set by a later value of this call
+                    if children_digest((bytes(k), bytes(v)) for k, v in kids) != expected:
                         continue
                     conn.execute("UPDATE nodes SET value = ? WHERE key = ?", (value, key))
                     del pending[key]
                     progress = True
-        if pending:
+            refused = len(pending)
+        if refused:
             log.info(
-                "workspace %s: %d directory values left pending below pending nodes",
+                "workspace %s: %d directory values refused: computed over other children"
+                " (another writer, or a pending node below)",
                 self.workspace_id,
-                len(pending),
+                refused,
             )
+
+    # -- checks (`codeveil doctor`, and `codeveil index` before it reports success) -----
+
+    def verify(self) -> None:
+        """Raise StoreCorrupt if the chunk table plainly cannot be read. Cheap: with the
+        table open (this process wrote or read it) its rows are counted and compared with
+        the index's; otherwise only its files are looked at, so an index with nothing to
+        send does not pay LanceDB's import."""
+        self._check_open()
+        table_dir = self.path / f"{TABLE}.lance"
+        with self._write_lock:
+            if self._table_handle is not None and self._current() and self._index_clean:
+                with _lance_reads(table_dir):
+                    self._table.checkout_latest()
+                    stored = self._table.count_rows()
+                if stored != len(self._rows):
+                    raise StoreCorrupt(
+                        f"the chunk table {table_dir} holds {stored} rows where the search"
+                        f" index holds {len(self._rows)}; {LANCE_ADVICE}"
+                    )
+                return
+        manifests = list((table_dir / "_versions").glob("*.manifest"))
+        if not manifests or not any(m.stat().st_size for m in manifests):
+            raise StoreCorrupt(f"the chunk table {table_dir} has no version manifest;"
+                               f" {LANCE_ADVICE}")
+        rows = self._snapshot_rows()
+        data = list((table_dir / "data").glob("*.lance"))
+        if (rows and not data) or any(d.stat().st_size == 0 for d in data):
+            raise StoreCorrupt(f"the chunk table {table_dir} lost its data files;"
+                               f" {LANCE_ADVICE}")
+
+    def check(self) -> list[str]:
+        """Every problem found in this workspace's files, one line each (empty: none).
+
+        tree.sqlite's integrity; the chunk table read in full (every row's rid, file and
+        chunk id); rids unique; every row belonging to a file of the tree; the search
+        snapshot, when of the current generation, holding exactly the table's rows."""
+        self._check_open()
+        problems: list[str] = []
+        tree = self.path / "tree.sqlite"
+        bad = sqlite_files.integrity_problem(tree)
+        if bad is not None:
+            return [f"{tree} is corrupt ({bad}); {TREE_ADVICE}"]
+        with self._rlock:
+            leaves = {fid_of(bytes(k)) for (k,) in self._rconn.execute(
+                "SELECT key FROM nodes WHERE is_dir = 0")}
+        try:
+            by_file = self.rows_by_file()
+        except StoreCorrupt as exc:
+            return [str(exc)]
+        rids = np.concatenate([r for r, _ in by_file.values()] or [np.empty(0, np.int64)])
+        table_dir = self.path / f"{TABLE}.lance"
+        if len(np.unique(rids)) != len(rids):
+            problems.append(f"the chunk table {table_dir} holds a row twice; {LANCE_ADVICE}")
+        orphans = sum(len(r) for fid, (r, _) in by_file.items() if fid not in leaves)
+        if orphans:
+            problems.append(f"the chunk table {table_dir} holds {orphans} rows of files the"
+                            f" tree does not have; {LANCE_ADVICE}")
+        snapshot = self.path / SNAPSHOT
+        try:
+            info = read_snapshot_info(snapshot)
+        except FileNotFoundError:
+            info = None
+        except (SnapshotError, OSError) as exc:
+            problems.append(f"the search snapshot {snapshot} is unreadable ({exc}); it is"
+                            " rebuilt from the chunk table (delete it to stop this message)")
+            info = None
+        if info is not None and info.get("generation") == self._generation():
+            try:
+                _index, rows, _ = read_snapshot(snapshot, self.index_policy)
+                same = np.array_equal(np.sort(rows.rids()), np.sort(rids))
+            except (SnapshotError, OSError, ValueError) as exc:
+                same, rows = False, None
+                problems.append(f"the search snapshot {snapshot} is unreadable ({exc})")
+            if rows is not None and not same:
+                problems.append(f"the search snapshot {snapshot} does not hold the chunk"
+                                " table's rows; delete it (it is rebuilt from the table)")
+        return problems
+
+    def rows_by_file(self) -> dict[int, tuple[np.ndarray, list[bytes]]]:
+        """fid -> (rids, chunk ids) of every row of the chunk table, read in full."""
+        out: dict[int, tuple[list[int], list[bytes]]] = {}
+        with self._write_lock, _lance_reads(self.path / f"{TABLE}.lance"):
+            self._table.checkout_latest()
+            for b in self._scan(["rid", "fid", "chunk_id"]):
+                for rid, fid, cid in zip(b.column("rid").to_pylist(), b.column("fid").to_pylist(),
+                                         b.column("chunk_id").to_pylist(), strict=True):
+                    entry = out.setdefault(fid, ([], []))
+                    entry[0].append(rid)
+                    entry[1].append(cid)
+        return {f: (np.array(r, np.int64), c) for f, (r, c) in out.items()}
 
     def close(self) -> None:
         """Snapshot the index if it changed since the last snapshot, then close."""
@@ -731,6 +890,16 @@ class WorkspaceStore:
             raise BadRequest(
                 f"updates[{i}].chunks[{row - spans[i][0]}].vector contains NaN or infinite values"
             )
+        if len(matrix):
+            norms = np.linalg.norm(matrix.astype(np.float64), axis=1)
+            if norms.max() > lim.max_vector_norm:
+                row = int(np.argmax(norms))
+                i = next(i for i, (a, b) in enumerate(spans) if a <= row < b)
+                raise BadRequest(
+                    f"updates[{i}].chunks[{row - spans[i][0]}].vector has norm"
+                    f" {norms[row]:.3g}, over the limit of {lim.max_vector_norm:.0e} (its"
+                    " squared distances would overflow float32)"
+                )
         out = [
             dataclasses.replace(u, vectors=matrix[a:b])
             for u, (a, b) in zip(out, spans, strict=True)
@@ -910,7 +1079,8 @@ class WorkspaceStore:
         """Under the write locks: the table handle at the latest version, and the index
         equal to its rows (clean, see the module docstring)."""
         self._set_faiss_threads()  # for this thread's index updates in step 2
-        self._table.checkout_latest()
+        with _lance_reads(self.path / f"{TABLE}.lance"):
+            self._table.checkout_latest()
         self._reload_if_needed(locked=True)
 
     def _reload_if_needed(self, *, locked: bool) -> None:
@@ -929,7 +1099,8 @@ class WorkspaceStore:
             self._index_clean = True
             self._maybe_rebuild()
             return
-        self._table.checkout_latest()
+        with _lance_reads(self.path / f"{TABLE}.lance"):
+            self._table.checkout_latest()
         if self._index is None or self._index_stale or not self._catch_up(generation):
             self._build_from_table(generation)
         self._index_clean = locked
@@ -1127,10 +1298,11 @@ class WorkspaceStore:
     ) -> Iterator[pa.RecordBatch]:
         """Batches of the table at the version checked out (the handle does not move
         until the next checkout_latest, so successive scans agree)."""
-        query = self._table.search().select(columns).limit(None)
-        if where is not None:
-            query = query.where(where)
-        yield from query.to_batches(_SCAN_BATCH)
+        with _lance_reads(self.path / f"{TABLE}.lance"):
+            query = self._table.search().select(columns).limit(None)
+            if where is not None:
+                query = query.where(where)
+            yield from query.to_batches(_SCAN_BATCH)
 
     # -- misc -------------------------------------------------------------------------
 
@@ -1285,7 +1457,7 @@ class Store:
         (self.data_dir / "workspaces").mkdir(parents=True, exist_ok=True)
         self.faiss_threads = faiss_threads
         self._lock = threading.RLock()  # guards the registry connection and _open
-        self._registry = _connect(self.data_dir / "registry.sqlite")
+        self._registry = _connect(self.data_dir / "registry.sqlite", REGISTRY_ADVICE)
         self._registry.executescript(
             """
             CREATE TABLE IF NOT EXISTS workspaces (
@@ -1308,9 +1480,12 @@ class Store:
         model_id: str,
         key_check: bytes,
         workspace_id: str | None = None,
+        *,
+        max_workspaces: int | None = None,
     ) -> tuple[str, str]:
         """Create an empty workspace; returns (workspace_id, bearer token). The token is
-        shown this once: the store keeps only its SHA-256."""
+        shown this once: the store keeps only its SHA-256. With `max_workspaces`, refuse
+        (PermissionDenied) once the store holds that many."""
         lim = self.limits
         if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= lim.max_dim:
             raise BadRequest(f"dim must be an integer from 1 to {lim.max_dim}, got {dim!r}")
@@ -1337,6 +1512,13 @@ class Store:
                 taken = conn.execute("SELECT 1 FROM workspaces WHERE id = ?", (workspace_id,))
                 if taken.fetchone():
                     raise WorkspaceExists(f"workspace {workspace_id} already exists")
+                if max_workspaces is not None:
+                    (count,) = conn.execute("SELECT count(*) FROM workspaces").fetchone()
+                    if count >= max_workspaces:
+                        raise PermissionDenied(
+                            f"this server holds its limit of {max_workspaces} workspaces;"
+                            " ask its operator for room"
+                        )
                 if path.exists():  # left by a create that died before registering it
                     shutil.rmtree(path)
                 WorkspaceStore.initialize(path, dim)

@@ -34,6 +34,7 @@ from sync.keys import WorkspaceKey
 from sync.merkle import Diff, LocalTree, diff, dir_values
 from sync.progress import Progress
 from sync.records import ChunkRecord, FileUpdate
+from sync.wire import LIMITS
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,9 @@ class Syncer:
     def scan(self, report: SyncReport) -> dict[str, bytes]:
         """path -> content digest of every indexable file, reading only stat-changed ones."""
         t0 = time.perf_counter()
-        walked = walk_repo(self.root, max_file_bytes=self.max_file_bytes)
+        # A file deeper than the store's limit on ancestors is skipped, not sent.
+        walked = walk_repo(self.root, max_file_bytes=self.max_file_bytes,
+                           max_depth=LIMITS.max_depth - 1)
         self.progress.scanned(len(walked.files))
         result = scan(self.root, walked, self.stat_cache, read=self._read)
         report.skipped.extend((s.path, s.describe()) for s in result.skipped)
@@ -133,7 +136,9 @@ class Syncer:
 
     # -- the sync -------------------------------------------------------------------
 
-    def run(self) -> SyncReport:
+    def run(self, *, reupload: bool = False) -> SyncReport:
+        """One sync. `reupload` sends every file and directory value again, whatever the
+        store's tree claims (a store that lost rows it still has leaves for)."""
         started = time.perf_counter()
         report = SyncReport()
         before = (self.client.stats.requests, self.client.stats.bytes_sent,
@@ -143,6 +148,9 @@ class Syncer:
 
         t0 = time.perf_counter()
         plan = diff(tree, self.client, self.key)
+        if reupload:
+            plan.upload = sorted(tree.files)
+            plan.dirs = sorted(tree.children, key=lambda p: (-(p.count("/") + (p != "")), p))
         report.seconds_sync += time.perf_counter() - t0
 
         local_digests = self.local.file_digests()

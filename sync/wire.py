@@ -46,6 +46,10 @@ class Limits:
     max_meta_bytes: int = 64 * 1024  # one sealed metadata blob
     max_model_id: int = 256  # characters
     max_key_check: int = 64  # bytes
+    # L2 norm of a stored or query vector. Encrypted vectors are under 1e5 (sync.crypto);
+    # far larger finite ones make faiss's squared distances overflow float32 to inf,
+    # which silently drops neighbours.
+    max_vector_norm: int = 10**9
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -76,6 +80,13 @@ class BadRequest(StoreError):
         super().__init__(message)
         if status is not None:
             self.http_status = status
+
+
+class StoreCorrupt(StoreError):
+    """A file of the store is damaged, truncated or missing; the message names it and
+    what to do. 503: the store cannot serve this workspace until it is repaired."""
+
+    http_status = 503
 
 
 class WorkspaceNotFound(StoreError):

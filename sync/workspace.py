@@ -5,6 +5,7 @@ Layout of `.codeveil/` inside an indexed folder::
     .codeveil/
       .gitignore        "*": the folder never enters git
       config.json       format version, workspace id, server URL (or none), model id, dim
+      init.lock         empty; flock'ed while the folder is being set up
       state.sqlite      client state: stat cache, local chunks (holds code; never sent)
       store/            the embedded store (only without a server): ciphertext only
 
@@ -13,9 +14,12 @@ The workspace key and the server token live in the user config dir, never in the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import secrets
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,8 +28,18 @@ from indexer.paths import config_dir
 from indexer.private_files import private_dir
 from sync.errors import SyncError
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no concurrent initialisers
+    fcntl = None  # type: ignore[assignment]
+
 CONFIG_VERSION = 1
 DIR_NAME = ".codeveil"
+_WORKSPACE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")  # as sync.store accepts
+_CONFIG_ADVICE = (
+    "restore the value (`codeveil status` on a teammate's clone shows it), or delete"
+    " .codeveil/ and index again"
+)
 
 
 class NoIndexError(CodeveilError):
@@ -81,27 +95,60 @@ def load_config(root: Path) -> RepoConfig:
             f"{path} has format version {raw.get('version') if isinstance(raw, dict) else '?'},"
             f" this codeveil reads version {CONFIG_VERSION}"
         )
-    try:
-        return RepoConfig(
-            workspace_id=str(raw["workspace_id"]),
-            model_id=str(raw["model_id"]),
-            dim=int(raw["dim"]),
-            server=raw.get("server"),
+    missing = [k for k in ("workspace_id", "model_id", "dim") if k not in raw]
+    if missing:
+        raise ConfigError(f"{path} lacks the field {missing[0]!r}; {_CONFIG_ADVICE}")
+    ws, model, dim, server = raw["workspace_id"], raw["model_id"], raw["dim"], raw.get("server")
+    # Checked here, so a hand-edited value is reported as the setting it is, not as
+    # whatever error it would cause further on.
+    if not isinstance(ws, str) or not _WORKSPACE_ID.match(ws):
+        raise ConfigError(
+            f"{path}: workspace_id {ws!r} is not a workspace id (1 to 64 of A-Z a-z 0-9 _ -);"
+            f" {_CONFIG_ADVICE}"
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{path} lacks a valid field: {exc}") from exc
+    if not isinstance(model, str) or not model or not model.isprintable():
+        raise ConfigError(f"{path}: model_id {model!r} is not a model id; {_CONFIG_ADVICE}")
+    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 65536:
+        raise ConfigError(f"{path}: dim {dim!r} is not a positive integer; {_CONFIG_ADVICE}")
+    if server is not None and not (
+        isinstance(server, str) and server.startswith(("http://", "https://"))
+    ):
+        raise ConfigError(
+            f"{path}: server {server!r} is not an http(s) URL; fix it, or run"
+            " `codeveil init --server URL` again"
+        )
+    return RepoConfig(workspace_id=ws, model_id=model, dim=dim, server=server)
 
 
-def save_config(root: Path, config: RepoConfig) -> None:
+def _make_dir(root: Path) -> Path:
+    """`.codeveil/`, with the `.gitignore` that keeps it out of git from the start."""
     folder = codeveil_dir(root)
     private_dir(folder)
     ignore = folder / ".gitignore"
     if not ignore.exists():
         ignore.write_text("# codeveil's local index: never commit it\n*\n")
+    return folder
+
+
+def save_config(root: Path, config: RepoConfig) -> None:
+    folder = _make_dir(root)
     path = folder / "config.json"
-    tmp = path.with_suffix(".tmp")
+    # A name of its own: two processes saving at once must not rename each other's file.
+    tmp = folder / f".config.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     tmp.write_text(json.dumps(asdict(config), indent=2) + "\n")
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def init_lock(root: Path) -> Iterator[None]:
+    """Held while `.codeveil/` is being set up, so that two processes initialising one
+    folder at once (a daemon and an index, two agents) end with one workspace and one
+    key: the second waits, then finds the first one's config. Not reentrant."""
+    folder = _make_dir(root)
+    with open(folder / "init.lock", "a+b") as f:
+        if fcntl is not None:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        yield  # closing the file releases the lock, also when the process dies
 
 
 def new_workspace_id() -> str:

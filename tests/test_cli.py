@@ -118,3 +118,46 @@ def _commands(group: click.Group, prefix: str = ""):
 def test_every_command_has_help(name: str) -> None:
     cmd = dict(_commands(cli_main))[name]
     assert cmd.help and len(cmd.help.strip()) > 20, name
+
+
+def test_two_processes_initialising_one_folder_end_with_one_workspace(tmp_path: Path) -> None:
+    from sync.store import Store
+    from sync.workspace import load_config, store_path
+    from tests.conftest import write_repo
+
+    # Both start at once; creating a workspace takes seconds, so they overlap.
+    for trial in range(1):
+        repo = write_repo(tmp_path / f"repo{trial}")
+        env = dict(os.environ, CODEVEIL_EMBEDDER="hashing")
+        procs = [subprocess.Popen([sys.executable, "-m", "retrieval.cli", "index", "-q"],
+                                  cwd=repo, env=env, stderr=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+        for proc in procs:
+            assert proc.wait(120) == 0, proc.stderr.read()
+            proc.stderr.close()
+        with Store(store_path(repo)) as store:
+            assert store.workspace_ids() == [load_config(repo).workspace_id]
+        keys = list((Path(os.environ["CODEVEIL_CONFIG_DIR"]) / "keys").glob("*.key"))
+        assert len(keys) == trial + 1  # one per folder
+        found = run(["search", "retry failed uploads", "--json"], repo)
+        assert found.returncode == 0, found.stderr
+        assert json.loads(found.stdout)
+
+
+@pytest.mark.parametrize(("field", "bad", "needle"), [
+    ("workspace_id", "../../etc", "workspace_id '../../etc' is not a workspace id"),
+    ("dim", "384", "dim '384' is not a positive integer"),
+    ("dim", 385, "dim is 385 but workspace"),
+    ("model_id", "another-model", "model_id is 'another-model' but workspace"),
+])
+def test_hand_edited_config_values_are_named(sample_repo: Path, field: str, bad: object,
+                                             needle: str) -> None:
+    assert run(["index", "-q"], sample_repo).returncode == 0
+    path = sample_repo / ".codeveil/config.json"
+    config = json.loads(path.read_text())
+    config[field] = bad
+    path.write_text(json.dumps(config))
+    for args in (["search", "password"], ["index", "-q"]):
+        proc = run(args, sample_repo)
+        assert_one_line_error(proc, needle)
+        assert "config.json" in proc.stderr

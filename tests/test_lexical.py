@@ -212,3 +212,22 @@ def test_recreated_database_rebuilds(table, tmp_path: Path) -> None:
     idx = store.current(db2)
     assert store.last_refresh["mode"] == "rebuild"
     assert idx.paths() == ["other.py"]
+
+
+@pytest.mark.parametrize("damage", ["truncate base", "truncate delta", "garble base"])
+def test_a_damaged_index_file_is_rebuilt_not_fatal(table, damage: str) -> None:
+    db, lc, folder = table
+    for path, chunks in _files(5).items():
+        _write(lc, path, chunks, path.encode())
+    want = LexicalStore(folder).current(db).scores("function value")
+    target = folder / ("delta.npz" if "delta" in damage else "base.npz")
+    data = target.read_bytes()
+    if damage.startswith("truncate"):
+        target.write_bytes(data[: len(data) // 2])
+    else:
+        target.write_bytes(data[:40] + bytes(b ^ 0x5A for b in data[40:200]) + data[200:])
+    store = LexicalStore(folder)  # another process, finding the damaged file
+    idx = store.current(db)
+    assert store.last_refresh["mode"] == "rebuild"
+    np.testing.assert_allclose(idx.scores("function value"), want)
+    assert LexicalStore(folder).current(db).live == 15  # and the rebuilt one was saved

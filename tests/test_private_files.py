@@ -10,7 +10,7 @@ import pytest
 
 from indexer.embedder import HashingEmbedder
 from indexer.paths import cache_dir
-from indexer.private_files import connect_private
+from indexer.private_files import private_file
 from retrieval import Index
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
@@ -46,6 +46,6 @@ def test_an_older_loose_database_is_tightened(tmp_path: Path, loose_umask) -> No
     db_path = folder / "old.sqlite"
     db_path.write_bytes(b"")
     db_path.chmod(0o644)
-    connect_private(db_path).close()
+    private_file(db_path)
     assert _mode(db_path) == 0o600
     assert _mode(folder) == 0o700

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import secrets
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -106,7 +108,7 @@ def test_a_token_opens_its_own_workspace_only(server_url: str, http: httpx.Clien
         "children": lambda: intruder.children([k("root")]),
         "search": lambda: intruder.search(np.zeros(DIM), 5),
         "apply": lambda: intruder.apply([], [k("root")]),
-        "dirs": lambda: intruder.set_dir_values([(k("root"), k("x"))]),
+        "dirs": lambda: intruder.set_dir_values([(k("root"), k("x"), k("y"))]),
     }
     for call in calls.values():
         with pytest.raises(PermissionDenied, match="another workspace"):
@@ -210,6 +212,8 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     ("same file twice", "/apply", {"updates": [good_update("a"), good_update("a")]},
      422, "appears twice"),
     ("dir pair of one", "/tree/dirs", {"values": [[b64(k("a"))]]}, 422, "values.0"),
+    ("dir value without its children", "/tree/dirs", {"values": [[b64(k("a")), b64(k("b"))]]},
+     422, "values.0"),
     ("children without keys", "/tree/children", {}, 422, "keys: Field required"),
 ]
 
@@ -380,3 +384,120 @@ def test_log_holds_requests_but_no_tokens_or_bodies(live_server: ServerProcess) 
     assert f"POST /v1/workspaces/{ws.id}/apply 200" in log
     assert ws.token not in log
     assert marker.decode() not in log and b64(marker) not in log
+
+
+@pytest.mark.parametrize("damaged", ["tree.sqlite", "chunks.lance"])
+def test_a_damaged_workspace_file_is_a_clear_503_logged_once(
+    tmp_path: Path, server_factory, damaged: str
+) -> None:
+    server = server_factory(tmp_path / "data")
+    token = HttpClient.create_workspace(server.url, "ws1", dim=DIM, model_id="m",
+                                        key_check=b"check")
+    client = HttpClient(server.url, "ws1", token)
+    vec = np.ones(DIM, np.float32)
+    client.apply([FileUpdate(k("f"), (k("root"),), k("v"), (ChunkRecord(k("c"), vec, b"m"),))],
+                 [])
+    client.close()
+    server.stop()
+    ws = tmp_path / "data" / "workspaces" / "ws1"
+    if damaged == "tree.sqlite":
+        (ws / "tree.sqlite").write_bytes(b"garbage!" * 4096)
+        for side in ("tree.sqlite-wal", "tree.sqlite-shm"):
+            (ws / side).unlink(missing_ok=True)
+    else:
+        for f in (ws / "chunks.lance" / "_versions").iterdir():
+            f.unlink()
+        (ws / "search.index").unlink(missing_ok=True)  # searches must read the table
+    server.start()
+    client = HttpClient(server.url, "ws1", token)
+    for _ in range(3):
+        with pytest.raises(ServerUnavailable, match=f"503.*{damaged}.*(corrupt|cannot be read)"):
+            client.search(vec, 1)
+    client.close()
+    server.stop()
+    log = server.log_text()
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and damaged in errors[0], log  # the cause once, no traceback
+    assert "Traceback" not in log
+    statuses = re.findall(r"POST /v1/workspaces/ws1/search (\d+) ", log)
+    assert statuses == ["503"] * 3, log  # the request log says what was answered
+
+
+def test_openapi_describes_path_parameters_and_request_bodies(live_server: ServerProcess) -> None:
+    spec = httpx.get(live_server.url + "/openapi.json", timeout=10).json()
+    refs: list[str] = []
+
+    def collect(node: object) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("$ref"), str):
+                refs.append(node["$ref"])
+            for value in node.values():
+                collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                collect(value)
+
+    collect(spec)
+    schemas = spec["components"]["schemas"]
+    assert refs and all(r.removeprefix("#/components/schemas/") in schemas for r in refs)
+    operations = 0
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            operations += 1
+            params = {p["name"]: p for p in op.get("parameters", [])}
+            if "{workspace_id}" in path:
+                assert params["workspace_id"]["in"] == "path", (method, path)
+                assert params["workspace_id"]["required"] is True
+            if method == "post":
+                body = op["requestBody"]["content"]["application/json"]["schema"]
+                assert body["$ref"].startswith("#/components/schemas/"), (method, path)
+    assert operations == 8
+    apply_body = schemas["ApplyBody"]["properties"]["updates"]["items"]
+    assert apply_body["$ref"] == "#/components/schemas/UpdateBody"
+    assert "base64url" in schemas["UpdateBody"]["properties"]["file_key"]["description"]
+
+
+def test_workspace_creation_needs_the_admin_token_and_keeps_to_the_quota(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CODEVEIL_ADMIN_TOKEN", "s3cret-admin")
+    server = ServerProcess(tmp_path / "data", args=("--max-workspaces", "2")).start()
+    try:
+        def create(name: str) -> str:
+            return HttpClient.create_workspace(server.url, name, dim=DIM, model_id="m",
+                                               key_check=b"check")
+
+        monkeypatch.delenv("CODEVEIL_ADMIN_TOKEN")
+        with pytest.raises(AuthError, match="needs its admin token"):
+            create("anyone")
+        monkeypatch.setenv("CODEVEIL_ADMIN_TOKEN", "wrong")
+        with pytest.raises(AuthError, match="needs its admin token"):
+            create("guess")
+        monkeypatch.setenv("CODEVEIL_ADMIN_TOKEN", "s3cret-admin")
+        token = create("one")
+        create("two")
+        with pytest.raises(PermissionDenied, match="limit of 2 workspaces"):
+            create("three")
+        # The admin token creates; it does not open a workspace, and its own token does.
+        assert HttpClient(server.url, "one", token).info().workspace_id == "one"
+        with pytest.raises(AuthError):
+            HttpClient(server.url, "one", "s3cret-admin").info()
+    finally:
+        server.stop()
+
+
+def test_a_damaged_registry_stops_the_server_with_one_clear_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from sync.store import Store
+
+    Store(tmp_path / "data").close()
+    (tmp_path / "data" / "registry.sqlite").write_bytes(b"garbage!" * 4096)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sync.server", "--data", str(tmp_path / "data"), "--port",
+         str(free_port())], capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "registry.sqlite is corrupt" in proc.stderr and "restore it from a backup" in proc.stderr

@@ -16,7 +16,7 @@ import pytest
 from sync.client import StoreClient
 from sync.http_client import HttpClient
 from sync.local_client import LocalClient
-from sync.records import ChunkRecord, FileUpdate, NodeInfo
+from sync.records import ChunkRecord, DirValue, FileUpdate, NodeInfo, children_digest
 from sync.store import Store, WorkspaceStore
 from sync.wire import BadRequest
 from tests.server_fixtures import ServerProcess
@@ -69,6 +69,23 @@ def metas_found(client: StoreClient, k: int = 1000) -> set[bytes]:
 
 def by_key(nodes: list[NodeInfo]) -> dict[bytes, NodeInfo]:
     return {n.key: n for n in nodes}
+
+
+PENDING_HERE = value("a child the client knows but the store holds pending")
+
+
+def set_dirs(client: StoreClient, pairs: list[tuple[bytes, bytes]]) -> None:
+    """Send directory values as a client whose tree agrees with the store's leaves would:
+    each with the digest of its children's values (those set in the same call included)."""
+    given = dict(pairs)
+    kids = client.children(list(given))
+    client.set_dir_values([
+        DirValue(k, v, children_digest(
+            (n.key, given.get(n.key, n.value if n.value is not None else PENDING_HERE))
+            for n in kids[k]
+        ))
+        for k, v in pairs
+    ])
 
 
 # -- backends -------------------------------------------------------------------------------
@@ -212,7 +229,7 @@ def test_apply_children_root_search_round_trip(backend: Backend) -> None:
 def test_directory_values_wait_for_pending_children(backend: Backend) -> None:
     client = backend.create()
     client.apply([update("a/x.py", rand(1, 1)), update("y.py", rand(1, 2))], [])
-    client.set_dir_values([(key("a"), value("dir a")), (key(""), value("root")),
+    set_dirs(client, [(key("a"), value("dir a")), (key(""), value("root")),
                            (key("ghost"), value("unknown keys are ignored"))])
     assert client.root() == NodeInfo(key(""), value("root"), True)
 
@@ -220,11 +237,36 @@ def test_directory_values_wait_for_pending_children(backend: Backend) -> None:
     # whatever the order of the pairs.
     client.apply([update("b/z.py", rand(1, 3))], [])
     assert client.root().value is None
-    client.set_dir_values([(key(""), value("root 2"))])
+    set_dirs(client, [(key(""), value("root 2"))])
     assert client.root().value is None
-    client.set_dir_values([(key(""), value("root 2")), (key("b"), value("dir b"))])
+    set_dirs(client, [(key(""), value("root 2")), (key("b"), value("dir b"))])
     assert client.root().value == value("root 2")
     assert by_key(client.children([key("")])[key("")])[key("a")].value == value("dir a")
+
+
+def test_directory_values_are_set_only_over_the_children_they_came_from(
+    backend: Backend,
+) -> None:
+    client = backend.create()
+    client.apply([update("a/x.py", rand(1, 1), "mine"), update("y.py", rand(1, 2))], [])
+    # A teammate replaced a/x.py after this value was computed over "mine".
+    client.apply([update("a/x.py", rand(1, 3), "theirs")], [])
+    mine = [(key("a/x.py"), value("a/x.py@mine"))]
+    client.set_dir_values([DirValue(key("a"), value("dir a, mine"), children_digest(mine))])
+    assert by_key(client.children([key("")])[key("")])[key("a")].value is None
+    # The same value over the children the store does hold is taken.
+    theirs = [(key("a/x.py"), value("a/x.py@theirs"))]
+    client.set_dir_values([DirValue(key("a"), value("dir a"), children_digest(theirs))])
+    assert by_key(client.children([key("")])[key("")])[key("a")].value == value("dir a")
+    # A root claiming a child the store lacks (or missing one it has) is refused.
+    only_a = [(key("a"), value("dir a"))]
+    client.set_dir_values([DirValue(key(""), value("root"), children_digest(only_a))])
+    assert client.root().value is None
+    both = [*only_a, (key("y.py"), value("y.py@1"))]
+    client.set_dir_values([DirValue(key(""), value("root"), children_digest(both))])
+    assert client.root().value == value("root")
+    with pytest.raises(BadRequest, match=r"triple|values\.0\.2"):
+        client.set_dir_values([(key(""), value("root"))])  # type: ignore[list-item]
 
 
 def test_replacing_a_file_replaces_its_chunks(backend: Backend) -> None:
@@ -247,7 +289,7 @@ def test_deleting_a_file_and_a_subtree_removes_their_chunks(backend: Backend) ->
     client = backend.create()
     paths = ["keep.py", "src/a.py", "src/lib/b.py", "src/lib/deep/c.py", "src/d.py"]
     client.apply([update(p, rand(2, i)) for i, p in enumerate(paths)], [])
-    client.set_dir_values([(key("src/lib/deep"), value("1")), (key("src/lib"), value("2")),
+    set_dirs(client, [(key("src/lib/deep"), value("1")), (key("src/lib"), value("2")),
                            (key("src"), value("3")), (key(""), value("4"))])
 
     client.apply([], [key("src/d.py")])
@@ -362,6 +404,15 @@ def test_k_bounds(backend: Backend) -> None:
             client.search(np.zeros(DIM), k)
 
 
+def test_huge_finite_vectors_are_refused_not_silently_dropped(backend: Backend) -> None:
+    client = backend.create()
+    client.apply([update("a.py", rand(3, 1))], [])
+    with pytest.raises(BadRequest, match=r"norm .* over the limit"):
+        client.search(np.full(DIM, 1e20, np.float32), 3)
+    # Within the bound every neighbour comes back, however far.
+    assert len(client.search(np.full(DIM, 1e8, np.float32), 3)) == 3
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -371,6 +422,10 @@ def test_k_bounds(backend: Backend) -> None:
             lambda: FileUpdate(key("a"), (key(""),), value("v"),
                                (ChunkRecord(key("c"), np.full(DIM, 1e39), b"m"),)),
             "NaN or infinite",
+        ),
+        (  # finite, but its squared distances overflow float32
+            lambda: update("a.py", np.full((1, DIM), 1e20, np.float32)),
+            "norm 2.83e\\+20, over the limit",
         ),
         (lambda: FileUpdate(b"short", (key(""),), value("v")), "16 bytes"),
         (lambda: FileUpdate(key("a"), (), value("v")), "ancestors"),
@@ -406,7 +461,7 @@ def test_crash_mid_apply_leaves_pending_values_then_converges(tmp_path: Path, st
     store = Store(tmp_path / "store")
     client = LocalClient.create_workspace(store, "ws", dim=DIM, model_id=MODEL, key_check=CHECK)
     client.apply([update("a/x.py", rand(2, 1), "1"), update("b.py", rand(1, 2))], [])
-    client.set_dir_values([(key("a"), value("a")), (key(""), value("root"))])
+    set_dirs(client, [(key("a"), value("a")), (key(""), value("root"))])
 
     _crash_after(store.workspace("ws"), [update("a/x.py", rand(3, 3), "2")], [], steps)
     store.close()  # the process died here; nothing else ran
@@ -425,7 +480,7 @@ def test_crash_mid_apply_leaves_pending_values_then_converges(tmp_path: Path, st
 
     # The next sync re-sends what the pending path leads to, and all converges.
     client.apply([update("a/x.py", rand(3, 3), "2")], [])
-    client.set_dir_values([(key("a"), value("a2")), (key(""), value("root2"))])
+    set_dirs(client, [(key("a"), value("a2")), (key(""), value("root2"))])
     assert client.root().value == value("root2")
     assert metas_found(client) == new | {meta("b.py", 0, "1")}
     assert client.info().chunks == 4
@@ -437,7 +492,7 @@ def test_crash_mid_delete_keeps_nodes_pending_then_converges(tmp_path: Path) -> 
     client = LocalClient.create_workspace(store, "ws", dim=DIM, model_id=MODEL, key_check=CHECK)
     client.apply([update("d/x.py", rand(2, 1)), update("d/e/y.py", rand(2, 2)),
                   update("z.py", rand(1, 3))], [])
-    client.set_dir_values([(key("d/e"), value("e")), (key("d"), value("d")),
+    set_dirs(client, [(key("d/e"), value("e")), (key("d"), value("d")),
                            (key(""), value("r"))])
     _crash_after(store.workspace("ws"), [], [key("d")], steps=2)
     store.close()
@@ -487,7 +542,7 @@ def test_restart_after_a_crash_mid_apply(restartable: Backend) -> None:
     as pending (None) values, through both clients; the next sync converges."""
     client = restartable.create()
     client.apply([update(f"d{i % 3}/f{i}.py", rand(4, i)) for i in range(12)], [])
-    client.set_dir_values([(key(f"d{i}"), value(f"d{i}")) for i in range(3)]
+    set_dirs(client, [(key(f"d{i}"), value(f"d{i}")) for i in range(3)]
                           + [(key(""), value("root"))])
     query = rand(1, 99)[0]
     kids_before = client.children([key(""), key("d1"), key("d2")])
@@ -513,7 +568,7 @@ def test_restart_after_a_crash_mid_apply(restartable: Backend) -> None:
     assert again.info().chunks == 48
 
     again.apply([update("d2/new.py", rand(2, 50))], [])
-    again.set_dir_values([(key("d2"), value("d2'")), (key(""), value("root'"))])
+    set_dirs(again, [(key("d2"), value("d2'")), (key(""), value("root'"))])
     assert again.root().value == value("root'")
     assert again.info().chunks == 50
     again.apply([], [key("d0")])

@@ -262,3 +262,47 @@ def test_an_existing_workspace_keeps_its_model(tmp_path: Path, monkeypatch) -> N
     assert reopened.index().files_changed == 0
     assert reopened.search("function value", k=1)
     reopened.close()
+
+
+def test_a_link_flipped_outside_during_indexing_never_gets_indexed(tmp_path: Path) -> None:
+    from tests.test_walk import _FLIPPER
+
+    repo = many_files(tmp_path / "repo", 30)
+    outside = tmp_path / "outside.py"
+    outside.write_text("def outside_secret_function():\n    return 'OUTSIDE_SECRET'\n")
+    (repo / "inside.py").write_text("def inside_function():\n    return 1\n")
+    os.symlink("inside.py", repo / "link.py")
+    idx = Index(repo, embedder=HashingEmbedder())
+    flipper = subprocess.Popen([sys.executable, "-c", _FLIPPER, str(repo / "link.py"),
+                                "inside.py", str(outside)])
+    try:
+        for i in range(25):
+            # A new stat each time, so the sync reads the link again (the race window).
+            (repo / "inside.py").write_text(f"def inside_function():\n    return {i}\n")
+            idx.index()
+            state = b"".join(p.read_bytes() for p in (repo / ".codeveil").glob("state.sqlite*"))
+            assert b"OUTSIDE_SECRET" not in state, f"indexed at sync {i}"
+    finally:
+        flipper.kill()
+        flipper.wait()
+    hits = idx.search("outside_secret_function OUTSIDE_SECRET", k=50)
+    assert all("OUTSIDE_SECRET" not in h.text for h in hits)
+    idx.close()
+
+
+def test_a_file_nested_too_deep_is_skipped_and_the_rest_indexed(
+    tmp_path: Path, backend: str, live_server
+) -> None:
+    repo = many_files(tmp_path / "repo", 10)
+    deepest_ok = "/".join(["d"] * 255)  # 255 directories above the file: the limit
+    too_deep = "/".join(["e"] * 300)
+    write_repo(repo, {f"{deepest_ok}/ok.py": "def deepest_allowed():\n    return 1\n",
+                      f"{too_deep}/deep.py": "def far_too_deep():\n    return 2\n"})
+    idx = open_index(repo, backend, live_server.url)
+    report = idx.index()
+    skipped = dict(report.skipped)
+    assert skipped["/".join(["e"] * 256)].startswith("nested too deep")
+    assert report.files_changed == 11
+    assert idx.search("deepest_allowed", k=1)[0].path == f"{deepest_ok}/ok.py"
+    assert idx.index().requests == 1  # and it stays in step
+    idx.close()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -494,3 +496,57 @@ def test_empty_file_is_indexable(tmp_path: Path) -> None:
     source = read_source(tmp_path, "__init__.py")
     assert isinstance(source, SourceFile)
     assert source.text == ""
+
+
+_FLIPPER = """
+import os, sys
+link, targets = sys.argv[1], sys.argv[2:]
+tmp, i = link + ".flip", 0
+while True:
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    os.symlink(targets[i % len(targets)], tmp)
+    os.replace(tmp, link)
+    i += 1
+"""
+
+
+@pytest.mark.parametrize("swap", ["file link", "directory"])
+def test_a_link_flipped_during_reads_never_reads_an_outside_file(
+    tmp_path: Path, swap: str
+) -> None:
+    repo, outside = tmp_path / "repo", tmp_path / "outside"
+    (repo / "pkg").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "mod.py").write_text("OUTSIDE_SECRET = 1\n")
+    (repo / "inside.py").write_text("inside = 1\n")
+    if swap == "file link":
+        # link.py -> inside.py (fine), flipped to the outside file and back.
+        link, targets, rel = repo / "link.py", ["inside.py", str(outside / "mod.py")], "link.py"
+        os.symlink("inside.py", link)
+    else:
+        # pkg/ is a real directory when walked; a symlink to outside/ now and then.
+        (repo / "pkg" / "mod.py").write_text("pkg = 1\n")
+        real = repo / "pkg.real"
+        (repo / "pkg").rename(real)
+        link, targets, rel = repo / "pkg", ["pkg.real", str(outside)], "pkg/mod.py"
+        os.symlink("pkg.real", link)
+    # Another process retargets the link atomically (rename), as fast as it can.
+    flipper = subprocess.Popen([sys.executable, "-c", _FLIPPER, str(link), *targets])
+    outcomes: collections.Counter[str] = collections.Counter()
+    try:
+        for _ in range(3000):
+            got = read_source(repo, rel)
+            if isinstance(got, SourceFile):
+                assert "OUTSIDE_SECRET" not in got.text
+                outcomes["read"] += 1
+            else:
+                outcomes[got.reason] += 1
+    finally:
+        flipper.kill()
+        flipper.wait()
+    # The race was run, not dodged: the outside file was met and refused many times.
+    assert outcomes[SkipReason.SYMLINK_OUTSIDE] > 10, outcomes
+    assert outcomes["read"] > 10 or swap == "directory", outcomes

@@ -1,0 +1,232 @@
+"""`codeveil doctor`: every file the client and the embedded store own is damaged in turn
+(real files, real SQLite and LanceDB); the doctor must name the file, `--repair` must
+bring back the same search results, and `codeveil index` must not report success over a
+store it cannot read."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from indexer.embedder import HashingEmbedder
+from retrieval import Index
+from retrieval.doctor import doctor
+from sync.wire import StoreCorrupt
+from sync.workspace import load_config, store_path
+from tests.conftest import write_repo
+
+QUERIES = ["retry failed uploads", "password hash", "shopping cart total", "distance"]
+
+
+def results(repo: Path) -> list[tuple[tuple[str, int, str], frozenset]]:
+    """Each query's best hit and its set of hits (with their text). The order below the
+    best varies from run to run: each query is encrypted with a fresh perturbation."""
+    with Index(repo, embedder=HashingEmbedder()) as idx:
+        out = []
+        for q in QUERIES:
+            hits = idx.search(q, k=5)
+            assert not any(h.stale for h in hits)
+            keys = [(h.path, h.start_line, h.text) for h in hits]
+            out.append((keys[0], frozenset(keys)))
+        return out
+
+
+@pytest.fixture
+def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    # A cache of its own: some tests damage it.
+    monkeypatch.setenv("CODEVEIL_CACHE_DIR", str(tmp_path / "cache"))
+    root = write_repo(tmp_path / "repo")
+    with Index(root, embedder=HashingEmbedder()) as idx:
+        idx.index()
+    return root
+
+
+def garble(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    for i in range(0, len(data), 97):
+        data[i] ^= 0xA5
+    path.write_bytes(bytes(data))
+
+
+def workspace_dir(repo: Path) -> Path:
+    return store_path(repo) / "workspaces" / load_config(repo).workspace_id
+
+
+def lance_files(repo: Path, folder: str) -> list[Path]:
+    return sorted((workspace_dir(repo) / "chunks.lance" / folder).iterdir())
+
+
+def _drop_wal(path: Path) -> None:
+    for suffix in ("-wal", "-shm"):
+        path.with_name(path.name + suffix).unlink(missing_ok=True)
+
+
+def damage_state(repo: Path) -> Path:
+    path = repo / ".codeveil/state.sqlite"
+    path.write_bytes(b"not a database" * 500)
+    _drop_wal(path)
+    return path
+
+
+def delete_state(repo: Path) -> Path:
+    path = repo / ".codeveil/state.sqlite"
+    path.unlink()
+    _drop_wal(path)
+    return path
+
+
+def garble_cache(repo: Path) -> Path:
+    path = Path(os.environ["CODEVEIL_CACHE_DIR"]) / "embeddings.sqlite"
+    path.write_bytes(b"garbage!" * 4096)
+    _drop_wal(path)
+    return path
+
+
+def empty_cache(repo: Path) -> Path:
+    path = Path(os.environ["CODEVEIL_CACHE_DIR"]) / "embeddings.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("DELETE FROM embeddings")
+    db.commit()
+    db.close()
+    return path
+
+
+def truncate_lexical(repo: Path) -> Path:
+    path = repo / ".codeveil/lexical/base.npz"
+    path.write_bytes(path.read_bytes()[:100])
+    return path.parent
+
+
+def delete_lance_data(repo: Path) -> Path:
+    for f in lance_files(repo, "data"):
+        f.unlink()
+    return workspace_dir(repo)
+
+
+def truncate_lance_data(repo: Path) -> Path:
+    for f in lance_files(repo, "data"):
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    return workspace_dir(repo)
+
+
+def delete_manifests(repo: Path) -> Path:
+    for f in lance_files(repo, "_versions"):
+        f.unlink()
+    return workspace_dir(repo)
+
+
+def garble_manifests(repo: Path) -> Path:
+    for f in lance_files(repo, "_versions"):
+        garble(f)
+    return workspace_dir(repo)
+
+
+def garble_tree(repo: Path) -> Path:
+    path = workspace_dir(repo) / "tree.sqlite"
+    path.write_bytes(b"garbage!" * 4096)
+    _drop_wal(path)
+    return workspace_dir(repo)
+
+
+def garble_registry(repo: Path) -> Path:
+    path = store_path(repo) / "registry.sqlite"
+    path.write_bytes(b"garbage!" * 4096)
+    _drop_wal(path)
+    return path
+
+
+DAMAGES: list[Callable[[Path], Path]] = [
+    damage_state, delete_state, garble_cache, empty_cache, truncate_lexical,
+    delete_lance_data, truncate_lance_data, delete_manifests, garble_manifests,
+    garble_tree, garble_registry,
+]
+
+
+@pytest.mark.parametrize("damage", DAMAGES, ids=lambda d: d.__name__)
+def test_doctor_names_the_damaged_file_and_repair_restores_search(
+    repo: Path, damage: Callable[[Path], Path]
+) -> None:
+    before = results(repo)
+    assert any(before)
+    target = damage(repo)
+
+    found = doctor(repo, embedder=HashingEmbedder())
+    assert not found.healthy
+    problems = [f for f in found.findings if f.problem is not None]
+    assert [f.path for f in problems] == [str(target)], found.lines()
+
+    fixed = doctor(repo, repair=True, embedder=HashingEmbedder())
+    assert fixed.healthy, fixed.lines()
+    assert doctor(repo, embedder=HashingEmbedder()).healthy
+    assert results(repo) == before
+    with Index(repo, embedder=HashingEmbedder()) as idx:
+        assert idx.index().files_changed == 0  # the repaired store agrees with the tree
+
+
+@pytest.mark.parametrize("damage", [delete_lance_data, delete_manifests],
+                         ids=lambda d: d.__name__)
+def test_index_does_not_report_success_over_a_store_it_cannot_read(
+    repo: Path, damage: Callable[[Path], Path]
+) -> None:
+    damage(repo)
+    with Index(repo, embedder=HashingEmbedder()) as idx, pytest.raises(
+        StoreCorrupt, match=r"chunks\.lance.*codeveil doctor --repair"
+    ):
+        idx.index()
+
+
+def test_a_lost_state_is_refused_by_search_not_silently_used(repo: Path) -> None:
+    delete_state(repo)
+    with Index(repo, embedder=HashingEmbedder()) as idx, pytest.raises(
+        Exception, match=r"state\.sqlite is missing or empty.*codeveil index"
+    ):
+        idx.search("retry failed uploads")
+
+
+def test_doctor_command_prints_findings_and_exit_status(repo: Path) -> None:
+    env = dict(os.environ, CODEVEIL_EMBEDDER="hashing")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "retrieval.cli", "doctor", *args],
+                              cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+
+    healthy = run()
+    assert healthy.returncode == 0, healthy.stderr
+    assert "ok        " in healthy.stdout and "PROBLEM" not in healthy.stdout
+    garble_tree(repo)
+    sick = run()
+    assert sick.returncode == 1
+    assert "PROBLEM" in sick.stdout and "tree.sqlite" in sick.stdout
+    assert "codeveil doctor --repair" in sick.stderr and "Traceback" not in sick.stderr
+    repaired = run("--repair")
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert "repaired" in repaired.stdout
+    assert list(store_path(repo).parent.glob("store.damaged-*"))  # kept, not deleted
+
+
+def test_doctor_checks_a_server_data_dir(tmp_path: Path) -> None:
+    from retrieval.doctor import check_data_dir
+    from sync.local_client import LocalClient
+    from sync.records import ChunkRecord, FileUpdate
+
+    data = tmp_path / "data"
+    for name in ("good", "bad"):
+        with LocalClient.create_workspace(data, name, dim=4, model_id="m",
+                                          key_check=b"k") as client:
+            client.apply([FileUpdate(b"f" * 16, (b"r" * 16,), b"v" * 16,
+                                     (ChunkRecord(b"c" * 16, np.ones(4, np.float32), b"m"),))],
+                         [])
+    assert check_data_dir(data).healthy
+    for f in (data / "workspaces" / "bad" / "chunks.lance" / "data").iterdir():
+        f.unlink()
+    report = check_data_dir(data)
+    problems = {f.path: f.problem for f in report.findings if f.problem}
+    assert list(problems) == [str(data / "workspaces" / "bad")]
+    assert "chunks.lance" in problems[str(data / "workspaces" / "bad")]
