@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,13 +25,7 @@ from indexer.embed_cache import CachedEmbedder, EmbeddingCache
 from indexer.embedder import Embedder, default_embedder, embedder_for_model_id
 from indexer.errors import CodeveilError
 from indexer.local_chunks import LocalChunks, open_state_db
-from indexer.tokens import default_counter
-from retrieval.fusion import HybridRanker, SearchOptions, group_ranking
-from retrieval.grouping import LEVELS, Group
 from retrieval.hits import Hit
-from retrieval.lexical import LexDoc, LexicalIndex, LexicalStore
-from retrieval.locate import FileLines, locate
-from retrieval.rerank import PlainReranker
 from sync import crypto
 from sync.client import StoreClient
 from sync.keys import ENV_KEY, WorkspaceKey, create_key, load_key
@@ -47,6 +42,13 @@ from sync.workspace import (
     state_path,
     store_path,
 )
+
+if TYPE_CHECKING:
+    # The ranking stack is imported on the first search: `codeveil index` never ranks.
+    from retrieval.fusion import HybridRanker, SearchOptions
+    from retrieval.grouping import Group
+    from retrieval.lexical import LexDoc, LexicalIndex, LexicalStore
+    from retrieval.rerank import PlainReranker
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +88,20 @@ class Index:
         self._lexical_store: LexicalStore | None = None
         self._ranker: HybridRanker | None = None
         self._rerank_db: sqlite3.Connection | None = None
-        #: How `search` ranks; the defaults are the ones the benchmarks found best.
-        self.search_options = SearchOptions()
+        self._search_options: SearchOptions | None = None
+
+    @property
+    def search_options(self) -> SearchOptions:
+        """How `search` ranks; the defaults are the ones the benchmarks found best."""
+        if self._search_options is None:
+            from retrieval.fusion import SearchOptions
+
+            self._search_options = SearchOptions()
+        return self._search_options
+
+    @search_options.setter
+    def search_options(self, options: SearchOptions) -> None:
+        self._search_options = options
 
     # -- set-up ---------------------------------------------------------------------
 
@@ -234,6 +248,9 @@ class Index:
             raise SearchError("the query is empty")
         if k < 1:
             raise SearchError(f"k must be at least 1, got {k}")
+        from retrieval.fusion import group_ranking
+        from retrieval.grouping import LEVELS
+
         if group not in LEVELS:
             raise SearchError(f"unknown group {group!r}; use one of {', '.join(LEVELS)}")
         root, config, key, client = self._open()
@@ -251,6 +268,8 @@ class Index:
             db.close()
 
     def _lexical(self, root: Path) -> LexicalStore:
+        from retrieval.lexical import LexicalStore
+
         if self._lexical_store is None or self._lexical_store.directory.parent != codeveil_dir(
                 root):
             self._lexical_store = LexicalStore(codeveil_dir(root) / "lexical")
@@ -259,6 +278,10 @@ class Index:
     def _hybrid_ranker(self, config: RepoConfig, key: WorkspaceKey, client: StoreClient,
                        lexical: LexicalIndex) -> HybridRanker:
         """The ranker of this index, its vector side the encrypted store."""
+        from indexer.tokens import default_counter
+        from retrieval.fusion import HybridRanker
+        from retrieval.lexical import LexDoc
+
         if self._ranker is not None:
             self._ranker.use(lexical)
             return self._ranker
@@ -294,6 +317,8 @@ class Index:
         return self._ranker
 
     def _plain_reranker(self, config: RepoConfig) -> PlainReranker:
+        from retrieval.rerank import PlainReranker
+
         if self._rerank_db is None:
             self._rerank_db = open_state_db(state_path(find_root(self._start)))
         embedder = self._cached_embedder()
@@ -319,6 +344,8 @@ class Index:
                    k: int) -> list[Hit]:
         """The first `k` groups as hits read from disk; a group shows its first member
         that is still on disk, or is marked stale; groups of deleted files are dropped."""
+        from retrieval.locate import FileLines, locate
+
         lines = FileLines(root)
         hits: list[Hit] = []
         for g in groups:

@@ -105,7 +105,7 @@ def test_export_is_cached(models, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_export(*_args: object) -> None:
         raise AssertionError("exported again although a valid graph is cached")
 
-    monkeypatch.setattr(onnx_embedder, "_export_fp32", no_export)
+    monkeypatch.setattr(onnx_embedder, "_export_fp32_in_child", no_export)
     monkeypatch.setattr(onnx_embedder, "_quantize_int8", no_export)
     for precision in ("fp32", "int8"):
         OnnxEmbedder(precision, models_directory=models).embed(["cached"])
