@@ -232,7 +232,8 @@ def load_graph(precision: Precision, directory: Path | None = None) -> bytes:
                 _publish(directory, "fp32", _export_fp32_in_child, stamp)
             if precision == "int8":
                 fp32 = _graph_path(directory, "fp32")
-                _publish(directory, "int8", lambda out: _quantize_int8(fp32, out), stamp)
+                _publish(directory, "int8", lambda out: _quantize_int8_in_child(fp32, out),
+                         stamp)
         except EmbedderError:
             raise
         except Exception as exc:
@@ -260,6 +261,17 @@ def _export_fp32_in_child(out: Path) -> None:
     that a process would keep (the allocator does not give it back) while it embeds
     for minutes after. A child returns all of it when it exits.
     """
+    _in_child("_export_fp32", out)
+
+
+def _quantize_int8_in_child(fp32: Path, out: Path) -> None:
+    """`_quantize_int8` in a child process: the fp32 graph parsed into protobuf and its
+    weights copied into numpy take another 0.3 GB."""
+    _in_child("_quantize_int8", fp32, out)
+
+
+def _in_child(function: str, *paths: Path) -> None:
+    """Run `function(*paths)` of this module in a fresh interpreter."""
     import subprocess
     import sys
 
@@ -268,15 +280,16 @@ def _export_fp32_in_child(out: Path) -> None:
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (package_parent, env.get("PYTHONPATH", "")) if p
     )
-    code = "import sys; from indexer.onnx_embedder import _export_fp32; _export_fp32(sys.argv[1])"
+    code = f"import sys; from indexer import onnx_embedder as m; m.{function}(*sys.argv[1:])"
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(out)], env=env, capture_output=True, text=True,
-        check=False,
+        [sys.executable, "-c", code, *map(str, paths)], env=env, capture_output=True,
+        text=True, check=False,
     )
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise EmbedderError(
-            f"the ONNX export process failed (exit status {proc.returncode}): {tail[0]}"
+            f"the ONNX {function.lstrip('_')} process failed (exit status"
+            f" {proc.returncode}): {tail[0]}"
         )
 
 
@@ -361,7 +374,7 @@ def _fuse(raw: Path, out: Path, heads: int, hidden: int) -> None:
         out.write_bytes(raw.read_bytes())
 
 
-def _quantize_int8(fp32: Path, out: Path) -> None:
+def _quantize_int8(fp32: Path | str, out: Path | str) -> None:
     """Dynamic quantisation: int8 weights, activations quantised per batch at run time.
 
     Each MatMul with a constant weight becomes DynamicQuantizeMatMul and each fused

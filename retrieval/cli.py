@@ -108,6 +108,8 @@ class _RichProgress(Progress):
         self.task = self.bar.add_task("scanning", total=None, detail="")
         self.embedded = 0
         self.cached = 0
+        self.rate = 0.0
+        self.where = ""
 
     def __enter__(self) -> _RichProgress:
         self.bar.start()
@@ -128,12 +130,21 @@ class _RichProgress(Progress):
     def chunks_done(self, embedded: int, cached: int) -> None:
         self.embedded += embedded
         self.cached += cached
-        elapsed = self.bar.tasks[0].elapsed or 0.0
-        rate = self.embedded / elapsed if elapsed > 0 else 0.0
-        self.bar.update(
-            self.task,
-            detail=f"chunks: {self.embedded} embedded, {self.cached} cached, {rate:.1f}/s",
-        )
+        if not self.rate:  # until the first batch is sent, the rate since the start
+            elapsed = self.bar.tasks[0].elapsed or 0.0
+            self.rate = self.embedded / elapsed if elapsed > 0 else 0.0
+        self._show()
+
+    def stages(self, seconds: dict[str, float], embed_chunks_per_s: float) -> None:
+        self.rate = embed_chunks_per_s
+        self.where = " ".join(f"{name} {s:.1f}s" for name, s in seconds.items())
+        self._show()
+
+    def _show(self) -> None:
+        detail = f"chunks: {self.embedded} embedded, {self.cached} cached, {self.rate:.1f}/s"
+        if self.where:
+            detail += f" | {self.where}"
+        self.bar.update(self.task, detail=detail)
 
 
 @main.command()

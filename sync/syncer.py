@@ -59,7 +59,10 @@ class SyncReport:
     seconds_walk: float = 0.0
     seconds_chunk: float = 0.0
     seconds_embed: float = 0.0
+    seconds_encrypt: float = 0.0
     seconds_sync: float = 0.0
+    #: Chunks the model embedded per second of the embed stage (0 when none were).
+    embed_chunks_per_s: float = 0.0
     requests: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -71,7 +74,20 @@ class SyncReport:
         for k in list(out):
             if k.startswith("seconds"):
                 out[k] = round(out[k], 4)
+        out["embed_chunks_per_s"] = round(out["embed_chunks_per_s"], 2)
         return out
+
+    def stages(self) -> dict[str, float]:
+        """Seconds per stage, in pipeline order. Chunking runs in a thread beside the
+        others, so the stages can add up to more than `seconds`."""
+        return {"walk": self.seconds_walk, "chunk": self.seconds_chunk,
+                "embed": self.seconds_embed, "encrypt": self.seconds_encrypt,
+                "sync": self.seconds_sync}
+
+    def _rate(self) -> None:
+        self.embed_chunks_per_s = (
+            self.chunks_embedded / self.seconds_embed if self.chunks_embedded else 0.0
+        )
 
 
 @dataclass
@@ -163,6 +179,7 @@ class Syncer:
                 self.client.set_dir_values(values[start : start + DIRS_BATCH])
             report.seconds_sync += time.perf_counter() - t0
 
+        report._rate()
         report.chunks_total = self.local.count()
         stats = self.client.stats
         report.requests = stats.requests - before[0]
@@ -267,6 +284,8 @@ class Syncer:
 
         t0 = time.perf_counter()
         updates = self._updates(sending, result.vectors)
+        report.seconds_encrypt += time.perf_counter() - t0
+        t0 = time.perf_counter()
         for start in range(0, max(len(deletes), 1), DELETE_BATCH):
             part = deletes[start : start + DELETE_BATCH]
             first = updates if start == 0 else []
@@ -275,7 +294,9 @@ class Syncer:
         # Local chunks are written once the server holds them, so a crash re-sends.
         self.local.replace_files([(p.path, p.digest, p.chunks) for p in batch])
         report.seconds_sync += time.perf_counter() - t0
+        report._rate()
         self.progress.files_done(len(batch))
+        self.progress.stages(report.stages(), report.embed_chunks_per_s)
 
     def _updates(self, sending: list[_Pending], vectors: np.ndarray) -> list[FileUpdate]:
         ids: list[bytes] = []
