@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from indexer.embed_cache import CachedEmbedder, EmbeddingCache
-from indexer.embedder import Embedder, default_embedder, embedder_for_model_id
+from indexer.embedder import Embedder, default_embedder, embedder_for_model_id, embedder_name
 from indexer.errors import CodeveilError
 from indexer.local_chunks import LocalChunks, open_state_db
 from retrieval.hits import Hit
@@ -45,12 +45,16 @@ from sync.workspace import (
 
 if TYPE_CHECKING:
     # The ranking stack is imported on the first search: `codeveil index` never ranks.
+    from indexer.ray_embedder import RayEmbedder
     from retrieval.fusion import HybridRanker, SearchOptions
     from retrieval.grouping import Group
     from retrieval.lexical import LexDoc, LexicalIndex, LexicalStore
     from retrieval.rerank import PlainReranker
 
 log = logging.getLogger(__name__)
+
+#: The setting that sends indexing's embedding to a Ray cluster (see `Index.index`).
+ENV_EMBED_ON = "CODEVEIL_EMBED_ON"
 
 # Ask the server for more neighbours than shown: filters and stale hits drop some.
 OVERFETCH = 4
@@ -200,22 +204,48 @@ class Index:
 
     # -- indexing -------------------------------------------------------------------
 
-    def index(self, *, progress: Progress | None = None) -> SyncReport:
-        """Bring the index up to date with the folder; creates it on first use."""
+    def index(self, *, progress: Progress | None = None,
+              embed_on: str | None = None) -> SyncReport:
+        """Bring the index up to date with the folder; creates it on first use.
+
+        `embed_on` (or the CODEVEIL_EMBED_ON setting) sends the embedding to a Ray
+        cluster, `ray://HOST:PORT[?actors=N]`: the cluster sees the chunks' plain text,
+        so it must be one you trust; vectors come back here and are encrypted here.
+        """
+        remote = self._remote_embedder(embed_on or os.environ.get(ENV_EMBED_ON))
         try:
             find_root(self._start)
         except CodeveilError:
             self.init()
         root, config, key, client = self._open()
         embedder = self._cached_embedder()
+        if remote is not None:
+            embedder = CachedEmbedder(remote, embedder.cache)
         syncer = Syncer(
             root, state_path(root), client, key, config.workspace_id, embedder,
             crypto.VectorCipher(key, embedder.dim), progress=progress,
         )
         try:
-            return syncer.run()
+            report = syncer.run()
+            report.embedded_on = (remote.address or "auto") if remote is not None else "here"
+            return report
         finally:
             syncer.close()
+            if remote is not None:
+                remote.close()
+
+    def _remote_embedder(self, embed_on: str | None) -> RayEmbedder | None:
+        """A Ray pool running this index's model, for `embed_on`; None for here."""
+        if not embed_on:
+            return None
+        from indexer.ray_embedder import RayEmbedder, parse_embed_on
+
+        address, actors = parse_embed_on(embed_on)
+        model_id = self._cached_embedder().model_id
+        name = embedder_name(model_id)
+        if name is None:
+            raise CodeveilError(f"the model {model_id} cannot be run on a Ray cluster")
+        return RayEmbedder(address, actors=actors or 2, model=name)
 
     # -- search ---------------------------------------------------------------------
 

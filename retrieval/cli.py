@@ -151,7 +151,10 @@ class _RichProgress(Progress):
 @click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def index(path: Path, as_json: bool, quiet: bool) -> None:
+@click.option("--embed-on", "embed_on", metavar="ray://HOST:PORT",
+              envvar="CODEVEIL_EMBED_ON",
+              help="Embed on a Ray cluster you trust (it sees the code; ?actors=N).")
+def index(path: Path, as_json: bool, quiet: bool, embed_on: str | None) -> None:
     """Index PATH (default: here), or bring its index up to date.
 
     The first run creates PATH/.codeveil/ and a workspace key in your config dir.
@@ -163,9 +166,9 @@ def index(path: Path, as_json: bool, quiet: bool) -> None:
     show_bar = not (quiet or as_json) and sys.stderr.isatty()
     if show_bar:
         with _RichProgress() as bar:
-            report = idx.index(progress=bar)
+            report = idx.index(progress=bar, embed_on=embed_on)
     else:
-        report = idx.index()
+        report = idx.index(embed_on=embed_on)
     idx.close()
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))

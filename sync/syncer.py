@@ -63,6 +63,8 @@ class SyncReport:
     seconds_sync: float = 0.0
     #: Chunks the model embedded per second of the embed stage (0 when none were).
     embed_chunks_per_s: float = 0.0
+    #: Where the embedding ran: "here", or the Ray cluster's address.
+    embedded_on: str = "here"
     requests: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
