@@ -397,6 +397,19 @@ class Index:
                 break
         return hits
 
+    def coverage(self) -> dict[str, int | bool]:
+        """How much of the index search by meaning covers: `chunks` (all, searchable by
+        name and words), `chunks_with_vectors` (also by meaning) and `partial` (True
+        while an index, say a first one, has not sent every vector yet)."""
+        root = find_root(self._start)
+        db = open_state_db(state_path(root))
+        try:
+            total, with_vectors = LocalChunks(db).coverage()
+        finally:
+            db.close()
+        return {"partial": with_vectors < total, "chunks": total,
+                "chunks_with_vectors": with_vectors}
+
     def status(self) -> dict:
         """Where the index is, what it holds, and where its store lives."""
         root, config, _key, client = self._open()

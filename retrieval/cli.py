@@ -196,7 +196,8 @@ def _print_report(r: SyncReport) -> None:
 @click.option("--group", "group", default="chunk", show_default=True,
               type=click.Choice(["chunk", "symbol", "file"]),
               help="One result per chunk, per symbol (function, class) or per file.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of hits.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print JSON: {"hits": [...], "index": {"partial", "chunks", ...}}.')
 @click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path),
               help="Search the index of this folder (default: the one around here).")
 def search(query: str, k: int, path_glob: str | None, language: str | None, group: str,
@@ -208,13 +209,23 @@ def search(query: str, k: int, path_glob: str | None, language: str | None, grou
     """
     with _index(repo) as idx:
         hits = idx.search(query, k=k, path=path_glob, language=language, group=group)
+        coverage = idx.coverage()
     if as_json:
-        click.echo(json.dumps([h.to_dict() for h in hits], indent=2))
+        click.echo(json.dumps({"hits": [h.to_dict() for h in hits], "index": coverage},
+                              indent=2))
         return
+    if coverage["partial"]:
+        click.echo(_partial_note(coverage), err=True)
     if not hits:
         click.echo("no results", err=True)
         return
     _print_hits(hits, query)
+
+
+def _partial_note(coverage: dict[str, Any]) -> str:
+    return (f"index is partial: {coverage['chunks_with_vectors']} of {coverage['chunks']}"
+            " chunks have vectors so far (all are searched by name and words); results"
+            " improve as `codeveil index` goes on")
 
 
 def _print_hits(hits: list[Hit], query: str) -> None:

@@ -43,7 +43,10 @@ def test_index_json_then_search_json(sample_repo: Path) -> None:
     assert summary["files_scanned"] == 5 and summary["chunks_total"] > 0
     proc = run(["search", "hash_password salt pbkdf2", "--json", "-k", "3"], sample_repo)
     assert proc.returncode == 0, proc.stderr
-    hits = json.loads(proc.stdout)
+    out = json.loads(proc.stdout)
+    assert out["index"] == {"partial": False, "chunks": summary["chunks_total"],
+                            "chunks_with_vectors": summary["chunks_total"]}
+    hits = out["hits"]
     assert hits and set(hits[0]) >= HIT_KEYS
     assert hits[0]["path"] == "auth/password.py"
 
