@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import xxhash
@@ -44,6 +44,17 @@ class Embedder(ABC):
         """Split a text into pieces that fit the window (the whole text if it fits)."""
         return [text]
 
+    def embed_batches(
+        self, batches: Sequence[Sequence[str]]
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """(batch number, vectors) of each batch, in any order, each batch exactly once.
+
+        One after the other here; a backend with several workers (a Ray pool) runs them
+        side by side and yields them as they finish.
+        """
+        for b, texts in enumerate(batches):
+            yield b, self.embed_batch(texts)
+
     def embed(
         self,
         texts: Sequence[str],
@@ -72,9 +83,9 @@ class Embedder(ABC):
         order = sorted(range(len(pieces)), key=lambda i: len(pieces[i]))
         pooled = np.zeros((len(keys), self.dim), dtype=np.float32)
         windows_left = np.bincount(owner, minlength=len(keys))
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            vecs = self.embed_batch([pieces[i] for i in idx])
+        batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+        for b, vecs in self.embed_batches([[pieces[i] for i in idx] for idx in batches]):
+            idx = batches[b]
             np.add.at(pooled, [owner[i] for i in idx], vecs)
             if progress is not None:
                 finished = 0
@@ -225,6 +236,17 @@ EMBEDDERS: dict[str, Callable[[], Embedder]] = {
     "hashing": HashingEmbedder,
 }
 EMBEDDERS["minilm"] = EMBEDDERS[DEFAULT_MINILM]
+
+
+def embedder_name(model_id: str) -> str | None:
+    """The EMBEDDERS name that makes vectors of `model_id`, None if none does."""
+    names = {
+        "sentence-transformers/all-MiniLM-L6-v2:torch-fp32": "minilm-torch",
+        "sentence-transformers/all-MiniLM-L6-v2:onnx-fp32": "minilm-onnx",
+        "sentence-transformers/all-MiniLM-L6-v2:onnx-int8": "minilm-onnx-int8",
+        f"codeveil/hashing-{MINILM_DIM}": "hashing",
+    }
+    return names.get(model_id)
 
 
 def embedder_for_model_id(model_id: str) -> Embedder | None:

@@ -40,6 +40,9 @@ CREATE TABLE IF NOT EXISTS chunks (
     PRIMARY KEY (path, ordinal)
 );
 CREATE INDEX IF NOT EXISTS chunks_by_hash ON chunks (chunk_hash);
+-- Files whose chunks are here (and searchable by name and words) but whose vectors the
+-- store does not hold yet: a first index writes chunks ahead of the model.
+CREATE TABLE IF NOT EXISTS pending_files (path TEXT PRIMARY KEY) WITHOUT ROWID;
 """
 
 
@@ -69,10 +72,15 @@ class LocalChunks:
     def file_digests(self) -> dict[str, bytes]:
         return dict(self._db.execute("SELECT path, digest FROM chunk_files"))
 
-    def replace_files(self, items: Sequence[tuple[str, bytes, Sequence[Chunk]]]) -> None:
-        """Store the chunks of each (path, digest, chunks) in one transaction."""
+    def replace_files(self, items: Sequence[tuple[str, bytes, Sequence[Chunk]]], *,
+                      pending: bool = False) -> None:
+        """Store the chunks of each (path, digest, chunks) in one transaction; `pending`
+        marks them as still waiting for their vectors to reach the store."""
         with self._db:
             for path, digest, chunks in items:
+                self._db.execute(
+                    "INSERT OR IGNORE INTO pending_files VALUES (?)" if pending
+                    else "DELETE FROM pending_files WHERE path = ?", (path,))
                 self._db.execute("DELETE FROM chunks WHERE path = ?", (path,))
                 self._db.executemany(
                     "INSERT INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -95,9 +103,27 @@ class LocalChunks:
                     (path, digest),
                 )
 
+    def mark_stored(self, paths: Iterable[str]) -> None:
+        """The store now holds the vectors of these files."""
+        with self._db:
+            self._db.executemany("DELETE FROM pending_files WHERE path = ?",
+                                 [(p,) for p in paths])
+
+    def pending_files(self) -> set[str]:
+        return {p for (p,) in self._db.execute("SELECT path FROM pending_files")}
+
+    def coverage(self) -> tuple[int, int]:
+        """(chunks, chunks whose vectors the store holds)."""
+        total = self.count()
+        pending = self._db.execute(
+            "SELECT count(*) FROM chunks WHERE path IN (SELECT path FROM pending_files)"
+        ).fetchone()[0]
+        return total, total - pending
+
     def remove_files(self, paths: Iterable[str]) -> None:
         with self._db:
             for path in paths:
+                self._db.execute("DELETE FROM pending_files WHERE path = ?", (path,))
                 self._db.execute("DELETE FROM chunks WHERE path = ?", (path,))
                 self._db.execute("DELETE FROM chunk_files WHERE path = ?", (path,))
 

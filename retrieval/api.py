@@ -17,20 +17,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from indexer.embed_cache import CachedEmbedder, EmbeddingCache
-from indexer.embedder import Embedder, default_embedder, embedder_for_model_id
+from indexer.embedder import Embedder, default_embedder, embedder_for_model_id, embedder_name
 from indexer.errors import CodeveilError
 from indexer.local_chunks import LocalChunks, open_state_db
-from indexer.tokens import default_counter
-from retrieval.fusion import HybridRanker, SearchOptions, group_ranking
-from retrieval.grouping import LEVELS, Group
 from retrieval.hits import Hit
-from retrieval.lexical import LexDoc, LexicalIndex, LexicalStore
-from retrieval.locate import FileLines, locate
-from retrieval.rerank import PlainReranker
 from sync import crypto
 from sync.client import StoreClient
 from sync.errors import KeyMismatchError
@@ -51,7 +46,18 @@ from sync.workspace import (
     store_path,
 )
 
+if TYPE_CHECKING:
+    # The ranking stack is imported on the first search: `codeveil index` never ranks.
+    from indexer.ray_embedder import RayEmbedder
+    from retrieval.fusion import HybridRanker, SearchOptions
+    from retrieval.grouping import Group
+    from retrieval.lexical import LexDoc, LexicalIndex, LexicalStore
+    from retrieval.rerank import PlainReranker
+
 log = logging.getLogger(__name__)
+
+#: The setting that sends indexing's embedding to a Ray cluster (see `Index.index`).
+ENV_EMBED_ON = "CODEVEIL_EMBED_ON"
 
 # Ask the server for more neighbours than shown: filters and stale hits drop some.
 OVERFETCH = 4
@@ -90,8 +96,20 @@ class Index:
         self._lexical_store: LexicalStore | None = None
         self._ranker: HybridRanker | None = None
         self._rerank_db: sqlite3.Connection | None = None
-        #: How `search` ranks; the defaults are the ones the benchmarks found best.
-        self.search_options = SearchOptions()
+        self._search_options: SearchOptions | None = None
+
+    @property
+    def search_options(self) -> SearchOptions:
+        """How `search` ranks; the defaults are the ones the benchmarks found best."""
+        if self._search_options is None:
+            from retrieval.fusion import SearchOptions
+
+            self._search_options = SearchOptions()
+        return self._search_options
+
+    @search_options.setter
+    def search_options(self, options: SearchOptions) -> None:
+        self._search_options = options
 
     # -- set-up ---------------------------------------------------------------------
 
@@ -218,27 +236,51 @@ class Index:
 
     # -- indexing -------------------------------------------------------------------
 
-    def index(self, *, progress: Progress | None = None, reupload: bool = False) -> SyncReport:
+    def index(self, *, progress: Progress | None = None, reupload: bool = False,
+              embed_on: str | None = None) -> SyncReport:
         """Bring the index up to date with the folder; creates it on first use.
 
         `reupload` sends every file again, whatever the store's tree says: the repair of
-        a store that lost rows (`codeveil doctor --repair`)."""
+        a store that lost rows (`codeveil doctor --repair`). `embed_on` (or the
+        CODEVEIL_EMBED_ON setting) sends the embedding to a Ray cluster,
+        `ray://HOST:PORT[?actors=N]`: the cluster sees the chunks' plain text, so it must
+        be one you trust; vectors come back here and are encrypted here.
+        """
+        remote = self._remote_embedder(embed_on or os.environ.get(ENV_EMBED_ON))
         try:
             find_root(self._start)
         except CodeveilError:
             self._init_once()
         root, config, key, client = self._open()
         embedder = self._cached_embedder()
+        if remote is not None:
+            embedder = CachedEmbedder(remote, embedder.cache)
         syncer = Syncer(
             root, state_path(root), client, key, config.workspace_id, embedder,
             crypto.VectorCipher(key, embedder.dim), progress=progress,
         )
         try:
             report = syncer.run(reupload=reupload)
+            report.embedded_on = (remote.address or "auto") if remote is not None else "here"
         finally:
             syncer.close()
+            if remote is not None:
+                remote.close()
         client.verify()  # never report success over a store that cannot read its rows
         return report
+
+    def _remote_embedder(self, embed_on: str | None) -> RayEmbedder | None:
+        """A Ray pool running this index's model, for `embed_on`; None for here."""
+        if not embed_on:
+            return None
+        from indexer.ray_embedder import RayEmbedder, parse_embed_on
+
+        address, actors = parse_embed_on(embed_on)
+        model_id = self._cached_embedder().model_id
+        name = embedder_name(model_id)
+        if name is None:
+            raise CodeveilError(f"the model {model_id} cannot be run on a Ray cluster")
+        return RayEmbedder(address, actors=actors or 2, model=name)
 
     # -- search ---------------------------------------------------------------------
 
@@ -271,6 +313,9 @@ class Index:
             raise SearchError("the query is empty")
         if k < 1:
             raise SearchError(f"k must be at least 1, got {k}")
+        from retrieval.fusion import group_ranking
+        from retrieval.grouping import LEVELS
+
         if group not in LEVELS:
             raise SearchError(f"unknown group {group!r}; use one of {', '.join(LEVELS)}")
         root, config, key, client = self._open()
@@ -303,6 +348,8 @@ class Index:
             )
 
     def _lexical(self, root: Path) -> LexicalStore:
+        from retrieval.lexical import LexicalStore
+
         if self._lexical_store is None or self._lexical_store.directory.parent != codeveil_dir(
                 root):
             self._lexical_store = LexicalStore(codeveil_dir(root) / "lexical")
@@ -311,6 +358,10 @@ class Index:
     def _hybrid_ranker(self, config: RepoConfig, key: WorkspaceKey, client: StoreClient,
                        lexical: LexicalIndex) -> HybridRanker:
         """The ranker of this index, its vector side the encrypted store."""
+        from indexer.tokens import default_counter
+        from retrieval.fusion import HybridRanker
+        from retrieval.lexical import LexDoc
+
         if self._ranker is not None:
             self._ranker.use(lexical)
             return self._ranker
@@ -346,6 +397,8 @@ class Index:
         return self._ranker
 
     def _plain_reranker(self, config: RepoConfig) -> PlainReranker:
+        from retrieval.rerank import PlainReranker
+
         if self._rerank_db is None:
             self._rerank_db = open_state_db(state_path(find_root(self._start)))
         embedder = self._cached_embedder()
@@ -371,6 +424,8 @@ class Index:
                    k: int) -> list[Hit]:
         """The first `k` groups as hits read from disk; a group shows its first member
         that is still on disk, or is marked stale; groups of deleted files are dropped."""
+        from retrieval.locate import FileLines, locate
+
         lines = FileLines(root)
         hits: list[Hit] = []
         for g in groups:
@@ -391,6 +446,19 @@ class Index:
             if len(hits) >= k:
                 break
         return hits
+
+    def coverage(self) -> dict[str, int | bool]:
+        """How much of the index search by meaning covers: `chunks` (all, searchable by
+        name and words), `chunks_with_vectors` (also by meaning) and `partial` (True
+        while an index, say a first one, has not sent every vector yet)."""
+        root = find_root(self._start)
+        db = open_state_db(state_path(root))
+        try:
+            total, with_vectors = LocalChunks(db).coverage()
+        finally:
+            db.close()
+        return {"partial": with_vectors < total, "chunks": total,
+                "chunks_with_vectors": with_vectors}
 
     def status(self) -> dict:
         """Where the index is, what it holds, and where its store lives."""

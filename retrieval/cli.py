@@ -108,6 +108,8 @@ class _RichProgress(Progress):
         self.task = self.bar.add_task("scanning", total=None, detail="")
         self.embedded = 0
         self.cached = 0
+        self.rate = 0.0
+        self.where = ""
 
     def __enter__(self) -> _RichProgress:
         self.bar.start()
@@ -128,19 +130,31 @@ class _RichProgress(Progress):
     def chunks_done(self, embedded: int, cached: int) -> None:
         self.embedded += embedded
         self.cached += cached
-        elapsed = self.bar.tasks[0].elapsed or 0.0
-        rate = self.embedded / elapsed if elapsed > 0 else 0.0
-        self.bar.update(
-            self.task,
-            detail=f"chunks: {self.embedded} embedded, {self.cached} cached, {rate:.1f}/s",
-        )
+        if not self.rate:  # until the first batch is sent, the rate since the start
+            elapsed = self.bar.tasks[0].elapsed or 0.0
+            self.rate = self.embedded / elapsed if elapsed > 0 else 0.0
+        self._show()
+
+    def stages(self, seconds: dict[str, float], embed_chunks_per_s: float) -> None:
+        self.rate = embed_chunks_per_s
+        self.where = " ".join(f"{name} {s:.1f}s" for name, s in seconds.items())
+        self._show()
+
+    def _show(self) -> None:
+        detail = f"chunks: {self.embedded} embedded, {self.cached} cached, {self.rate:.1f}/s"
+        if self.where:
+            detail += f" | {self.where}"
+        self.bar.update(self.task, detail=detail)
 
 
 @main.command()
 @click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def index(path: Path, as_json: bool, quiet: bool) -> None:
+@click.option("--embed-on", "embed_on", metavar="ray://HOST:PORT",
+              envvar="CODEVEIL_EMBED_ON",
+              help="Embed on a Ray cluster you trust (it sees the code; ?actors=N).")
+def index(path: Path, as_json: bool, quiet: bool, embed_on: str | None) -> None:
     """Index PATH (default: here), or bring its index up to date.
 
     The first run creates PATH/.codeveil/ and a workspace key in your config dir.
@@ -152,9 +166,9 @@ def index(path: Path, as_json: bool, quiet: bool) -> None:
     show_bar = not (quiet or as_json) and sys.stderr.isatty()
     if show_bar:
         with _RichProgress() as bar:
-            report = idx.index(progress=bar)
+            report = idx.index(progress=bar, embed_on=embed_on)
     else:
-        report = idx.index()
+        report = idx.index(embed_on=embed_on)
     idx.close()
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
@@ -182,7 +196,8 @@ def _print_report(r: SyncReport) -> None:
 @click.option("--group", "group", default="chunk", show_default=True,
               type=click.Choice(["chunk", "symbol", "file"]),
               help="One result per chunk, per symbol (function, class) or per file.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of hits.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print JSON: {"hits": [...], "index": {"partial", "chunks", ...}}.')
 @click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path),
               help="Search the index of this folder (default: the one around here).")
 def search(query: str, k: int, path_glob: str | None, language: str | None, group: str,
@@ -194,13 +209,23 @@ def search(query: str, k: int, path_glob: str | None, language: str | None, grou
     """
     with _index(repo) as idx:
         hits = idx.search(query, k=k, path=path_glob, language=language, group=group)
+        coverage = idx.coverage()
     if as_json:
-        click.echo(json.dumps([h.to_dict() for h in hits], indent=2))
+        click.echo(json.dumps({"hits": [h.to_dict() for h in hits], "index": coverage},
+                              indent=2))
         return
+    if coverage["partial"]:
+        click.echo(_partial_note(coverage), err=True)
     if not hits:
         click.echo("no results", err=True)
         return
     _print_hits(hits, query)
+
+
+def _partial_note(coverage: dict[str, Any]) -> str:
+    return (f"index is partial: {coverage['chunks_with_vectors']} of {coverage['chunks']}"
+            " chunks have vectors so far (all are searched by name and words); results"
+            " improve as `codeveil index` goes on")
 
 
 def _print_hits(hits: list[Hit], query: str) -> None:

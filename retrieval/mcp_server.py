@@ -63,13 +63,17 @@ def build_server(repo: Path) -> MCPServer:
         Returns hits best first: path, start_line, end_line (1-based, inclusive),
         symbol, score (higher is better; compare within one result list only), text
         (the lines as they are on disk now) and stale (true if the file changed since it
-        was indexed and the lines could not be found again: run sync_index).
+        was indexed and the lines could not be found again: run sync_index), and
+        index: {partial, chunks, chunks_with_vectors}; partial is true while an index
+        is still embedding (every chunk is searched by name and words already, only
+        chunks_with_vectors of them by meaning).
         """
         k = max(1, min(int(k), MAX_K))
         with state.use() as idx:
             hits = idx.search(query, k=k, group=group, path=path, language=language)
+            coverage = idx.coverage()
         return {"query": query, "group": group,
-                "hits": [h.to_dict() for h in hits]}
+                "hits": [h.to_dict() for h in hits], "index": coverage}
 
     @server.tool()
     def index_status() -> dict[str, Any]:

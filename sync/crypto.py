@@ -387,11 +387,17 @@ class VectorCipher:
         u = int.from_bytes(hmac.digest(k_vector, _TAG_SCALE, "sha256")[:8], "big") / 2.0**64
         self.scale = 10.0 ** (3.0 + u)
         self.radius = self.scale * self.beta / 4.0
-        # Rows are vectors, so c = v @ (s R)^T. float32: the product's rounding (about
-        # 1e-6 relative) is far below any useful perturbation, and it halves the time.
-        self._matrix = (self.scale * _rotation(k_vector, dim)).T.astype(np.float32)
+        self._k_vector = k_vector
         self._noise_key = hmac.digest(k_vector, _TAG_NOISE_KEY, "sha256")
         self._seed_mac = hmac.new(k_vector, _TAG_NOISE_SEED, digestmod="sha256")
+
+    @functools.cached_property
+    def _matrix(self) -> np.ndarray:
+        # Made on first use: drawing the rotation takes 0.1 s, which a sync that sends
+        # nothing need not pay. Rows are vectors, so c = v @ (s R)^T. float32: the
+        # product's rounding (about 1e-6 relative) is far below any useful perturbation,
+        # and it halves the time.
+        return (self.scale * _rotation(self._k_vector, self.dim)).T.astype(np.float32)
 
     def _check(self, vectors: np.ndarray) -> np.ndarray:
         vectors = np.asarray(vectors)

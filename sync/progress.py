@@ -18,3 +18,7 @@ class Progress:
 
     def chunks_done(self, embedded: int, cached: int) -> None:
         """More chunks got vectors: `embedded` by the model, `cached` from the cache."""
+
+    def stages(self, seconds: dict[str, float], embed_chunks_per_s: float) -> None:
+        """Seconds spent so far per stage (walk, chunk, embed, encrypt, sync), and the
+        embed stage's chunks per second; sent after each batch."""

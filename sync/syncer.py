@@ -4,6 +4,13 @@ Steps: walk (stat only) -> hash files whose stat changed -> local Merkle tree ->
 diff against the store's tree -> for each changed file: chunk, embed (cache), encrypt,
 send in batches -> set directory values. Deleted files go in the first batch.
 
+Searchable while it builds: a thread chunks every changed file ahead of the model and
+writes its chunks to the local chunk table at once, marked pending (the lexical index
+and the path/symbol evidence read that table), while the model embeds them in
+`indexer.priority` order (source first, recently changed first); a file stops being
+pending when the store holds its vectors. A search meanwhile answers from what is
+there and says how many chunks have vectors (`LocalChunks.coverage`).
+
 Write order, client side: a file's leaf value is sent with its chunks in one `apply`;
 directory values are sent only after every file below them landed. If anything moved
 under our feet (a file changed while we read it), directory values are left pending so
@@ -26,6 +33,7 @@ from indexer.chunk import Chunk
 from indexer.chunker import chunk_file
 from indexer.embed_cache import CachedEmbedder
 from indexer.local_chunks import LocalChunks, open_state_db
+from indexer.priority import embed_order
 from indexer.statcache import StatCache, scan
 from indexer.walk import Skipped, SourceFile, read_source, walk_repo
 from sync import crypto
@@ -40,9 +48,13 @@ log = logging.getLogger(__name__)
 
 # Upload batches: big enough to keep the model busy, small enough to bound a request.
 BATCH_CHUNKS = 512
+# The first batches are smaller, doubling up to BATCH_CHUNKS: during a first index the
+# first vectors reach the store (and searches) seconds after the model starts.
+FIRST_BATCH_CHUNKS = 64
 BATCH_FILES = 256
 DELETE_BATCH = 2048
 DIRS_BATCH = 50_000  # directory values per request (the server accepts 100,000)
+WRITE_FILES = 64  # files per local write while chunking ahead of the model
 
 
 @dataclass
@@ -60,7 +72,12 @@ class SyncReport:
     seconds_walk: float = 0.0
     seconds_chunk: float = 0.0
     seconds_embed: float = 0.0
+    seconds_encrypt: float = 0.0
     seconds_sync: float = 0.0
+    #: Chunks the model embedded per second of the embed stage (0 when none were).
+    embed_chunks_per_s: float = 0.0
+    #: Where the embedding ran: "here", or the Ray cluster's address.
+    embedded_on: str = "here"
     requests: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -72,14 +89,27 @@ class SyncReport:
         for k in list(out):
             if k.startswith("seconds"):
                 out[k] = round(out[k], 4)
+        out["embed_chunks_per_s"] = round(out["embed_chunks_per_s"], 2)
         return out
+
+    def stages(self) -> dict[str, float]:
+        """Seconds per stage, in pipeline order. Chunking runs in a thread beside the
+        others, so the stages can add up to more than `seconds`."""
+        return {"walk": self.seconds_walk, "chunk": self.seconds_chunk,
+                "embed": self.seconds_embed, "encrypt": self.seconds_encrypt,
+                "sync": self.seconds_sync}
+
+    def _rate(self) -> None:
+        self.embed_chunks_per_s = (
+            self.chunks_embedded / self.seconds_embed if self.chunks_embedded else 0.0
+        )
 
 
 @dataclass
 class _Pending:
     path: str
     digest: bytes
-    chunks: list[Chunk]
+    chunks: int  # how many; the chunks themselves wait in the local chunk table
     upload: bool
 
 
@@ -107,6 +137,7 @@ class Syncer:
         self.cipher = cipher
         self.progress = progress or Progress()
         self.max_file_bytes = max_file_bytes
+        self._state_path = state_path
         self._db = open_state_db(state_path)
         self.stat_cache = StatCache(state_path)
         self.local = LocalChunks(self._db)
@@ -157,10 +188,13 @@ class Syncer:
         stale_local = [p for p, d in files.items() if local_digests.get(p) != d]
         gone_local = [p for p in local_digests if p not in files]
         upload = set(plan.upload)
-        todo = sorted(upload | set(stale_local))
+        todo = embed_order(upload | set(stale_local), self.root)
         report.files_changed = len(upload)
         report.files_deleted = len(gone_local)
         self.local.remove_files(gone_local)
+        # Pending files the store holds all the same: a crash hit between its commit and
+        # ours. (Those it lacks are in `upload` and are sent again.)
+        self.local.mark_stored(self.local.pending_files() - upload)
         self.progress.planned(len(todo), 0)
 
         complete = self._send(todo, upload, files, plan, report)
@@ -171,6 +205,7 @@ class Syncer:
                 self.client.set_dir_values(values[start : start + DIRS_BATCH])
             report.seconds_sync += time.perf_counter() - t0
 
+        report._rate()
         report.chunks_total = self.local.count()
         stats = self.client.stats
         report.requests = stats.requests - before[0]
@@ -194,7 +229,9 @@ class Syncer:
         """
         moved = threading.Event()
         stop = threading.Event()
-        batches: queue.Queue[list[_Pending] | BaseException | None] = queue.Queue(maxsize=2)
+        # Unbounded: the chunker runs ahead over every file (that is what makes them
+        # searchable early), and the batches it queues are small (paths and counts).
+        batches: queue.Queue[list[_Pending] | BaseException | None] = queue.Queue()
 
         def put(item: list[_Pending] | BaseException | None) -> None:
             while not stop.is_set():
@@ -241,9 +278,36 @@ class Syncer:
         moved: threading.Event,
         report: SyncReport,
     ) -> Iterator[list[_Pending]]:
-        """Read and chunk `todo`, in batches of about BATCH_CHUNKS chunks to send."""
+        """Read and chunk `todo` into the local chunk table (files to upload marked
+        pending), in batches of about BATCH_CHUNKS chunks to send."""
+        db = open_state_db(self._state_path)  # its own: this runs in the chunker thread
+        try:
+            yield from self._chunk_ahead(todo, upload, files, moved, report, LocalChunks(db))
+        finally:
+            db.close()
+
+    def _chunk_ahead(
+        self,
+        todo: Sequence[str],
+        upload: set[str],
+        files: dict[str, bytes],
+        moved: threading.Event,
+        report: SyncReport,
+        writer: LocalChunks,
+    ) -> Iterator[list[_Pending]]:
         batch: list[_Pending] = []
         batch_chunks = 0
+        target = FIRST_BATCH_CHUNKS
+        unwritten: list[tuple[str, bytes, list[Chunk]]] = []
+        last_write = time.perf_counter()
+
+        def write() -> None:
+            nonlocal last_write
+            writer.replace_files([u for u in unwritten if u[0] in upload], pending=True)
+            writer.replace_files([u for u in unwritten if u[0] not in upload])
+            unwritten.clear()
+            last_write = time.perf_counter()
+
         for path in todo:
             t0 = time.perf_counter()
             source = self._read(self.root, path)
@@ -255,18 +319,27 @@ class Syncer:
             if source.digest != files[path]:
                 moved.set()
             chunks = chunk_file(path, source.text)
+            unwritten.append((path, source.digest, chunks))
+            # One transaction per batch of files, or twice a second: searchable soon.
+            if len(unwritten) >= WRITE_FILES or time.perf_counter() - last_write > 0.5:
+                write()
             report.seconds_chunk += time.perf_counter() - t0
-            batch.append(_Pending(path, source.digest, chunks, path in upload))
+            batch.append(_Pending(path, source.digest, len(chunks), path in upload))
             batch_chunks += len(chunks) if path in upload else 0
-            if batch_chunks >= BATCH_CHUNKS or len(batch) >= BATCH_FILES:
+            if batch_chunks >= target or len(batch) >= BATCH_FILES:
+                write()  # a batch is only sent once its chunks are in the table
                 yield batch
                 batch, batch_chunks = [], 0
+                target = min(2 * target, BATCH_CHUNKS)
+        t0 = time.perf_counter()
+        write()
+        report.seconds_chunk += time.perf_counter() - t0
         if batch:
             yield batch
 
     def _flush(self, batch: list[_Pending], deletes: list[bytes], report: SyncReport) -> None:
-        sending = [p for p in batch if p.upload]
-        texts = [c.embed_text for p in sending for c in p.chunks]
+        sending = [(p, self.local.for_file(p.path)) for p in batch if p.upload]
+        texts = [c.embed_text for _, chunks in sending for c in chunks]
         t0 = time.perf_counter()
         result = self.embedder.embed(texts, progress=self.progress.chunks_done)
         report.seconds_embed += time.perf_counter() - t0
@@ -275,22 +348,28 @@ class Syncer:
 
         t0 = time.perf_counter()
         updates = self._updates(sending, result.vectors)
+        report.seconds_encrypt += time.perf_counter() - t0
+        t0 = time.perf_counter()
         for start in range(0, max(len(deletes), 1), DELETE_BATCH):
             part = deletes[start : start + DELETE_BATCH]
             first = updates if start == 0 else []
             if first or part:
                 self.client.apply(first, part)
-        # Local chunks are written once the server holds them, so a crash re-sends.
-        self.local.replace_files([(p.path, p.digest, p.chunks) for p in batch])
+        # Pending until the server holds them: a crash before this re-sends them (the
+        # server's tree, not this mark, decides what is sent).
+        self.local.mark_stored([p.path for p, _ in sending])
         report.seconds_sync += time.perf_counter() - t0
+        report._rate()
         self.progress.files_done(len(batch))
+        self.progress.stages(report.stages(), report.embed_chunks_per_s)
 
-    def _updates(self, sending: list[_Pending], vectors: np.ndarray) -> list[FileUpdate]:
+    def _updates(self, sending: list[tuple[_Pending, list[Chunk]]],
+                 vectors: np.ndarray) -> list[FileUpdate]:
         ids: list[bytes] = []
         metas: list[bytes] = []
-        for p in sending:
+        for p, chunks in sending:
             seen: dict[bytes, int] = {}
-            for c in p.chunks:
+            for c in chunks:
                 h = c.chunk_hash
                 ordinal = seen.get(h, 0)
                 seen[h] = ordinal + 1
@@ -304,8 +383,8 @@ class Syncer:
         enc = self.cipher.encrypt(vectors, ids) if ids else vectors
         updates: list[FileUpdate] = []
         row = 0
-        for p in sending:
-            n = len(p.chunks)
+        for p, chunks in sending:
+            n = len(chunks)
             records = tuple(
                 ChunkRecord(ids[row + i], enc[row + i], metas[row + i]) for i in range(n)
             )

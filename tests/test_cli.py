@@ -43,9 +43,29 @@ def test_index_json_then_search_json(sample_repo: Path) -> None:
     assert summary["files_scanned"] == 5 and summary["chunks_total"] > 0
     proc = run(["search", "hash_password salt pbkdf2", "--json", "-k", "3"], sample_repo)
     assert proc.returncode == 0, proc.stderr
-    hits = json.loads(proc.stdout)
+    out = json.loads(proc.stdout)
+    assert out["index"] == {"partial": False, "chunks": summary["chunks_total"],
+                            "chunks_with_vectors": summary["chunks_total"]}
+    hits = out["hits"]
     assert hits and set(hits[0]) >= HIT_KEYS
     assert hits[0]["path"] == "auth/password.py"
+
+
+def test_index_json_shows_where_the_time_goes(sample_repo: Path, tmp_path: Path) -> None:
+    cache = str(tmp_path / "own-cache")  # the shared cache would answer every chunk
+    summary = json.loads(run(["index", ".", "--json"], sample_repo,
+                             CODEVEIL_CACHE_DIR=cache).stdout)
+    stages = ("seconds_walk", "seconds_chunk", "seconds_embed", "seconds_encrypt",
+              "seconds_sync")
+    assert all(summary[k] > 0 for k in stages), summary
+    assert summary["chunks_embedded"] > 0
+    # Seconds are rounded to 0.1 ms in the JSON, and the hashing model is that fast.
+    n, s = summary["chunks_embedded"], summary["seconds_embed"]
+    assert n / (s + 5e-5) * 0.99 <= summary["embed_chunks_per_s"] <= n / max(s - 5e-5, 1e-9)
+    # Nothing embedded on a re-index: no rate to claim.
+    again = json.loads(run(["index", ".", "--json"], sample_repo,
+                           CODEVEIL_CACHE_DIR=cache).stdout)
+    assert again["chunks_embedded"] == 0 and again["embed_chunks_per_s"] == 0
 
 
 def test_search_prints_locations_and_snippets(sample_repo: Path) -> None:
@@ -161,3 +181,21 @@ def test_hand_edited_config_values_are_named(sample_repo: Path, field: str, bad:
         proc = run(args, sample_repo)
         assert_one_line_error(proc, needle)
         assert "config.json" in proc.stderr
+
+
+def test_progress_bar_shows_stages_and_embed_rate(sample_repo: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from indexer.embedder import HashingEmbedder
+    from retrieval.api import Index
+
+    monkeypatch.setenv("CODEVEIL_CACHE_DIR", str(tmp_path / "own-cache"))
+    hashing_embedder = HashingEmbedder()
+    from retrieval.cli import _RichProgress
+
+    with _RichProgress() as bar, Index(sample_repo, embedder=hashing_embedder) as idx:
+        report = idx.index(progress=bar)
+    assert report.chunks_embedded > 0
+    for stage in ("walk", "chunk", "embed", "encrypt", "sync"):
+        assert f"{stage} " in bar.where, bar.where
+    assert bar.rate == pytest.approx(report.embed_chunks_per_s)
+    assert "/s" in bar.bar.tasks[0].fields["detail"]

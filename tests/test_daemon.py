@@ -96,7 +96,7 @@ def settled(repo: Path, since: float, pid: int) -> dict[str, Any] | None:
 def search(repo: Path, query: str) -> list[dict[str, Any]]:
     proc = cv("search", query, "--json", "-k", "5", "-C", repo)
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return json.loads(proc.stdout)["hits"]
 
 
 def wait_for_top_hit(repo: Path, path: str, needle: str) -> dict[str, Any]:

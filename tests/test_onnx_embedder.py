@@ -105,8 +105,8 @@ def test_export_is_cached(models, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_export(*_args: object) -> None:
         raise AssertionError("exported again although a valid graph is cached")
 
-    monkeypatch.setattr(onnx_embedder, "_export_fp32", no_export)
-    monkeypatch.setattr(onnx_embedder, "_quantize_int8", no_export)
+    monkeypatch.setattr(onnx_embedder, "_export_fp32_in_child", no_export)
+    monkeypatch.setattr(onnx_embedder, "_quantize_int8_in_child", no_export)
     for precision in ("fp32", "int8"):
         OnnxEmbedder(precision, models_directory=models).embed(["cached"])
     assert {p: p.stat().st_mtime_ns for p in files} == before
@@ -151,13 +151,20 @@ def test_crash_during_export_leaves_no_usable_half(models, tmp_path, monkeypatch
         out.write_bytes(b"half a graph")
         raise OSError("disk full")
 
-    monkeypatch.setattr(onnx_embedder, "_quantize_int8", crash)
+    monkeypatch.setattr(onnx_embedder, "_quantize_int8_in_child", crash)
     with pytest.raises(EmbedderError, match="disk full"):
         load_graph("int8", copy)
     assert read_cached(copy, "int8", source_stamp()) is None
     assert not list(copy.glob(".tmp-*"))
     # The fp32 graph, finished before the crash, is still served as it was.
     assert read_cached(copy, "fp32", source_stamp()) is not None
+
+
+def test_a_failing_child_export_is_reported(tmp_path: Path) -> None:
+    # The real child process, given a graph that is not there: its error comes back.
+    with pytest.raises(EmbedderError, match=r"quantize_int8 process failed.*missing\.onnx"):
+        onnx_embedder._quantize_int8_in_child(tmp_path / "missing.onnx", tmp_path / "out.onnx")
+    assert not (tmp_path / "out.onnx").exists()
 
 
 def test_model_ids_name_backend_and_precision(models) -> None:

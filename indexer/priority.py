@@ -1,0 +1,75 @@
+"""The order a first index embeds files in: the most useful first.
+
+While a first index runs, every chunk is searchable by name and words at once, and by
+meaning once its vector is in: so the files a search most likely wants get their vectors
+first. Source code before tests, tests before docs and config (a question about code is
+answered by code); within each, files touched by recent commits first (they are the ones
+being worked on); then by path, so the order is stable.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+
+log = logging.getLogger(__name__)
+
+SOURCE, TESTS, OTHER = 0, 1, 2
+#: Commits read for recency: enough to cover what is being worked on, and quick.
+GIT_COMMITS = 1000
+GIT_TIMEOUT_S = 3.0
+
+_TEST_DIRS = frozenset({"test", "tests", "testing", "spec", "specs", "__tests__"})
+_DOC_DIRS = frozenset({"doc", "docs", "documentation", "examples", "example"})
+_PROSE_OR_CONFIG = frozenset({
+    ".md", ".rst", ".txt", ".adoc", ".json", ".yaml", ".yml", ".toml", ".ini", ".cfg",
+    ".conf", ".xml", ".csv", ".html", ".css", ".lock",
+})
+
+
+def category(path: str) -> int:
+    """SOURCE, TESTS or OTHER (docs, config, data) for a repo-relative path."""
+    p = PurePosixPath(path)
+    parts = {part.lower() for part in p.parts[:-1]}
+    name = p.name.lower()
+    if p.suffix.lower() in _PROSE_OR_CONFIG or parts & _DOC_DIRS:
+        return OTHER
+    if (parts & _TEST_DIRS or name.startswith("test_") or name == "conftest.py"
+            or p.stem.lower().endswith(("_test", ".test", ".spec", "_spec"))):
+        return TESTS
+    return SOURCE
+
+
+def git_recency(root: Path) -> dict[str, int]:
+    """path -> the commit time of the last of the recent commits that touched it, for
+    the files under `root` of the git repository around it; empty if there is none."""
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(root), "log", f"-n{GIT_COMMITS}", "--relative", "--no-renames",
+             "--name-only", "--format=%x00%ct"],
+            capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.debug("no git recency for %s: %s", root, exc)
+        return {}
+    if proc.returncode != 0:
+        return {}
+    seen: dict[str, int] = {}
+    when = 0
+    for line in proc.stdout.splitlines():
+        if line.startswith("\0"):
+            when = int(line[1:] or 0)
+        elif line:
+            seen.setdefault(line, when)  # newest first: the first time is the latest
+    return seen
+
+
+def embed_order(paths: Iterable[str], root: Path | None = None) -> list[str]:
+    """`paths` in the order their vectors are most wanted (see the module docstring)."""
+    recency = git_recency(root) if root is not None else {}
+    return sorted(paths, key=lambda p: (category(p), -recency.get(p, 0), p))
+
+
+__all__ = ["OTHER", "SOURCE", "TESTS", "category", "embed_order", "git_recency"]
