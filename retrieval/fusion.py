@@ -24,7 +24,14 @@ import numpy as np
 
 from retrieval.grouping import Aggregation, Group, Level, group
 from retrieval.lexical import LexDoc, LexicalIndex
-from retrieval.query import Evidence, QueryRefs, RepoNames, extract_refs, split_query
+from retrieval.query import (
+    Evidence,
+    QueryRefs,
+    RepoNames,
+    extract_refs,
+    lexical_terms,
+    split_query,
+)
 
 # Measured (docs/benchmarks.md, "Search quality"): 20 beats the customary 60 on SWE-bench
 # and CoSQA alike. At 60 the fused scores of the first ranks are nearly equal, so summing
@@ -97,6 +104,12 @@ class SearchOptions:
     max_query_terms: int | None = None  # BM25: only the query's rarest terms
     w_file_lexical: float = 0.0  # file level: fuse whole-file BM25 with this weight
     w_first_part: float = 1.0  # weight of a long query's first part (title, opening)
+    # BM25 (chunks and files): leave English stop words out of the query. An issue text
+    # is mostly prose; "the", "is", "to" match nearly every file a little and add noise.
+    stopwords: bool = False
+    # Weight of a second vector ranking: the query's parts against vectors of each chunk's
+    # `path > symbol` header alone, where the ranker was given them (0: not used).
+    w_header_vector: float = 0.0
 
 
 @dataclass
@@ -143,10 +156,12 @@ class HybridRanker:
 
     def __init__(self, lexical: LexicalIndex, embed: Embed, nearest: Nearest,
                  count_tokens: Callable[[str], int], max_tokens: int, *,
-                 count_many: Callable[[Sequence[str]], list[int]] | None = None) -> None:
+                 count_many: Callable[[Sequence[str]], list[int]] | None = None,
+                 nearest_header: Nearest | None = None) -> None:
         self.lexical = lexical
         self.embed = embed
         self.nearest = nearest
+        self.nearest_header = nearest_header
         self.count_tokens = count_tokens
         self.count_many = count_many
         self.max_tokens = max_tokens
@@ -184,17 +199,26 @@ class HybridRanker:
                  if o.split != "none" else [query])
         if o.split == "first":
             parts = parts[:1]
-        vec = self._vector_ranking(parts, o, keep)
+        vectors = self.embed(parts)
+        vec = self._vector_ranking(vectors, o, keep, self.nearest)
         for d, _ in vec:
             docs.setdefault(d.key, d)
         lists.append([d.key for d, _ in vec])
         weights.append(o.w_vector)
         sources["vector"] = len(vec)
+        if o.w_header_vector and self.nearest_header is not None:
+            hv = self._vector_ranking(vectors, o, keep, self.nearest_header)
+            for d, _ in hv:
+                docs.setdefault(d.key, d)
+            lists.append([d.key for d, _ in hv])
+            weights.append(o.w_header_vector)
+            sources["header_vector"] = len(hv)
 
         refs = extract_refs(query)
         bm25: list[tuple[int, float]] = []
+        lex_query: str | list[str] = lexical_terms(query) if o.stopwords else query
         if o.hybrid and len(self.lexical):
-            bm25 = self.lexical.top(query, o.depth, mask=mask, dedupe=o.dedupe_terms,
+            bm25 = self.lexical.top(lex_query, o.depth, mask=mask, dedupe=o.dedupe_terms,
                                     max_terms=o.max_query_terms)
             keys = []
             for i, _ in bm25:
@@ -227,7 +251,7 @@ class HybridRanker:
         result = Ranking(chunks, parts=len(parts), sources=sources, matched=matched,
                          rrf_k=o.rrf_k)
         if o.hybrid and o.w_file_lexical and len(self.lexical):
-            files = self.lexical.file_top(query, o.depth, mask=mask, dedupe=o.dedupe_terms,
+            files = self.lexical.file_top(lex_query, o.depth, mask=mask, dedupe=o.dedupe_terms,
                                           max_terms=o.max_query_terms)
             result.file_lists.append(([p for p, _ in files], o.w_file_lexical))
             result.file_best = self._file_best([p for p, _ in files], bm25)
@@ -247,15 +271,15 @@ class HybridRanker:
                     best[p] = self.lexical.doc(int(docs[0]))
         return best
 
-    def _vector_ranking(self, parts: list[str], o: SearchOptions,
-                        keep: Callable[[LexDoc], bool] | None) -> list[tuple[LexDoc, float]]:
-        """One vector ranking for the query, however many parts it has."""
-        vectors = self.embed(parts)
-        if len(parts) == 1 or o.split == "mean":
+    def _vector_ranking(self, vectors: np.ndarray, o: SearchOptions,
+                        keep: Callable[[LexDoc], bool] | None,
+                        nearest: Nearest) -> list[tuple[LexDoc, float]]:
+        """One vector ranking for the query (one vector per part), however many parts."""
+        if len(vectors) == 1 or o.split == "mean":
             v = vectors.mean(axis=0)
             v /= max(float(np.linalg.norm(v)), 1e-12)
-            return self._nearest(v, o.depth, keep)
-        per_part = [self._nearest(v, o.depth, keep) for v in vectors]
+            return self._nearest(nearest, v, o.depth, keep)
+        per_part = [self._nearest(nearest, v, o.depth, keep) for v in vectors]
         docs: dict[tuple[str, int, int], LexDoc] = {}
         for hits in per_part:
             for d, _ in hits:
@@ -270,12 +294,13 @@ class HybridRanker:
         fused = rrf([[d.key for d, _ in hits] for hits in per_part], k=o.rrf_k, weights=weights)
         return [(docs[key], s) for key, s in ranked(fused)][: o.depth]
 
-    def _nearest(self, vector: np.ndarray, n: int,
+    @staticmethod
+    def _nearest(nearest: Nearest, vector: np.ndarray, n: int,
                  keep: Callable[[LexDoc], bool] | None) -> list[tuple[LexDoc, float]]:
         if keep is None:
-            return self.nearest(vector, n)
+            return nearest(vector, n)
         # A filter drops some neighbours; ask for more so that `n` are left.
-        hits = self.nearest(vector, n * 4)
+        hits = nearest(vector, n * 4)
         return [(d, s) for d, s in hits if keep(d)][:n]
 
     def _evidence_ranking(

@@ -151,6 +151,34 @@ def _absorb_blank(parts: list[str]) -> list[str]:
     return out
 
 
+# -- words for BM25 --------------------------------------------------------------------
+
+# Lucene's English stop words (the list `bm25s` and Elasticsearch's `english` use).
+STOPWORDS: Final = frozenset({
+    "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into",
+    "is", "it", "no", "not", "of", "on", "or", "such", "that", "the", "their", "then",
+    "there", "these", "they", "this", "to", "was", "will", "with",
+})
+
+
+def lexical_terms(text: str) -> list[str]:
+    """The BM25 terms of a query (`indexer.lexical_tokens.tokenize`), stop words left out.
+
+    Words in capitals stay (`IN`, `AND` in an SQL dialect's issue name keywords).
+    """
+    from indexer.lexical_tokens import tokenize
+
+    out: list[str] = []
+    for word in _WORDS.findall(text):
+        if word.lower() in STOPWORDS and not word.isupper():
+            continue
+        out.extend(tokenize(word))
+    return out
+
+
+_WORDS: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
+
+
 # -- references to code ---------------------------------------------------------------
 
 _EXT: Final = (
