@@ -110,6 +110,9 @@ class SearchOptions:
     # Weight of a second vector ranking: the query's parts against vectors of each chunk's
     # `path > symbol` header alone, where the ranker was given them (0: not used).
     w_header_vector: float = 0.0
+    # BM25: the terms of words that look like code (identifiers, code lines, traceback
+    # frames) count this many times, prose words once (1: all alike).
+    code_term_weight: int = 1
 
 
 @dataclass
@@ -216,9 +219,14 @@ class HybridRanker:
 
         refs = extract_refs(query)
         bm25: list[tuple[int, float]] = []
-        lex_query: str | list[str] = lexical_terms(query) if o.stopwords else query
+        lex_query: str | list[str] = query
+        dedupe = o.dedupe_terms
+        if o.stopwords or o.code_term_weight > 1:
+            lex_query = lexical_terms(query, stopwords=o.stopwords,
+                                      code_weight=o.code_term_weight)
+            dedupe = False  # each term listed once, or code_term_weight times
         if o.hybrid and len(self.lexical):
-            bm25 = self.lexical.top(lex_query, o.depth, mask=mask, dedupe=o.dedupe_terms,
+            bm25 = self.lexical.top(lex_query, o.depth, mask=mask, dedupe=dedupe,
                                     max_terms=o.max_query_terms)
             keys = []
             for i, _ in bm25:
@@ -251,7 +259,7 @@ class HybridRanker:
         result = Ranking(chunks, parts=len(parts), sources=sources, matched=matched,
                          rrf_k=o.rrf_k)
         if o.hybrid and o.w_file_lexical and len(self.lexical):
-            files = self.lexical.file_top(lex_query, o.depth, mask=mask, dedupe=o.dedupe_terms,
+            files = self.lexical.file_top(lex_query, o.depth, mask=mask, dedupe=dedupe,
                                           max_terms=o.max_query_terms)
             result.file_lists.append(([p for p, _ in files], o.w_file_lexical))
             result.file_best = self._file_best([p for p, _ in files], bm25)
