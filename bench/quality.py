@@ -515,6 +515,10 @@ def tree_for(data: Path, mirrors: Path | None, repo: str, commit: str) -> Path:
     return out
 
 
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
 def acc(ranks: Sequence[int | None], k: int) -> float:
     return sum(1 for r in ranks if r is not None and r <= k) / max(len(ranks), 1)
 
@@ -864,10 +868,12 @@ def main() -> None:
     os.environ.setdefault("CODEVEIL_CACHE_DIR", str(args.data / "cache"))
     if args.embedder:  # --e2e indexes through `Index`, which reads the model from here
         os.environ["CODEVEIL_EMBEDDER"] = args.embedder
+    started = time.perf_counter()
     enc, plain = _embedders(args.embedder, args.threads)
     memo = Memo()
     results: dict = {"model": enc.model_id, "args": {
-        k: str(v) if isinstance(v, Path) else sorted(v) if isinstance(v, set) else v
+        k: str(v) if isinstance(v, Path) else sorted(v) if isinstance(v, set)
+        else [str(x) for x in v] if isinstance(v, list) else v
         for k, v in vars(args).items()}}
     datasets = args.datasets.split(",")
     if "cosqa" in datasets:
@@ -886,14 +892,14 @@ def main() -> None:
             print(f"\nSWE-bench dev, {half} half: {h['instances']} instances "
                   f"({sw['versions']} repo versions in the run): file-level Acc@k (%)")
             print(table(["system", *(f"Acc@{k}" for k in ACC_KS)],
-                        [[s, *(100 * v[f"acc@{k}"] for k in ACC_KS)]
+                        [[s, *(pct(v[f"acc@{k}"]) for k in ACC_KS)]
                          for s, v in h["systems"].items()]))
             repos = list(h["per_repo"])
             print(f"\nAcc@5 per repo, {half} half (%; instances: "
                   + ", ".join(f"{r.split('/')[-1]} {n}" for r, n in h["repo_instances"].items())
                   + ")")
             print(table(["system", *(r.split("/")[-1] for r in repos)],
-                        [[s, *(100 * h["per_repo"][r][s]["acc@5"] for r in repos)]
+                        [[s, *(pct(h["per_repo"][r][s]["acc@5"]) for r in repos)]
                          for s in (*BASELINES, SHIPPED)]))
     if results.get("cosqa"):
         cq = results["cosqa"]
@@ -917,6 +923,8 @@ def main() -> None:
         parts = ["bm25", "evidence", "rrf", "grouping", "rank_total"]
         print(table(["queries", *parts],
                     [[q, *(lat[q][p] for p in parts)] for q in ("short", "issue")]))
+    results["seconds"] = time.perf_counter() - started
+    print(f"\nwhole run: {results['seconds']:.0f} s")
     path = write_json(args.out, results)
     print(f"\nwrote {path}")
     if not args.no_plot:
