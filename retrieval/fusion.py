@@ -103,15 +103,19 @@ class SearchOptions:
     dedupe_terms: bool = True  # BM25: a query term counts once
     max_query_terms: int | None = None  # BM25: only the query's rarest terms
     w_file_lexical: float = 0.0  # file level: fuse whole-file BM25 with this weight
+    # The same for a query in plain words (measured on CoSQA: a file there is one
+    # function, and whole-file BM25 only repeats the chunk-level one, worse).
+    w_file_lexical_prose: float = 0.0
     w_first_part: float = 1.0  # weight of a long query's first part (title, opening)
-    # BM25 (chunks and files): leave English stop words out of the query. An issue text
-    # is mostly prose; "the", "is", "to" match nearly every file a little and add noise.
+    # BM25 (chunks and files) for a query that names code: leave English stop words out.
+    # An issue text is mostly prose; "the", "is", "to" match nearly every file a little.
     stopwords: bool = False
     # Weight of a second vector ranking: the query's parts against vectors of each chunk's
     # `path > symbol` header alone, where the ranker was given them (0: not used).
     w_header_vector: float = 0.0
-    # BM25: the terms of words that look like code (identifiers, code lines, traceback
-    # frames) count this many times, prose words once (1: all alike).
+    # BM25 for a query that names code: the terms of words that look like code
+    # (identifiers, code lines, traceback frames) count this many times, prose words
+    # once (1: all alike).
     code_term_weight: int = 1
 
 
@@ -218,10 +222,13 @@ class HybridRanker:
             sources["header_vector"] = len(hv)
 
         refs = extract_refs(query)
+        prose = not refs
         bm25: list[tuple[int, float]] = []
         lex_query: str | list[str] = query
         dedupe = o.dedupe_terms
-        if o.stopwords or o.code_term_weight > 1:
+        # Query handling for queries that name code (issue texts, identifier lookups);
+        # a query in plain words keeps plain BM25 terms.
+        if not prose and (o.stopwords or o.code_term_weight > 1):
             lex_query = lexical_terms(query, stopwords=o.stopwords,
                                       code_weight=o.code_term_weight)
             dedupe = False  # each term listed once, or code_term_weight times
@@ -234,8 +241,8 @@ class HybridRanker:
                 docs.setdefault(d.key, d)
                 keys.append(d.key)
             lists.append(keys)
-            prose = not refs and o.w_lexical_prose is not None
-            weights.append(o.w_lexical_prose if prose else o.w_lexical)
+            prose_weight = prose and o.w_lexical_prose is not None
+            weights.append(o.w_lexical_prose if prose_weight else o.w_lexical)
             sources["lexical"] = len(keys)
 
         matched: dict[str, list[str]] = {}
@@ -258,10 +265,11 @@ class HybridRanker:
             chunks = [(d, s) for d, s in chunks if keep(d)]
         result = Ranking(chunks, parts=len(parts), sources=sources, matched=matched,
                          rrf_k=o.rrf_k)
-        if o.hybrid and o.w_file_lexical and len(self.lexical):
+        w_file = o.w_file_lexical_prose if prose else o.w_file_lexical
+        if o.hybrid and w_file and len(self.lexical):
             files = self.lexical.file_top(lex_query, o.depth, mask=mask, dedupe=dedupe,
                                           max_terms=o.max_query_terms)
-            result.file_lists.append(([p for p, _ in files], o.w_file_lexical))
+            result.file_lists.append(([p for p, _ in files], w_file))
             result.file_best = self._file_best([p for p, _ in files], bm25)
             sources["file_lexical"] = len(files)
         return result

@@ -236,11 +236,20 @@ def test_index_search_levels(sample_repo, hashing_embedder) -> None:
             "auth/password.py", "rotate_signing_secret", False)
 
 
-def test_stop_words_leave_bm25(ranker: HybridRanker) -> None:
+def test_stop_words_leave_bm25_for_queries_that_name_code(ranker: HybridRanker) -> None:
     only_bm25 = SearchOptions(w_vector=0.0, evidence=False)
-    # "for" and "in" appear in code; with stop words left out the query has no terms.
-    assert ranker.rank("for in", only_bm25).sources["lexical"] > 0
-    assert ranker.rank("for in", replace(only_bm25, stopwords=True)).sources["lexical"] == 0
+    stop = replace(only_bm25, stopwords=True)
+
+    def paths(q: str, o: SearchOptions) -> set[str]:
+        return {d.path for d, _ in ranker.rank(q, o).chunks}
+
+    # "for" and "in" appear in upload.py's and cart.js's code, `verify_password` only in
+    # password.py.
+    q = "verify_password is wrong for values stored in it"
+    assert paths(q, only_bm25) == {"auth/password.py", "net/upload.py", "web/cart.js"}
+    assert paths(q, stop) == {"auth/password.py"}
+    # A query in plain words names no code and keeps its words.
+    assert "net/upload.py" in paths("password is wrong for values stored in it", stop)
 
 
 def test_header_vectors_are_a_second_vector_ranking() -> None:
