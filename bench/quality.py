@@ -57,8 +57,11 @@ SHARED = Path("/work/shared/bench")
 REPO_NAMES = {
     "requests": "psf/requests", "flask": "pallets/flask", "pytest": "pytest-dev/pytest",
     "xarray": "pydata/xarray", "sphinx": "sphinx-doc/sphinx", "pylint": "pylint-dev/pylint",
-    "astropy": "astropy/astropy", "seaborn": "mwaskom/seaborn",
+    "astropy": "astropy/astropy", "seaborn": "mwaskom/seaborn", "sqlfluff": "sqlfluff/sqlfluff",
+    "pvlib": "pvlib/pvlib-python", "astroid": "pylint-dev/astroid", "pydicom": "pydicom/pydicom",
+    "marshmallow": "marshmallow-code/marshmallow",
 }
+HALVES = ("tune", "report")
 WINDOW_LINES = 40
 DEPTH_FILES = 50
 ACC_KS = (1, 3, 5, 10)
@@ -67,7 +70,7 @@ ACC_KS = (1, 3, 5, 10)
 # -- embedders ----------------------------------------------------------------------
 
 
-def _embedders(name: str | None):
+def _embedders(name: str | None, threads: int | None = None):
     """(codeveil's cached embedder, plain truncating cached embedder). Imported late so
     that --data can point the embedding cache before it is opened. `name` pins an
     embedder of `indexer.embedder.EMBEDDERS` (default: the one `codeveil index` uses)."""
@@ -79,7 +82,15 @@ def _embedders(name: str | None):
         default_embedder,
     )
 
-    model = EMBEDDERS[name]() if name else default_embedder()
+    if threads and (name or "minilm").startswith("minilm"):
+        from indexer.onnx_embedder import minilm_embedder
+
+        name = name or "minilm"
+        model = (SentenceTransformerEmbedder(threads=threads) if name == "minilm-torch"
+                 else minilm_embedder("fp32" if name == "minilm-onnx" else "int8",
+                                      threads=threads))
+    else:
+        model = EMBEDDERS[name]() if name else default_embedder()
 
     class Plain(Embedder):
         """The same model used the plain way: one text, one vector, truncated at the
@@ -337,12 +348,17 @@ def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
     def embed_parts(parts: Sequence[str]) -> np.ndarray:
         return embed_all(enc, parts, "query parts")
 
+    # Vectors of each chunk's header alone (`path > symbol`: a few tokens each), the
+    # second vector a chunk may carry.
+    hvec = embed_all(enc, [c.header for c in chunks], "chunk headers")
+    nearest_header = VectorIndex(docs, hvec).nearest
     rankers = {}
     for fmt in formats:
         vectors = embed_all(enc, [RENDERINGS[fmt](c) for c in chunks], f"chunks ({fmt})")
         rankers[fmt] = HybridRanker(lex, embed_parts, VectorIndex(docs, vectors).nearest,
                                     counter.count, enc.embedder.max_tokens,
-                                    count_many=counter.count_batch)
+                                    count_many=counter.count_batch,
+                                    nearest_header=nearest_header)
     return Prepared(corpus, bm25_files, code_bm25_files, windows, rankers, lex)
 
 
@@ -415,9 +431,26 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         ("defaults, depth 200", fmt, {"depth": 200}, agg),
         ("defaults, BM25 all repeats", fmt, {"dedupe_terms": False}, agg),
         ("defaults, BM25 rarest 32 terms", fmt, {"max_query_terms": 32}, agg),
+        ("defaults, BM25 stop words", fmt, {"stopwords": True}, agg),
+        ("defaults, file BM25 weight 0.25", fmt, {"w_file_lexical": 0.25}, agg),
+        ("defaults, stop words, file BM25 0.25", fmt,
+         {"stopwords": True, "w_file_lexical": 0.25}, agg),
+        ("defaults, stop words, file BM25 0.5", fmt,
+         {"stopwords": True, "w_file_lexical": 0.5}, agg),
+        ("defaults, stop words, file BM25 1", fmt,
+         {"stopwords": True, "w_file_lexical": 1.0}, agg),
+        ("defaults, BM25 code words x2", fmt, {"code_term_weight": 2}, agg),
+        ("defaults, stop words, code words x2", fmt,
+         {"stopwords": True, "code_term_weight": 2}, agg),
+        ("defaults, stop words, code x2, file BM25 0.5", fmt,
+         {"stopwords": True, "code_term_weight": 2, "w_file_lexical": 0.5}, agg),
+        ("defaults, header vector 0.25", fmt, {"w_header_vector": 0.25}, agg),
+        ("defaults, header vector 0.5", fmt, {"w_header_vector": 0.5}, agg),
         ("BM25 chunks only", fmt, {"w_vector": 0.0, "evidence": False,
                                    "w_file_lexical": 0.0}, agg),
     ]
+    rows += [(f"defaults, no header, header vector {w}", o, {"w_header_vector": w}, agg)
+             for o in other for w in (0.25, 0.5, 1.0)]
     return rows
 
 
@@ -432,14 +465,35 @@ def rank_files(prep: Prepared, q: str, variant: tuple[str, str, dict, str]) -> l
 # -- SWE-bench -------------------------------------------------------------------------
 
 
-def swebench_instances(path: Path, repos: Sequence[str], per_repo: int | None,
-                       ids: Path | None = None) -> list[dict]:
+def swebench_instances(paths: Sequence[Path], repos: Sequence[str], per_repo: int | None,
+                       ids: Path | None = None, split: Path | None = None,
+                       per_half: int | None = None) -> list[dict]:
     """The instances of `repos` (at most `per_repo` each), only those listed in the file
-    `ids` (one instance id per line, `#` comments) if given."""
-    rows = [json.loads(line) for line in path.open()]
+    `ids` (one instance id per line, `#` comments) if given. With `split` (the file of
+    bench/swebench_split.py: id, repo, half), only the instances it lists, each tagged
+    with its half, in the file's order; `per_half` keeps the first that many of each
+    repo's half."""
+    rows = [json.loads(line) for path in paths for line in path.open()]
     if ids is not None:
         keep = {line.split("#")[0].strip() for line in ids.read_text().splitlines()}
         rows = [r for r in rows if r["id"] in keep]
+    if split is not None:
+        halves = {}
+        for line in split.read_text().splitlines():
+            if line.strip() and not line.startswith("#"):
+                iid, _repo, half = line.split("\t")
+                halves[iid] = half
+        order = {iid: n for n, iid in enumerate(halves)}
+        rows = sorted((dict(r, half=halves[r["id"]]) for r in rows if r["id"] in halves),
+                      key=lambda r: order[r["id"]])
+        if per_half is not None:
+            taken: dict[tuple[str, str], int] = defaultdict(int)
+            kept = []
+            for r in rows:
+                if taken[(r["repo"], r["half"])] < per_half:
+                    taken[(r["repo"], r["half"])] += 1
+                    kept.append(r)
+            rows = kept
     wanted = [REPO_NAMES.get(r, r) for r in repos]
     out = []
     for repo in wanted:
@@ -461,6 +515,10 @@ def tree_for(data: Path, mirrors: Path | None, repo: str, commit: str) -> Path:
     return out
 
 
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
 def acc(ranks: Sequence[int | None], k: int) -> float:
     return sum(1 for r in ranks if r is not None and r <= k) / max(len(ranks), 1)
 
@@ -473,7 +531,8 @@ def first_gold(files: Sequence[str], gold: set[str]) -> int | None:
 
 
 def run_swebench(args, enc, plain, memo: Memo) -> dict:
-    instances = swebench_instances(args.swebench, args.repos, args.per_repo, args.ids)
+    instances = swebench_instances(args.swebench, args.repos, args.per_repo, args.ids,
+                                   args.split, args.per_half)
     by_version: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for inst in instances:
         by_version[(inst["repo"], inst["commit"])].append(inst)
@@ -481,9 +540,6 @@ def run_swebench(args, enc, plain, memo: Memo) -> dict:
     variants = codeveil_variants(ablation)
     systems = ["BM25 files", "BM25 files, code tokens", "MiniLM 40-line windows"] + [
         v[0] for v in variants]
-    ranks: dict[str, list[int | None]] = {s: [] for s in systems}
-    per_repo: dict[str, dict[str, list[int | None]]] = defaultdict(
-        lambda: {s: [] for s in systems})
     details = []
     for n, ((repo, commit), insts) in enumerate(by_version.items(), start=1):
         t0 = time.perf_counter()
@@ -508,23 +564,28 @@ def run_swebench(args, enc, plain, memo: Memo) -> dict:
             }
             for v in variants:
                 results[v[0]] = rank_files(prep, q, v)
-            row = {"id": inst["id"], "repo": repo, "gold": sorted(gold)}
+            row = {"id": inst["id"], "repo": repo, "half": inst.get("half", "all"),
+                   "gold": sorted(gold)}
             for s, files in results.items():
-                r = first_gold(files, gold)
-                ranks[s].append(r)
-                per_repo[repo][s].append(r)
-                row[s] = r
+                row[s] = first_gold(files, gold)
             details.append(row)
         log.info("  done in %.0fs", time.perf_counter() - t0)
     if args.stage == "warm":
         return {}
-    summary = {s: {f"acc@{k}": acc(r, k) for k in ACC_KS} for s, r in ranks.items()}
-    repo_summary = {
-        repo: {s: {f"acc@{k}": acc(r, k) for k in ACC_KS} for s, r in d.items()}
-        for repo, d in per_repo.items()
-    }
-    return {"instances": len(details), "versions": len(by_version), "systems": summary,
-            "per_repo": repo_summary, "details": details}
+    out: dict = {"instances": len(details), "versions": len(by_version), "halves": {}}
+    for half in sorted({d["half"] for d in details}, key=lambda h: (h != "tune", h)):
+        mine = [d for d in details if d["half"] == half]
+        repos = list(dict.fromkeys(d["repo"] for d in mine))
+        out["halves"][half] = {
+            "instances": len(mine),
+            "systems": {s: {f"acc@{k}": acc([d[s] for d in mine], k) for k in ACC_KS}
+                        for s in systems},
+            "per_repo": {repo: {s: {f"acc@{k}": acc([d[s] for d in mine if d["repo"] == repo], k)
+                                    for k in ACC_KS} for s in systems} for repo in repos},
+            "repo_instances": {repo: sum(d["repo"] == repo for d in mine) for repo in repos},
+        }
+    out["details"] = details
+    return out
 
 
 # -- CoSQA ---------------------------------------------------------------------------------
@@ -588,7 +649,8 @@ def run_e2e(args, n: int) -> dict:
 
     from retrieval import Index
 
-    instances = swebench_instances(args.swebench, args.repos, args.per_repo, args.ids)[:n]
+    instances = swebench_instances(args.swebench, args.repos, args.per_repo, args.ids,
+                                   args.split, args.per_half)[:n]
     ranks = []
     with tempfile.TemporaryDirectory(prefix="codeveil-e2e-") as tmp:
         os.environ["CODEVEIL_CONFIG_DIR"] = str(Path(tmp) / "config")  # throwaway keys
@@ -669,7 +731,7 @@ def run_latency(n_chunks: int, swebench: Path) -> dict:
     t0 = time.perf_counter()
     ranker.names()
     names_build = time.perf_counter() - t0
-    issues = [json.loads(line)["query"] for line in swebench.open()][:30]
+    issues = [json.loads(line)["query"] for line in swebench[0].open()][:30]
     short = ["retry failed uploads", "parse http header", "where is the config loaded",
              "Session.send timeout", "compare password digest"] * 6
     out: dict = {"chunks": len(lex), "build_s": build, "names_build_s": names_build}
@@ -726,8 +788,10 @@ def plot(results: dict, path: Path) -> None:
 
     panels = []
     if results.get("swebench"):
-        panels.append(("SWE-bench Verified dev: file Acc@5",
-                        {s: v["acc@5"] for s, v in results["swebench"]["systems"].items()}))
+        halves = results["swebench"]["halves"]
+        half = "report" if "report" in halves else next(iter(halves))
+        panels.append((f"SWE-bench dev, {half} half: file Acc@5",
+                        {s: v["acc@5"] for s, v in halves[half]["systems"].items()}))
     if results.get("cosqa"):
         panels.append(("CoSQA dev: MRR",
                        {s: v["mrr"] for s, v in results["cosqa"]["systems"].items()}))
@@ -752,15 +816,23 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True,
                         help="Folder for trees, chunk lists and the embedding cache.")
     parser.add_argument("--datasets", default="swebench,cosqa")
-    parser.add_argument("--repos", default="requests,flask,pytest,xarray,sphinx")
+    parser.add_argument("--repos", default=",".join(REPO_NAMES))
     parser.add_argument("--per-repo", type=int, default=None,
                         help="At most this many SWE-bench instances per repo.")
-    parser.add_argument("--ids", default=str(Path(__file__).with_name("swebench_ids.txt")),
-                        help="File of SWE-bench instance ids to keep, one per line (default:"
-                        " bench/swebench_ids.txt); '' for every instance of --repos.")
+    parser.add_argument("--ids", default="",
+                        help="File of SWE-bench instance ids to keep, one per line (such as"
+                        " bench/swebench_ids.txt); default '': every instance of --repos.")
+    parser.add_argument("--split", default=str(Path(__file__).with_name("swebench_split.tsv")),
+                        help="The tune/report split (bench/swebench_split.py); '' for none.")
+    parser.add_argument("--per-half", type=int, default=None,
+                        help="At most this many instances of each repo's half, the first in"
+                        " the split file's (id-hash) order.")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="Model threads (default: all cores).")
     parser.add_argument("--cosqa-limit", type=int, default=None)
-    parser.add_argument("--swebench", type=Path,
-                        default=SHARED / "swebench" / "verified_dev.jsonl")
+    parser.add_argument("--swebench", default=",".join(
+        str(SHARED / "swebench" / f) for f in ("verified_dev.jsonl", "lite_dev.jsonl")),
+                        help="SWE-bench instance files, comma-separated.")
     parser.add_argument("--cosqa", type=Path, default=SHARED / "cosqa")
     parser.add_argument("--mirrors", type=Path, default=None)
     parser.add_argument("--include", default="*.py",
@@ -785,6 +857,8 @@ def main() -> None:
     args = parser.parse_args()
     args.repos = [r for r in args.repos.split(",") if r]
     args.ids = Path(args.ids) if args.ids else None
+    args.split = Path(args.split) if args.split else None
+    args.swebench = [Path(x) for x in args.swebench.split(",") if x]
     args.header_ablation = {d for d in args.header_ablation.split(",") if d}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
@@ -794,10 +868,12 @@ def main() -> None:
     os.environ.setdefault("CODEVEIL_CACHE_DIR", str(args.data / "cache"))
     if args.embedder:  # --e2e indexes through `Index`, which reads the model from here
         os.environ["CODEVEIL_EMBEDDER"] = args.embedder
-    enc, plain = _embedders(args.embedder)
+    started = time.perf_counter()
+    enc, plain = _embedders(args.embedder, args.threads)
     memo = Memo()
     results: dict = {"model": enc.model_id, "args": {
-        k: str(v) if isinstance(v, Path) else sorted(v) if isinstance(v, set) else v
+        k: str(v) if isinstance(v, Path) else sorted(v) if isinstance(v, set)
+        else [str(x) for x in v] if isinstance(v, list) else v
         for k, v in vars(args).items()}}
     datasets = args.datasets.split(",")
     if "cosqa" in datasets:
@@ -812,15 +888,19 @@ def main() -> None:
         return
     if results.get("swebench"):
         sw = results["swebench"]
-        print(f"\nSWE-bench Verified dev, {sw['instances']} instances "
-              f"({sw['versions']} repo versions): file-level Acc@k")
-        print(table(["system", *(f"Acc@{k}" for k in ACC_KS)],
-                    [[s, *(v[f"acc@{k}"] for k in ACC_KS)] for s, v in sw["systems"].items()]))
-        repos = list(sw["per_repo"])
-        print("\nAcc@5 per repo")
-        print(table(["system", *repos],
-                    [[s, *(sw["per_repo"][r][s]["acc@5"] for r in repos)]
-                     for s in sw["systems"]]))
+        for half, h in sw["halves"].items():
+            print(f"\nSWE-bench dev, {half} half: {h['instances']} instances "
+                  f"({sw['versions']} repo versions in the run): file-level Acc@k (%)")
+            print(table(["system", *(f"Acc@{k}" for k in ACC_KS)],
+                        [[s, *(pct(v[f"acc@{k}"]) for k in ACC_KS)]
+                         for s, v in h["systems"].items()]))
+            repos = list(h["per_repo"])
+            print(f"\nAcc@5 per repo, {half} half (%; instances: "
+                  + ", ".join(f"{r.split('/')[-1]} {n}" for r, n in h["repo_instances"].items())
+                  + ")")
+            print(table(["system", *(r.split("/")[-1] for r in repos)],
+                        [[s, *(pct(h["per_repo"][r][s]["acc@5"]) for r in repos)]
+                         for s in (*BASELINES, SHIPPED)]))
     if results.get("cosqa"):
         cq = results["cosqa"]
         print(f"\nCoSQA dev, {cq['queries']} queries")
@@ -843,6 +923,8 @@ def main() -> None:
         parts = ["bm25", "evidence", "rrf", "grouping", "rank_total"]
         print(table(["queries", *parts],
                     [[q, *(lat[q][p] for p in parts)] for q in ("short", "issue")]))
+    results["seconds"] = time.perf_counter() - started
+    print(f"\nwhole run: {results['seconds']:.0f} s")
     path = write_json(args.out, results)
     print(f"\nwrote {path}")
     if not args.no_plot:

@@ -24,7 +24,14 @@ import numpy as np
 
 from retrieval.grouping import Aggregation, Group, Level, group
 from retrieval.lexical import LexDoc, LexicalIndex
-from retrieval.query import Evidence, QueryRefs, RepoNames, extract_refs, split_query
+from retrieval.query import (
+    Evidence,
+    QueryRefs,
+    RepoNames,
+    extract_refs,
+    lexical_terms,
+    split_query,
+)
 
 # Measured (docs/benchmarks.md, "Search quality"): 20 beats the customary 60 on SWE-bench
 # and CoSQA alike. At 60 the fused scores of the first ranks are nearly equal, so summing
@@ -96,7 +103,20 @@ class SearchOptions:
     dedupe_terms: bool = True  # BM25: a query term counts once
     max_query_terms: int | None = None  # BM25: only the query's rarest terms
     w_file_lexical: float = 0.0  # file level: fuse whole-file BM25 with this weight
+    # The same for a query in plain words (measured on CoSQA: a file there is one
+    # function, and whole-file BM25 only repeats the chunk-level one, worse).
+    w_file_lexical_prose: float = 0.0
     w_first_part: float = 1.0  # weight of a long query's first part (title, opening)
+    # BM25 (chunks and files) for a query that names code: leave English stop words out.
+    # An issue text is mostly prose; "the", "is", "to" match nearly every file a little.
+    stopwords: bool = False
+    # Weight of a second vector ranking: the query's parts against vectors of each chunk's
+    # `path > symbol` header alone, where the ranker was given them (0: not used).
+    w_header_vector: float = 0.0
+    # BM25 for a query that names code: the terms of words that look like code
+    # (identifiers, code lines, traceback frames) count this many times, prose words
+    # once (1: all alike).
+    code_term_weight: int = 1
 
 
 @dataclass
@@ -143,10 +163,12 @@ class HybridRanker:
 
     def __init__(self, lexical: LexicalIndex, embed: Embed, nearest: Nearest,
                  count_tokens: Callable[[str], int], max_tokens: int, *,
-                 count_many: Callable[[Sequence[str]], list[int]] | None = None) -> None:
+                 count_many: Callable[[Sequence[str]], list[int]] | None = None,
+                 nearest_header: Nearest | None = None) -> None:
         self.lexical = lexical
         self.embed = embed
         self.nearest = nearest
+        self.nearest_header = nearest_header
         self.count_tokens = count_tokens
         self.count_many = count_many
         self.max_tokens = max_tokens
@@ -184,17 +206,34 @@ class HybridRanker:
                  if o.split != "none" else [query])
         if o.split == "first":
             parts = parts[:1]
-        vec = self._vector_ranking(parts, o, keep)
+        vectors = self.embed(parts)
+        vec = self._vector_ranking(vectors, o, keep, self.nearest)
         for d, _ in vec:
             docs.setdefault(d.key, d)
         lists.append([d.key for d, _ in vec])
         weights.append(o.w_vector)
         sources["vector"] = len(vec)
+        if o.w_header_vector and self.nearest_header is not None:
+            hv = self._vector_ranking(vectors, o, keep, self.nearest_header)
+            for d, _ in hv:
+                docs.setdefault(d.key, d)
+            lists.append([d.key for d, _ in hv])
+            weights.append(o.w_header_vector)
+            sources["header_vector"] = len(hv)
 
         refs = extract_refs(query)
+        prose = not refs
         bm25: list[tuple[int, float]] = []
+        lex_query: str | list[str] = query
+        dedupe = o.dedupe_terms
+        # Query handling for queries that name code (issue texts, identifier lookups);
+        # a query in plain words keeps plain BM25 terms.
+        if not prose and (o.stopwords or o.code_term_weight > 1):
+            lex_query = lexical_terms(query, stopwords=o.stopwords,
+                                      code_weight=o.code_term_weight)
+            dedupe = False  # each term listed once, or code_term_weight times
         if o.hybrid and len(self.lexical):
-            bm25 = self.lexical.top(query, o.depth, mask=mask, dedupe=o.dedupe_terms,
+            bm25 = self.lexical.top(lex_query, o.depth, mask=mask, dedupe=dedupe,
                                     max_terms=o.max_query_terms)
             keys = []
             for i, _ in bm25:
@@ -202,8 +241,8 @@ class HybridRanker:
                 docs.setdefault(d.key, d)
                 keys.append(d.key)
             lists.append(keys)
-            prose = not refs and o.w_lexical_prose is not None
-            weights.append(o.w_lexical_prose if prose else o.w_lexical)
+            prose_weight = prose and o.w_lexical_prose is not None
+            weights.append(o.w_lexical_prose if prose_weight else o.w_lexical)
             sources["lexical"] = len(keys)
 
         matched: dict[str, list[str]] = {}
@@ -226,10 +265,11 @@ class HybridRanker:
             chunks = [(d, s) for d, s in chunks if keep(d)]
         result = Ranking(chunks, parts=len(parts), sources=sources, matched=matched,
                          rrf_k=o.rrf_k)
-        if o.hybrid and o.w_file_lexical and len(self.lexical):
-            files = self.lexical.file_top(query, o.depth, mask=mask, dedupe=o.dedupe_terms,
+        w_file = o.w_file_lexical_prose if prose else o.w_file_lexical
+        if o.hybrid and w_file and len(self.lexical):
+            files = self.lexical.file_top(lex_query, o.depth, mask=mask, dedupe=dedupe,
                                           max_terms=o.max_query_terms)
-            result.file_lists.append(([p for p, _ in files], o.w_file_lexical))
+            result.file_lists.append(([p for p, _ in files], w_file))
             result.file_best = self._file_best([p for p, _ in files], bm25)
             sources["file_lexical"] = len(files)
         return result
@@ -247,15 +287,15 @@ class HybridRanker:
                     best[p] = self.lexical.doc(int(docs[0]))
         return best
 
-    def _vector_ranking(self, parts: list[str], o: SearchOptions,
-                        keep: Callable[[LexDoc], bool] | None) -> list[tuple[LexDoc, float]]:
-        """One vector ranking for the query, however many parts it has."""
-        vectors = self.embed(parts)
-        if len(parts) == 1 or o.split == "mean":
+    def _vector_ranking(self, vectors: np.ndarray, o: SearchOptions,
+                        keep: Callable[[LexDoc], bool] | None,
+                        nearest: Nearest) -> list[tuple[LexDoc, float]]:
+        """One vector ranking for the query (one vector per part), however many parts."""
+        if len(vectors) == 1 or o.split == "mean":
             v = vectors.mean(axis=0)
             v /= max(float(np.linalg.norm(v)), 1e-12)
-            return self._nearest(v, o.depth, keep)
-        per_part = [self._nearest(v, o.depth, keep) for v in vectors]
+            return self._nearest(nearest, v, o.depth, keep)
+        per_part = [self._nearest(nearest, v, o.depth, keep) for v in vectors]
         docs: dict[tuple[str, int, int], LexDoc] = {}
         for hits in per_part:
             for d, _ in hits:
@@ -270,12 +310,13 @@ class HybridRanker:
         fused = rrf([[d.key for d, _ in hits] for hits in per_part], k=o.rrf_k, weights=weights)
         return [(docs[key], s) for key, s in ranked(fused)][: o.depth]
 
-    def _nearest(self, vector: np.ndarray, n: int,
+    @staticmethod
+    def _nearest(nearest: Nearest, vector: np.ndarray, n: int,
                  keep: Callable[[LexDoc], bool] | None) -> list[tuple[LexDoc, float]]:
         if keep is None:
-            return self.nearest(vector, n)
+            return nearest(vector, n)
         # A filter drops some neighbours; ask for more so that `n` are left.
-        hits = self.nearest(vector, n * 4)
+        hits = nearest(vector, n * 4)
         return [(d, s) for d, s in hits if keep(d)][:n]
 
     def _evidence_ranking(

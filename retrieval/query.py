@@ -151,6 +151,51 @@ def _absorb_blank(parts: list[str]) -> list[str]:
     return out
 
 
+# -- words for BM25 --------------------------------------------------------------------
+
+# Lucene's English stop words (the list `bm25s` and Elasticsearch's `english` use).
+STOPWORDS: Final = frozenset({
+    "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into",
+    "is", "it", "no", "not", "of", "on", "or", "such", "that", "the", "their", "then",
+    "there", "these", "they", "this", "to", "was", "will", "with",
+})
+
+
+def lexical_terms(text: str, *, stopwords: bool = True, code_weight: int = 1) -> list[str]:
+    """The BM25 terms of a query (`indexer.lexical_tokens.tokenize`), each term once.
+
+    With `stopwords`, English stop words are left out; words in capitals stay (`IN`,
+    `AND` in an SQL dialect's issue are keywords). With `code_weight` n > 1, the terms of
+    words that look like code (`snake_case`, `camelCase`, `Class`-style names with
+    an inner capital, dotted names, anything in backticks or an indented or fenced code
+    line) are listed n times, for a BM25 that counts repeats: an issue's identifiers
+    and traceback lines then weigh more than its prose.
+    """
+    from indexer.lexical_tokens import tokenize
+
+    code_words: set[str] = set()
+    if code_weight > 1:
+        for line in text.splitlines():
+            if line.startswith(("    ", "\t", ">>>", "```")) or _PY_FRAME.search(line):
+                code_words.update(_WORDS.findall(line))
+        for m in _BACKTICK.finditer(text):
+            code_words.update(_WORDS.findall(m.group(1)))
+        code_words.update(w for w in _WORDS.findall(text)
+                          if "_" in w.strip("_") or _INNER_CAP.search(w))
+    seen: dict[str, int] = {}
+    for word in _WORDS.findall(text):
+        if stopwords and word.lower() in STOPWORDS and not word.isupper():
+            continue
+        n = code_weight if word in code_words else 1
+        for t in tokenize(word):
+            seen[t] = max(seen.get(t, 0), n)
+    return [t for t, n in seen.items() for _ in range(n)]
+
+
+_INNER_CAP: Final = re.compile(r"[a-z0-9][A-Z]")
+_WORDS: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
+
+
 # -- references to code ---------------------------------------------------------------
 
 _EXT: Final = (

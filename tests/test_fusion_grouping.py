@@ -234,3 +234,42 @@ def test_index_search_levels(sample_repo, hashing_embedder) -> None:
         top = idx.search("rotate_signing_secret", k=1, group="symbol")[0]
         assert (top.path, top.symbol, top.stale) == (
             "auth/password.py", "rotate_signing_secret", False)
+
+
+def test_stop_words_leave_bm25_for_queries_that_name_code(ranker: HybridRanker) -> None:
+    only_bm25 = SearchOptions(w_vector=0.0, evidence=False)
+    stop = replace(only_bm25, stopwords=True)
+
+    def paths(q: str, o: SearchOptions) -> set[str]:
+        return {d.path for d, _ in ranker.rank(q, o).chunks}
+
+    # "for" and "in" appear in upload.py's and cart.js's code, `verify_password` only in
+    # password.py.
+    q = "verify_password is wrong for values stored in it"
+    assert paths(q, only_bm25) == {"auth/password.py", "net/upload.py", "web/cart.js"}
+    assert paths(q, stop) == {"auth/password.py"}
+    # A query in plain words names no code and keeps its words.
+    assert "net/upload.py" in paths("password is wrong for values stored in it", stop)
+
+
+def test_header_vectors_are_a_second_vector_ranking() -> None:
+    model = HashingEmbedder()
+    headers = [Chunk(c.path, c.start_line, c.end_line, c.language, c.symbol, "")
+               for c in CHUNKS]
+
+    class _Headers(_Vectors):
+        def __init__(self) -> None:
+            super().__init__(CHUNKS, model)
+            self.m = model.embed([c.header for c in headers])
+
+    r = HybridRanker(LexicalIndex.from_chunks(CHUNKS), model.embed,
+                     _Vectors(CHUNKS, model).nearest, default_counter().count, 40,
+                     nearest_header=_Headers().nearest)
+    plain = r.rank("cart total", SearchOptions(hybrid=False, evidence=False))
+    assert set(plain.sources) == {"vector"}
+    both = r.rank("cart total", SearchOptions(hybrid=False, evidence=False,
+                                              w_header_vector=0.5))
+    assert set(both.sources) == {"vector", "header_vector"}
+    assert both.chunks[0][0].path == "web/cart.js"
+    # Its vote adds to the vector ranking's: the top chunk's fused score grows.
+    assert both.chunks[0][1] > plain.chunks[0][1]

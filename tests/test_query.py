@@ -152,3 +152,23 @@ def test_evidence_ranks_the_frame_line_first(names: RepoNames) -> None:
     assert ev.scores[1] > ev.scores[0] and ev.scores[2] > ev.scores[3]
     assert 4 not in ev.scores and 5 not in ev.scores
     assert "xarray/core/merge.py" in ev.matched["frames"]
+
+
+def test_lexical_terms_leave_out_prose_stop_words() -> None:
+    from retrieval.query import lexical_terms
+
+    terms = lexical_terms("The session is closed if is_valid() fails. If x IN y")
+    assert "the" not in terms and terms.count("is") == 1  # the part of `is_valid` stays
+    assert terms[:4] == ["session", "closed", "is_valid", "is"]
+    assert "if" not in terms and terms[-3:] == ["x", "in", "y"]  # capitals stay
+
+
+def test_lexical_terms_weigh_code_words() -> None:
+    from retrieval.query import lexical_terms
+
+    text = "Calling `fit` breaks in\n    model.fit(raw_data)\nwhen data is raw"
+    once = lexical_terms(text)
+    assert len(once) == len(set(once))
+    twice = lexical_terms(text, code_weight=2)
+    assert twice.count("fit") == 2 and twice.count("raw_data") == 2
+    assert twice.count("calling") == 1 and twice.count("breaks") == 1
