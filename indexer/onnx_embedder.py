@@ -189,10 +189,10 @@ def _publish(
         "stamp": stamp,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    _write_atomic(
-        _manifest_path(directory, precision),
-        lambda p: p.write_text(json.dumps(manifest, indent=2)),
-    )
+    def write_manifest(path: Path) -> None:
+        path.write_text(json.dumps(manifest, indent=2))
+
+    _write_atomic(_manifest_path(directory, precision), write_manifest)
 
 
 @contextlib.contextmanager
@@ -454,14 +454,14 @@ def _quantize_int8(fp32: Path | str, out: Path | str) -> None:
 
 def _cpu_features() -> set[str]:
     """CPU features as numpy's dispatcher sees them (any OS), else from /proc/cpuinfo."""
-    try:
-        from numpy._core._multiarray_umath import __cpu_features__
-    except ImportError:
+    features: dict[str, bool] = {}
+    for home in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):
         try:
-            from numpy.core._multiarray_umath import __cpu_features__
-        except ImportError:
-            __cpu_features__ = {}
-    found = {name.upper() for name, on in __cpu_features__.items() if on}
+            features = importlib.import_module(home).__cpu_features__
+            break
+        except (ImportError, AttributeError):
+            continue
+    found = {name.upper() for name, on in features.items() if on}
     if not found:
         with contextlib.suppress(OSError):
             for line in Path("/proc/cpuinfo").read_text().splitlines():

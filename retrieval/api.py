@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     # The ranking stack is imported on the first search: `codeveil index` never ranks.
     from indexer.ray_embedder import RayEmbedder
     from retrieval.fusion import HybridRanker, SearchOptions
-    from retrieval.grouping import Group
+    from retrieval.grouping import Group, Level
     from retrieval.lexical import LexDoc, LexicalIndex, LexicalStore
     from retrieval.rerank import PlainReranker
 
@@ -329,7 +329,8 @@ class Index:
                               depth=min(max(self.search_options.depth, k * OVERFETCH), 1000))
             ranking = ranker.rank(query, options, mask=lexical.mask(path=path, language=language),
                                   keep=keep)
-            return self._read_hits(root, LocalChunks(db), group_ranking(ranking, group), k)
+            groups = group_ranking(ranking, cast("Level", group))  # checked above
+            return self._read_hits(root, LocalChunks(db), groups, k)
         finally:
             db.close()
 

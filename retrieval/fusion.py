@@ -242,7 +242,8 @@ class HybridRanker:
                 keys.append(d.key)
             lists.append(keys)
             prose_weight = prose and o.w_lexical_prose is not None
-            weights.append(o.w_lexical_prose if prose_weight else o.w_lexical)
+            weights.append(o.w_lexical_prose
+                           if prose_weight and o.w_lexical_prose is not None else o.w_lexical)
             sources["lexical"] = len(keys)
 
         matched: dict[str, list[str]] = {}

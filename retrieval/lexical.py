@@ -390,7 +390,7 @@ def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".npz")
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            np.savez(f, **arrays)  # type: ignore[arg-type]
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -990,6 +990,7 @@ def _count_chunks(db: sqlite3.Connection, paths: Sequence[str]) -> int:
 def _read_chunks(db: sqlite3.Connection, paths: Sequence[str] | None) -> list[Chunk]:
     """Chunks of `paths` (all chunks if None), in table order."""
     cols = "path, start_line, end_line, language, symbol, text"
+    query: list[tuple[str, Sequence[str]]]
     if paths is None:
         query = [(f"SELECT {cols} FROM chunks ORDER BY rowid", [])]
     else:

@@ -734,7 +734,7 @@ class Daemon:
         """
         own_lock = lock is None
         lock = lock or DaemonLock.acquire(self.files)
-        handlers: dict[int, Any] = {}
+        handlers: dict[signal.Signals, Any] = {}
         old_wakeup_fd: int | None = None
         if threading.current_thread() is threading.main_thread():
             # The C-level handler writes to the pipe before the Python one runs, so a

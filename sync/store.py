@@ -509,6 +509,7 @@ class WorkspaceStore:
         with self._rlock:
             (nodes,) = self._rconn.execute("SELECT COUNT(*) FROM nodes").fetchone()
         index: dict[str, Any] | None = None
+        chunks: int | None
         if self._current():
             with self._index_lock.read():
                 chunks = len(self._rows)
@@ -523,6 +524,7 @@ class WorkspaceStore:
                 # A fresh handle sees the latest version whoever wrote it.
                 with _lance_reads(self.path / f"{TABLE}.lance"):
                     chunks = _lancedb().connect(self.path).open_table(TABLE).count_rows()
+        assert chunks is not None
         r = self._record
         extra: dict[str, Any] = {
             "created_at": r.created_at,
