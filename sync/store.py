@@ -77,6 +77,7 @@ import numpy as np
 import pyarrow as pa
 
 from indexer import sqlite_files
+from indexer.formats import FormatError, check_sqlite_format
 from sync.records import (
     KEY_BYTES,
     DirValue,
@@ -157,10 +158,21 @@ REGISTRY_ADVICE = (
 )
 
 
-def _connect(path: Path, advice: str = TREE_ADVICE) -> sqlite3.Connection:
+# The layout of tree.sqlite and registry.sqlite; raise it, with a migration, when either
+# changes (indexer.formats). A server refuses a data dir written by a newer codeveil.
+STORE_FORMAT = 1
+
+
+def _connect(path: Path, advice: str = TREE_ADVICE,
+             what: str = "a workspace's Merkle tree") -> sqlite3.Connection:
     # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE), never implicit.
     conn = sqlite_files.connect(path, advice, timeout=30.0, isolation_level=None,
                                 check_same_thread=False)
+    try:
+        check_sqlite_format(conn, path, what=what, version=STORE_FORMAT, remedy=advice)
+    except FormatError as exc:
+        conn.close()
+        raise StoreCorrupt(str(exc)) from None
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")  # see the module docstring
     return conn
@@ -1459,7 +1471,8 @@ class Store:
         (self.data_dir / "workspaces").mkdir(parents=True, exist_ok=True)
         self.faiss_threads = faiss_threads
         self._lock = threading.RLock()  # guards the registry connection and _open
-        self._registry = _connect(self.data_dir / "registry.sqlite", REGISTRY_ADVICE)
+        self._registry = _connect(self.data_dir / "registry.sqlite", REGISTRY_ADVICE,
+                                  "the workspace registry")
         self._registry.executescript(
             """
             CREATE TABLE IF NOT EXISTS workspaces (

@@ -92,3 +92,25 @@ def test_older_formats_are_migrated_step_by_step_or_refused(tmp_path: Path) -> N
         check_sqlite_format(db, tmp_path / "x.sqlite", what="x", version=5, remedy="rebuild",
                             migrations={4: step(4)})
     assert int(db.execute("PRAGMA user_version").fetchone()[0]) == 3
+
+
+def test_a_store_written_by_a_newer_codeveil_is_refused(tmp_path: Path) -> None:
+    from sync.local_client import LocalClient
+    from sync.store import STORE_FORMAT, Store
+    from sync.wire import StoreCorrupt
+
+    data = tmp_path / "data"
+    LocalClient.create_workspace(data, "ws1", dim=8, model_id="m", key_check=b"k" * 16).close()
+    tree = data / "workspaces" / "ws1" / "tree.sqlite"
+    registry = data / "registry.sqlite"
+    assert _version(tree) == STORE_FORMAT and _version(registry) == STORE_FORMAT
+
+    _stamp(tree, STORE_FORMAT + 1)
+    with pytest.raises(StoreCorrupt, match="Merkle tree in format 2, newer") as info:
+        LocalClient.open(data, "ws1")
+    assert str(tree) in str(info.value)
+
+    _stamp(registry, STORE_FORMAT + 1)
+    with pytest.raises(StoreCorrupt, match="workspace registry in format 2, newer"):
+        Store(data)
+    assert _version(registry) == STORE_FORMAT + 1
