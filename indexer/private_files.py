@@ -34,11 +34,19 @@ def fsync_dir(folder: Path) -> None:
 
 
 def private_file(path: Path) -> None:
-    """Create `path` empty if it is absent, and make it 0600 (and its folder 0700)."""
+    """Create `path` empty if it is absent, and make it 0600 (and its folder 0700).
+
+    An existing file is never opened here: closing any descriptor of a SQLite database
+    drops every POSIX lock this process holds on it, including those of its open
+    connections, which then write unguarded and corrupt the file. So the file is created
+    with O_EXCL (it cannot have been open yet) and an existing one is tightened by name.
+    """
     private_dir(path.parent)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o600)
     try:
-        if os.name == "posix" and stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
-            os.fchmod(fd, 0o600)  # made by an older version under a looser umask
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                     0o600)
+    except FileExistsError:
+        if os.name == "posix" and stat.S_IMODE(path.stat().st_mode) & 0o077:
+            path.chmod(0o600)  # made by an older version under a looser umask
+        return
+    os.close(fd)

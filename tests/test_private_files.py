@@ -11,6 +11,7 @@ import pytest
 from indexer.embedder import HashingEmbedder
 from indexer.paths import cache_dir
 from indexer.private_files import private_file
+from indexer.sqlite_files import connect
 from retrieval import Index
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
@@ -49,3 +50,28 @@ def test_an_older_loose_database_is_tightened(tmp_path: Path, loose_umask) -> No
     private_file(db_path)
     assert _mode(db_path) == 0o600
     assert _mode(folder) == 0o700
+
+
+def test_making_an_open_database_private_keeps_its_locks(tmp_path: Path) -> None:
+    """Closing any descriptor of a SQLite file drops the process's POSIX locks on it, so
+    `private_file` must not open a file a connection may hold: another process must
+    still find the database locked."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "db.sqlite"
+    private_file(path)
+    conn = connect(path, "advice", isolation_level=None)
+    conn.execute("CREATE TABLE t (a)")
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("INSERT INTO t VALUES (1)")
+    private_file(path)
+    probe = ("import sqlite3, sys\n"
+             "c = sqlite3.connect(sys.argv[1], timeout=0, isolation_level=None)\n"
+             "try:\n    c.execute('BEGIN IMMEDIATE')\n    print('got the lock')\n"
+             "except sqlite3.OperationalError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "database is locked"
+    conn.execute("COMMIT")
+    conn.close()
