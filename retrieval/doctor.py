@@ -55,6 +55,9 @@ class Finding:
     path: str
     problem: str | None = None
     repaired: str | None = None  # what the repair did, once done
+    # Worth repairing but not wrong: a teammate's cache lacks the vectors of chunks it
+    # never embedded, exactly as an emptied one does. Does not fail the check.
+    advisory: bool = False
 
 
 @dataclass
@@ -66,14 +69,16 @@ class DoctorReport:
 
     @property
     def healthy(self) -> bool:
-        return not self.remaining and all(f.problem is None or f.repaired
-                                          for f in self.findings)
+        return not any(f for f in self.remaining if not f.advisory) and all(
+            f.problem is None or f.repaired or f.advisory for f in self.findings)
 
     def lines(self) -> list[str]:
         out = []
         for f in self.findings:
             if f.problem is None:
                 out.append(f"ok        {f.path}")
+            elif f.advisory and not f.repaired:
+                out.append(f"note      {f.path}: {f.problem}")
             elif f.repaired:
                 out.append(f"repaired  {f.path}: {f.problem} -> {f.repaired}")
             else:
@@ -100,7 +105,7 @@ def doctor(path: str | Path = ".", *, repair: bool = False,
     be fixed and check again. The report lists every file looked at."""
     root = find_root(Path(path))
     report, plan = _check(root, embedder)
-    if not repair or report.healthy:
+    if not repair or not any(f.problem for f in report.findings):
         return report
     _repair(root, plan, embedder, report)
     after, _ = _check(root, embedder)
@@ -181,8 +186,10 @@ def _check_cache(root: Path, idx: Index, report: DoctorReport, plan: _Plan) -> N
     keys = [cache_key(cached.model_id, t) for t in texts]
     missing = len(keys) - len(cache.get_many(keys, dim))
     if missing:
-        f.problem = (f"lacks the vectors of {missing} of {len(keys)} local chunks (exact"
-                     " scores fall back to approximate ones)")
+        f.problem = (f"lacks the vectors of {missing} of {len(keys)} local chunks: their"
+                     " scores are the server's approximate ones (normal for a teammate's"
+                     " chunks; --repair embeds them)")
+        f.advisory = True
         plan.embed.append(f)
 
 

@@ -202,7 +202,11 @@ def _info(store: Store, ws: str, auth: str | None, _body: bytes) -> tuple[int, d
 
 
 def _root(store: Store, ws: str, auth: str | None, _body: bytes) -> tuple[int, dict[str, Any]]:
-    node = _authorized(store, ws, auth).root()
+    workspace = _authorized(store, ws, auth)
+    # The first request of every sync: a table that plainly lost its files is a 503
+    # here, so a client never reports an index as up to date over it.
+    workspace.verify(deep=False)
+    node = workspace.root()
     return 200, {"node": None if node is None else node_to_json(node)}
 
 

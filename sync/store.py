@@ -716,15 +716,17 @@ class WorkspaceStore:
 
     # -- checks (`codeveil doctor`, and `codeveil index` before it reports success) -----
 
-    def verify(self) -> None:
+    def verify(self, *, deep: bool = True) -> None:
         """Raise StoreCorrupt if the chunk table plainly cannot be read. Cheap: with the
-        table open (this process wrote or read it) its rows are counted and compared with
-        the index's; otherwise only its files are looked at, so an index with nothing to
-        send does not pay LanceDB's import."""
+        table open (this process wrote or read it) and `deep`, its rows are counted and
+        compared with the index's; otherwise only its files are looked at, so an index
+        with nothing to send does not pay LanceDB's import (nor a server's root request
+        the write lock)."""
         self._check_open()
         table_dir = self.path / f"{TABLE}.lance"
-        with self._write_lock:
-            if self._table_handle is not None and self._current() and self._index_clean:
+        with self._write_lock if deep else contextlib.nullcontext():
+            if (deep and self._table_handle is not None and self._current()
+                    and self._index_clean):
                 with _lance_reads(table_dir):
                     self._table.checkout_latest()
                     stored = self._table.count_rows()

@@ -172,15 +172,23 @@ def test_two_processes_initialising_one_folder_end_with_one_workspace(tmp_path: 
 ])
 def test_hand_edited_config_values_are_named(sample_repo: Path, field: str, bad: object,
                                              needle: str) -> None:
-    assert run(["index", "-q"], sample_repo).returncode == 0
+    from indexer.embedder import HashingEmbedder
+    from retrieval import Index
+    from sync.workspace import ConfigError
+
+    with Index(sample_repo, embedder=HashingEmbedder()) as idx:  # as CODEVEIL_EMBEDDER does
+        idx.index()
     path = sample_repo / ".codeveil/config.json"
     config = json.loads(path.read_text())
     config[field] = bad
     path.write_text(json.dumps(config))
-    for args in (["search", "password"], ["index", "-q"]):
-        proc = run(args, sample_repo)
-        assert_one_line_error(proc, needle)
-        assert "config.json" in proc.stderr
+    proc = run(["search", "password"], sample_repo)
+    assert_one_line_error(proc, needle)
+    assert "config.json" in proc.stderr
+    with Index(sample_repo, embedder=HashingEmbedder()) as idx, pytest.raises(
+        ConfigError, match=r"config\.json"
+    ):
+        idx.index()
 
 
 def test_progress_bar_shows_stages_and_embed_rate(sample_repo: Path, tmp_path: Path,

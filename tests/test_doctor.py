@@ -158,13 +158,15 @@ def test_doctor_names_the_damaged_file_and_repair_restores_search(
     target = damage(repo)
 
     found = doctor(repo, embedder=HashingEmbedder())
-    assert not found.healthy
     problems = [f for f in found.findings if f.problem is not None]
     assert [f.path for f in problems] == [str(target)], found.lines()
+    # A cache lacking vectors is a note (a teammate's is so too); the rest is wrong.
+    assert found.healthy == (damage is empty_cache) == problems[0].advisory
 
     fixed = doctor(repo, repair=True, embedder=HashingEmbedder())
     assert fixed.healthy, fixed.lines()
-    assert doctor(repo, embedder=HashingEmbedder()).healthy
+    again = doctor(repo, embedder=HashingEmbedder())
+    assert not [f for f in again.findings if f.problem], again.lines()  # not even a note
     assert results(repo) == before
     with Index(repo, embedder=HashingEmbedder()) as idx:
         assert idx.index().files_changed == 0  # the repaired store agrees with the tree
