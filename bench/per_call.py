@@ -98,6 +98,9 @@ def main() -> None:
     rows = []
     for name, code in trees.items():
         env = dict(os.environ)
+        # A user's install writes bytecode once; without it every process compiles its
+        # sources again (0.3 s), which is this machine's setting, not a user's.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["CODEVEIL_CONFIG_DIR"] = str(base / name / "config")
         env["CODEVEIL_CACHE_DIR"] = str(base / name / "cache")
         env["CODEVEIL_EMBEDDER"] = "minilm"

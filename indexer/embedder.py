@@ -259,6 +259,13 @@ def embedder_for_model_id(model_id: str) -> Embedder | None:
         return None
     if backend == "torch-fp32":
         return SentenceTransformerEmbedder()
+    if backend in ("onnx-fp32", "onnx-fp16"):
+        # fp32 runs on a CUDA device where there is one (same vectors); fp16 only there.
+        from indexer.cuda_embedder import device_embedder
+
+        device = device_embedder("fp16" if backend == "onnx-fp16" else "fp32")
+        if device is not None or backend == "onnx-fp16":
+            return device
     if backend in ("onnx-fp32", "onnx-int8"):
         from indexer.onnx_embedder import OnnxEmbedder
 

@@ -664,8 +664,15 @@ def minilm_embedder(precision: Precision = "int8", *, threads: int | None = None
 
     int8 falls back to ONNX fp32 on a CPU without fast int8 kernels, and ONNX to torch
     when onnxruntime is unusable; each fallback is logged with its reason. The model id
-    of the returned embedder says what actually runs.
+    of the returned embedder says what actually runs. Where a CUDA device is found, the
+    fp32 graph runs on it instead (`indexer.cuda_embedder`: same vectors and model id as
+    the CPU's fp32).
     """
+    from indexer.cuda_embedder import device_embedder
+
+    device = device_embedder("fp32")
+    if device is not None:
+        return device
     reason = onnx_unavailable_reason()
     if reason is not None:
         log.warning("using torch for the embedding model: %s", reason)

@@ -68,6 +68,9 @@ def git_recency(root: Path) -> dict[str, int]:
 
 def embed_order(paths: Iterable[str], root: Path | None = None) -> list[str]:
     """`paths` in the order their vectors are most wanted (see the module docstring)."""
+    paths = list(paths)
+    if len(paths) < 2:  # nothing to order: no git process for a one-file update
+        return paths
     recency = git_recency(root) if root is not None else {}
     return sorted(paths, key=lambda p: (category(p), -recency.get(p, 0), p))
 

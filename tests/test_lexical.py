@@ -231,3 +231,18 @@ def test_a_damaged_index_file_is_rebuilt_not_fatal(table, damage: str) -> None:
     assert store.last_refresh["mode"] == "rebuild"
     np.testing.assert_allclose(idx.scores("function value"), want)
     assert LexicalStore(folder).current(db).live == 15  # and the rebuilt one was saved
+
+
+def test_counting_many_texts_at_once_equals_one_by_one() -> None:
+    texts = ["", "   ", "def parseHTTPResponse2(self, x_y): return x_y + 42",
+             "__init__ __ _ a a a A", "naïve café 123 456 123", "x" * 300,
+             "class Session:\n    def send(self): pass\n" * 3]
+    one, many = Tokenizer(), Tokenizer()
+    for want, got in zip([one.counts(t) for t in texts], many.counts_many(texts),
+                         strict=True):
+        np.testing.assert_array_equal(want[0], got[0])
+        np.testing.assert_array_equal(want[1], got[1])
+        assert want[2] == got[2]
+        assert got[0].dtype == np.uint64 and got[1].dtype == np.int32
+    assert many.counts_many([]) == []
+    assert [c[2] for c in many.counts_many(["", "  ", "?!"])] == [0, 0, 0]

@@ -60,6 +60,9 @@ def test_tools_through_a_client_session(tmp_path: Path) -> None:
         hits = found.structured_content["hits"]
         assert hits[0]["path"] == "auth/password.py"
         assert "verify_password" in hits[0]["text"]
+        chunks = status.structured_content["chunks"]
+        assert found.structured_content["index"] == {
+            "partial": False, "chunks": chunks, "chunks_with_vectors": chunks}
 
         files = await session.call_tool(
             "search", {"query": "retry failed uploads with backoff", "k": 5, "group": "file"})

@@ -187,3 +187,33 @@ def test_embed_order_puts_source_first_then_recent(tmp_path: Path) -> None:
     # Outside git: by category, then path.
     assert embed_order(["b.py", "NOTES.md", "a.py"], tmp_path / "nogit") == [
         "a.py", "b.py", "NOTES.md"]
+
+
+class _SearchOnce(Progress):
+    def __init__(self, repo: Path, model: HashingEmbedder, query: str) -> None:
+        self.repo, self.model, self.query = repo, model, query
+        self.seen: tuple[list, dict] | None = None
+
+    def files_done(self, n: int) -> None:
+        if self.seen is None:
+            with Index(self.repo, embedder=self.model) as other:
+                self.seen = (other.search(self.query, k=3), other.coverage())
+
+
+def test_a_few_early_vectors_do_not_outvote_the_words(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CODEVEIL_CACHE_DIR", str(tmp_path / "cache"))
+    files = {f"pkg/mod_{i:03d}.py": _module(i) for i in range(120)}
+    # Docs are embedded last: while the first batches go in, only words can find it.
+    files["docs/guide.md"] = "# Guide\n\nHow to reticulate splines for the minimap.\n"
+    repo = write_repo(tmp_path / "repo", files)
+    model = HashingEmbedder()
+    probe = _SearchOnce(repo, model, "reticulate splines for the minimap")
+    with Index(repo, embedder=model) as idx:
+        idx.index(progress=probe)
+    assert probe.seen is not None
+    hits, coverage = probe.seen
+    assert coverage["partial"] and coverage["chunks_with_vectors"] < coverage["chunks"] / 4
+    # The vector ranking covers only the handlers embedded so far; it ranks some of them
+    # first all the same, and at a full vote they would beat BM25's find.
+    assert hits[0].path == "docs/guide.md"

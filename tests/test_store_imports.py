@@ -1,0 +1,49 @@
+"""What importing the store costs a command: measured in a fresh interpreter each."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _fresh(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_lancedb_import_defers_only_its_own_pydantic_models() -> None:
+    proc = _fresh("""
+        import sys
+        from sync.store import _lancedb
+        assert "lancedb" not in sys.modules  # the store module alone does not import it
+        lancedb = _lancedb()
+        from lance_namespace_urllib3_client.models import ListTablesResponse
+        from pydantic._internal import _config
+        import pydantic
+        # lancedb's namespace models were defined without building their validators ...
+        assert not ListTablesResponse.__pydantic_complete__
+        # ... and build them when used.
+        assert ListTablesResponse(tables=["a"]).tables == ["a"]
+        # Everyone else's models are built at definition, as before.
+        assert _config.config_defaults["defer_build"] is False
+        class Mine(pydantic.BaseModel):
+            x: int
+        assert Mine.__pydantic_complete__
+        print("ok")
+    """)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_index_and_search_paths_import_no_scipy() -> None:
+    proc = _fresh("""
+        import sys
+        import retrieval.api, retrieval.fusion, retrieval.lexical, sync.syncer
+        bad = sorted(m for m in sys.modules if m.split(".")[0] in ("scipy", "lancedb"))
+        print(bad)
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
