@@ -691,7 +691,7 @@ def run_latency(n_chunks: int, swebench: Path) -> dict:
     from retrieval.fusion import HybridRanker, SearchOptions, rrf
     from retrieval.grouping import group
     from retrieval.lexical import LexDoc, LexicalIndex
-    from retrieval.query import extract_refs
+    from retrieval.query import extract_refs, lexical_terms
 
     spec = importlib.util.find_spec("numpy")
     assert spec and spec.origin
@@ -741,6 +741,9 @@ def run_latency(n_chunks: int, swebench: Path) -> dict:
             t = time.perf_counter()
             bm = lex.top(q, 100)
             times["bm25"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            lex.file_top(lexical_terms(q), 100, dedupe=False)
+            times["file_bm25"].append(time.perf_counter() - t)
             t = time.perf_counter()
             extract_refs(q)
             ranker._evidence_ranking(extract_refs(q), bm, None, 100)
@@ -920,7 +923,7 @@ def main() -> None:
     if results.get("latency"):
         lat = results["latency"]
         print(f"\nRanking latency at {lat['chunks']} chunks, ms per query (median)")
-        parts = ["bm25", "evidence", "rrf", "grouping", "rank_total"]
+        parts = ["bm25", "file_bm25", "evidence", "rrf", "grouping", "rank_total"]
         print(table(["queries", *parts],
                     [[q, *(lat[q][p] for p in parts)] for q in ("short", "issue")]))
     results["seconds"] = time.perf_counter() - started
