@@ -444,6 +444,9 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
          {"stopwords": True, "code_term_weight": 2}, agg),
         ("defaults, stop words, code x2, file BM25 0.5", fmt,
          {"stopwords": True, "code_term_weight": 2, "w_file_lexical": 0.5}, agg),
+        ("defaults, file agg topm, file BM25 0.25", fmt, {"w_file_lexical": 0.25}, "topm"),
+        ("defaults, BM25 weight 1, file BM25 0.25", fmt,
+         {"w_lexical": 1.0, "w_file_lexical": 0.25}, agg),
         ("defaults, header vector 0.25", fmt, {"w_header_vector": 0.25}, agg),
         ("defaults, header vector 0.5", fmt, {"w_header_vector": 0.5}, agg),
         ("BM25 chunks only", fmt, {"w_vector": 0.0, "evidence": False,
@@ -515,6 +518,11 @@ def tree_for(data: Path, mirrors: Path | None, repo: str, commit: str) -> Path:
     return out
 
 
+def mrr(ranks: Sequence[int | None]) -> float:
+    """Mean reciprocal rank of the first gold file (0 past the depth)."""
+    return sum(1 / r for r in ranks if r) / max(len(ranks), 1)
+
+
 def pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
@@ -578,8 +586,8 @@ def run_swebench(args, enc, plain, memo: Memo) -> dict:
         repos = list(dict.fromkeys(d["repo"] for d in mine))
         out["halves"][half] = {
             "instances": len(mine),
-            "systems": {s: {f"acc@{k}": acc([d[s] for d in mine], k) for k in ACC_KS}
-                        for s in systems},
+            "systems": {s: {**{f"acc@{k}": acc([d[s] for d in mine], k) for k in ACC_KS},
+                            "mrr": mrr([d[s] for d in mine])} for s in systems},
             "per_repo": {repo: {s: {f"acc@{k}": acc([d[s] for d in mine if d["repo"] == repo], k)
                                     for k in ACC_KS} for s in systems} for repo in repos},
             "repo_instances": {repo: sum(d["repo"] == repo for d in mine) for repo in repos},
@@ -894,8 +902,8 @@ def main() -> None:
         for half, h in sw["halves"].items():
             print(f"\nSWE-bench dev, {half} half: {h['instances']} instances "
                   f"({sw['versions']} repo versions in the run): file-level Acc@k (%)")
-            print(table(["system", *(f"Acc@{k}" for k in ACC_KS)],
-                        [[s, *(pct(v[f"acc@{k}"]) for k in ACC_KS)]
+            print(table(["system", *(f"Acc@{k}" for k in ACC_KS), "MRR"],
+                        [[s, *(pct(v[f"acc@{k}"]) for k in ACC_KS), pct(v["mrr"])]
                          for s, v in h["systems"].items()]))
             repos = list(h["per_repo"])
             print(f"\nAcc@5 per repo, {half} half (%; instances: "
