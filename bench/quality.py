@@ -398,7 +398,6 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         ("+ BM25 fusion", {"hybrid": True}, "max"),
         ("+ BM25 weight 0.25 for prose queries", {"w_lexical_prose": 0.25}, "max"),
         ("+ evidence", {"evidence": True}, "max"),
-        ("+ file-level BM25 fusion", {"w_file_lexical": 1.0}, "max"),
         (f"+ file agg {agg}", {}, agg),
     ]
     fmt, *other = renderings(ablation)
@@ -410,6 +409,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
             rows += [("chunks, no header, vector, query cut", o, dict(step), a) for o in other]
     rows.append((SHIPPED, fmt, {}, agg))
     rows += [("defaults, no header", o, {}, agg) for o in other]
+    rows += [("defaults, no BM25", fmt, {"hybrid": False}, agg)]
     rows += [(f"defaults, file agg {a}", fmt, {}, a)
              for a in ("max", "sum", "topm", "decay", "rrf") if a != agg]
     rows += [
@@ -444,7 +444,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
          {"stopwords": True, "code_term_weight": 2}, agg),
         ("defaults, stop words, code x2, file BM25 0.5", fmt,
          {"stopwords": True, "code_term_weight": 2, "w_file_lexical": 0.5}, agg),
-        ("defaults, file agg topm, file BM25 0.25", fmt, {"w_file_lexical": 0.25}, "topm"),
+        ("defaults, file agg decay, file BM25 0.25", fmt, {"w_file_lexical": 0.25}, "decay"),
         ("defaults, BM25 weight 1, file BM25 0.25", fmt,
          {"w_lexical": 1.0, "w_file_lexical": 0.25}, agg),
         ("defaults, header vector 0.25", fmt, {"w_header_vector": 0.25}, agg),
