@@ -1,11 +1,16 @@
 """Search quality: codeveil against BM25 and plain MiniLM, with an ablation, in one run.
 
-    python bench/quality.py --data DIR [--datasets swebench,cosqa]
-        [--repos requests,flask,pytest,xarray,sphinx] [--per-repo N] [--cosqa-limit N]
-        [--ids FILE] [--mirrors DIR] [--stage warm|eval|all] [--header-ablation LIST]
-        [--e2e N] [--latency CHUNKS] [--embedder NAME] [--no-plot]
+    python bench/quality.py --data DIR --mirrors DIR [--datasets swebench,cosqa]
+        [--repos requests,flask,...] [--split FILE] [--per-half N] [--per-repo N]
+        [--ids FILE] [--cosqa-limit N] [--stage warm|eval|all] [--header-ablation LIST]
+        [--threads N] [--e2e N] [--latency CHUNKS] [--embedder NAME] [--no-plot]
 
-SWE-bench Verified (dev): issue text -> the files its fix edited; file-level Acc@1/3/5/10
+SWE-bench instances come from the tune/report split `bench/swebench_split.tsv` (rule in
+`bench/swebench_split.py`): settings are chosen on the tune half, numbers are published
+from the report half, and the tables are printed for each half. `--per-half N` keeps the
+first N instances of each repo's half in the split file's order (a fixed subset).
+
+SWE-bench Verified and Lite (dev): issue text -> the files its fix edited; file-level Acc@1/3/5/10
 (share of issues with a gold file among the top k distinct files). CoSQA (dev): web query
 -> one function of a 6,267-function corpus (each function a file `corpus/<id>.py`);
 MRR (rank cut at 100) and Recall@1/10.
