@@ -1,11 +1,16 @@
 """Search quality: codeveil against BM25 and plain MiniLM, with an ablation, in one run.
 
-    python bench/quality.py --data DIR [--datasets swebench,cosqa]
-        [--repos requests,flask,pytest,xarray,sphinx] [--per-repo N] [--cosqa-limit N]
-        [--ids FILE] [--mirrors DIR] [--stage warm|eval|all] [--header-ablation LIST]
-        [--e2e N] [--latency CHUNKS] [--embedder NAME] [--no-plot]
+    python bench/quality.py --data DIR --mirrors DIR [--datasets swebench,cosqa]
+        [--repos requests,flask,...] [--split FILE] [--per-half N] [--per-repo N]
+        [--ids FILE] [--cosqa-limit N] [--stage warm|eval|all] [--header-ablation LIST]
+        [--threads N] [--e2e N] [--latency CHUNKS] [--embedder NAME] [--no-plot]
 
-SWE-bench Verified (dev): issue text -> the files its fix edited; file-level Acc@1/3/5/10
+SWE-bench instances come from the tune/report split `bench/swebench_split.tsv` (rule in
+`bench/swebench_split.py`): settings are chosen on the tune half, numbers are published
+from the report half, and the tables are printed for each half. `--per-half N` keeps the
+first N instances of each repo's half in the split file's order (a fixed subset).
+
+SWE-bench Verified and Lite (dev): issue text -> the files its fix edited; file-level Acc@1/3/5/10
 (share of issues with a gold file among the top k distinct files). CoSQA (dev): web query
 -> one function of a 6,267-function corpus (each function a file `corpus/<id>.py`);
 MRR (rank cut at 100) and Recall@1/10.
@@ -398,7 +403,6 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         ("+ BM25 fusion", {"hybrid": True}, "max"),
         ("+ BM25 weight 0.25 for prose queries", {"w_lexical_prose": 0.25}, "max"),
         ("+ evidence", {"evidence": True}, "max"),
-        ("+ file-level BM25 fusion", {"w_file_lexical": 1.0}, "max"),
         (f"+ file agg {agg}", {}, agg),
     ]
     fmt, *other = renderings(ablation)
@@ -410,6 +414,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
             rows += [("chunks, no header, vector, query cut", o, dict(step), a) for o in other]
     rows.append((SHIPPED, fmt, {}, agg))
     rows += [("defaults, no header", o, {}, agg) for o in other]
+    rows += [("defaults, no BM25", fmt, {"hybrid": False}, agg)]
     rows += [(f"defaults, file agg {a}", fmt, {}, a)
              for a in ("max", "sum", "topm", "decay", "rrf") if a != agg]
     rows += [
@@ -444,6 +449,9 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
          {"stopwords": True, "code_term_weight": 2}, agg),
         ("defaults, stop words, code x2, file BM25 0.5", fmt,
          {"stopwords": True, "code_term_weight": 2, "w_file_lexical": 0.5}, agg),
+        ("defaults, file agg decay, file BM25 0.25", fmt, {"w_file_lexical": 0.25}, "decay"),
+        ("defaults, BM25 weight 1, file BM25 0.25", fmt,
+         {"w_lexical": 1.0, "w_file_lexical": 0.25}, agg),
         ("defaults, header vector 0.25", fmt, {"w_header_vector": 0.25}, agg),
         ("defaults, header vector 0.5", fmt, {"w_header_vector": 0.5}, agg),
         ("BM25 chunks only", fmt, {"w_vector": 0.0, "evidence": False,
@@ -515,6 +523,11 @@ def tree_for(data: Path, mirrors: Path | None, repo: str, commit: str) -> Path:
     return out
 
 
+def mrr(ranks: Sequence[int | None]) -> float:
+    """Mean reciprocal rank of the first gold file (0 past the depth)."""
+    return sum(1 / r for r in ranks if r) / max(len(ranks), 1)
+
+
 def pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
@@ -578,8 +591,8 @@ def run_swebench(args, enc, plain, memo: Memo) -> dict:
         repos = list(dict.fromkeys(d["repo"] for d in mine))
         out["halves"][half] = {
             "instances": len(mine),
-            "systems": {s: {f"acc@{k}": acc([d[s] for d in mine], k) for k in ACC_KS}
-                        for s in systems},
+            "systems": {s: {**{f"acc@{k}": acc([d[s] for d in mine], k) for k in ACC_KS},
+                            "mrr": mrr([d[s] for d in mine])} for s in systems},
             "per_repo": {repo: {s: {f"acc@{k}": acc([d[s] for d in mine if d["repo"] == repo], k)
                                     for k in ACC_KS} for s in systems} for repo in repos},
             "repo_instances": {repo: sum(d["repo"] == repo for d in mine) for repo in repos},
@@ -691,7 +704,7 @@ def run_latency(n_chunks: int, swebench: Path) -> dict:
     from retrieval.fusion import HybridRanker, SearchOptions, rrf
     from retrieval.grouping import group
     from retrieval.lexical import LexDoc, LexicalIndex
-    from retrieval.query import extract_refs
+    from retrieval.query import extract_refs, lexical_terms
 
     spec = importlib.util.find_spec("numpy")
     assert spec and spec.origin
@@ -741,6 +754,9 @@ def run_latency(n_chunks: int, swebench: Path) -> dict:
             t = time.perf_counter()
             bm = lex.top(q, 100)
             times["bm25"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            lex.file_top(lexical_terms(q), 100, dedupe=False)
+            times["file_bm25"].append(time.perf_counter() - t)
             t = time.perf_counter()
             extract_refs(q)
             ranker._evidence_ranking(extract_refs(q), bm, None, 100)
@@ -891,8 +907,8 @@ def main() -> None:
         for half, h in sw["halves"].items():
             print(f"\nSWE-bench dev, {half} half: {h['instances']} instances "
                   f"({sw['versions']} repo versions in the run): file-level Acc@k (%)")
-            print(table(["system", *(f"Acc@{k}" for k in ACC_KS)],
-                        [[s, *(pct(v[f"acc@{k}"]) for k in ACC_KS)]
+            print(table(["system", *(f"Acc@{k}" for k in ACC_KS), "MRR"],
+                        [[s, *(pct(v[f"acc@{k}"]) for k in ACC_KS), pct(v["mrr"])]
                          for s, v in h["systems"].items()]))
             repos = list(h["per_repo"])
             print(f"\nAcc@5 per repo, {half} half (%; instances: "
@@ -920,7 +936,7 @@ def main() -> None:
     if results.get("latency"):
         lat = results["latency"]
         print(f"\nRanking latency at {lat['chunks']} chunks, ms per query (median)")
-        parts = ["bm25", "evidence", "rrf", "grouping", "rank_total"]
+        parts = ["bm25", "file_bm25", "evidence", "rrf", "grouping", "rank_total"]
         print(table(["queries", *parts],
                     [[q, *(lat[q][p] for p in parts)] for q in ("short", "issue")]))
     results["seconds"] = time.perf_counter() - started

@@ -273,3 +273,11 @@ def test_header_vectors_are_a_second_vector_ranking() -> None:
     assert both.chunks[0][0].path == "web/cart.js"
     # Its vote adds to the vector ranking's: the top chunk's fused score grows.
     assert both.chunks[0][1] > plain.chunks[0][1]
+
+
+def test_default_file_aggregation_counts_a_files_best_symbols_alike() -> None:
+    ranking = [(_doc("b.py", "one", 1), 1.0), (_doc("a.py", "f", 1), 0.5),
+               (_doc("a.py", "g", 20), 0.5), (_doc("a.py", "h", 40), 0.5)]
+    # topm: a.py 1.5 against b.py 1.0; decay would rank b.py (1.0) over a.py (0.875).
+    assert [g.key[0] for g in group(ranking, "file")] == ["a.py", "b.py"]
+    assert [g.key[0] for g in group(ranking, "file", "decay")] == ["b.py", "a.py"]
