@@ -16,7 +16,7 @@ store and the benchmarks from plain vectors, through the same ranking code.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeVar
 
@@ -201,6 +201,16 @@ class HybridRanker:
         docs: dict[tuple[str, int, int], LexDoc] = {}
         sources: dict[str, int] = {}
 
+        def vote(source: str, ranking: Iterable[LexDoc], weight: float) -> None:
+            """Add one ranking to the fusion, with its weight."""
+            keys = []
+            for d in ranking:
+                docs.setdefault(d.key, d)
+                keys.append(d.key)
+            lists.append(keys)
+            weights.append(weight)
+            sources[source] = len(keys)
+
         parts = (split_query(query, self.count_tokens, self.max_tokens,
                              count_many=self.count_many)
                  if o.split != "none" else [query])
@@ -208,18 +218,10 @@ class HybridRanker:
             parts = parts[:1]
         vectors = self.embed(parts)
         vec = self._vector_ranking(vectors, o, keep, self.nearest)
-        for d, _ in vec:
-            docs.setdefault(d.key, d)
-        lists.append([d.key for d, _ in vec])
-        weights.append(o.w_vector)
-        sources["vector"] = len(vec)
+        vote("vector", (d for d, _ in vec), o.w_vector)
         if o.w_header_vector and self.nearest_header is not None:
             hv = self._vector_ranking(vectors, o, keep, self.nearest_header)
-            for d, _ in hv:
-                docs.setdefault(d.key, d)
-            lists.append([d.key for d, _ in hv])
-            weights.append(o.w_header_vector)
-            sources["header_vector"] = len(hv)
+            vote("header_vector", (d for d, _ in hv), o.w_header_vector)
 
         refs = extract_refs(query)
         prose = not refs
@@ -235,29 +237,15 @@ class HybridRanker:
         if o.hybrid and len(self.lexical):
             bm25 = self.lexical.top(lex_query, o.depth, mask=mask, dedupe=dedupe,
                                     max_terms=o.max_query_terms)
-            keys = []
-            for i, _ in bm25:
-                d = self.lexical.doc(i)
-                docs.setdefault(d.key, d)
-                keys.append(d.key)
-            lists.append(keys)
-            prose_weight = prose and o.w_lexical_prose is not None
-            weights.append(o.w_lexical_prose
-                           if prose_weight and o.w_lexical_prose is not None else o.w_lexical)
-            sources["lexical"] = len(keys)
+            prose_weight = o.w_lexical_prose if prose else None
+            vote("lexical", (self.lexical.doc(i) for i, _ in bm25),
+                 o.w_lexical if prose_weight is None else prose_weight)
 
         matched: dict[str, list[str]] = {}
         if o.evidence and len(self.lexical):
             ev_list = self._evidence_ranking(refs, bm25, mask, o.depth)
             if ev_list is not None:
-                keys = []
-                for i in ev_list[0]:
-                    d = self.lexical.doc(i)
-                    docs.setdefault(d.key, d)
-                    keys.append(d.key)
-                lists.append(keys)
-                weights.append(o.w_evidence)
-                sources["evidence"] = len(keys)
+                vote("evidence", (self.lexical.doc(i) for i in ev_list[0]), o.w_evidence)
                 matched = ev_list[1]
 
         fused = rrf(lists, k=o.rrf_k, weights=weights)
