@@ -30,3 +30,18 @@ def lazy_exports(
         return sorted(homes)
 
     return getattr_, dir_
+
+
+class LazyModule:
+    """A module imported on first attribute access: `faiss = LazyModule("faiss")` at the
+    top of a module keeps the import (and its tens of milliseconds) off every path that
+    never touches it, such as a re-index with nothing to send."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._module: Any = None
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._module is None:
+            self._module = importlib.import_module(self._name)
+        return getattr(self._module, attr)

@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 
 from indexer.chunk import Chunk
-from indexer.chunker import chunk_file
 from indexer.embed_cache import CachedEmbedder
 from indexer.local_chunks import LocalChunks, open_state_db
 from indexer.priority import embed_order
@@ -280,6 +279,8 @@ class Syncer:
     ) -> Iterator[list[_Pending]]:
         """Read and chunk `todo` into the local chunk table (files to upload marked
         pending), in batches of about BATCH_CHUNKS chunks to send."""
+        if not todo:
+            return  # nothing to read: no connection, no parsers
         db = open_state_db(self._state_path)  # its own: this runs in the chunker thread
         try:
             yield from self._chunk_ahead(todo, upload, files, moved, report, LocalChunks(db))
@@ -295,6 +296,9 @@ class Syncer:
         report: SyncReport,
         writer: LocalChunks,
     ) -> Iterator[list[_Pending]]:
+        # Imported here: the parsers cost ~30 ms that a sync with nothing to send skips.
+        from indexer.chunker import chunk_file
+
         batch: list[_Pending] = []
         batch_chunks = 0
         target = FIRST_BATCH_CHUNKS

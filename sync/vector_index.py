@@ -40,13 +40,19 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Final
+from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
-import faiss
 import numpy as np
 
+from indexer.lazy import LazyModule
 from indexer.private_files import fsync_dir
 from sync.errors import SyncError
+
+# faiss takes ~50 ms to import; a sync with nothing to send never needs it.
+if TYPE_CHECKING:
+    import faiss
+else:
+    faiss = LazyModule("faiss")
 
 __all__ = [
     "IndexPolicy",

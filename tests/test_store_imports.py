@@ -47,3 +47,29 @@ def test_index_and_search_paths_import_no_scipy() -> None:
     """)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_a_reindex_with_nothing_to_send_imports_no_index_stack(sample_repo: Path) -> None:
+    """Nothing changed: the walk and one root comparison, without faiss, pyarrow,
+    lancedb or the parsers (each tens of milliseconds to import, or seconds)."""
+    import os
+
+    env = dict(os.environ, CODEVEIL_EMBEDDER="hashing", PYTHONPATH=str(ROOT))
+    first = subprocess.run([sys.executable, "-m", "retrieval.cli", "index", "-q"],
+                           cwd=sample_repo, env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert first.returncode == 0, first.stderr
+    probe = textwrap.dedent("""
+        import runpy, sys
+        sys.argv = ["codeveil", "index", "-q"]
+        try:
+            runpy.run_module("retrieval.cli", run_name="__main__")
+        except SystemExit as exc:
+            assert not exc.code, exc.code
+        heavy = ("faiss", "pyarrow", "lancedb", "tree_sitter", "torch", "onnxruntime")
+        print(sorted(m for m in heavy if m in sys.modules))
+    """)
+    again = subprocess.run([sys.executable, "-c", probe], cwd=sample_repo, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1] == "[]", again.stdout
