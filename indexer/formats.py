@@ -19,7 +19,7 @@ from pathlib import Path
 
 from indexer.errors import CodeveilError
 
-__all__ = ["FormatError", "check_sqlite_format"]
+__all__ = ["FormatError", "check_sqlite_format", "sqlite_format_problem"]
 
 
 class FormatError(CodeveilError):
@@ -59,3 +59,22 @@ def check_sqlite_format(
         for n in range(start, version):
             steps[n](db)
         db.execute(f"PRAGMA user_version = {int(version)}")
+
+
+def sqlite_format_problem(path: Path, *, what: str, version: int) -> str | None:
+    """What is wrong with the format of the database at `path` for a reader of `version`
+    (read only, for checks such as `codeveil doctor`), or None if it can be read."""
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    except sqlite3.Error:
+        return None  # unreadable: an integrity check reports that
+    try:
+        found = int(db.execute("PRAGMA user_version").fetchone()[0])
+    except sqlite3.DatabaseError:
+        return None
+    finally:
+        db.close()
+    if found > version:
+        return (f"holds {what} in format {found}, newer than this codeveil reads ({version}):"
+                " upgrade codeveil, or --repair rebuilds it here (the file is kept aside)")
+    return None

@@ -30,10 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from indexer.embed_cache import cache_key
+from indexer.embed_cache import CACHE_FORMAT, cache_key
 from indexer.embedder import Embedder
 from indexer.errors import CodeveilError
-from indexer.local_chunks import LocalChunks, open_state_db
+from indexer.formats import sqlite_format_problem
+from indexer.local_chunks import STATE_FORMAT, LocalChunks, open_state_db
 from indexer.paths import cache_dir
 from indexer.sqlite_files import integrity_problem
 from retrieval.api import Index
@@ -154,6 +155,11 @@ def _check_state(root: Path, report: DoctorReport, plan: _Plan) -> None:
         f.problem = f"corrupt ({bad})"
         plan.aside.append((path, f))
         return
+    newer = sqlite_format_problem(path, what="the client state", version=STATE_FORMAT)
+    if newer is not None:
+        f.problem = newer
+        plan.aside.append((path, f))
+        return
     with _state(root) as local:
         if not local.count_files():
             f.problem = "holds no chunks"
@@ -169,6 +175,12 @@ def _check_cache(root: Path, idx: Index, report: DoctorReport, plan: _Plan) -> N
         f.problem = f"corrupt ({bad})"
         plan.aside.append((path, f))
         return
+    newer = (sqlite_format_problem(path, what="the embedding cache", version=CACHE_FORMAT)
+             if path.exists() else None)
+    if newer is not None:
+        f.problem = newer
+        plan.aside.append((path, f))
+        return
     cached = idx.embedder
     dim, cache = cached.dim, cached.cache
     damaged = sum(
@@ -179,7 +191,7 @@ def _check_cache(root: Path, idx: Index, report: DoctorReport, plan: _Plan) -> N
         f.problem = f"{damaged} cached vectors of dim {dim} are not finite unit vectors"
         plan.aside.append((path, f))
         return
-    if not state_path(root).exists() or integrity_problem(state_path(root)) is not None:
+    if not _state_readable(root):
         return
     with _state(root) as local:
         texts = [c.embed_text for _rowid, c in local.iter_all()]
@@ -232,7 +244,7 @@ def _check_embedded_store(root: Path, config: RepoConfig, key: WorkspaceKey,
         f.problem = str(exc)
         plan.rebuild_store = f
         return
-    if not state_path(root).exists() or integrity_problem(state_path(root)) is not None:
+    if not _state_readable(root):
         return
     lost = _files_differing(root, key, by_file)
     if lost:
@@ -296,6 +308,12 @@ def check_data_dir(data: str | Path) -> DoctorReport:
             if problems:
                 f.problem = "; ".join(problems)
     return report
+
+
+def _state_readable(root: Path) -> bool:
+    path = state_path(root)
+    return (path.exists() and integrity_problem(path) is None
+            and sqlite_format_problem(path, what="", version=STATE_FORMAT) is None)
 
 
 @contextlib.contextmanager

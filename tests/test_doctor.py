@@ -142,10 +142,26 @@ def garble_registry(repo: Path) -> Path:
     return path
 
 
+def _stamp_newer(path: Path) -> Path:
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version = 99")  # as a newer codeveil would leave it
+    db.commit()
+    db.close()
+    return path
+
+
+def newer_state(repo: Path) -> Path:
+    return _stamp_newer(repo / ".codeveil/state.sqlite")
+
+
+def newer_cache(repo: Path) -> Path:
+    return _stamp_newer(Path(os.environ["CODEVEIL_CACHE_DIR"]) / "embeddings.sqlite")
+
+
 DAMAGES: list[Callable[[Path], Path]] = [
     damage_state, delete_state, garble_cache, empty_cache, truncate_lexical,
     delete_lance_data, truncate_lance_data, delete_manifests, garble_manifests,
-    garble_tree, garble_registry,
+    garble_tree, garble_registry, newer_state, newer_cache,
 ]
 
 
