@@ -26,7 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import Timer, copy_tree, isolate, table, write_json
-from indexer.embedder import EMBEDDERS, HashingEmbedder, default_embedder
+from indexer.embedder import HashingEmbedder
+from indexer.embedder_registry import EMBEDDERS, default_embedder
 from indexer.local_chunks import LocalChunks, open_state_db
 from retrieval import Index
 from sync.workspace import state_path

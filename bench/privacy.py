@@ -230,7 +230,7 @@ class Truth:
 def ground_truth(setup: Setup, view: ServerView) -> Truth:
     from indexer.chunker import chunk_file
     from indexer.embed_cache import CachedEmbedder, EmbeddingCache
-    from indexer.embedder import default_embedder
+    from indexer.embedder_registry import default_embedder
     from sync.crypto import open_meta
 
     embedder = CachedEmbedder(default_embedder(), EmbeddingCache())
@@ -472,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     betas = [float(b) for b in args.betas.split(",") if b]
 
-    from indexer.embedder import default_embedder
+    from indexer.embedder_registry import default_embedder
     from sync.crypto import DEFAULT_BETA, VectorCipher
 
     base = isolate()

@@ -78,17 +78,13 @@ ACC_KS = (1, 3, 5, 10)
 def _embedders(name: str | None, threads: int | None = None):
     """(codeveil's cached embedder, plain truncating cached embedder). Imported late so
     that --data can point the embedding cache before it is opened. `name` pins an
-    embedder of `indexer.embedder.EMBEDDERS` (default: the one `codeveil index` uses)."""
+    embedder of `indexer.embedder_registry.EMBEDDERS` (default: the one `codeveil index` uses)."""
     from indexer.embed_cache import CachedEmbedder, EmbeddingCache
-    from indexer.embedder import (
-        EMBEDDERS,
-        Embedder,
-        SentenceTransformerEmbedder,
-        default_embedder,
-    )
+    from indexer.embedder import Embedder, SentenceTransformerEmbedder
+    from indexer.embedder_registry import EMBEDDERS, default_embedder
 
     if threads and (name or "minilm").startswith("minilm"):
-        from indexer.onnx_embedder import minilm_embedder
+        from indexer.embedder_registry import minilm_embedder
 
         name = name or "minilm"
         model = (SentenceTransformerEmbedder(threads=threads) if name == "minilm-torch"
@@ -866,8 +862,8 @@ def main() -> None:
                         help="Also time ranking (BM25, evidence, fusion, grouping) at this "
                         "many chunks.")
     parser.add_argument("--embedder", default=None,
-                        help="Pin an embedder by name (indexer.embedder.EMBEDDERS); default:"
-                        " the one `codeveil index` uses.")
+                        help="Pin an embedder by name (indexer.embedder_registry.EMBEDDERS);"
+                        " default: the one `codeveil index` uses.")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--out", default="quality")
     args = parser.parse_args()

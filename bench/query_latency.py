@@ -392,7 +392,7 @@ def main() -> None:
                         help="sizes for exact against IVF alone ('' to skip)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    from indexer.embedder import default_embedder
+    from indexer.embedder_registry import default_embedder
 
     work = args.keep or isolate()
     work.mkdir(parents=True, exist_ok=True)

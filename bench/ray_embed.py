@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import isolate, table, write_json
 from bench.device_embed import chunk_texts
-from indexer.embedder import DEFAULT_MINILM, EMBEDDERS, HashingEmbedder
+from indexer.embedder import HashingEmbedder
+from indexer.embedder_registry import DEFAULT_MINILM, EMBEDDERS
 
 
 def main() -> None:

@@ -11,7 +11,8 @@ if TYPE_CHECKING:
     from indexer.chunk import Chunk
     from indexer.chunker import chunk_file
     from indexer.embed_cache import CachedEmbedder, EmbeddingCache
-    from indexer.embedder import Embedder, default_embedder
+    from indexer.embedder import Embedder
+    from indexer.embedder_registry import default_embedder
     from indexer.errors import CodeveilError, EmbedderError, IndexerError
     from indexer.walk import WalkResult, walk_repo
 
@@ -39,7 +40,7 @@ _HOMES = {
     "IndexerError": "indexer.errors",
     "WalkResult": "indexer.walk",
     "chunk_file": "indexer.chunker",
-    "default_embedder": "indexer.embedder",
+    "default_embedder": "indexer.embedder_registry",
     "walk_repo": "indexer.walk",
 }
 

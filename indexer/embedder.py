@@ -3,7 +3,8 @@
 `Embedder.embed_batch` is the one method a model implements; it receives texts that fit
 the model's window. `Embedder.embed` builds on it: duplicates are embedded once, texts are
 sorted by length so batches pad little, and a text longer than the window is split into
-windows whose vectors are averaged, so nothing is ever silently truncated.
+windows whose vectors are averaged, so nothing is ever silently truncated. Which
+embedder runs is `indexer.embedder_registry`'s choice; this module imports no backend.
 """
 
 from __future__ import annotations
@@ -210,76 +211,3 @@ class HashingEmbedder(Embedder):
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         out /= np.where(norms == 0, 1, norms)
         return out
-
-
-def _onnx_minilm(precision: str) -> Callable[[], Embedder]:
-    def make() -> Embedder:
-        # Imported on use: onnxruntime is optional, and the module imports this one.
-        from indexer.onnx_embedder import minilm_embedder
-
-        return minilm_embedder(precision)  # type: ignore[arg-type]
-
-    return make
-
-
-#: The backend that "minilm" (the default) runs: the fastest whose retrieval quality
-#: stays within a point of torch fp32, as measured by bench/embed_backends.py
-#: (int8: 1.65x torch's chunks/s on an AVX2 CPU, CoSQA MRR 53.3 against 53.8).
-DEFAULT_MINILM = "minilm-onnx-int8"
-
-#: CODEVEIL_EMBEDDER names. The ONNX ones fall back (int8 -> ONNX fp32 -> torch) with a
-#: logged reason where this machine cannot run them; the model id says what runs.
-EMBEDDERS: dict[str, Callable[[], Embedder]] = {
-    "minilm-torch": SentenceTransformerEmbedder,
-    "minilm-onnx": _onnx_minilm("fp32"),
-    "minilm-onnx-int8": _onnx_minilm("int8"),
-    "hashing": HashingEmbedder,
-}
-EMBEDDERS["minilm"] = EMBEDDERS[DEFAULT_MINILM]
-
-
-def embedder_name(model_id: str) -> str | None:
-    """The EMBEDDERS name that makes vectors of `model_id`, None if none does."""
-    names = {
-        "sentence-transformers/all-MiniLM-L6-v2:torch-fp32": "minilm-torch",
-        "sentence-transformers/all-MiniLM-L6-v2:onnx-fp32": "minilm-onnx",
-        "sentence-transformers/all-MiniLM-L6-v2:onnx-int8": "minilm-onnx-int8",
-        f"codeveil/hashing-{MINILM_DIM}": "hashing",
-    }
-    return names.get(model_id)
-
-
-def embedder_for_model_id(model_id: str) -> Embedder | None:
-    """The embedder that makes vectors of `model_id` (say, the one a workspace was built
-    with), with no fallback to another backend; None if none here does."""
-    if model_id.startswith("codeveil/hashing-"):
-        return HashingEmbedder(int(model_id.rsplit("-", 1)[1]))
-    model, _, backend = model_id.rpartition(":")
-    if model != "sentence-transformers/all-MiniLM-L6-v2":
-        return None
-    if backend == "torch-fp32":
-        return SentenceTransformerEmbedder()
-    if backend in ("onnx-fp32", "onnx-fp16"):
-        # fp32 runs on a CUDA device where there is one (same vectors); fp16 only there.
-        from indexer.cuda_embedder import device_embedder
-
-        device = device_embedder("fp16" if backend == "onnx-fp16" else "fp32")
-        if device is not None or backend == "onnx-fp16":
-            return device
-    if backend in ("onnx-fp32", "onnx-int8"):
-        from indexer.onnx_embedder import OnnxEmbedder
-
-        return OnnxEmbedder("int8" if backend == "onnx-int8" else "fp32")
-    return None
-
-
-def default_embedder() -> Embedder:
-    """The embedder `codeveil index` uses: all-MiniLM-L6-v2 unless CODEVEIL_EMBEDDER names
-    another (`hashing` is for measuring the system around the model, not for search)."""
-    name = os.environ.get("CODEVEIL_EMBEDDER", "minilm")
-    try:
-        return EMBEDDERS[name]()
-    except KeyError:
-        raise EmbedderError(
-            f"CODEVEIL_EMBEDDER={name!r} is not a known embedder; use one of {sorted(EMBEDDERS)}"
-        ) from None

@@ -44,7 +44,6 @@ from indexer.embedder import (
     MINILM_DIM,
     MINILM_MAX_TOKENS,
     Embedder,
-    SentenceTransformerEmbedder,
     token_windows,
 )
 from indexer.errors import EmbedderError
@@ -659,32 +658,6 @@ def _printable(text: str) -> str:
     return text
 
 
-def minilm_embedder(precision: Precision = "int8", *, threads: int | None = None) -> Embedder:
-    """all-MiniLM-L6-v2 on the fastest backend this machine runs well, at most `precision`.
-
-    int8 falls back to ONNX fp32 on a CPU without fast int8 kernels, and ONNX to torch
-    when onnxruntime is unusable; each fallback is logged with its reason. The model id
-    of the returned embedder says what actually runs. Where a CUDA device is found, the
-    fp32 graph runs on it instead (`indexer.cuda_embedder`: same vectors and model id as
-    the CPU's fp32).
-    """
-    from indexer.cuda_embedder import device_embedder
-
-    device = device_embedder("fp32")
-    if device is not None:
-        return device
-    reason = onnx_unavailable_reason()
-    if reason is not None:
-        log.warning("using torch for the embedding model: %s", reason)
-        return SentenceTransformerEmbedder(threads=threads)
-    if precision == "int8":
-        reason = int8_unsupported_reason()
-        if reason is not None:
-            log.warning("using ONNX fp32 instead of int8 for the embedding model: %s", reason)
-            precision = "fp32"
-    return OnnxEmbedder(precision, threads=threads)
-
-
 __all__ = [
     "EXPORT_VERSION",
     "MINILM_NAME",
@@ -693,7 +666,6 @@ __all__ = [
     "Precision",
     "int8_unsupported_reason",
     "load_graph",
-    "minilm_embedder",
     "models_dir",
     "onnx_unavailable_reason",
     "read_cached",

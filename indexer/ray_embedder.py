@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from indexer.embedder import DEFAULT_MINILM, EMBEDDERS, Embedder
+from indexer.embedder import Embedder
+from indexer.embedder_registry import DEFAULT_MINILM, EMBEDDERS
 from indexer.errors import EmbedderError
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from indexer.embed_cache import CachedEmbedder, EmbeddingCache
-from indexer.embedder import Embedder, default_embedder, embedder_for_model_id, embedder_name
+from indexer.embedder import Embedder
+from indexer.embedder_registry import default_embedder, embedder_for_model_id, embedder_name
 from indexer.errors import CodeveilError
 from indexer.local_chunks import LocalChunks, open_state_db
 from retrieval.hits import Hit

@@ -436,7 +436,7 @@ class _DaemonSync:
     index from disk before every write)."""
 
     def __init__(self, root: Path) -> None:
-        from indexer.embedder import default_embedder
+        from indexer.embedder_registry import default_embedder
 
         self.model = default_embedder()
         self.index = _index(root, embedder=self.model)

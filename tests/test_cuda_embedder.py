@@ -10,9 +10,9 @@ import pytest
 
 from indexer import cuda_embedder
 from indexer.cuda_embedder import CudaOnnxEmbedder, cuda_unavailable_reason
-from indexer.embedder import embedder_for_model_id
+from indexer.embedder_registry import embedder_for_model_id, minilm_embedder
 from indexer.errors import EmbedderError
-from indexer.onnx_embedder import OnnxEmbedder, minilm_embedder
+from indexer.onnx_embedder import OnnxEmbedder
 
 TEXTS = [
     "def upload(path):\n    for attempt in range(5):\n        return put(path)",

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from indexer.embed_cache import CachedEmbedder, EmbeddingCache, cache_key
-from indexer.embedder import Embedder, HashingEmbedder, default_embedder
+from indexer.embedder import Embedder, HashingEmbedder
+from indexer.embedder_registry import default_embedder
 from indexer.errors import EmbedderError
 
 

@@ -12,12 +12,8 @@ import pytest
 
 from indexer import onnx_embedder
 from indexer.chunker import chunk_file
-from indexer.embedder import (
-    EMBEDDERS,
-    HashingEmbedder,
-    SentenceTransformerEmbedder,
-    default_embedder,
-)
+from indexer.embedder import HashingEmbedder, SentenceTransformerEmbedder
+from indexer.embedder_registry import EMBEDDERS, default_embedder, minilm_embedder
 from indexer.errors import EmbedderError
 from indexer.onnx_embedder import OnnxEmbedder, load_graph, read_cached, source_stamp
 from indexer.tokens import TokenCounter
@@ -195,16 +191,16 @@ def test_long_text_is_windowed_not_truncated(onnx_int8) -> None:
 
 def test_int8_falls_back_to_fp32_with_a_reason(monkeypatch, caplog) -> None:
     monkeypatch.setattr(onnx_embedder, "int8_unsupported_reason", lambda: "no AVX2 here")
-    with caplog.at_level(logging.WARNING, logger="indexer.onnx_embedder"):
-        model = onnx_embedder.minilm_embedder("int8")
+    with caplog.at_level(logging.WARNING, logger="indexer.embedder_registry"):
+        model = minilm_embedder("int8")
     assert model.model_id.endswith(":onnx-fp32")
     assert "no AVX2 here" in caplog.text
 
 
 def test_no_onnxruntime_falls_back_to_torch(monkeypatch, caplog) -> None:
     monkeypatch.setattr(onnx_embedder, "onnx_unavailable_reason", lambda: "not installed")
-    with caplog.at_level(logging.WARNING, logger="indexer.onnx_embedder"):
-        model = onnx_embedder.minilm_embedder("int8")
+    with caplog.at_level(logging.WARNING, logger="indexer.embedder_registry"):
+        model = minilm_embedder("int8")
     assert isinstance(model, SentenceTransformerEmbedder)
     assert "not installed" in caplog.text
 
@@ -231,7 +227,7 @@ def test_embedder_names(monkeypatch, name: str, suffix: str) -> None:
 
 
 def test_embedder_for_a_workspace_model_id(models) -> None:
-    from indexer.embedder import embedder_for_model_id
+    from indexer.embedder_registry import embedder_for_model_id
 
     for model in (
         SentenceTransformerEmbedder(),

@@ -1,0 +1,55 @@
+"""Imports run one way: retrieval -> sync -> indexer, and within the embedders from the
+registry down to the backends. Read from the source (every import, also those inside
+functions), so a lazy import cannot hide a circle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = {"indexer": 0, "sync": 1, "retrieval": 2}
+
+
+def imports_of(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _modules(package: str) -> dict[str, set[str]]:
+    return {f"{package}.{p.stem}": imports_of(p) for p in (ROOT / package).glob("*.py")}
+
+
+def test_no_import_runs_upward() -> None:
+    upward = []
+    for package, layer in LAYERS.items():
+        for module, names in _modules(package).items():
+            for name in names:
+                top = name.split(".")[0]
+                if LAYERS.get(top, -1) > layer:
+                    upward.append((module, name))
+    assert not upward, upward
+
+
+def test_the_embedders_import_one_way() -> None:
+    mods = _modules("indexer")
+    backends = {"indexer.onnx_embedder", "indexer.cuda_embedder", "indexer.ray_embedder"}
+
+    def imported(module: str, target: str) -> bool:
+        return any(n == target or n.startswith(target + ".") for n in mods[module])
+
+    # The interface module knows no backend and no registry.
+    for target in (*backends, "indexer.embedder_registry"):
+        assert not imported("indexer.embedder", target), target
+    # The registry does not reach the remote pool, which builds on it.
+    assert not imported("indexer.embedder_registry", "indexer.ray_embedder")
+    # The local backends do not reach back up to the registry, nor ONNX to CUDA.
+    for backend in ("indexer.onnx_embedder", "indexer.cuda_embedder"):
+        assert not imported(backend, "indexer.embedder_registry"), backend
+    assert not imported("indexer.onnx_embedder", "indexer.cuda_embedder")
