@@ -59,6 +59,7 @@ import xxhash
 from indexer.chunk import Chunk
 from indexer.lexical_tokens import tokenize
 from indexer.local_chunks import LocalChunks
+from indexer.private_files import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -426,20 +427,12 @@ def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        with contextlib.suppress(OSError):  # not every file system can fsync a directory
+            fsync_dir(path.parent)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def _fsync_dir(folder: Path) -> None:
-    with contextlib.suppress(OSError):  # not every file system can fsync a directory
-        dfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
 
 # -- the index: base + delta + deleted mask --------------------------------------------
