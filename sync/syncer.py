@@ -19,6 +19,7 @@ the next sync descends again: the tree never claims a state the store does not h
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -281,65 +282,53 @@ class Syncer:
         pending), in batches of about BATCH_CHUNKS chunks to send."""
         if not todo:
             return  # nothing to read: no connection, no parsers
-        db = open_state_db(self._state_path)  # its own: this runs in the chunker thread
-        try:
-            yield from self._chunk_ahead(todo, upload, files, moved, report, LocalChunks(db))
-        finally:
-            db.close()
-
-    def _chunk_ahead(
-        self,
-        todo: Sequence[str],
-        upload: set[str],
-        files: dict[str, bytes],
-        moved: threading.Event,
-        report: SyncReport,
-        writer: LocalChunks,
-    ) -> Iterator[list[_Pending]]:
         # Imported here: the parsers cost ~30 ms that a sync with nothing to send skips.
         from indexer.chunker import chunk_file
 
-        batch: list[_Pending] = []
-        batch_chunks = 0
-        target = FIRST_BATCH_CHUNKS
-        unwritten: list[tuple[str, bytes, list[Chunk]]] = []
-        last_write = time.perf_counter()
-
-        def write() -> None:
-            nonlocal last_write
-            writer.replace_files([u for u in unwritten if u[0] in upload], pending=True)
-            writer.replace_files([u for u in unwritten if u[0] not in upload])
-            unwritten.clear()
+        # Its own connection: this runs in the chunker thread.
+        with contextlib.closing(open_state_db(self._state_path)) as db:
+            writer = LocalChunks(db)
+            batch: list[_Pending] = []
+            batch_chunks = 0
+            target = FIRST_BATCH_CHUNKS
+            unwritten: list[tuple[str, bytes, list[Chunk]]] = []
             last_write = time.perf_counter()
 
-        for path in todo:
-            t0 = time.perf_counter()
-            source = self._read(self.root, path)
-            if not isinstance(source, SourceFile):
-                # Vanished or became unreadable since the scan: leave directories pending.
-                moved.set()
+            def write() -> None:
+                nonlocal last_write
+                writer.replace_files([u for u in unwritten if u[0] in upload], pending=True)
+                writer.replace_files([u for u in unwritten if u[0] not in upload])
+                unwritten.clear()
+                last_write = time.perf_counter()
+
+            for path in todo:
+                t0 = time.perf_counter()
+                source = self._read(self.root, path)
+                if not isinstance(source, SourceFile):
+                    # Vanished or became unreadable since the scan: leave directories pending.
+                    moved.set()
+                    report.seconds_chunk += time.perf_counter() - t0
+                    continue
+                if source.digest != files[path]:
+                    moved.set()
+                chunks = chunk_file(path, source.text)
+                unwritten.append((path, source.digest, chunks))
+                # One transaction per batch of files, or twice a second: searchable soon.
+                if len(unwritten) >= WRITE_FILES or time.perf_counter() - last_write > 0.5:
+                    write()
                 report.seconds_chunk += time.perf_counter() - t0
-                continue
-            if source.digest != files[path]:
-                moved.set()
-            chunks = chunk_file(path, source.text)
-            unwritten.append((path, source.digest, chunks))
-            # One transaction per batch of files, or twice a second: searchable soon.
-            if len(unwritten) >= WRITE_FILES or time.perf_counter() - last_write > 0.5:
-                write()
+                batch.append(_Pending(path, source.digest, len(chunks), path in upload))
+                batch_chunks += len(chunks) if path in upload else 0
+                if batch_chunks >= target or len(batch) >= BATCH_FILES:
+                    write()  # a batch is only sent once its chunks are in the table
+                    yield batch
+                    batch, batch_chunks = [], 0
+                    target = min(2 * target, BATCH_CHUNKS)
+            t0 = time.perf_counter()
+            write()
             report.seconds_chunk += time.perf_counter() - t0
-            batch.append(_Pending(path, source.digest, len(chunks), path in upload))
-            batch_chunks += len(chunks) if path in upload else 0
-            if batch_chunks >= target or len(batch) >= BATCH_FILES:
-                write()  # a batch is only sent once its chunks are in the table
+            if batch:
                 yield batch
-                batch, batch_chunks = [], 0
-                target = min(2 * target, BATCH_CHUNKS)
-        t0 = time.perf_counter()
-        write()
-        report.seconds_chunk += time.perf_counter() - t0
-        if batch:
-            yield batch
 
     def _flush(self, batch: list[_Pending], deletes: list[bytes], report: SyncReport) -> None:
         sending = [(p, self.local.for_file(p.path)) for p in batch if p.upload]
