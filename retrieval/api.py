@@ -31,6 +31,7 @@ from sync import crypto
 from sync.client import StoreClient
 from sync.errors import KeyMismatchError
 from sync.keys import ENV_KEY, WorkspaceKey, create_key, load_key
+from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
 from sync.syncer import Progress, Syncer, SyncReport
 from sync.workspace import (
     ConfigError,
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from retrieval.fusion import HybridRanker, SearchOptions
     from retrieval.grouping import Group, Level
     from retrieval.lexical import LexDoc, LexicalIndex, LexicalStore
+    from retrieval.local_vectors import LocalVectorIndex, LocalVectorStore
     from retrieval.rerank import PlainReranker
 
 log = logging.getLogger(__name__)
@@ -95,6 +97,8 @@ class Index:
         self._client: StoreClient | None = None
         self._query_cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lexical_store: LexicalStore | None = None
+        self._vector_store: LocalVectorStore | None = None
+        self._vectors: LocalVectorIndex | None = None
         self._ranker: HybridRanker | None = None
         self._rerank_db: sqlite3.Connection | None = None
         self._search_options: SearchOptions | None = None
@@ -123,6 +127,11 @@ class Index:
             return self._start.resolve()
 
     @property
+    def mode(self) -> str:
+        """The workspace's mode: "sealed" (search runs here) or "server-search"."""
+        return load_config(find_root(self._start)).mode
+
+    @property
     def embedder(self) -> CachedEmbedder:
         """The embedder this index uses (the workspace's model), behind the cache."""
         return self._cached_embedder()
@@ -146,14 +155,20 @@ class Index:
         return embedder_for_model_id(config.model_id)
 
     def init(self, *, server: str | None = None, workspace_id: str | None = None,
-             token: str | None = None) -> RepoConfig:
+             token: str | None = None, server_search: bool = False) -> RepoConfig:
         """Create `.codeveil/` here and its workspace (in-process, or on `server`).
 
+        A new workspace is sealed: the store keeps one envelope per chunk that it cannot
+        compare, and search runs on this machine. `server_search` instead lets the
+        server rank encrypted vectors (for repos too big for a client's memory), at the
+        leakage measured in docs/threat-model.md; the mode is the workspace's for good.
+
         With `workspace_id` (and the key imported with `codeveil key import`), join an
-        existing workspace on `server` instead of creating one.
+        existing workspace on `server` instead of creating one; it keeps its own mode.
         """
         with init_lock(self._start.resolve()):
-            return self._init(server=server, workspace_id=workspace_id, token=token)
+            return self._init(server=server, workspace_id=workspace_id, token=token,
+                              server_search=server_search)
 
     def _init_once(self) -> None:
         """Create the index here unless another process (a daemon, a second agent) did
@@ -165,10 +180,11 @@ class Index:
                 self._init()
 
     def _init(self, *, server: str | None = None, workspace_id: str | None = None,
-              token: str | None = None) -> RepoConfig:
+              token: str | None = None, server_search: bool = False) -> RepoConfig:
         """`init`, its caller holding the init lock."""
         root = self._start.resolve()
         embedder = self._cached_embedder()
+        mode = MODE_SERVER_SEARCH if server_search else MODE_SEALED
         if workspace_id is None:
             workspace_id = new_workspace_id()
             # CODEVEIL_KEY stands for every workspace: a new one is made under it (CI,
@@ -179,24 +195,28 @@ class Index:
 
                 LocalClient.create_workspace(
                     store_path(root), workspace_id, dim=embedder.dim,
-                    model_id=embedder.model_id, key_check=key.key_check,
+                    model_id=embedder.model_id, key_check=key.key_check, mode=mode,
                 ).close()
             else:
                 from sync.http_client import HttpClient
 
                 token = HttpClient.create_workspace(
                     server, workspace_id=workspace_id, dim=embedder.dim,
-                    model_id=embedder.model_id, key_check=key.key_check,
+                    model_id=embedder.model_id, key_check=key.key_check, mode=mode,
                 )
                 save_token(workspace_id, token)
         elif server is None:
             raise CodeveilError("joining an existing workspace needs --server URL")
         else:
+            from sync.http_client import HttpClient
+
             load_key(workspace_id)
             if token:
                 save_token(workspace_id, token)
+            with HttpClient(server, workspace_id, load_token(workspace_id)) as joined:
+                mode = joined.info().mode  # the workspace's, whatever was asked
         config = RepoConfig(workspace_id=workspace_id, model_id=embedder.model_id,
-                            dim=embedder.dim, server=server)
+                            dim=embedder.dim, server=server, mode=mode)
         save_config(root, config)
         self._start = root
         self._check(config, load_key(workspace_id))
@@ -221,7 +241,8 @@ class Index:
                 " was built with; import the right one with `codeveil key import`"
             )
         for name, have, want in (("dim", config.dim, info.dim),
-                                 ("model_id", config.model_id, info.model_id)):
+                                 ("model_id", config.model_id, info.model_id),
+                                 ("mode", config.mode, info.mode)):
             if have != want:
                 path = codeveil_dir(find_root(self._start)) / "config.json"
                 raise ConfigError(
@@ -258,7 +279,8 @@ class Index:
             embedder = CachedEmbedder(remote, embedder.cache)
         syncer = Syncer(
             root, state_path(root), client, key, config.workspace_id, embedder,
-            crypto.VectorCipher(key, embedder.dim), progress=progress,
+            None if config.sealed else crypto.VectorCipher(key, embedder.dim),
+            sealed=config.sealed, progress=progress,
         )
         try:
             report = syncer.run(reupload=reupload)
@@ -324,6 +346,8 @@ class Index:
         try:
             self._check_state(root, LocalChunks(db), client)
             lexical = self._lexical(root).current(db)
+            if config.sealed:
+                self._vectors = self._vector_index(root, db, config)
             ranker = self._hybrid_ranker(config, key, client, lexical)
             keep = _hit_filter(path, language)
             options = replace(self.search_options,
@@ -364,15 +388,38 @@ class Index:
             self._lexical_store = LexicalStore(codeveil_dir(root) / "lexical")
         return self._lexical_store
 
+    def _vector_index(self, root: Path, db: sqlite3.Connection,
+                      config: RepoConfig) -> LocalVectorIndex:
+        """This machine's own vector index, brought in step with the chunk table."""
+        from retrieval.local_vectors import LocalVectorStore
+
+        folder = codeveil_dir(root) / "vectors"
+        if self._vector_store is None or self._vector_store.directory != folder:
+            self._vector_store = LocalVectorStore(folder)
+        embedder = self._cached_embedder()
+        return self._vector_store.current(db, embedder.cache, config.model_id, config.dim)
+
     def _hybrid_ranker(self, config: RepoConfig, key: WorkspaceKey, client: StoreClient,
                        lexical: LexicalIndex) -> HybridRanker:
-        """The ranker of this index, its vector side the encrypted store."""
+        """The ranker of this index; its vector side is this machine's own vector index
+        (sealed) or the server's encrypted one (server-search)."""
         from indexer.tokens import default_counter
         from retrieval.fusion import HybridRanker
         from retrieval.lexical import LexDoc
 
         if self._ranker is not None:
             self._ranker.use(lexical)
+            return self._ranker
+        embedder = self._cached_embedder().embedder
+        counter = default_counter()
+        if config.sealed:
+            def nearest_here(vector: np.ndarray, n: int) -> list[tuple[LexDoc, float]]:
+                assert self._vectors is not None  # set by `search` before it ranks
+                return self._vectors.nearest(vector, n)
+
+            self._ranker = HybridRanker(lexical, self._query_vectors, nearest_here,
+                                        counter.count, embedder.max_tokens,
+                                        count_many=counter.count_batch)
             return self._ranker
         cipher = crypto.VectorCipher(key, config.dim)
         metas: OrderedDict[bytes, crypto.ChunkMeta] = OrderedDict()
@@ -399,8 +446,6 @@ class Index:
             out.sort(key=lambda pair: -pair[1])
             return out
 
-        embedder = self._cached_embedder().embedder
-        counter = default_counter()
         self._ranker = HybridRanker(lexical, self._query_vectors, nearest, counter.count,
                                     embedder.max_tokens, count_many=counter.count_batch)
         return self._ranker
@@ -483,6 +528,7 @@ class Index:
             "root": str(root),
             "workspace_id": config.workspace_id,
             "server": config.server or "embedded",
+            "mode": config.mode,
             "model_id": config.model_id,
             "files": files,
             "chunks": chunks,
@@ -492,6 +538,7 @@ class Index:
 
     def close(self) -> None:
         self._ranker = None  # it holds the client and the connection closed here
+        self._vectors = None
         if self._rerank_db is not None:
             self._rerank_db.close()
             self._rerank_db = None

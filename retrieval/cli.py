@@ -169,18 +169,33 @@ def index(path: Path, as_json: bool, quiet: bool, embed_on: str | None) -> None:
             report = idx.index(progress=bar, embed_on=embed_on)
     else:
         report = idx.index(embed_on=embed_on)
+    from sync.records import MODE_SEALED
+
+    mode = idx.mode
     idx.close()
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        click.echo(json.dumps({**report.to_dict(), "mode": mode}, indent=2))
     else:
         _print_report(report)
+        if mode != MODE_SEALED:
+            click.echo(_SERVER_SEARCH_NOTE, err=True)
+
+
+_SERVER_SEARCH_NOTE = (
+    "note: this workspace ranks on the server (server-search), which a server that knows"
+    " some of the code can exploit (docs/threat-model.md). To seal it: remove .codeveil/"
+    " and run `codeveil index` again (vectors come from the cache: nothing is embedded"
+    " twice)."
+)
 
 
 def _print_report(r: SyncReport) -> None:
     click.echo(
         f"{r.files_scanned} files scanned, {r.files_changed} changed, {r.files_deleted} deleted,"
         f" {r.files_skipped} skipped; {r.chunks_total} chunks in the index"
-        f" ({r.chunks_embedded} embedded, {r.chunks_from_cache} from cache) in {r.seconds:.1f}s"
+        f" ({r.chunks_embedded} embedded, {r.chunks_from_cache} from cache"
+        + (f", {r.chunks_pulled} pulled from the workspace" if r.chunks_pulled else "")
+        + f") in {r.seconds:.1f}s"
     )
 
 
@@ -297,19 +312,35 @@ def status(as_json: bool, repo: Path) -> None:
 
 @main.command()
 @click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--server", required=True, metavar="URL", help="A `codeveil serve` URL.")
+@click.option("--server", metavar="URL",
+              help="A `codeveil serve` URL (default: a store inside PATH/.codeveil/).")
 @click.option("--workspace", metavar="ID", help="Join this existing workspace (key imported).")
 @click.option("--token", metavar="TOKEN", help="Bearer token of the workspace to join.")
-def init(path: Path, server: str, workspace: str | None, token: str | None) -> None:
-    """Point PATH at a server (creating its workspace there, or joining one)."""
+@click.option("--server-search", is_flag=True,
+              help="Let the server rank encrypted vectors (for repos too big for this"
+                   " machine's memory). It leaks distance structure: see"
+                   " docs/threat-model.md. Default: sealed, search runs here.")
+def init(path: Path, server: str | None, workspace: str | None, token: str | None,
+         server_search: bool) -> None:
+    """Set up PATH's index: create its workspace (on a server, or embedded), or join one.
+
+    A new workspace is sealed: the server stores one encrypted envelope per chunk, which
+    it cannot compare or rank, and every search runs on this machine. A teammate who
+    joins pulls the vectors instead of embedding them again. `codeveil index` runs this
+    on first use with the defaults.
+    """
     from sync.workspace import codeveil_dir
 
     if (codeveil_dir(path) / "config.json").exists():
         raise CodeveilError(
             f"{path} is already indexed; remove {codeveil_dir(path)} first to re-point it"
         )
-    config = _index(path).init(server=server, workspace_id=workspace, token=token)
-    click.echo(f"workspace {config.workspace_id} on {server}")
+    if workspace and server_search:
+        raise click.UsageError("--server-search applies to a new workspace; a joined one"
+                               " keeps its own mode")
+    config = _index(path).init(server=server, workspace_id=workspace, token=token,
+                               server_search=server_search)
+    click.echo(f"workspace {config.workspace_id} ({config.mode}) on {server or 'this machine'}")
 
 
 @main.group()

@@ -41,7 +41,8 @@ from retrieval.api import Index
 from retrieval.lexical import LexicalStore
 from sync import crypto
 from sync.keys import WorkspaceKey, load_key
-from sync.store import Store, fid_of
+from sync.sealed_rows import RowSealer
+from sync.store import Store, WorkspaceStore
 from sync.syncer import SyncReport
 from sync.workspace import RepoConfig, codeveil_dir, find_root, load_config, state_path, store_path
 
@@ -239,36 +240,45 @@ def _check_embedded_store(root: Path, config: RepoConfig, key: WorkspaceKey,
                 f.problem = ("was built with another key; import the right one"
                              " (`codeveil key import`)")
                 return
-            by_file = ws.rows_by_file()
+            lost = _files_differing(root, config, key, ws)
     except CodeveilError as exc:
         f.problem = str(exc)
         plan.rebuild_store = f
         return
-    if not _state_readable(root):
-        return
-    lost = _files_differing(root, key, by_file)
     if lost:
         f.problem = (f"holds other chunks than the local state for {len(lost)} files"
                      f" (e.g. {lost[0]})")
         plan.reupload.append(f)
 
 
-def _files_differing(root: Path, key: WorkspaceKey,
-                     by_file: dict[int, tuple[np.ndarray, list[bytes]]]) -> list[str]:
-    """Local files whose chunk ids in the store are not those of their local chunks."""
+def _files_differing(root: Path, config: RepoConfig, key: WorkspaceKey,
+                     ws: WorkspaceStore) -> list[str]:
+    """Local files whose rows in the store are not those of their local chunks: the
+    chunk hashes sealed in each file's rows, against the local chunk table's."""
+    if not _state_readable(root):
+        return []
+    sealer = RowSealer(key, config.workspace_id, config.dim) if config.sealed else None
     out = []
     with _state(root) as local:
-        for path in sorted(local.file_digests()):
-            seen: dict[bytes, int] = {}
-            want = []
-            for c in local.for_file(path):
-                ordinal = seen.get(c.chunk_hash, 0)
-                seen[c.chunk_hash] = ordinal + 1
-                want.append(crypto.chunk_id(key, path, c.chunk_hash, ordinal))
-            have = by_file.get(fid_of(crypto.node_key(key, path)), (None, []))[1]
-            if sorted(have) != sorted(want):
-                out.append(path)
+        paths = sorted(local.file_digests())
+        for start in range(0, len(paths), 512):
+            part = paths[start : start + 512]
+            keys = [crypto.node_key(key, p) for p in part]
+            rows = ws.file_rows(keys)
+            for path, file_key in zip(part, keys, strict=True):
+                want = sorted(c.chunk_hash for c in local.for_file(path))
+                have = sorted(_chunk_hash(sealer, key, config.workspace_id, file_key, r, b)
+                              for r, b in rows.get(file_key, []))
+                if have != want:
+                    out.append(path)
     return out
+
+
+def _chunk_hash(sealer: RowSealer | None, key: WorkspaceKey, workspace_id: str,
+                file_key: bytes, row_id: bytes, blob: bytes) -> bytes:
+    if sealer is not None:
+        return sealer.open(row_id, file_key, blob).meta.chunk_hash
+    return crypto.open_meta(key, workspace_id, row_id, blob).chunk_hash
 
 
 def _check_server(idx: Index, config: RepoConfig, report: DoctorReport, plan: _Plan) -> None:

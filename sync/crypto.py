@@ -4,7 +4,7 @@ Formats. Integers are big-endian; strings are UTF-8 (paths with surrogateescape,
 name a POSIX file system allows round-trips); k_* are sub-keys from sync.keys::
 
     node key    HMAC-SHA256(k_path, path)[:16]                         root: path ""
-    node value  HMAC-SHA256(k_tree, digest)[:16]
+    node value  HMAC-SHA256(k_tree, u32 len(path) || path || digest)[:16]
     chunk id    HMAC-SHA256(k_chunk, u32 len(path) || path
                                      || u16 len(chunk hash) || chunk hash || u32 ordinal)[:16]
 
@@ -156,10 +156,14 @@ def node_key(key: WorkspaceKey, path: str) -> bytes:
     return h.digest()[:KEY_BYTES]
 
 
-def node_value(key: WorkspaceKey, digest: bytes) -> bytes:
-    """The server's value for a Merkle node whose local digest is `digest`."""
+def node_value(key: WorkspaceKey, path: str, digest: bytes) -> bytes:
+    """The server's value for the Merkle node of `path` whose local digest is `digest`.
+
+    Bound to the path: two files (or folders) with equal content get unrelated values,
+    so a private copy of a public file does not show as a repeated value."""
+    raw = _path_bytes(path)
     h = _state(key).tree.copy()
-    h.update(digest)
+    h.update(len(raw).to_bytes(4, "big") + raw + digest)
     return h.digest()[:KEY_BYTES]
 
 
@@ -206,7 +210,7 @@ def _aad(workspace_id: str, chunk: bytes) -> bytes:
     return _VERSION_BYTE + len(ws).to_bytes(2, "big") + ws + chunk
 
 
-def _encode_meta(meta: ChunkMeta) -> bytes:
+def encode_meta(meta: ChunkMeta) -> bytes:
     path = _path_bytes(meta.path)
     symbol = meta.symbol.encode("utf-8", "surrogateescape")
     language = meta.language.encode("utf-8")
@@ -229,7 +233,7 @@ def _encode_meta(meta: ChunkMeta) -> bytes:
     return body + bytes(-len(body) % PAD_TO)
 
 
-def _decode_meta(plain: bytes) -> ChunkMeta:
+def decode_meta(plain: bytes) -> ChunkMeta:
     if len(plain) < _META_HEADER.size:
         raise ValueError("shorter than its header")
     chunk_hash, start, end, n_path, n_symbol, n_language = _META_HEADER.unpack_from(plain)
@@ -249,7 +253,7 @@ def _decode_meta(plain: bytes) -> ChunkMeta:
 def seal_meta(key: WorkspaceKey, workspace_id: str, chunk_id: bytes, meta: ChunkMeta) -> bytes:
     """Encrypt `meta` for the chunk `chunk_id` of `workspace_id` (format: module docstring)."""
     nonce = os.urandom(NONCE_SIZE)
-    sealed = _state(key).aead.encrypt(nonce, _encode_meta(meta), _aad(workspace_id, chunk_id))
+    sealed = _state(key).aead.encrypt(nonce, encode_meta(meta), _aad(workspace_id, chunk_id))
     return _VERSION_BYTE + nonce + sealed
 
 
@@ -273,7 +277,7 @@ def open_meta(key: WorkspaceKey, workspace_id: str, chunk_id: bytes, blob: bytes
             "the store returned a record that was altered or belongs to another chunk"
         ) from None
     try:
-        return _decode_meta(plain)
+        return decode_meta(plain)
     except (ValueError, struct.error) as exc:
         raise MetadataFormatError(f"the metadata of {where} is malformed ({exc})") from None
 

@@ -9,6 +9,7 @@ Terminology
                       tree    node values of the Merkle tree       (sync.crypto.node_value)
                       chunk   chunk ids                            (sync.crypto.chunk_id)
                       meta    AES-256-GCM key of chunk metadata    (sync.crypto.seal_meta)
+                      row     AES-256-GCM key of sealed chunk rows (sync.sealed_rows)
                       vector  rotation, scale and noise of vectors (sync.crypto.VectorCipher)
                       check   the key check, and nothing else
                     The salt is a fixed string, not the workspace id: the workspace key is
@@ -124,6 +125,7 @@ class WorkspaceKey:
         "key_check",
         "meta_key",
         "path_key",
+        "row_key",
         "tree_key",
         "vector_key",
     )
@@ -132,6 +134,7 @@ class WorkspaceKey:
     tree_key: bytes
     chunk_key: bytes
     meta_key: bytes
+    row_key: bytes
     vector_key: bytes
     check_key: bytes
     key_check: bytes
@@ -144,6 +147,7 @@ class WorkspaceKey:
         self.tree_key = _subkey(secret, "tree")
         self.chunk_key = _subkey(secret, "chunk")
         self.meta_key = _subkey(secret, "meta")
+        self.row_key = _subkey(secret, "row")
         self.vector_key = _subkey(secret, "vector")
         self.check_key = _subkey(secret, "check")
         self.key_check = hmac.digest(self.check_key, _CHECK_MESSAGE, "sha256")[:CHECK_SIZE]

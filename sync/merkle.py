@@ -114,7 +114,7 @@ def diff(tree: LocalTree, client: StoreClient, key: WorkspaceKey) -> Diff:
         if root is not None:
             out.delete.append(root.key)
         return out
-    if root is not None and root.value == crypto.node_value(key, tree.dirs[ROOT]):
+    if root is not None and root.value == crypto.node_value(key, ROOT, tree.dirs[ROOT]):
         return out
     touched_dirs: set[str] = set()
     if root is None:
@@ -143,7 +143,7 @@ def diff(tree: LocalTree, client: StoreClient, key: WorkspaceKey) -> Diff:
                     if node.is_dir != tree.is_dir(path):
                         out.delete.append(node.key)
                         out.upload.extend(tree.files_under(path))
-                    elif node.value == crypto.node_value(key, tree.digest(path)):
+                    elif node.value == crypto.node_value(key, path, tree.digest(path)):
                         continue
                     elif node.is_dir:
                         next_frontier.append(path)
@@ -173,7 +173,8 @@ def dir_values(tree: LocalTree, key: WorkspaceKey, dirs: Iterable[str]) -> list[
 
     out = []
     for d in dirs:
-        kids = [(node_key(c), crypto.node_value(key, tree.digest(c))) for c in tree.children[d]]
-        out.append(DirValue(node_key(d), crypto.node_value(key, tree.dirs[d]),
+        kids = [(node_key(c), crypto.node_value(key, c, tree.digest(c)))
+                for c in tree.children[d]]
+        out.append(DirValue(node_key(d), crypto.node_value(key, d, tree.dirs[d]),
                             children_digest(kids)))
     return out

@@ -15,6 +15,10 @@ import numpy as np
 
 KEY_BYTES = 16  # node keys, node values, chunk ids: HMAC-SHA256 truncated to 16 bytes
 
+MODE_SEALED = "sealed"
+MODE_SERVER_SEARCH = "server-search"
+MODES = (MODE_SEALED, MODE_SERVER_SEARCH)
+
 
 @dataclass(frozen=True, slots=True)
 class ChunkRecord:

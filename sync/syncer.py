@@ -4,6 +4,14 @@ Steps: walk (stat only) -> hash files whose stat changed -> local Merkle tree ->
 diff against the store's tree -> for each changed file: chunk, embed (cache), encrypt,
 send in batches -> set directory values. Deleted files go in the first batch.
 
+Two workspace modes (sync.records). Sealed: each row is one envelope holding vector and
+metadata (sync.sealed_rows), search runs on this machine, and a file the store already
+holds but this machine has no vectors for (a teammate's clone, a new laptop) is *pulled*:
+its rows are fetched and opened, and their vectors fill the embedding cache, so only what
+the workspace lacks is embedded. Server-search: rows also carry a distance-preserving
+encrypted vector the server ranks (sync.crypto.VectorCipher). In both, row ids are
+random and fresh on every send.
+
 Searchable while it builds: a thread chunks every changed file ahead of the model and
 writes its chunks to the local chunk table at once, marked pending (the lexical index
 and the path/symbol evidence read that table), while the model embeds them in
@@ -31,17 +39,19 @@ from pathlib import Path
 import numpy as np
 
 from indexer.chunk import Chunk
-from indexer.embed_cache import CachedEmbedder
+from indexer.embed_cache import CachedEmbedder, cache_key
 from indexer.local_chunks import LocalChunks, open_state_db
 from indexer.priority import embed_order
 from indexer.statcache import StatCache, scan
 from indexer.walk import Skipped, SourceFile, read_source, walk_repo
 from sync import crypto
 from sync.client import StoreClient
+from sync.errors import MetadataAuthError, MetadataFormatError
 from sync.keys import WorkspaceKey
 from sync.merkle import Diff, LocalTree, diff, dir_values
 from sync.progress import Progress
 from sync.records import ChunkRecord, FileUpdate
+from sync.sealed_rows import RowSealer, new_row_id
 from sync.wire import LIMITS
 
 log = logging.getLogger(__name__)
@@ -55,6 +65,7 @@ BATCH_FILES = 256
 DELETE_BATCH = 2048
 DIRS_BATCH = 50_000  # directory values per request (the server accepts 100,000)
 WRITE_FILES = 64  # files per local write while chunking ahead of the model
+PULL_FILES = 512  # files per request when pulling rows
 
 
 @dataclass
@@ -68,6 +79,8 @@ class SyncReport:
     chunks_total: int = 0
     chunks_embedded: int = 0
     chunks_from_cache: int = 0
+    #: Chunks whose vectors came from the workspace's sealed rows instead of the model.
+    chunks_pulled: int = 0
     seconds: float = 0.0
     seconds_walk: float = 0.0
     seconds_chunk: float = 0.0
@@ -111,6 +124,8 @@ class _Pending:
     digest: bytes
     chunks: int  # how many; the chunks themselves wait in the local chunk table
     upload: bool
+    # Sealed mode: the store holds this file but this machine needs its vectors.
+    pull: bool = False
 
 
 class Syncer:
@@ -124,17 +139,22 @@ class Syncer:
         key: WorkspaceKey,
         workspace_id: str,
         embedder: CachedEmbedder,
-        cipher: crypto.VectorCipher,
+        cipher: crypto.VectorCipher | None,
         *,
+        sealed: bool = False,
         progress: Progress | None = None,
         max_file_bytes: int = 1_000_000,
     ) -> None:
+        """`cipher` encrypts vectors for server-search; a `sealed` workspace needs none."""
+        if cipher is None and not sealed:
+            raise ValueError("a server-search workspace needs a VectorCipher")
         self.root = root
         self.client = client
         self.key = key
         self.workspace_id = workspace_id
         self.embedder = embedder
         self.cipher = cipher
+        self.sealer = RowSealer(key, workspace_id, embedder.dim) if sealed else None
         self.progress = progress or Progress()
         self.max_file_bytes = max_file_bytes
         self._state_path = state_path
@@ -145,6 +165,10 @@ class Syncer:
     def close(self) -> None:
         self.stat_cache.close()
         self._db.close()
+
+    @property
+    def sealed(self) -> bool:
+        return self.sealer is not None
 
     # -- scan -----------------------------------------------------------------------
 
@@ -188,13 +212,19 @@ class Syncer:
         stale_local = [p for p, d in files.items() if local_digests.get(p) != d]
         gone_local = [p for p in local_digests if p not in files]
         upload = set(plan.upload)
-        todo = embed_order(upload | set(stale_local), self.root)
         report.files_changed = len(upload)
         report.files_deleted = len(gone_local)
         self.local.remove_files(gone_local)
-        # Pending files the store holds all the same: a crash hit between its commit and
-        # ours. (Those it lacks are in `upload` and are sent again.)
-        self.local.mark_stored(self.local.pending_files() - upload)
+        pending = self.local.pending_files()
+        if self.sealed:
+            # Search runs here: a pending file (its vectors not yet here, say a crash cut a
+            # pull short) is done again; the cache makes that cheap.
+            stale_local.extend(sorted(pending & files.keys()))
+        else:
+            # Pending files the store holds all the same: a crash hit between its commit
+            # and ours. (Those it lacks are in `upload` and are sent again.)
+            self.local.mark_stored(pending - upload)
+        todo = embed_order(upload | set(stale_local), self.root)
         self.progress.planned(len(todo), 0)
 
         complete = self._send(todo, upload, files, plan, report)
@@ -294,10 +324,15 @@ class Syncer:
             unwritten: list[tuple[str, bytes, list[Chunk]]] = []
             last_write = time.perf_counter()
 
+            # Sealed: every file read here waits for vectors on this machine (embedded,
+            # or pulled from the store); otherwise only the ones the store lacks.
+            def waits(path: str) -> bool:
+                return self.sealed or path in upload
+
             def write() -> None:
                 nonlocal last_write
-                writer.replace_files([u for u in unwritten if u[0] in upload], pending=True)
-                writer.replace_files([u for u in unwritten if u[0] not in upload])
+                writer.replace_files([u for u in unwritten if waits(u[0])], pending=True)
+                writer.replace_files([u for u in unwritten if not waits(u[0])])
                 unwritten.clear()
                 last_write = time.perf_counter()
 
@@ -317,8 +352,9 @@ class Syncer:
                 if len(unwritten) >= WRITE_FILES or time.perf_counter() - last_write > 0.5:
                     write()
                 report.seconds_chunk += time.perf_counter() - t0
-                batch.append(_Pending(path, source.digest, len(chunks), path in upload))
-                batch_chunks += len(chunks) if path in upload else 0
+                batch.append(_Pending(path, source.digest, len(chunks), path in upload,
+                                      pull=self.sealed and path not in upload))
+                batch_chunks += len(chunks) if waits(path) else 0
                 if batch_chunks >= target or len(batch) >= BATCH_FILES:
                     write()  # a batch is only sent once its chunks are in the table
                     yield batch
@@ -332,15 +368,24 @@ class Syncer:
 
     def _flush(self, batch: list[_Pending], deletes: list[bytes], report: SyncReport) -> None:
         sending = [(p, self.local.for_file(p.path)) for p in batch if p.upload]
-        texts = [c.embed_text for _, chunks in sending for c in chunks]
+        pulling = [(p, self.local.for_file(p.path)) for p in batch if p.pull]
+        pulled = 0
+        if pulling:
+            t0 = time.perf_counter()
+            pulled = self._pull(pulling)
+            report.chunks_pulled += pulled
+            report.seconds_sync += time.perf_counter() - t0
+        texts = [c.embed_text for _, chunks in sending + pulling for c in chunks]
         t0 = time.perf_counter()
+        # Pulled vectors are in the cache now: only what the workspace lacked is embedded.
         result = self.embedder.embed(texts, progress=self.progress.chunks_done)
         report.seconds_embed += time.perf_counter() - t0
         report.chunks_embedded += result.embedded
-        report.chunks_from_cache += result.from_cache
+        report.chunks_from_cache += result.from_cache - pulled
+        n_sending = sum(len(chunks) for _, chunks in sending)
 
         t0 = time.perf_counter()
-        updates = self._updates(sending, result.vectors)
+        updates = self._updates(sending, result.vectors[:n_sending])
         report.seconds_encrypt += time.perf_counter() - t0
         t0 = time.perf_counter()
         for start in range(0, max(len(deletes), 1), DELETE_BATCH):
@@ -350,49 +395,110 @@ class Syncer:
                 self.client.apply(first, part)
         # Pending until the server holds them: a crash before this re-sends them (the
         # server's tree, not this mark, decides what is sent).
-        self.local.mark_stored([p.path for p, _ in sending])
+        self.local.mark_stored([p.path for p, _ in sending + pulling])
         report.seconds_sync += time.perf_counter() - t0
         report._rate()
         self.progress.files_done(len(batch))
         self.progress.stages(report.stages(), report.embed_chunks_per_s)
 
+    def _pull(self, pulling: list[tuple[_Pending, list[Chunk]]]) -> int:
+        """Fill the embedding cache from the store's sealed rows of files it already
+        holds, for the chunks the cache lacks. Returns how many chunks it filled."""
+        assert self.sealer is not None
+        cache, model_id = self.embedder.cache, self.embedder.model_id
+        keyed = [(p, [(cache_key(model_id, c.embed_text), c) for c in chunks])
+                 for p, chunks in pulling]
+        have = cache.get_many([k for _, kc in keyed for k, _ in kc], self.embedder.dim)
+        # file key -> (path, the chunks whose vectors the cache lacks)
+        wanted: dict[bytes, tuple[str, list[tuple[bytes, Chunk]]]] = {}
+        for p, kc in keyed:
+            lacking = [(k, c) for k, c in kc if k not in have]
+            if lacking:
+                wanted[crypto.node_key(self.key, p.path)] = (p.path, lacking)
+        filled: list[tuple[bytes, np.ndarray]] = []
+        file_keys = list(wanted)
+        for start in range(0, len(file_keys), PULL_FILES):
+            answer = self.client.file_rows(file_keys[start : start + PULL_FILES])
+            for file_key, rows in answer.items():
+                if file_key in wanted:
+                    filled.extend(self._open_rows(file_key, rows, *wanted[file_key]))
+        cache.put_many(filled)
+        return len(filled)
+
+    def _open_rows(self, file_key: bytes, rows: list[tuple[bytes, bytes]], path: str,
+                   chunks: list[tuple[bytes, Chunk]]) -> list[tuple[bytes, np.ndarray]]:
+        """(cache key, vector) for each local chunk a row of `path` holds the vector of.
+
+        A row that does not open, or opens to another file's chunk, is a store that
+        returned something it was not given: it is reported and its chunk embedded here."""
+        assert self.sealer is not None
+        by_chunk: dict[tuple[bytes, str], np.ndarray] = {}
+        for row_id, blob in rows:
+            try:
+                opened = self.sealer.open(row_id, file_key, blob)
+            except (MetadataAuthError, MetadataFormatError) as exc:
+                log.warning("ignoring a row of %s the store returned: %s", path, exc)
+                continue
+            if opened.meta.path != path:
+                log.warning("ignoring a row the store returned for %s: it belongs to %s",
+                            path, opened.meta.path)
+                continue
+            by_chunk[(opened.meta.chunk_hash, opened.meta.symbol)] = opened.vector
+        out = []
+        for key, c in chunks:
+            vector = by_chunk.get((c.chunk_hash, c.symbol))
+            if vector is not None:
+                out.append((key, vector))
+        return out
+
     def _updates(self, sending: list[tuple[_Pending, list[Chunk]]],
                  vectors: np.ndarray) -> list[FileUpdate]:
-        ids: list[bytes] = []
-        metas: list[bytes] = []
+        row_ids: list[bytes] = []
+        noise_ids: list[bytes] = []
+        metas: list[crypto.ChunkMeta] = []
         for p, chunks in sending:
             seen: dict[bytes, int] = {}
             for c in chunks:
                 h = c.chunk_hash
                 ordinal = seen.get(h, 0)
                 seen[h] = ordinal + 1
-                cid = crypto.chunk_id(self.key, p.path, h, ordinal)
-                ids.append(cid)
-                meta = crypto.ChunkMeta(
+                row_ids.append(new_row_id())
+                # A server-search vector's noise stays a function of the chunk: a re-sent
+                # chunk under fresh noise would let the server average the noise away.
+                noise_ids.append(crypto.chunk_id(self.key, p.path, h, ordinal))
+                metas.append(crypto.ChunkMeta(
                     path=p.path, start_line=c.start_line, end_line=c.end_line,
                     symbol=c.symbol, language=c.language, chunk_hash=h,
-                )
-                metas.append(crypto.seal_meta(self.key, self.workspace_id, cid, meta))
-        enc = self.cipher.encrypt(vectors, ids) if ids else vectors
+                ))
         updates: list[FileUpdate] = []
         row = 0
         for p, chunks in sending:
             n = len(chunks)
-            records = tuple(
-                ChunkRecord(ids[row + i], enc[row + i], metas[row + i]) for i in range(n)
-            )
+            file_key = crypto.node_key(self.key, p.path)
+            rows = range(row, row + n)
             row += n
-            updates.append(
-                FileUpdate(
-                    file_key=crypto.node_key(self.key, p.path),
-                    ancestors=tuple(
-                        crypto.node_key(self.key, a) for a in _ancestors(p.path)
-                    ),
-                    value=crypto.node_value(self.key, p.digest),
-                    chunks=records,
-                )
-            )
+            updates.append(FileUpdate(
+                file_key=file_key,
+                ancestors=tuple(crypto.node_key(self.key, a) for a in _ancestors(p.path)),
+                value=crypto.node_value(self.key, p.path, p.digest),
+                chunks=self._records(file_key, [row_ids[i] for i in rows],
+                                     [noise_ids[i] for i in rows], [metas[i] for i in rows],
+                                     vectors[row - n : row]),
+            ))
         return updates
+
+    def _records(self, file_key: bytes, row_ids: list[bytes], noise_ids: list[bytes],
+                 metas: list[crypto.ChunkMeta], vectors: np.ndarray) -> tuple[ChunkRecord, ...]:
+        if not row_ids:
+            return ()
+        if self.sealer is not None:
+            return tuple(ChunkRecord(rid, None, self.sealer.seal(rid, file_key, meta, vec))
+                         for rid, meta, vec in zip(row_ids, metas, vectors, strict=True))
+        assert self.cipher is not None
+        enc = self.cipher.encrypt(vectors, noise_ids)
+        return tuple(
+            ChunkRecord(rid, enc[i], crypto.seal_meta(self.key, self.workspace_id, rid, meta))
+            for i, (rid, meta) in enumerate(zip(row_ids, metas, strict=True)))
 
 
 def _ancestors(path: str) -> list[str]:

@@ -4,7 +4,8 @@ Layout of `.codeveil/` inside an indexed folder::
 
     .codeveil/
       .gitignore        "*": the folder never enters git
-      config.json       format version, workspace id, server URL (or none), model id, dim
+      config.json       format version, workspace id, server URL (or none), model id, dim,
+                        mode ("sealed", or "server-search": see docs/threat-model.md)
       init.lock         empty; flock'ed while the folder is being set up
       state.sqlite      client state: stat cache, local chunks (holds code; never sent)
       store/            the embedded store (only without a server): ciphertext only
@@ -27,6 +28,7 @@ from indexer.errors import CodeveilError
 from indexer.paths import config_dir
 from indexer.private_files import private_dir
 from sync.errors import SyncError
+from sync.records import MODE_SEALED, MODE_SERVER_SEARCH, MODES
 
 try:
     import fcntl
@@ -57,6 +59,14 @@ class RepoConfig:
     dim: int
     server: str | None = None
     version: int = CONFIG_VERSION
+    # Written by every codeveil that knows modes; a config without one is older than
+    # sealed mode, so its workspace ranks on the server.
+    mode: str = MODE_SERVER_SEARCH
+
+    @property
+    def sealed(self) -> bool:
+        """True when the server stores only sealed rows and search runs here."""
+        return self.mode == MODE_SEALED
 
 
 def find_root(start: Path) -> Path:
@@ -99,6 +109,7 @@ def load_config(root: Path) -> RepoConfig:
     if missing:
         raise ConfigError(f"{path} lacks the field {missing[0]!r}; {_CONFIG_ADVICE}")
     ws, model, dim, server = raw["workspace_id"], raw["model_id"], raw["dim"], raw.get("server")
+    mode = raw.get("mode", MODE_SERVER_SEARCH)
     # Checked here, so a hand-edited value is reported as the setting it is, not as
     # whatever error it would cause further on.
     if not isinstance(ws, str) or not _WORKSPACE_ID.match(ws):
@@ -117,7 +128,10 @@ def load_config(root: Path) -> RepoConfig:
             f"{path}: server {server!r} is not an http(s) URL; fix it, or run"
             " `codeveil init --server URL` again"
         )
-    return RepoConfig(workspace_id=ws, model_id=model, dim=dim, server=server)
+    if mode not in MODES:
+        raise ConfigError(f"{path}: mode {mode!r} is not one of {', '.join(MODES)};"
+                          f" {_CONFIG_ADVICE}")
+    return RepoConfig(workspace_id=ws, model_id=model, dim=dim, server=server, mode=mode)
 
 
 def _make_dir(root: Path) -> Path:

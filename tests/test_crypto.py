@@ -65,7 +65,15 @@ def test_node_key_is_the_documented_hmac() -> None:
 
 
 def test_node_value_is_the_documented_hmac() -> None:
-    assert node_value(KEY, HASH) == hmac.new(KEY.tree_key, HASH, "sha256").digest()[:16]
+    message = struct.pack(">I", 8) + b"src/a.py" + HASH
+    expected = hmac.new(KEY.tree_key, message, "sha256").digest()[:16]
+    assert node_value(KEY, "src/a.py", HASH) == expected
+
+
+def test_equal_content_at_two_paths_gets_unrelated_values() -> None:
+    assert node_value(KEY, "vendor/a.py", HASH) != node_value(KEY, "src/a.py", HASH)
+    # Length-prefixed: the split between path and digest is unambiguous.
+    assert node_value(KEY, "a", b"b" + HASH) != node_value(KEY, "ab", HASH)
 
 
 def test_chunk_id_is_the_documented_hmac() -> None:
@@ -80,14 +88,14 @@ def test_names_are_pinned() -> None:
     """A change here silently orphans every stored tree and chunk."""
     assert node_key(KEY, "").hex() == "c8927cf1eb3d39549f03090c5c3244ab"
     assert node_key(KEY, "src/a.py").hex() == "20e4390202ecec20614391316b769676"
-    assert node_value(KEY, HASH).hex() == "25fe6460af518d4263bc61233d0bf5c6"
+    assert node_value(KEY, "src/a.py", HASH).hex() == "50122055518929c9b3f9c6d698ebdec1"
     assert chunk_id(KEY, "src/a.py", HASH, 0).hex() == "81f5386968a740cb75930ec688796965"
 
 
 def test_names_are_deterministic_and_16_bytes() -> None:
     assert node_key(KEY, "a/b.py") == node_key(WorkspaceKey(bytes(range(32))), "a/b.py")
     assert chunk_id(KEY, "a.py", HASH, 2) == chunk_id(KEY, "a.py", HASH, 2)
-    for value in (node_key(KEY, "a"), node_value(KEY, b"d"), chunk_id(KEY, "a", HASH, 0)):
+    for value in (node_key(KEY, "a"), node_value(KEY, "a", b"d"), chunk_id(KEY, "a", HASH, 0)):
         assert isinstance(value, bytes) and len(value) == 16
 
 
@@ -105,9 +113,9 @@ def test_names_are_distinct() -> None:
 
 
 def test_names_differ_by_sub_key_and_by_workspace_key() -> None:
-    assert node_key(KEY, "x") != node_value(KEY, b"x")
+    assert node_key(KEY, "x") != node_value(KEY, "", b"x")
     assert node_key(KEY, "a.py") != node_key(OTHER, "a.py")
-    assert node_value(KEY, HASH) != node_value(OTHER, HASH)
+    assert node_value(KEY, "a", HASH) != node_value(OTHER, "a", HASH)
     assert chunk_id(KEY, "a.py", HASH, 0) != chunk_id(OTHER, "a.py", HASH, 0)
 
 

@@ -1,0 +1,116 @@
+"""Sealed chunk rows: the one thing a sealed workspace's server stores per chunk.
+
+A sealed row is an AES-256-GCM envelope holding the chunk's vector and its metadata. The
+server cannot compare two rows, rank them, or tell what either holds; it keeps them so
+that a teammate or a new machine can pull the vectors instead of embedding again::
+
+    row id      16 random bytes, fresh every time a file is sent: ids carry no order and
+                do not survive an edit, so the server learns which file changed, never
+                which of its chunks.
+    envelope    version (1 byte, 0x02) || nonce (12) || ciphertext || tag (16)
+        AES-256-GCM under k_row with a random nonce
+        associated data  version || u16 len(workspace id) || workspace id || row id
+                         || file key (16)
+        plaintext        u16 dim || vector as little-endian float16 (2 * dim bytes)
+                         || the metadata encoding of sync.crypto (padded to 32 bytes)
+
+The associated data binds a row to its workspace, its id and the file it was sent with,
+so a server that moves a row to another file, chunk or workspace makes it fail to open.
+A puller also checks that the opened path is the file it asked for.
+
+float16 halves the row. Measured on 20,000 real all-MiniLM-L6-v2 embeddings of code
+(components below 0.3 in size): the cosine between a vector and its float16 copy is at
+least 0.9999998, and for 500 of them as queries against the other 19,500, the top-10
+neighbours are 99.98% the same (98.6% of lists in the very same order).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from sync.crypto import NONCE_SIZE, TAG_SIZE, ChunkMeta, decode_meta, encode_meta
+from sync.errors import MetadataAuthError, MetadataFormatError
+from sync.keys import WorkspaceKey
+from sync.records import KEY_BYTES
+
+ROW_VERSION = 2  # 1 is sync.crypto's metadata envelope: the two never pass for each other
+_VERSION_BYTE = bytes([ROW_VERSION])
+_DIM = struct.Struct("<H")
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRow:
+    """A sealed row, opened: where the chunk lives and its plain vector (float32)."""
+
+    meta: ChunkMeta
+    vector: np.ndarray
+
+
+def new_row_id() -> bytes:
+    return os.urandom(KEY_BYTES)
+
+
+def _aad(workspace_id: str, row_id: bytes, file_key: bytes) -> bytes:
+    ws = workspace_id.encode("utf-8")
+    return _VERSION_BYTE + len(ws).to_bytes(2, "big") + ws + row_id + file_key
+
+
+class RowSealer:
+    """Seals and opens the rows of one workspace (the AEAD is keyed once)."""
+
+    def __init__(self, key: WorkspaceKey, workspace_id: str, dim: int) -> None:
+        if not 1 <= dim <= 0xFFFF:
+            raise ValueError(f"dim must be in 1..65535, not {dim}")
+        self._aead = AESGCM(key.row_key)
+        self.workspace_id = workspace_id
+        self.dim = dim
+
+    def seal(self, row_id: bytes, file_key: bytes, meta: ChunkMeta,
+             vector: np.ndarray) -> bytes:
+        vec = np.asarray(vector, dtype="<f2").reshape(-1)
+        if vec.shape[0] != self.dim:
+            raise ValueError(f"expected a vector of {self.dim} values, got {vec.shape[0]}")
+        plain = _DIM.pack(self.dim) + vec.tobytes() + encode_meta(meta)
+        nonce = os.urandom(NONCE_SIZE)
+        sealed = self._aead.encrypt(nonce, plain, _aad(self.workspace_id, row_id, file_key))
+        return _VERSION_BYTE + nonce + sealed
+
+    def open(self, row_id: bytes, file_key: bytes, blob: bytes) -> OpenRow:
+        """Decrypt and check a row sealed by `seal` for the same workspace, id and file."""
+        where = f"row {row_id.hex()} of workspace {self.workspace_id}"
+        if len(blob) < 1 + NONCE_SIZE + TAG_SIZE:
+            raise MetadataAuthError(f"{where} is truncated ({len(blob)} bytes)")
+        if blob[0] != ROW_VERSION:
+            raise MetadataFormatError(
+                f"{where} has envelope version {blob[0]}, not a sealed row ({ROW_VERSION}):"
+                " the workspace is not sealed, or this codeveil is older than the one that"
+                " wrote it"
+            )
+        try:
+            plain = self._aead.decrypt(blob[1 : 1 + NONCE_SIZE], blob[1 + NONCE_SIZE :],
+                                       _aad(self.workspace_id, row_id, file_key))
+        except InvalidTag:
+            raise MetadataAuthError(
+                f"{where} does not authenticate: the workspace key is wrong, or the store"
+                " returned a row that was altered or belongs to another file or chunk"
+            ) from None
+        try:
+            return self._decode(plain)
+        except (ValueError, struct.error) as exc:
+            raise MetadataFormatError(f"{where} is malformed ({exc})") from None
+
+    def _decode(self, plain: bytes) -> OpenRow:
+        (dim,) = _DIM.unpack_from(plain)
+        if dim != self.dim:
+            raise ValueError(f"it holds a vector of {dim} values, the workspace's are {self.dim}")
+        end = _DIM.size + 2 * dim
+        vector = np.frombuffer(plain[_DIM.size : end], dtype="<f2").astype(np.float32)
+        if not np.all(np.isfinite(vector)):
+            raise ValueError("its vector is not finite")
+        return OpenRow(decode_meta(plain[end:]), vector)
