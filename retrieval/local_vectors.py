@@ -164,6 +164,19 @@ class _Docs:
         return LexDoc(self.paths[self.path_id[i]], int(self.lines[i, 0]), int(self.lines[i, 1]),
                       sym, self.languages[self.lang_id[i]], self.hashes[i].tobytes())
 
+    def docs(self, rows: np.ndarray) -> list[LexDoc]:
+        """`doc(i)` of each of `rows`, with the columns read once (a filtered search
+        looks at thousands)."""
+        blob = self.sym_blob.tobytes()
+        starts, ends = self.sym_ptr[rows].tolist(), self.sym_ptr[rows + 1].tolist()
+        hashes = self.hashes[rows].tobytes()
+        paths, langs = self.paths, self.languages
+        return [LexDoc(paths[p], s, e, blob[a:b].decode("utf-8"), langs[lg],
+                       hashes[16 * j : 16 * j + 16])
+                for j, (p, (s, e), lg, a, b) in enumerate(zip(
+                    self.path_id[rows].tolist(), self.lines[rows].tolist(),
+                    self.lang_id[rows].tolist(), starts, ends, strict=True))]
+
     def rows_of(self, paths: set[str]) -> np.ndarray:
         """bool [n]: the rows of chunks of `paths`."""
         if not paths or not len(self):
@@ -281,14 +294,14 @@ class LocalVectorIndex:
             return []
         scores = self.scores(q)
         if keep is None:
-            return [(self.doc(i), float(scores[i])) for i in _best(scores, min(n, self.count))]
+            best = _best(scores, min(n, self.count))
+            return list(zip(self.docs(best), scores[best].tolist(), strict=True))
         out: list[tuple[LexDoc, float]] = []
         seen = 0
         width = min(self.count, max(4 * n, 64))
         while True:
             order = _best(scores, width)
-            for i in order[seen:]:
-                doc = self.doc(int(i))
+            for i, doc in zip(order[seen:].tolist(), self.docs(order[seen:]), strict=True):
                 if keep(doc):
                     out.append((doc, float(scores[i])))
                     if len(out) == n:
@@ -296,7 +309,10 @@ class LocalVectorIndex:
             seen = len(order)
             if width >= self.count:
                 return out
-            width = min(self.count, width * 4)
+            # Widen by what the share kept so far says is needed, with a margin; each
+            # look costs a LexDoc and a call, so overshooting by 4x is what hurts.
+            need = (n - len(out)) * seen / max(len(out), 1)
+            width = min(self.count, max(2 * width, seen + int(1.5 * need)))
 
     def scores(self, query: np.ndarray) -> np.ndarray:
         """float32 [rows]: the cosine of each row with a unit `query`; masked rows -inf."""
@@ -312,6 +328,22 @@ class LocalVectorIndex:
     def doc(self, i: int) -> LexDoc:
         nb = len(self.base)
         return self.base_docs.doc(i) if i < nb else self.delta_docs.doc(i - nb)
+
+    def docs(self, rows: np.ndarray) -> list[LexDoc]:
+        """`doc(i)` of each of `rows`, in order."""
+        nb = len(self.base)
+        rows = np.asarray(rows, dtype=np.int64)
+        in_base = rows < nb
+        if in_base.all():
+            return self.base_docs.docs(rows)
+        out: list[LexDoc] = [None] * len(rows)  # type: ignore[list-item]
+        for at, doc in zip(np.flatnonzero(in_base).tolist(),
+                           self.base_docs.docs(rows[in_base]), strict=True):
+            out[at] = doc
+        for at, doc in zip(np.flatnonzero(~in_base).tolist(),
+                           self.delta_docs.docs(rows[~in_base] - nb), strict=True):
+            out[at] = doc
+        return out
 
     def _query(self, query: np.ndarray) -> np.ndarray:
         q = np.asarray(query, dtype=np.float32).reshape(-1)
