@@ -17,6 +17,13 @@ surviving row to a fragment of its own, so the fragment with the deletions has a
 neighbour to be merged with. (In a table past a million rows a large fragment with few
 deletions is left as it is until they pass 10%.)
 
+The cost: below a million rows the table is one fragment, so a purge rewrites all of it,
+once per apply that deleted rows (a first index deletes none and pays nothing). Measured
+on 2 busy cores, one file of 10 chunks replaced: sealed rows of 1.8 KB, 62 ms at 10,000
+rows (19 MB) and 208 ms at 50,000 (94 MB); server-search at dim 384, 39 ms and 146 ms.
+A server-search workspace's search snapshot holds its rows' metadata too; it is
+rewritten on its own schedule (sync.store), at the latest when the store closes.
+
 The removal runs under the writer's flock. A reader in another process that reads the
 table without it (a search catching its index up while a writer is busy) may find a
 version gone; it reads again under the flock (sync.store).
