@@ -27,6 +27,7 @@ hangs under another parent than drawn::
     │   │   ├── StoreCorrupt                      a damaged store file: which, what to do (503)
     │   │   ├── WorkspaceNotFound                 no such workspace (404)
     │   │   ├── WorkspaceExists                   the id is taken (409)
+    │   │   ├── SealedWorkspaceError              search asked of a sealed workspace (409)
     │   │   └── AuthError                         no or wrong token (401)
     │   │       └── PermissionDenied              a token of another workspace (403)
     │   ├── SnapshotError       (sync.vector_index)  a search snapshot that cannot be used

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from sync.records import DirValue, FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
+from sync.records import DirValue, FileRows, FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
 
 
 @dataclass
@@ -57,7 +57,15 @@ class StoreClient(Protocol):
         ...
 
     def search(self, vector: np.ndarray, k: int) -> list[SearchHit]:
-        """The k stored chunks nearest to an encrypted query vector."""
+        """The k stored chunks nearest to an encrypted query vector. SealedWorkspaceError
+        (sync.wire) in a sealed workspace: there, search runs on the client."""
+        ...
+
+    def file_rows(self, file_keys: list[bytes]) -> FileRows:
+        """(chunk id, meta) of each row of each file, in the order the rows were sent,
+        for every key that is a committed leaf of the tree; [] for a key that is unknown,
+        pending or a directory. Works in both modes; a long list is sent in several
+        calls (`Limits.max_row_files`, `Limits.max_row_bytes`)."""
         ...
 
     def verify(self) -> None:

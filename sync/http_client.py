@@ -27,19 +27,31 @@ import numpy as np
 
 from sync.client import TransferStats
 from sync.errors import SyncError
-from sync.records import DirValue, FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
+from sync.records import (
+    MODE_SERVER_SEARCH,
+    DirValue,
+    FileRows,
+    FileUpdate,
+    NodeInfo,
+    SearchHit,
+    WorkspaceInfo,
+)
 from sync.wire import (
     API_PREFIX,
     ERRORS_BY_STATUS,
     LIMITS,
     AuthError,
     BadRequest,
+    SealedWorkspaceError,
+    StoreError,
     b64decode,
     b64encode,
     encode_vector,
+    gather_rows,
     hit_from_json,
     info_from_json,
     node_from_json,
+    rows_from_json,
     update_to_json,
 )
 
@@ -98,10 +110,12 @@ class HttpClient:
         dim: int,
         model_id: str,
         key_check: bytes,
+        mode: str = MODE_SERVER_SEARCH,
         timeout: float = DEFAULT_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
     ) -> str:
-        """Create `workspace_id` on the server at `base_url`; returns its bearer token.
+        """Create `workspace_id` of `mode` on the server at `base_url`; returns its
+        bearer token.
 
         The server keeps only a hash of the token: this is the one time it is seen.
         """
@@ -110,6 +124,7 @@ class HttpClient:
             "model_id": model_id,
             "key_check": _encode(b64encode, key_check, "key_check"),
             "workspace_id": workspace_id,
+            "mode": mode,
         }
         # A server started with an admin token wants it for this (and only this) call.
         admin = os.environ.get("CODEVEIL_ADMIN_TOKEN", "").strip() or None
@@ -162,8 +177,16 @@ class HttpClient:
         except TypeError:
             k_json = k  # let the server say what is wrong with it
         payload = {"vector": _encode(encode_vector, vector, "vector"), "k": k_json}
-        answer = self._request("POST", "/search", payload)
+        # 409 here is the workspace's mode, not a taken id.
+        answer = self._request("POST", "/search", payload, conflict=SealedWorkspaceError)
         return _field(answer, lambda a: [hit_from_json(h) for h in a["hits"]])
+
+    def file_rows(self, file_keys: list[bytes]) -> FileRows:
+        def fetch(part: list[bytes]) -> FileRows:
+            payload = {"files": [_encode(b64encode, k, "files") for k in part]}
+            return _field(self._request("POST", "/rows", payload), rows_from_json)
+
+        return gather_rows(file_keys, LIMITS.max_row_files, fetch)
 
     def verify(self) -> None:
         """Nothing to ask: a server with damaged files answers 503 to every request."""
@@ -180,11 +203,12 @@ class HttpClient:
     # -- plumbing ---------------------------------------------------------------------
 
     def _request(
-        self, method: str, path: str, payload: dict[str, Any] | None = None
+        self, method: str, path: str, payload: dict[str, Any] | None = None,
+        *, conflict: type[StoreError] | None = None,
     ) -> dict[str, Any]:
         return _call(
             self._http, self.base_url, method, self._path + path, payload,
-            stats=self.stats, max_body_bytes=self.max_body_bytes,
+            stats=self.stats, max_body_bytes=self.max_body_bytes, conflict=conflict,
         )
 
 
@@ -219,7 +243,9 @@ def _call(
     *,
     stats: TransferStats | None = None,
     max_body_bytes: int = LIMITS.max_body_bytes,
+    conflict: type[StoreError] | None = None,
 ) -> dict[str, Any]:
+    """One request; `conflict` is the error a 409 stands for on this route."""
     content = None
     if payload is not None:
         content = json.dumps(payload, separators=(",", ":")).encode()
@@ -253,7 +279,7 @@ def _call(
     status = response.status_code
     if status >= 400:
         message = _error_message(response)
-        known = ERRORS_BY_STATUS.get(status)
+        known = conflict if status == 409 and conflict else ERRORS_BY_STATUS.get(status)
         if known is not None:
             raise known(message)
         if status in (502, 503, 504):

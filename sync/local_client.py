@@ -13,8 +13,17 @@ import os
 import numpy as np
 
 from sync.client import TransferStats
-from sync.records import DirValue, FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
+from sync.records import (
+    MODE_SERVER_SEARCH,
+    DirValue,
+    FileRows,
+    FileUpdate,
+    NodeInfo,
+    SearchHit,
+    WorkspaceInfo,
+)
 from sync.store import Store, WorkspaceStore
+from sync.wire import gather_rows
 
 
 class LocalClient:
@@ -51,8 +60,10 @@ class LocalClient:
         dim: int,
         model_id: str,
         key_check: bytes,
+        mode: str = MODE_SERVER_SEARCH,
     ) -> LocalClient:
-        """Create a workspace (in `store`, a Store or a data dir) and return its client.
+        """Create a workspace of `mode` (in `store`, a Store or a data dir) and return
+        its client.
 
         WorkspaceExists if `workspace_id` is taken. The bearer token a server would hand
         out is not needed in-process and is dropped.
@@ -61,7 +72,7 @@ class LocalClient:
         opened = store if isinstance(store, Store) else Store(store)
         try:
             workspace_id, _token = opened.create_workspace(
-                dim, model_id, key_check, workspace_id=workspace_id
+                dim, model_id, key_check, workspace_id=workspace_id, mode=mode
             )
             client = cls(opened, workspace_id)
         except BaseException:
@@ -100,6 +111,13 @@ class LocalClient:
     def search(self, vector: np.ndarray, k: int) -> list[SearchHit]:
         self.stats.requests += 1
         return self._ws.search(vector, k)
+
+    def file_rows(self, file_keys: list[bytes]) -> FileRows:
+        def fetch(part: list[bytes]) -> FileRows:
+            self.stats.requests += 1
+            return self._ws.file_rows(part)
+
+        return gather_rows(file_keys, self._store.limits.max_row_files, fetch)
 
     def verify(self) -> None:
         self._ws.verify()

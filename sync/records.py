@@ -15,6 +15,10 @@ import numpy as np
 
 KEY_BYTES = 16  # node keys, node values, chunk ids: HMAC-SHA256 truncated to 16 bytes
 
+# What a workspace's rows hold. "sealed": each row is a chunk id and one envelope (vector
+# and metadata sealed together); the server stores and returns rows and ranks nothing, the
+# client searches. "server-search": each row also holds a distance-preserving encrypted
+# vector that the server ranks. Workspaces created before modes existed are server-search.
 MODE_SEALED = "sealed"
 MODE_SERVER_SEARCH = "server-search"
 MODES = (MODE_SEALED, MODE_SERVER_SEARCH)
@@ -22,10 +26,12 @@ MODES = (MODE_SEALED, MODE_SERVER_SEARCH)
 
 @dataclass(frozen=True, slots=True)
 class ChunkRecord:
-    """One encrypted chunk: keyed id, encrypted vector, sealed metadata."""
+    """One encrypted chunk: keyed id, encrypted vector (server-search workspaces only),
+    sealed metadata (in a sealed workspace, the envelope of vector and metadata)."""
 
     chunk_id: bytes  # 16 bytes
-    vector: np.ndarray  # float32, shape (dim,): distance-comparison-preserving ciphertext
+    # float32, shape (dim,): distance-comparison-preserving ciphertext; None when sealed
+    vector: np.ndarray | None
     meta: bytes  # AES-256-GCM envelope (see sync.crypto)
 
 
@@ -87,6 +93,10 @@ class SearchHit:
     meta: bytes
 
 
+# file key -> [(chunk id, meta)] of its rows, in the order they were sent (`file_rows`)
+FileRows = dict[bytes, list[tuple[bytes, bytes]]]
+
+
 @dataclass(frozen=True, slots=True)
 class WorkspaceInfo:
     workspace_id: str
@@ -96,3 +106,4 @@ class WorkspaceInfo:
     chunks: int = 0
     nodes: int = 0
     extra: dict = field(default_factory=dict)
+    mode: str = MODE_SERVER_SEARCH  # one of MODES

@@ -2,16 +2,21 @@
 
     GET  /v1/health                                  readiness; no token
     POST /v1/workspaces                              create: {dim, model_id, key_check,
-                                                     workspace_id?} -> {workspace_id, token}
+                                                     workspace_id?, mode?} -> {workspace_id,
+                                                     token}; mode "sealed" or
+                                                     "server-search" (the default)
     GET  /v1/workspaces/{id}                         WorkspaceInfo
     GET  /v1/workspaces/{id}/tree/root               {node: Node | null}
     POST /v1/workspaces/{id}/tree/children           {keys: [key]} -> {children: {key: [Node]}}
     POST /v1/workspaces/{id}/tree/dirs               {values: [[key, value, children]]}
     POST /v1/workspaces/{id}/apply                   {updates: [{file_key, ancestors, value,
                                                      chunks: [{chunk_id, vector, meta}]}],
-                                                     deletes: [key]}
+                                                     deletes: [key]}; no vector when sealed
     POST /v1/workspaces/{id}/search                  {vector, k} -> {hits: [{chunk_id,
-                                                     distance, meta}]}
+                                                     distance, meta}]}; 409 when sealed
+    POST /v1/workspaces/{id}/rows                    {files: [key]} -> {files: {key:
+                                                     [[chunk_id, meta]]}}; keys past the
+                                                     answer's size bound are left out
 
 Node = {key, value (null while pending), is_dir}. Bytes are base64url without padding and
 vectors base64url of little-endian float32 (sync.wire). Every route under a workspace
@@ -53,7 +58,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from indexer.errors import CodeveilError
 from indexer.sqlite_files import CorruptFileError
-from sync.records import KEY_BYTES, ChunkRecord, FileUpdate
+from sync.records import KEY_BYTES, MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
 from sync.store import Store, WorkspaceStore
 from sync.wire import (
     API_PREFIX,
@@ -67,6 +72,7 @@ from sync.wire import (
     hit_to_json,
     info_to_json,
     node_to_json,
+    rows_to_json,
 )
 
 log = logging.getLogger("sync.server")  # not __name__: "__main__" under -m
@@ -110,11 +116,12 @@ class CreateWorkspaceBody(_Body):
     model_id: str
     key_check: Bytes
     workspace_id: str | None = None
+    mode: str = MODE_SERVER_SEARCH  # the store refuses an unknown one by name (400)
 
 
 class ChunkBody(_Body):
     chunk_id: Key
-    vector: Vector
+    vector: Vector | None = None  # absent (or null) in a sealed workspace
     meta: Bytes
 
 
@@ -141,6 +148,10 @@ class DirValuesBody(_Body):
 class SearchBody(_Body):
     vector: Vector
     k: int
+
+
+class RowsBody(_Body):
+    files: list[Key] = Field(max_length=LIMITS.max_row_files)
 
 
 def _describe(exc: ValidationError) -> tuple[int, str]:
@@ -190,7 +201,7 @@ def _creator(admin_token: str | None, max_workspaces: int | None) -> Handler:
         req = CreateWorkspaceBody.model_validate_json(body)
         workspace_id, token = store.create_workspace(
             req.dim, req.model_id, req.key_check, workspace_id=req.workspace_id,
-            max_workspaces=max_workspaces,
+            mode=req.mode, max_workspaces=max_workspaces,
         )
         return 201, {"workspace_id": workspace_id, "token": token}
 
@@ -246,6 +257,12 @@ def _search(store: Store, ws: str, auth: str | None, body: bytes) -> tuple[int, 
     workspace = _authorized(store, ws, auth)
     req = SearchBody.model_validate_json(body)
     return 200, {"hits": [hit_to_json(h) for h in workspace.search(req.vector, req.k)]}
+
+
+def _rows(store: Store, ws: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+    workspace = _authorized(store, ws, auth)
+    req = RowsBody.model_validate_json(body)
+    return 200, rows_to_json(workspace.file_rows(req.files))
 
 
 # -- middleware -------------------------------------------------------------------------
@@ -488,6 +505,7 @@ def create_app(
     route("POST", ws + "/tree/dirs", _dirs, DirValuesBody)
     route("POST", ws + "/apply", _apply, ApplyBody)
     route("POST", ws + "/search", _search, SearchBody)
+    route("POST", ws + "/rows", _rows, RowsBody)
 
     @app.exception_handler(StoreError)
     async def store_error(_request: Request, exc: StoreError) -> JSONResponse:

@@ -7,11 +7,11 @@ the only cleartext is each workspace's dim, model id and creation time.
 Layout::
 
     DATA/registry.sqlite                     workspaces: id, sha256(token), dim, model id,
-                                             key check, created_at
+                                             key check, created_at, mode
     DATA/workspaces/<id>/tree.sqlite         the Merkle tree: nodes(key, parent, value,
                                              is_dir), and two counters (generation, next_rid)
     DATA/workspaces/<id>/chunks.lance/       LanceDB table of chunk rows: rid, chunk_id, fid,
-                                             vector, meta
+                                             vector (server-search mode only), meta
     DATA/workspaces/<id>/writer.lock         empty; flock'ed by the writing process
     DATA/workspaces/<id>/search.index        snapshot of the search index and its rows
                                              (sync.vector_index), and its generation
@@ -26,6 +26,11 @@ step starts. With NORMAL a power cut could lose the step-1 commit (the pending m
 while LanceDB kept the step-2 rows, and an old leaf value would then claim content the
 store no longer has. FULL costs one fsync per step, i.e. two per apply batch. (LanceDB's
 own durability on power loss is LanceDB's; a process crash is covered fully.)
+
+A workspace is of one of two modes (sync.records.MODES). A sealed workspace's rows hold
+no vector and it has no search index: its rows are only stored and read back
+(`file_rows`), and the client searches. A server-search workspace ranks vectors here.
+Row layout, reading rows back and removing superseded rows' bytes: sync.store_rows.
 
 Search runs on one faiss index per workspace (sync.vector_index): exact L2 while the
 workspace is small, IVF beyond `IndexPolicy.exact_max_rows` rows, retrained as it grows.
@@ -67,7 +72,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -80,12 +85,23 @@ from indexer.formats import FormatError, check_sqlite_format
 from indexer.lazy import LazyModule
 from sync.records import (
     KEY_BYTES,
+    MODE_SEALED,
+    MODE_SERVER_SEARCH,
+    MODES,
     DirValue,
+    FileRows,
     FileUpdate,
     NodeInfo,
     SearchHit,
     WorkspaceInfo,
     children_digest,
+)
+from sync.store_rows import (
+    bounded_answer,
+    file_keys,
+    group_rows,
+    purge_superseded,
+    table_schema,
 )
 from sync.vector_index import (
     IndexPolicy,
@@ -104,6 +120,7 @@ from sync.wire import (
     BadRequest,
     Limits,
     PermissionDenied,
+    SealedWorkspaceError,
     StoreCorrupt,
     StoreError,
     WorkspaceExists,
@@ -168,16 +185,34 @@ REGISTRY_ADVICE = (
 
 # The layout of tree.sqlite and registry.sqlite; raise it, with a migration, when either
 # changes (indexer.formats). A server refuses a data dir written by a newer codeveil.
-STORE_FORMAT = 1
+# 2: the registry records each workspace's mode (an older codeveil would take a sealed
+# workspace for a server-search one, so it must refuse the data dir).
+STORE_FORMAT = 2
+
+
+def _registry_to_2(conn: sqlite3.Connection) -> None:
+    """Format 1 -> 2: workspaces gain their mode; those of format 1 are server-search."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(workspaces)")}
+    if columns and "mode" not in columns:  # no table yet: a new registry is created whole
+        conn.execute("ALTER TABLE workspaces ADD COLUMN mode TEXT NOT NULL"
+                     f" DEFAULT '{MODE_SERVER_SEARCH}'")
+
+
+_REGISTRY_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _registry_to_2}
+# Format 2 changed the registry alone.
+_TREE_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: lambda _conn: None}
 
 
 def _connect(path: Path, advice: str = TREE_ADVICE,
-             what: str = "a workspace's Merkle tree") -> sqlite3.Connection:
+             what: str = "a workspace's Merkle tree",
+             migrations: dict[int, Callable[[sqlite3.Connection], None]] | None = None,
+             ) -> sqlite3.Connection:
     # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE), never implicit.
     conn = sqlite_files.connect(path, advice, timeout=30.0, isolation_level=None,
                                 check_same_thread=False)
     try:
-        check_sqlite_format(conn, path, what=what, version=STORE_FORMAT, remedy=advice)
+        check_sqlite_format(conn, path, what=what, version=STORE_FORMAT, remedy=advice,
+                            migrations=_TREE_MIGRATIONS if migrations is None else migrations)
     except FormatError as exc:
         conn.close()
         raise StoreCorrupt(str(exc)) from None
@@ -271,16 +306,8 @@ def _lance_reads(table_dir: Path) -> Iterator[None]:
         ) from exc
 
 
-def _schema(dim: int) -> pa.Schema:
-    return pa.schema(
-        [
-            pa.field("rid", pa.int64(), nullable=False),
-            pa.field("chunk_id", pa.binary(), nullable=False),
-            pa.field("fid", pa.int64(), nullable=False),
-            pa.field("vector", pa.list_(pa.float32(), dim), nullable=False),
-            pa.field("meta", pa.binary(), nullable=False),
-        ]
-    )
+def _schema(dim: int, mode: str = MODE_SERVER_SEARCH) -> pa.Schema:
+    return table_schema(dim, mode)
 
 
 _COLUMNS = ["rid", "fid", "chunk_id", "meta", "vector"]
@@ -464,6 +491,7 @@ class _Record:
     model_id: str
     key_check: bytes
     created_at: float
+    mode: str = MODE_SERVER_SEARCH
 
 
 # -- one workspace ----------------------------------------------------------------------
@@ -503,6 +531,8 @@ class WorkspaceStore:
         self.build_threads = build_threads
         self.workspace_id = record.workspace_id
         self.dim = record.dim
+        self.mode = record.mode
+        self.sealed = record.mode == MODE_SEALED
         self.limits = limits
         self.compact_every = compact_every
         self._record = record
@@ -536,7 +566,7 @@ class WorkspaceStore:
         return self._table_handle
 
     @staticmethod
-    def initialize(path: Path, dim: int) -> None:
+    def initialize(path: Path, dim: int, mode: str = MODE_SERVER_SEARCH) -> None:
         """Create the files of a new, empty workspace."""
         path.mkdir(parents=True)
         conn = _connect(path / "tree.sqlite")
@@ -544,7 +574,7 @@ class WorkspaceStore:
             _init_tree_db(conn)
         finally:
             conn.close()
-        _lancedb().connect(path).create_table(TABLE, schema=_schema(dim))
+        _lancedb().connect(path).create_table(TABLE, schema=_schema(dim, mode))
         (path / "writer.lock").touch()
 
     # -- reads --------------------------------------------------------------------------
@@ -566,16 +596,12 @@ class WorkspaceStore:
             # is the count, and LanceDB (seconds to import) is not needed.
             chunks = self._snapshot_rows()
             if chunks is None:
-                # A fresh handle sees the latest version whoever wrote it.
-                with _lance_reads(self.path / f"{TABLE}.lance"):
-                    chunks = _lancedb().connect(self.path).open_table(TABLE).count_rows()
+                chunks = self._count_rows()
         assert chunks is not None
         r = self._record
-        extra: dict[str, Any] = {
-            "created_at": r.created_at,
-            "distance": "l2",
-            "limits": self.limits.as_dict(),
-        }
+        extra: dict[str, Any] = {"created_at": r.created_at, "limits": self.limits.as_dict()}
+        if not self.sealed:
+            extra["distance"] = "l2"
         if index is not None:
             extra["index"] = index
         return WorkspaceInfo(
@@ -586,7 +612,66 @@ class WorkspaceStore:
             chunks=chunks,
             nodes=nodes,
             extra=extra,
+            mode=r.mode,
         )
+
+    def _count_rows(self) -> int:
+        """The table's rows, from a fresh handle (it sees the latest version whoever
+        wrote it). Read without the flock, so a writer may remove the version being read
+        (sync.store_rows); then it is read again under the flock, where a failure is
+        damage."""
+        def count() -> int:
+            with _lance_reads(self.path / f"{TABLE}.lance"):
+                return int(_lancedb().connect(self.path).open_table(TABLE).count_rows())
+
+        try:
+            return count()
+        except StoreCorrupt:
+            with self._flock():
+                return count()
+
+    def file_rows(self, keys: Sequence[bytes]) -> FileRows:
+        """(chunk id, meta) of every row of each file of `keys`, in the order they were
+        sent. A key that is not a committed leaf (unknown, pending or a directory) maps to
+        []. The answer is bounded by `limits.max_row_bytes`: the keys after the bound are
+        left out of it, and the caller asks for them again.
+
+        Read under the write locks, so no apply is halfway: a leaf's value and its rows
+        are the ones one apply committed together."""
+        self._check_open()
+        wanted = file_keys(keys, self.limits)
+        if not wanted:
+            return {}
+        with self._write_lock, self._flock():
+            committed = [k for k, (value, is_dir) in self._leaf_values(wanted).items()
+                         if value is not None and not is_dir]
+            fid_keys: dict[int, list[bytes]] = {}
+            for k in committed:
+                fid_keys.setdefault(fid_of(k), []).append(k)
+            found = {}
+            if fid_keys:
+                with _lance_reads(self.path / f"{TABLE}.lance"):
+                    self._table.checkout_latest()
+                batches = (
+                    b
+                    for part in _batched(sorted(fid_keys), _LANCE_IN_BATCH)
+                    for b in self._scan(["rid", "fid", "chunk_id", "meta"],
+                                        where=f"fid IN ({','.join(map(str, part))})")
+                )
+                found = group_rows(batches, fid_keys)
+        return bounded_answer(wanted, found, self.limits.max_row_bytes)
+
+    def _leaf_values(self, keys: list[bytes]) -> dict[bytes, tuple[bytes | None, bool]]:
+        """key -> (value, is_dir) of those of `keys` in the tree. Caller holds
+        _write_lock (this reads on the writer's connection)."""
+        out: dict[bytes, tuple[bytes | None, bool]] = {}
+        for part in _batched(keys, _SQL_BATCH):
+            marks = ",".join("?" * len(part))
+            for k, v, is_dir in self._wconn.execute(
+                f"SELECT key, value, is_dir FROM nodes WHERE key IN ({marks})", part
+            ):
+                out[bytes(k)] = (None if v is None else bytes(v), bool(is_dir))
+        return out
 
     def root(self) -> NodeInfo | None:
         self._check_open()
@@ -628,6 +713,10 @@ class WorkspaceStore:
     def search(self, vector: object, k: int) -> list[SearchHit]:
         """The `k` rows nearest to `vector` by Euclidean distance (not squared)."""
         self._check_open()
+        if self.sealed:
+            raise SealedWorkspaceError(
+                f"workspace {self.workspace_id} is sealed: search runs on the client"
+            )
         query = _vector(vector, self.dim, "vector")[None, :]
         try:
             if isinstance(k, bool):
@@ -686,9 +775,12 @@ class WorkspaceStore:
         with self._write_lock, self._flock():
             self._prepare_write()
             plan = self._step1_mark_pending(ups, dels)
-            self._step2_replace_rows(plan, ups)
+            deleted = self._step2_replace_rows(plan, ups)
             self._step3_commit(plan, ups)
-            self._maybe_compact()
+            if deleted:
+                self._purge(added=sum(len(u.chunk_ids) for u in ups))
+            else:
+                self._maybe_compact()
             self._maybe_rebuild()
             if self._save_due():
                 self._save_index()
@@ -920,14 +1012,17 @@ class WorkspaceStore:
                 if type(cid) is not bytes or len(cid) != KEY_BYTES:
                     cid = _key(cid, f"{where}.chunks[{j}].chunk_id")
                 ids.append(cid)
+                if type(meta) is not bytes or len(meta) > lim.max_meta_bytes:
+                    meta = _meta(meta, f"{where}.chunks[{j}].meta", lim.max_meta_bytes)
+                metas.append(meta)
+                if self.sealed or vec is None:
+                    self._check_no_vector(vec, f"{where}.chunks[{j}]")
+                    continue
                 if not (
                     type(vec) is np.ndarray and vec.dtype == np.float32 and vec.shape == (self.dim,)
                 ):
                     vec = _vector(vec, self.dim, f"{where}.chunks[{j}].vector")
                 vecs.append(vec)
-                if type(meta) is not bytes or len(meta) > lim.max_meta_bytes:
-                    meta = _meta(meta, f"{where}.chunks[{j}].meta", lim.max_meta_bytes)
-                metas.append(meta)
             spans.append((first, len(vecs)))
             out.append(_Update(file_key, anc, value, ids, _NO_ROWS, metas))
         # One stack and one finiteness check for the whole batch; each update gets a view.
@@ -954,6 +1049,21 @@ class WorkspaceStore:
             for u, (a, b) in zip(out, spans, strict=True)
         ]
         return out, dels
+
+    def _check_no_vector(self, vector: object, where: str) -> None:
+        """A chunk without a vector: what a sealed workspace wants, and a server-search
+        one refuses. Both are 400s: the client sent rows of the other mode."""
+        if self.sealed and vector is not None:
+            raise BadRequest(
+                f"{where}: workspace {self.workspace_id} is sealed: it stores no vectors",
+                status=400,
+            )
+        if not self.sealed:
+            raise BadRequest(
+                f"{where}.vector is missing: workspace {self.workspace_id} is in"
+                f" {MODE_SERVER_SEARCH} mode and ranks a vector of every chunk",
+                status=400,
+            )
 
     def _step1_mark_pending(self, updates: list[_Update], deletes: list[bytes]) -> _Plan:
         conn = self._wconn
@@ -1010,7 +1120,10 @@ class WorkspaceStore:
         self._loaded_generation = generation  # our own change: the index follows it
         return _Plan(frozenset(fids), frozenset(gone - shape.keys()), first_rid)
 
-    def _step2_replace_rows(self, plan: _Plan, updates: list[_Update]) -> None:
+    def _step2_replace_rows(self, plan: _Plan, updates: list[_Update]) -> int:
+        """Returns how many rows were deleted (their bytes are purged after step 3)."""
+        if self.sealed:
+            return self._step2_replace_sealed_rows(plan, updates)
         # Only files that have rows: a new file costs LanceDB nothing. (_prepare_write
         # made the index equal LanceDB's rows, so the row table knows every file's rows.)
         old = sorted(f for f in plan.fids if self._rows.has_file(f))
@@ -1052,12 +1165,35 @@ class WorkspaceStore:
             with self._index_lock.write():
                 index = self._index
                 assert index is not None  # _prepare_write built it
-                index.remove(self._rows.remove_files(old))
+                removed = self._rows.remove_files(old)
+                index.remove(removed)
                 index.add(vectors, rids)
                 self._rows.append(rids, fids, chunk_id_array(chunk_ids), *pack(metas))
         except BaseException:
             self._index_stale = True  # the index and its rows may disagree now
             raise
+        return len(removed)
+
+    def _step2_replace_sealed_rows(self, plan: _Plan, updates: list[_Update]) -> int:
+        # No row table says which files have rows: every touched file's are deleted
+        # (LanceDB finds none for a new file).
+        n = sum(len(u.chunk_ids) for u in updates)
+        deleted = 0
+        for part in _batched(sorted(plan.fids), _LANCE_IN_BATCH):
+            result = self._table.delete(f"fid IN ({','.join(map(str, part))})")
+            deleted += int(getattr(result, "num_deleted_rows", 1))
+        if n:
+            columns = [
+                pa.array(np.arange(plan.first_rid, plan.first_rid + n, dtype=np.int64)),
+                pa.array([c for u in updates for c in u.chunk_ids], pa.binary()),
+                pa.array(np.repeat(
+                    np.array([fid_of(u.file_key) for u in updates], dtype=np.int64),
+                    [len(u.chunk_ids) for u in updates],
+                )),
+                pa.array([m for u in updates for m in u.metas], pa.binary()),
+            ]
+            self._table.add(pa.Table.from_arrays(columns, schema=_schema(self.dim, self.mode)))
+        return deleted
 
     def _step3_commit(self, plan: _Plan, updates: list[_Update]) -> None:
         with _transaction(self._wconn) as conn:
@@ -1085,6 +1221,21 @@ class WorkspaceStore:
             return
         log.debug("workspace %s: compacted in %.2fs", self.workspace_id,
                   time.perf_counter() - started)
+
+    def _purge(self, added: int) -> None:
+        """After an apply that deleted rows: their bytes leave the data dir now
+        (sync.store_rows). It compacts the table too, so the count towards the next
+        compaction starts again. A failure is logged: the rows are gone from the table
+        already, and the next apply that deletes rows purges them too."""
+        self._applies_since_compact = 0
+        try:
+            took = purge_superseded(self._table, added)
+        except Exception:
+            log.warning("workspace %s: removing superseded rows failed", self.workspace_id,
+                        exc_info=True)
+            return
+        self.index_events["purged"] += 1
+        log.debug("workspace %s: superseded rows removed in %.3fs", self.workspace_id, took)
 
     # -- the index --------------------------------------------------------------------
 
@@ -1120,16 +1271,28 @@ class WorkspaceStore:
             # busy, and a search never waits for one either) it may reflect half an
             # apply, which the generation check repairs on the next search.
             with self._flock(blocking=False) as held:
-                self._reload_if_needed(locked=held)
+                try:
+                    self._reload_if_needed(locked=held)
+                    return
+                except StoreCorrupt:
+                    if held:
+                        raise
+            # Read while another process wrote: it may have removed the table version
+            # being read (sync.store_rows). Read again once it is done; a failure now is
+            # damage.
+            with self._flock():
+                self._reload_if_needed(locked=True)
         finally:
             self._write_lock.release()
 
     def _prepare_write(self) -> None:
         """Under the write locks: the table handle at the latest version, and the index
         equal to its rows (clean, see the module docstring)."""
-        self._set_faiss_threads()  # for this thread's index updates in step 2
         with _lance_reads(self.path / f"{TABLE}.lance"):
             self._table.checkout_latest()
+        if self.sealed:
+            return  # no index to keep in step
+        self._set_faiss_threads()  # for this thread's index updates in step 2
         self._reload_if_needed(locked=True)
 
     def _reload_if_needed(self, *, locked: bool) -> None:
@@ -1507,16 +1670,17 @@ class Store:
         self.faiss_threads = faiss_threads
         self._lock = threading.RLock()  # guards the registry connection and _open
         self._registry = _connect(self.data_dir / "registry.sqlite", REGISTRY_ADVICE,
-                                  "the workspace registry")
+                                  "the workspace registry", _REGISTRY_MIGRATIONS)
         self._registry.executescript(
-            """
+            f"""
             CREATE TABLE IF NOT EXISTS workspaces (
                 id TEXT PRIMARY KEY,
                 token_sha256 BLOB NOT NULL UNIQUE,
                 dim INTEGER NOT NULL,
                 model_id TEXT NOT NULL,
                 key_check BLOB NOT NULL,
-                created_at REAL NOT NULL
+                created_at REAL NOT NULL,
+                mode TEXT NOT NULL DEFAULT '{MODE_SERVER_SEARCH}'
             );
             """
         )
@@ -1531,12 +1695,19 @@ class Store:
         key_check: bytes,
         workspace_id: str | None = None,
         *,
+        mode: str = MODE_SERVER_SEARCH,
         max_workspaces: int | None = None,
     ) -> tuple[str, str]:
-        """Create an empty workspace; returns (workspace_id, bearer token). The token is
-        shown this once: the store keeps only its SHA-256. With `max_workspaces`, refuse
-        (PermissionDenied) once the store holds that many."""
+        """Create an empty workspace of `mode` (one of sync.records.MODES); returns
+        (workspace_id, bearer token). The token is shown this once: the store keeps only
+        its SHA-256. With `max_workspaces`, refuse (PermissionDenied) once the store
+        holds that many."""
         lim = self.limits
+        if not isinstance(mode, str) or mode not in MODES:
+            raise BadRequest(
+                f"unknown workspace mode {str(mode)[:40]!r}: use one of {', '.join(MODES)}",
+                status=400,
+            )
         if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= lim.max_dim:
             raise BadRequest(f"dim must be an integer from 1 to {lim.max_dim}, got {dim!r}")
         if not isinstance(model_id, str) or not 1 <= len(model_id) <= lim.max_model_id:
@@ -1571,13 +1742,14 @@ class Store:
                         )
                 if path.exists():  # left by a create that died before registering it
                     shutil.rmtree(path)
-                WorkspaceStore.initialize(path, dim)
+                WorkspaceStore.initialize(path, dim, mode)
                 conn.execute(
                     "INSERT INTO workspaces (id, token_sha256, dim, model_id, key_check,"
-                    " created_at) VALUES (?, ?, ?, ?, ?, ?)",
-                    (workspace_id, _token_hash(token), dim, model_id, key_check, time.time()),
+                    " created_at, mode) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (workspace_id, _token_hash(token), dim, model_id, key_check, time.time(),
+                     mode),
                 )
-        log.info("created workspace %s (dim %d)", workspace_id, dim)
+        log.info("created workspace %s (dim %d, %s)", workspace_id, dim, mode)
         return workspace_id, token
 
     def authenticate(self, workspace_id: str, token: str | None) -> None:
@@ -1651,12 +1823,17 @@ class Store:
         if not isinstance(workspace_id, str) or not WORKSPACE_ID_RE.match(workspace_id):
             raise WorkspaceNotFound(f"no workspace {str(workspace_id)[:80]!r}")
         row = self._registry.execute(
-            "SELECT id, dim, model_id, key_check, created_at FROM workspaces WHERE id = ?",
+            "SELECT id, dim, model_id, key_check, created_at, mode FROM workspaces"
+            " WHERE id = ?",
             (workspace_id,),
         ).fetchone()
         if row is None:
             raise WorkspaceNotFound(f"no workspace {workspace_id!r}")
-        return _Record(row[0], int(row[1]), row[2], bytes(row[3]), float(row[4]))
+        if row[5] not in MODES:
+            raise StoreCorrupt(f"workspace {workspace_id} has the unknown mode {row[5]!r} in"
+                               f" the registry {self.data_dir / 'registry.sqlite'};"
+                               f" {REGISTRY_ADVICE}")
+        return _Record(row[0], int(row[1]), row[2], bytes(row[3]), float(row[4]), row[5])
 
     def _owner(self, digest: bytes) -> str | None:
         """Caller holds _lock."""

@@ -15,13 +15,21 @@ from __future__ import annotations
 
 import binascii
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from sync.errors import SyncError
-from sync.records import FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
+from sync.records import (
+    MODE_SERVER_SEARCH,
+    FileRows,
+    FileUpdate,
+    NodeInfo,
+    SearchHit,
+    WorkspaceInfo,
+)
 
 API_PREFIX = "/v1"
 
@@ -42,6 +50,10 @@ class Limits:
     max_keys: int = 10_000  # directory keys per children call
     max_dir_values: int = 100_000  # (key, value) pairs per set_dir_values call
     max_k: int = 1000  # neighbours per search
+    max_row_files: int = 2048  # file keys per file_rows call
+    # Chunk ids and metadata bytes per file_rows answer: the files past it are left out of
+    # the answer and asked for again (a file's rows always come whole, even past it).
+    max_row_bytes: int = 16 * 1024 * 1024
     max_dim: int = 4096
     max_meta_bytes: int = 64 * 1024  # one sealed metadata blob
     max_model_id: int = 256  # characters
@@ -111,6 +123,13 @@ class PermissionDenied(AuthError):
     """A valid token, but of another workspace."""
 
     http_status = 403
+
+
+class SealedWorkspaceError(StoreError):
+    """The operation needs vectors on the server, and a sealed workspace keeps none
+    (search runs on the client). 409: it conflicts with the workspace's mode."""
+
+    http_status = 409
 
 
 ERRORS_BY_STATUS: dict[int, type[StoreError]] = {
@@ -215,6 +234,7 @@ def info_to_json(info: WorkspaceInfo) -> dict[str, Any]:
         "chunks": info.chunks,
         "nodes": info.nodes,
         "extra": info.extra,
+        "mode": info.mode,
     }
 
 
@@ -227,6 +247,8 @@ def info_from_json(obj: dict[str, Any]) -> WorkspaceInfo:
         chunks=int(obj.get("chunks", 0)),
         nodes=int(obj.get("nodes", 0)),
         extra=dict(obj.get("extra") or {}),
+        # A server from before workspace modes knew server-search only.
+        mode=str(obj.get("mode") or MODE_SERVER_SEARCH),
     )
 
 
@@ -235,14 +257,56 @@ def update_to_json(update: FileUpdate) -> dict[str, Any]:
         "file_key": b64encode(update.file_key),
         "ancestors": [b64encode(a) for a in update.ancestors],
         "value": b64encode(update.value),
-        "chunks": [
-            {
-                "chunk_id": b64encode(c.chunk_id),
-                "vector": encode_vector(c.vector),
-                "meta": b64encode(c.meta),
-            }
-            for c in update.chunks
-        ],
+        "chunks": [_chunk_to_json(c.chunk_id, c.vector, c.meta) for c in update.chunks],
+    }
+
+
+def _chunk_to_json(chunk_id: bytes, vector: np.ndarray | None, meta: bytes) -> dict[str, Any]:
+    # A sealed workspace's rows have no vector: the field is left out, not sent as null.
+    out = {"chunk_id": b64encode(chunk_id), "meta": b64encode(meta)}
+    if vector is not None:
+        out["vector"] = encode_vector(vector)
+    return out
+
+
+def rows_to_json(rows: FileRows) -> dict[str, Any]:
+    """A file_rows answer: {"files": {key: [[chunk_id, meta], ...]}}."""
+    return {
+        "files": {
+            b64encode(key): [[b64encode(cid), b64encode(meta)] for cid, meta in found]
+            for key, found in rows.items()
+        }
+    }
+
+
+def gather_rows(
+    file_keys: list[bytes], per_call: int, fetch: Callable[[list[bytes]], FileRows]
+) -> FileRows:
+    """Every file's rows, in calls of at most `per_call` keys. A store answers a call
+    with the rows of a prefix of its keys when they would pass its byte bound; the rest
+    are asked for again. Each call answers at least one key, so this ends."""
+    wanted = list(dict.fromkeys(file_keys))
+    out: FileRows = {}
+    at = 0
+    while at < len(wanted):
+        part = wanted[at : at + per_call]
+        answer = fetch(part)
+        answered = 0
+        for key in part:  # the answer covers a prefix of `part`
+            if key not in answer:
+                break
+            out[key] = answer[key]
+            answered += 1
+        if not answered:
+            raise StoreError("the store answered a file_rows call without any of its files")
+        at += answered
+    return out
+
+
+def rows_from_json(obj: dict[str, Any]) -> FileRows:
+    return {
+        b64decode(key): [(b64decode(cid), b64decode(meta)) for cid, meta in found]
+        for key, found in obj["files"].items()
     }
 
 

@@ -105,12 +105,13 @@ def test_a_store_written_by_a_newer_codeveil_is_refused(tmp_path: Path) -> None:
     registry = data / "registry.sqlite"
     assert _version(tree) == STORE_FORMAT and _version(registry) == STORE_FORMAT
 
-    _stamp(tree, STORE_FORMAT + 1)
-    with pytest.raises(StoreCorrupt, match="Merkle tree in format 2, newer") as info:
+    newer = STORE_FORMAT + 1
+    _stamp(tree, newer)
+    with pytest.raises(StoreCorrupt, match=f"Merkle tree in format {newer}, newer") as info:
         LocalClient.open(data, "ws1")
     assert str(tree) in str(info.value)
 
-    _stamp(registry, STORE_FORMAT + 1)
-    with pytest.raises(StoreCorrupt, match="workspace registry in format 2, newer"):
+    _stamp(registry, newer)
+    with pytest.raises(StoreCorrupt, match=f"workspace registry in format {newer}, newer"):
         Store(data)
     assert _version(registry) == STORE_FORMAT + 1

@@ -457,7 +457,7 @@ def test_openapi_describes_path_parameters_and_request_bodies(live_server: Serve
             if method == "post":
                 body = op["requestBody"]["content"]["application/json"]["schema"]
                 assert body["$ref"].startswith("#/components/schemas/"), (method, path)
-    assert operations == 8
+    assert operations == 9
     apply_body = schemas["ApplyBody"]["properties"]["updates"]["items"]
     assert apply_body["$ref"] == "#/components/schemas/UpdateBody"
     assert "base64url" in schemas["UpdateBody"]["properties"]["file_key"]["description"]

@@ -1,0 +1,451 @@
+"""Sealed workspaces (rows of chunk id and envelope only, search on the client) and
+`file_rows`, run against both clients: `LocalClient` in-process and `HttpClient` against a
+real `python -m sync.server` on loopback."""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from sync.client import StoreClient
+from sync.http_client import HttpClient
+from sync.local_client import LocalClient
+from sync.records import (
+    MODE_SEALED,
+    MODE_SERVER_SEARCH,
+    ChunkRecord,
+    FileUpdate,
+)
+from sync.store import STORE_FORMAT, Store
+from sync.wire import (
+    BadRequest,
+    Limits,
+    PermissionDenied,
+    SealedWorkspaceError,
+    update_to_json,
+)
+from tests.server_fixtures import ServerProcess
+from tests.test_store import ancestors, key, set_dirs, value
+
+DIM = 8
+MODEL = "test-model"
+CHECK = b"key-check-123456"
+
+
+def envelope(path: str, i: int, version: str) -> bytes:
+    # Stands in for the AES-GCM envelope of vector and metadata: opaque bytes to the store.
+    return f"envelope:{path}#{i}@{version}:".encode() + bytes(range(256))
+
+
+def sealed_update(path: str, n: int, version: str = "1", marker: bytes = b"") -> FileUpdate:
+    return FileUpdate(
+        file_key=key(path),
+        ancestors=ancestors(path),
+        value=value(f"{path}@{version}"),
+        chunks=tuple(
+            ChunkRecord(key(f"{path}#{i}@{version}"), None, envelope(path, i, version) + marker)
+            for i in range(n)
+        ),
+    )
+
+
+def vector_update(path: str, n: int, version: str = "1", marker: bytes = b"") -> FileUpdate:
+    vectors = np.random.default_rng(n).standard_normal((n, DIM)).astype(np.float32)
+    return FileUpdate(
+        file_key=key(path),
+        ancestors=ancestors(path),
+        value=value(f"{path}@{version}"),
+        chunks=tuple(
+            ChunkRecord(key(f"{path}#{i}@{version}"), v, envelope(path, i, version) + marker)
+            for i, v in enumerate(vectors)
+        ),
+    )
+
+
+def rows_of(update: FileUpdate) -> list[tuple[bytes, bytes]]:
+    return [(c.chunk_id, c.meta) for c in update.chunks]
+
+
+# -- backends -------------------------------------------------------------------------------
+
+
+class Backend:
+    """Creates workspaces in-process or on a server; `data_dir` holds them either way."""
+
+    def __init__(self, kind: str, data_dir: Path, server: ServerProcess | None = None) -> None:
+        self.kind = kind
+        self.data_dir = data_dir
+        self.server = server
+        self.store = Store(data_dir) if server is None else None
+        self.tokens: dict[str, str] = {}
+        self.clients: list[StoreClient] = []
+
+    def create(self, mode: str = MODE_SEALED, workspace_id: str | None = None) -> StoreClient:
+        workspace_id = workspace_id or secrets.token_hex(8)
+        if self.server is None:
+            assert self.store is not None
+            client: StoreClient = LocalClient.create_workspace(
+                self.store, workspace_id, dim=DIM, model_id=MODEL, key_check=CHECK, mode=mode
+            )
+        else:
+            self.tokens[workspace_id] = HttpClient.create_workspace(
+                self.server.url, workspace_id, dim=DIM, model_id=MODEL, key_check=CHECK,
+                mode=mode,
+            )
+            client = HttpClient(self.server.url, workspace_id, self.tokens[workspace_id])
+        self.clients.append(client)
+        return client
+
+    def reopen(self, workspace_id: str) -> StoreClient:
+        if self.server is None:
+            assert self.store is not None
+            client: StoreClient = LocalClient(self.store, workspace_id)
+        else:
+            client = HttpClient(self.server.url, workspace_id, self.tokens[workspace_id])
+        self.clients.append(client)
+        return client
+
+    def restart(self) -> None:
+        if self.server is None:
+            assert self.store is not None
+            self.store.close()
+            self.store = Store(self.data_dir)
+        else:
+            self.server.restart()
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+        if self.store is not None:
+            self.store.close()
+
+
+@pytest.fixture(params=["local", "http"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    if request.param == "local":
+        b = Backend("local", tmp_path / "store")
+    else:
+        server = request.getfixturevalue("live_server")
+        b = Backend("http", server.data_dir, server)
+    yield b
+    b.close()
+
+
+# -- round trips ----------------------------------------------------------------------------
+
+
+def test_a_sealed_workspace_round_trips_apply_and_file_rows(backend: Backend) -> None:
+    client = backend.create(MODE_SEALED)
+    info = client.info()
+    assert (info.mode, info.dim, info.chunks) == (MODE_SEALED, DIM, 0)
+    files = {"a/b/one.py": 3, "a/two.py": 2, "top.md": 1, "empty.txt": 0}
+    updates = {p: sealed_update(p, n) for p, n in files.items()}
+    client.apply(list(updates.values()), [])
+    assert client.info().chunks == 6
+    assert client.file_rows([key(p) for p in files]) == {
+        key(p): rows_of(u) for p, u in updates.items()
+    }
+    # The tree works as in a server-search workspace: directory values, compare-and-set.
+    set_dirs(client, [(key("a/b"), value("dir a/b")), (key("a"), value("dir a")),
+                      (key(""), value("root"))])
+    root = client.root()
+    assert root is not None and root.value == value("root")
+
+    replaced = sealed_update("a/two.py", 4, "2")
+    client.apply([replaced], [key("top.md")])
+    answer = client.file_rows([key("a/two.py"), key("top.md"), key("a/b/one.py")])
+    assert answer == {key("a/two.py"): rows_of(replaced), key("top.md"): [],
+                      key("a/b/one.py"): rows_of(updates["a/b/one.py"])}
+    assert client.info().chunks == 7
+
+
+def test_file_rows_in_a_server_search_workspace(backend: Backend) -> None:
+    client = backend.create(MODE_SERVER_SEARCH)
+    assert client.info().mode == MODE_SERVER_SEARCH
+    u = vector_update("src/x.py", 3)
+    client.apply([u], [])
+    assert client.file_rows([key("src/x.py")]) == {key("src/x.py"): rows_of(u)}
+    assert len(client.search(np.zeros(DIM, np.float32), 5)) == 3
+
+
+def test_file_rows_of_unknown_and_directory_keys_are_empty(backend: Backend) -> None:
+    client = backend.create(MODE_SEALED)
+    client.apply([sealed_update("d/f.py", 2)], [])
+    asked = [key("nope"), key("d"), key(""), key("d/f.py")]
+    answer = client.file_rows(asked)
+    assert list(answer) == asked
+    assert answer[key("nope")] == answer[key("d")] == answer[key("")] == []
+    assert len(answer[key("d/f.py")]) == 2
+    assert client.file_rows([]) == {}
+
+
+def test_file_rows_of_a_pending_leaf_are_empty(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s")
+    client = LocalClient.create_workspace(store, "ws", dim=DIM, model_id=MODEL,
+                                          key_check=CHECK, mode=MODE_SEALED)
+    client.apply([sealed_update("f.py", 2)], [])
+    ws = store.workspace("ws")
+    # An apply that died after its first step: the leaf is pending, its old rows remain.
+    ups, dels = ws._validate_apply([sealed_update("f.py", 3, "2")], [])
+    with ws._write_lock, ws._flock():
+        ws._prepare_write()
+        ws._step1_mark_pending(ups, dels)
+    assert client.file_rows([key("f.py")]) == {key("f.py"): []}
+    client.apply([sealed_update("f.py", 3, "2")], [])
+    assert client.file_rows([key("f.py")]) == {key("f.py"): rows_of(sealed_update("f.py", 3, "2"))}
+    store.close()
+
+
+def test_a_long_file_list_is_split_into_bounded_calls(tmp_path: Path) -> None:
+    limits = Limits(max_row_files=3, max_row_bytes=600)
+    store = Store(tmp_path / "s", limits=limits)
+    client = LocalClient.create_workspace(store, "ws", dim=DIM, model_id=MODEL,
+                                          key_check=CHECK, mode=MODE_SEALED)
+    updates = [sealed_update(f"f{i}.py", 2) for i in range(7)]  # ~600 bytes a file
+    client.apply(updates, [])
+    ws = store.workspace("ws")
+    with pytest.raises(BadRequest, match="too many files: 4 > 3"):
+        ws.file_rows([u.file_key for u in updates[:4]])
+    first = ws.file_rows([u.file_key for u in updates[:3]])
+    assert list(first) == [updates[0].file_key]  # past the byte bound: asked again
+    before = client.stats.requests
+    answer = client.file_rows([u.file_key for u in updates])
+    assert answer == {u.file_key: rows_of(u) for u in updates}
+    assert client.stats.requests - before == 7
+    store.close()
+
+
+# -- refusals -------------------------------------------------------------------------------
+
+
+def test_search_on_a_sealed_workspace_is_refused(backend: Backend) -> None:
+    client = backend.create(MODE_SEALED)
+    with pytest.raises(SealedWorkspaceError, match="is sealed: search runs on the client"):
+        client.search(np.zeros(DIM, np.float32), 5)
+    if backend.server is not None:
+        assert isinstance(client, HttpClient)
+        r = httpx.post(
+            f"{backend.server.url}/v1/workspaces/{client.workspace_id}/search",
+            json={"vector": b64(np.zeros(DIM, "<f4").tobytes()), "k": 5},
+            headers={"Authorization": f"Bearer {backend.tokens[client.workspace_id]}"},
+        )
+        assert r.status_code == 409
+        assert r.json()["error"] == (
+            f"workspace {client.workspace_id} is sealed: search runs on the client"
+        )
+
+
+def test_rows_of_the_other_mode_are_400s(backend: Backend) -> None:
+    sealed = backend.create(MODE_SEALED)
+    with pytest.raises(BadRequest, match="is sealed: it stores no vectors") as info:
+        sealed.apply([vector_update("f.py", 1)], [])
+    assert info.value.http_status == 400
+    searched = backend.create(MODE_SERVER_SEARCH)
+    with pytest.raises(BadRequest, match="vector is missing") as info:
+        searched.apply([sealed_update("f.py", 1)], [])
+    assert info.value.http_status == 400
+    assert sealed.info().nodes == searched.info().nodes == 0
+
+
+def test_an_unknown_mode_is_a_400(backend: Backend) -> None:
+    with pytest.raises(BadRequest, match="unknown workspace mode 'plain'") as info:
+        backend.create("plain")
+    assert info.value.http_status == 400
+
+
+def b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def test_the_rows_route_on_the_wire(live_server: ServerProcess) -> None:
+    url = live_server.url
+    ws = secrets.token_hex(8)
+    token = HttpClient.create_workspace(url, ws, dim=DIM, model_id=MODEL, key_check=CHECK,
+                                        mode=MODE_SEALED)
+    auth = {"Authorization": f"Bearer {token}"}
+    rows = f"{url}/v1/workspaces/{ws}/rows"
+    u = sealed_update("f.py", 2)
+    chunk = update_to_json(u)["chunks"][0]
+    assert set(chunk) == {"chunk_id", "meta"}  # a sealed row carries no vector field
+    # A create request without a mode (an older client) makes a server-search workspace.
+    old = secrets.token_hex(8)
+    r = httpx.post(f"{url}/v1/workspaces", json={"dim": DIM, "model_id": MODEL,
+                                                 "key_check": b64(CHECK), "workspace_id": old})
+    assert r.status_code == 201
+    with HttpClient(url, old, r.json()["token"]) as c:
+        assert c.info().mode == MODE_SERVER_SEARCH
+    with HttpClient(url, ws, token) as c:
+        before = c.stats.requests
+        c.apply([u], [])
+        assert c.file_rows([u.file_key]) == {u.file_key: rows_of(u)}
+        assert c.stats.requests - before == 2 and c.stats.bytes_received > 0
+
+    r = httpx.post(rows, json={"files": [b64(u.file_key)]}, headers=auth)
+    assert r.status_code == 200
+    assert r.json() == {"files": {b64(u.file_key): [[b64(cid), b64(m)] for cid, m in rows_of(u)]}}
+    # A null vector is no vector.
+    body = update_to_json(sealed_update("g.py", 1))
+    body["chunks"][0]["vector"] = None
+    r = httpx.post(f"{url}/v1/workspaces/{ws}/apply", json={"updates": [body]}, headers=auth)
+    assert r.status_code == 200
+    bad = {
+        "not base64": ({"files": ["**"]}, "files.0: not base64url"),
+        "wrong length": ({"files": [b64(b"short")]}, "files.0: must be 16 bytes, got 5"),
+        "too many": ({"files": [b64(key(str(i))) for i in range(2049)]},
+                     "files: List should have at most 2048 items"),
+        "not a list": ({"files": "x"}, "files: Input should be a valid array"),
+        "missing": ({}, "files: Field required"),
+    }
+    for what, (payload, message) in bad.items():
+        r = httpx.post(rows, json=payload, headers=auth)
+        assert 400 <= r.status_code < 500, what
+        assert message in r.json()["error"], (what, r.json())
+    r = httpx.post(rows, content=b"{", headers=auth)
+    assert r.status_code == 400
+
+
+def test_a_token_reads_its_own_workspace_rows_only(live_server: ServerProcess) -> None:
+    url = live_server.url
+    a, b = secrets.token_hex(8), secrets.token_hex(8)
+    tokens = {
+        w: HttpClient.create_workspace(url, w, dim=DIM, model_id=MODEL, key_check=CHECK,
+                                       mode=MODE_SEALED)
+        for w in (a, b)
+    }
+    with HttpClient(url, a, tokens[a]) as ca:
+        ca.apply([sealed_update("secret.py", 1)], [])
+    with HttpClient(url, a, tokens[b]) as intruder, pytest.raises(
+        PermissionDenied, match="another workspace"
+    ):
+        intruder.file_rows([key("secret.py")])
+    r = httpx.post(f"{url}/v1/workspaces/{a}/rows", json={"files": [b64(key("secret.py"))]})
+    assert r.status_code == 401
+
+
+# -- storage --------------------------------------------------------------------------------
+
+
+def test_a_sealed_workspace_stores_no_vector_and_no_index(tmp_path: Path) -> None:
+    import lancedb
+    import pyarrow as pa
+
+    data = tmp_path / "s"
+    with LocalClient.create_workspace(data, "ws", dim=DIM, model_id=MODEL, key_check=CHECK,
+                                      mode=MODE_SEALED) as client:
+        client.apply([sealed_update("f.py", 3)], [])
+        client.file_rows([key("f.py")])
+    folder = data / "workspaces" / "ws"
+    schema = lancedb.connect(folder).open_table("chunks").schema
+    assert schema.names == ["rid", "chunk_id", "fid", "meta"]
+    assert not any(pa.types.is_floating(f.type) or pa.types.is_list(f.type)
+                   or pa.types.is_fixed_size_list(f.type) for f in schema)
+    assert not (folder / "search.index").exists()
+    with Store(data) as store:
+        problems = store.workspace("ws").check()
+        store.workspace("ws").verify()
+    assert problems == []
+
+
+def test_the_mode_survives_a_restart(
+    tmp_path: Path, server_factory: Callable[..., ServerProcess]
+) -> None:
+    for kind in ("local", "http"):
+        server = server_factory(tmp_path / f"{kind}-server") if kind == "http" else None
+        b = Backend(kind, tmp_path / f"{kind}-data" if server is None else server.data_dir,
+                    server)
+        sealed, searched = b.create(MODE_SEALED, "s1"), b.create(MODE_SERVER_SEARCH, "s2")
+        u = sealed_update("f.py", 2)
+        sealed.apply([u], [])
+        searched.apply([vector_update("f.py", 2)], [])
+        for c in (sealed, searched):
+            c.close()
+        b.clients.clear()
+        b.restart()
+        assert b.reopen("s1").info().mode == MODE_SEALED
+        assert b.reopen("s2").info().mode == MODE_SERVER_SEARCH
+        assert b.reopen("s1").file_rows([key("f.py")]) == {key("f.py"): rows_of(u)}
+        with pytest.raises(SealedWorkspaceError):
+            b.reopen("s1").search(np.zeros(DIM, np.float32), 1)
+        b.close()
+
+
+def test_a_registry_from_before_modes_opens_as_server_search(tmp_path: Path) -> None:
+    data = tmp_path / "s"
+    with LocalClient.create_workspace(data, "old", dim=DIM, model_id=MODEL,
+                                      key_check=CHECK) as client:
+        client.apply([vector_update("f.py", 2)], [])
+    # Format 1: the registry as it was before the mode column, and both files stamped 1.
+    db = sqlite3.connect(data / "registry.sqlite")
+    db.executescript(
+        """
+        CREATE TABLE w1 AS SELECT id, token_sha256, dim, model_id, key_check, created_at
+            FROM workspaces;
+        DROP TABLE workspaces;
+        ALTER TABLE w1 RENAME TO workspaces;
+        PRAGMA user_version = 1;
+        """
+    )
+    db.close()
+    tree = sqlite3.connect(data / "workspaces" / "old" / "tree.sqlite")
+    tree.execute("PRAGMA user_version = 1")
+    tree.close()
+    with Store(data) as store:
+        client = LocalClient(store, "old")
+        assert client.info().mode == MODE_SERVER_SEARCH
+        assert len(client.search(np.zeros(DIM, np.float32), 5)) == 2
+        created = LocalClient.create_workspace(store, "new", dim=DIM, model_id=MODEL,
+                                               key_check=CHECK, mode=MODE_SEALED)
+        assert created.info().mode == MODE_SEALED
+    for path in (data / "registry.sqlite", data / "workspaces" / "old" / "tree.sqlite"):
+        db = sqlite3.connect(path)
+        assert db.execute("PRAGMA user_version").fetchone()[0] == STORE_FORMAT
+        db.close()
+
+
+def _files_holding(folder: Path, marker: bytes) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file() and marker in p.read_bytes()]
+
+
+@pytest.mark.parametrize("mode", [MODE_SEALED, MODE_SERVER_SEARCH])
+def test_superseded_rows_leave_the_data_dir(tmp_path: Path, mode: str) -> None:
+    make = sealed_update if mode == MODE_SEALED else vector_update
+    data = tmp_path / "s"
+    replaced, deleted = b"MARKER-" + secrets.token_bytes(12), b"MARKER-" + secrets.token_bytes(12)
+    kept = b"KEPT-" + secrets.token_bytes(12)
+    store = Store(data)
+    client = LocalClient.create_workspace(store, "ws", dim=DIM, model_id=MODEL,
+                                          key_check=CHECK, mode=mode)
+    client.apply([make(f"bulk{i}.py", 3, marker=kept) for i in range(40)], [])
+    client.apply([make("f.py", 2, marker=replaced), make("g.py", 2, marker=deleted)], [])
+    assert _files_holding(data, replaced) and _files_holding(data, deleted)  # not vacuous
+    client.apply([make("f.py", 2, "2")], [])  # replaced: rows deleted and added
+    client.apply([], [key("g.py")])  # deleted alone: no rows added
+    client.close()
+    store.close()  # a server-search workspace's search snapshot is rewritten here
+    assert _files_holding(data, replaced) == []
+    assert _files_holding(data, deleted) == []
+    assert _files_holding(data, kept)
+    with Store(data) as store:
+        answer = LocalClient(store, "ws").file_rows([key("f.py"), key("g.py"), key("bulk0.py")])
+        assert answer[key("f.py")] == rows_of(make("f.py", 2, "2"))
+        assert answer[key("g.py")] == []
+        assert len(answer[key("bulk0.py")]) == 3
+        assert store.workspace("ws").check() == []
+
+
+def test_purging_an_emptied_table(tmp_path: Path) -> None:
+    data = tmp_path / "s"
+    marker = b"MARKER-" + secrets.token_bytes(12)
+    with LocalClient.create_workspace(data, "ws", dim=DIM, model_id=MODEL, key_check=CHECK,
+                                      mode=MODE_SEALED) as client:
+        client.apply([sealed_update("only.py", 2, marker=marker)], [])
+        client.apply([], [key("only.py")])
+        assert client.info().chunks == 0
+    assert _files_holding(data, marker) == []
