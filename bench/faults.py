@@ -25,7 +25,6 @@ import random
 import shutil
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -86,20 +85,12 @@ def mutate(root: Path, rng: random.Random, tag: str) -> None:
     fresh.write_text(f"def added_{tag}():\n    return {rng.random()}\n")
 
 
-def snapshot(data_dir: Path, workspace_id: str) -> tuple:
-    """(root value, sorted chunk ids, sorted nodes) of a workspace, from its files."""
-    import lancedb
+def snapshot(data_dir: Path, workspace_id: str, key: str) -> tuple:
+    """What the workspace holds, opened with its (exported) key."""
+    from sync.keys import parse_key
+    from sync.store_contents import workspace_contents
 
-    ws = data_dir / "workspaces" / workspace_id
-    db = sqlite3.connect(ws / "tree.sqlite")
-    try:
-        nodes = sorted(db.execute("SELECT key, parent, value, is_dir FROM nodes"))
-        root = db.execute("SELECT value FROM nodes WHERE parent IS NULL").fetchone()
-    finally:
-        db.close()
-    ids = sorted(lancedb.connect(ws).open_table("chunks").to_arrow().column("chunk_id")
-                 .to_pylist())
-    return (root[0] if root else None), ids, nodes
+    return workspace_contents(data_dir, workspace_id, parse_key(key))
 
 
 def workspace_of(repo: Path) -> str:
@@ -116,7 +107,7 @@ def clean_state(repo: Path, work: Path, key: str, server: Server | None) -> tupl
         run(["init", ".", "--server", server.url], clean, env)
     run(["index", "-q"], clean, env)
     data = server.data if server is not None else clean / ".codeveil" / "store"
-    return snapshot(data, workspace_of(clean))
+    return snapshot(data, workspace_of(clean), key)
 
 
 def export_key(workspace_id: str) -> str:
@@ -207,8 +198,9 @@ def trial_single(work: Path, rng: random.Random, files: int, kills: int,
         run(["index", "-q"], repo, env)
         ws = workspace_of(repo)
         data = server.data if server is not None else repo / ".codeveil" / "store"
-        state = snapshot(data, ws)
-        return done, state == clean_state(repo, work, export_key(ws), server)
+        key = export_key(ws)
+        state = snapshot(data, ws, key)
+        return done, state == clean_state(repo, work, key, server)
     finally:
         if server is not None:
             server.stop()
@@ -249,7 +241,7 @@ def trial_teammates(work: Path, rng: random.Random, files: int, kills: int) -> t
         ok = True
         for repo in (one, two):
             run(["index", "-q"], repo, mate)
-            ok &= snapshot(server.data, ws) == clean_state(repo, work, key, server)
+            ok &= snapshot(server.data, ws, key) == clean_state(repo, work, key, server)
         return done, ok
     finally:
         server.stop()

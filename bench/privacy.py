@@ -19,12 +19,20 @@ alone it runs:
     query linking   a query sent twice, linked by distance and by its results; and the
                     query text picked out of a guess list with the best recovered map
 
-Each attack is reported as a success rate beside its chance rate, for a plain-vector
-control (what a server storing plain embeddings would give away) and for the encrypted
+    edit            one function of the private module edited and the repo indexed
+                    again: rows of the file that come back with the id or bytes they had
+                    (naming the edited chunk), and bytes of superseded rows still
+                    anywhere in the data dir
+
+The same tree is indexed twice, once per workspace mode: sealed (the default; each row
+one envelope of vector and metadata, search on the client) and server-search. Each
+attack is reported as a success rate beside its chance rate, for a plain-vector control
+(what a server storing plain embeddings would give away), for the server-search store's
 vectors at several betas (the stored beta is read back; other betas re-encrypt the same
-rows with the same chunk ids). Beside each beta: the recall the client keeps (encrypted
-top-100 re-ranked with the plain vectors, against the plain top-10). A mode whose rows
-hold no comparable vector is reported at chance for every vector attack.
+plain vectors), and for the sealed store, whose rows hold no comparable vector (reported
+at chance for every vector attack: there is nothing to compare). Beside each beta: the
+recall the client keeps (encrypted top-100 re-ranked with the plain vectors, against
+the plain top-10).
 
     python bench/privacy.py                      # the installed `requests` package
     python bench/privacy.py --tree PATH --betas 0.5,1,2,4,8
@@ -139,6 +147,9 @@ class Setup:
     canaries: list[str]
     public_prefix: str
     duplicate: tuple[str, str]  # (public file, its private copy)
+    private: str  # the private module's path
+    sealed: bool
+    dim: int
 
 
 def default_tree() -> Path:
@@ -147,14 +158,14 @@ def default_tree() -> Path:
     return Path(requests.__file__).resolve().parent
 
 
-def build_repo(tree: Path, work: Path) -> Setup:
+def build_repo(tree: Path, work: Path, *, server_search: bool) -> Setup:
     """Index `tree` (as `<name>/`) plus a private module with canaries and a private copy
-    of one public file, in the embedded store."""
+    of one public file, in the embedded store, in the given mode."""
     from retrieval import Index
     from sync.keys import load_key
     from sync.workspace import load_config, store_path
 
-    repo = work / "repo"
+    repo = work / ("repo-server-search" if server_search else "repo-sealed")
     prefix = tree.name
     shutil.copytree(tree, repo / prefix,
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
@@ -173,12 +184,48 @@ def build_repo(tree: Path, work: Path) -> Setup:
     copy = repo / "internal" / f"vendored_{original.name}"
     shutil.copyfile(original, copy)
 
-    Index(repo).index()
+    with Index(repo) as idx:
+        idx.init(server_search=server_search)
+        idx.index()
     config = load_config(repo)
     return Setup(repo=repo, store_dir=store_path(repo), workspace_id=config.workspace_id,
                  key=load_key(config.workspace_id), canaries=canaries, public_prefix=prefix,
                  duplicate=(original.relative_to(repo).as_posix(),
-                            copy.relative_to(repo).as_posix()))
+                            copy.relative_to(repo).as_posix()),
+                 private=private.relative_to(repo).as_posix(), sealed=config.sealed,
+                 dim=config.dim)
+
+
+def edit_and_reindex(setup: Setup, before: ServerView) -> dict[str, int]:
+    """Edit one function of the private module, index again, and look at what the
+    server can tell: rows of the file that kept their id or bytes, and superseded rows'
+    bytes left anywhere in the data dir."""
+    from retrieval import Index
+    from sync.crypto import node_key
+    from sync.store import fid_of
+
+    fid = fid_of(node_key(setup.key, setup.private))
+    old = [(c, m) for c, m, f in zip(before.chunk_ids, before.metas, before.fids, strict=True)
+           if f == fid]
+    path = setup.repo / setup.private
+    path.write_text(path.read_text().replace("account.balance *= 1 + rate",
+                                             "account.balance *= 1 + rate / 4"))
+    with Index(setup.repo) as idx:
+        idx.index()
+    after = read_server(setup.store_dir)
+    new = {(c, m) for c, m, f in zip(after.chunk_ids, after.metas, after.fids, strict=True)
+           if f == fid}
+    kept_ids = len({c for c, _ in old} & {c for c, _ in new})
+    kept_bytes = len({m for _, m in old} & {m for _, m in new})
+    superseded = [m for c, m in old if (c, m) not in new]
+    lingering = 0
+    for file in setup.store_dir.rglob("*"):
+        if file.is_file():
+            data = file.read_bytes()
+            lingering += sum(1 for m in superseded if m[:48] in data)
+    return {"file_rows_before": len(old), "file_rows_after": len(new),
+            "rows_keeping_their_id": kept_ids, "rows_keeping_their_bytes": kept_bytes,
+            "superseded_rows": len(superseded), "superseded_rows_still_on_disk": lingering}
 
 
 # -- what the server holds -------------------------------------------------------------
@@ -187,6 +234,7 @@ def build_repo(tree: Path, work: Path) -> Setup:
 @dataclass
 class ServerView:
     rids: np.ndarray
+    fids: list[int]
     chunk_ids: list[bytes]
     vectors: np.ndarray | None  # None where rows hold nothing comparable
     metas: list[bytes]
@@ -206,6 +254,7 @@ def read_server(store_dir: Path) -> ServerView:
             "SELECT key, value FROM nodes WHERE is_dir = 0 AND value IS NOT NULL")}
     return ServerView(
         rids=np.asarray(rows.column("rid").to_pylist(), dtype=np.int64),
+        fids=rows.column("fid").to_pylist(),
         chunk_ids=[bytes(c) for c in rows.column("chunk_id").to_pylist()],
         vectors=vectors, metas=[bytes(m) for m in rows.column("meta").to_pylist()],
         leaves=leaves)
@@ -231,23 +280,29 @@ def ground_truth(setup: Setup, view: ServerView) -> Truth:
     from indexer.chunker import chunk_file
     from indexer.embed_cache import CachedEmbedder, EmbeddingCache
     from indexer.embedder_registry import default_embedder
-    from sync.crypto import open_meta
+    from sync.crypto import node_key, open_meta
+    from sync.sealed_rows import RowSealer
+    from sync.store import fid_of
 
     embedder = CachedEmbedder(default_embedder(), EmbeddingCache())
+    sealer = RowSealer(setup.key, setup.workspace_id, setup.dim)
+    file_keys: dict[int, bytes] = {}
     chunks = []
     for path in sorted(setup.repo.rglob("*.py")):
         rel = path.relative_to(setup.repo).as_posix()
         if rel.startswith(".codeveil"):
             continue
         chunks.extend(chunk_file(rel, path.read_text()))
+        file_keys[fid_of(node_key(setup.key, rel))] = node_key(setup.key, rel)
     vectors = embedder.embed([c.embed_text for c in chunks]).vectors
     by_hash = {(c.path, c.chunk_hash): i for i, c in enumerate(chunks)}
     public = [i for i, c in enumerate(chunks) if c.path.startswith(setup.public_prefix + "/")]
     public_index = {i: n for n, i in enumerate(public)}
 
     labels, plain, row_files = [], [], []
-    for cid, blob in zip(view.chunk_ids, view.metas, strict=True):
-        meta = open_meta(setup.key, setup.workspace_id, cid, blob)
+    for cid, blob, fid in zip(view.chunk_ids, view.metas, view.fids, strict=True):
+        meta = (sealer.open(cid, file_keys[fid], blob).meta if setup.sealed
+                else open_meta(setup.key, setup.workspace_id, cid, blob))
         i = by_hash[(meta.path, meta.chunk_hash)]
         labels.append(public_index.get(i, -1))
         plain.append(vectors[i])
@@ -476,24 +531,33 @@ def main(argv: list[str] | None = None) -> int:
     from sync.crypto import DEFAULT_BETA, VectorCipher
 
     base = isolate()
+    structural: dict[str, dict[str, object]] = {}
     try:
         with Timer() as build:
-            setup = build_repo(args.tree or default_tree(), base)
-        view = read_server(setup.store_dir)
+            stores = {name: build_repo(args.tree or default_tree(), base,
+                                       server_search=name == "server-search")
+                      for name in ("sealed", "server-search")}
+        views = {name: read_server(setup.store_dir) for name, setup in stores.items()}
+        setup, view = stores["server-search"], views["server-search"]
         t = ground_truth(setup, view)
         queries = default_embedder().embed(QUERIES).astype(np.float32)
         print(f"{len(view.rids)} rows ({int(np.sum(t.labels < 0))} private), "
-              f"{len(t.known)} public chunks known to the server; built in "
+              f"{len(t.known)} public chunks known to the server; both stores built in "
               f"{build.seconds:.1f} s\n")
 
-        canaries = scan_canaries(setup.store_dir, setup.canaries)
-        order_chunk, order_file = attack_id_order(view, t)
-        dupes, linked, planted = attack_equal_leaves(setup, view)
-        structural = {"canary_hits": canaries, "canaries_planted": len(setup.canaries),
-                      "id_order_chunk": order_chunk, "id_order_file": order_file,
-                      "id_order_chance": 1.0 / len(t.known), "identical_file_groups": dupes,
-                      "identical_groups_with_equal_leaves": linked,
-                      "planted_copy_named": planted}
+        for name, st in stores.items():
+            tv = ground_truth(st, views[name])
+            order_chunk, order_file = attack_id_order(views[name], tv)
+            dupes, linked, planted = attack_equal_leaves(st, views[name])
+            structural[name] = {
+                "canary_hits": scan_canaries(st.store_dir, st.canaries),
+                "canaries_planted": len(st.canaries),
+                "id_order_chunk": order_chunk, "id_order_file": order_file,
+                "id_order_chance": 1.0 / len(tv.known), "identical_file_groups": dupes,
+                "identical_groups_with_equal_leaves": linked, "planted_copy_named": planted,
+                "rows_with_a_vector": views[name].vectors is not None,
+                **edit_and_reindex(st, views[name]),
+            }
 
         rows = [run_mode("plain vectors (control)", t.plain, t, lambda q: q, queries, args.seed)]
         dim = t.plain.shape[1]
@@ -502,21 +566,34 @@ def main(argv: list[str] | None = None) -> int:
             cipher = VectorCipher(setup.key, dim, beta)
             stored = (view.vectors if view.vectors is not None and beta == DEFAULT_BETA
                       else cipher.encrypt(t.plain, ids))
-            rows.append(run_mode(f"DCPE beta {beta:g}", stored, t,
+            rows.append(run_mode(f"server-search, DCPE beta {beta:g}", stored, t,
                                  cipher.encrypt_query, queries, args.seed))
-        if view.vectors is None:
-            rows.append(run_mode("sealed rows (this store)", None, t, None, queries,
-                                 args.seed))
+        assert views["sealed"].vectors is None, "a sealed store holds a vector column"
+        rows.append(run_mode("sealed (default)", None, t, None, queries, args.seed))
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
-    print(table(["attack (server's data dir only)", "result"], [
-        ["canary hits (every byte)", f"{canaries} of {len(setup.canaries)} planted"],
-        ["rows labelled by id order: chunk", f"{order_chunk:.1%} (chance {1/len(t.known):.1%})"],
-        ["rows labelled by id order: file", f"{order_file:.1%}"],
-        ["identical files with equal leaves", f"{linked} of {dupes} groups"],
-        ["planted private copy named", str(planted)],
-    ]))
+    def pct_of(v: object) -> str:
+        return f"{100 * float(v):.1f}%"  # type: ignore[arg-type]
+
+    lines = [
+        ("canary hits (every byte)", lambda d: f"{d['canary_hits']} of {d['canaries_planted']}"),
+        ("rows labelled by id order: chunk", lambda d: pct_of(d["id_order_chunk"])),
+        ("rows labelled by id order: file", lambda d: pct_of(d["id_order_file"])),
+        ("identical files with equal leaves",
+         lambda d: f"{d['identical_groups_with_equal_leaves']} of {d['identical_file_groups']}"),
+        ("planted private copy named", lambda d: str(d["planted_copy_named"])),
+        ("edit: rows keeping their id",
+         lambda d: f"{d['rows_keeping_their_id']} of {d['file_rows_before']}"),
+        ("edit: rows keeping their bytes",
+         lambda d: f"{d['rows_keeping_their_bytes']} of {d['file_rows_before']}"),
+        ("edit: superseded rows still on disk",
+         lambda d: f"{d['superseded_rows_still_on_disk']} of {d['superseded_rows']}"),
+    ]
+    print(f"id-order chance: {pct_of(structural['sealed']['id_order_chance'])}")
+    print(table(["attack (server's data dir only)", "sealed", "server-search"],
+                [[label, f(structural["sealed"]), f(structural["server-search"])]
+                 for label, f in lines]))
     print()
     pct = lambda v: "-" if v is None else f"{100 * v:.1f}"  # noqa: E731
     headers = ["mode", "NN", *[f"Proc@{k}" for k in KNOWN_PAIRS],

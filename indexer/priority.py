@@ -4,12 +4,14 @@ While a first index runs, every chunk is searchable by name and words at once, a
 meaning once its vector is in: so the files a search most likely wants get their vectors
 first. Source code before tests, tests before docs and config (a question about code is
 answered by code); within each, files touched by recent commits first (they are the ones
-being worked on); then by path, so the order is stable.
+being worked on); within those, in a random order: the order rows reach a server in (its
+row numbers) must not follow the sorted paths, which a public tree listing would reveal.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
@@ -72,7 +74,8 @@ def embed_order(paths: Iterable[str], root: Path | None = None) -> list[str]:
     if len(paths) < 2:  # nothing to order: no git process for a one-file update
         return paths
     recency = git_recency(root) if root is not None else {}
-    return sorted(paths, key=lambda p: (category(p), -recency.get(p, 0), p))
+    random.SystemRandom().shuffle(paths)  # sorted() is stable: ties keep this order
+    return sorted(paths, key=lambda p: (category(p), -recency.get(p, 0)))
 
 
 __all__ = ["OTHER", "SOURCE", "TESTS", "category", "embed_order", "git_recency"]

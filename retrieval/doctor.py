@@ -365,7 +365,7 @@ def _repair(root: Path, plan: _Plan, embedder: Embedder | None, report: DoctorRe
         moved = _aside(store_path(root))
         with Store(store_path(root)) as store:
             store.create_workspace(config.dim, config.model_id, key.key_check,
-                                   workspace_id=config.workspace_id)
+                                   workspace_id=config.workspace_id, mode=config.mode)
         plan.rebuild_store.repaired = (f"store moved to {moved.name}; rebuilt from the"
                                        " working tree")
         reupload = True

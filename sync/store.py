@@ -596,6 +596,8 @@ class WorkspaceStore:
             # is the count, and LanceDB (seconds to import) is not needed.
             chunks = self._snapshot_rows()
             if chunks is None:
+                chunks = self._counted_rows()
+            if chunks is None:
                 chunks = self._count_rows()
         assert chunks is not None
         r = self._record
@@ -614,6 +616,25 @@ class WorkspaceStore:
             extra=extra,
             mode=r.mode,
         )
+
+    def _record_row_count(self) -> None:
+        """Note the table's rows at this generation, for `info` to read where there is no
+        snapshot to count them (a sealed workspace has none) without LanceDB."""
+        rows = int(self._table.count_rows())
+        with _transaction(self._wconn) as conn:
+            (gen,) = conn.execute("SELECT value FROM state WHERE name = 'generation'").fetchone()
+            conn.executemany("INSERT OR REPLACE INTO state (name, value) VALUES (?, ?)",
+                             [("counted_generation", gen), ("counted_rows", rows)])
+
+    def _counted_rows(self) -> int | None:
+        """The rows noted by the last apply, if nothing was written since."""
+        with self._rlock:
+            noted = dict(self._rconn.execute(
+                "SELECT name, value FROM state WHERE name IN"
+                " ('generation', 'counted_generation', 'counted_rows')"))
+        if noted.get("counted_generation") != noted.get("generation"):
+            return None
+        return noted.get("counted_rows")
 
     def _count_rows(self) -> int:
         """The table's rows, from a fresh handle (it sees the latest version whoever
@@ -781,6 +802,7 @@ class WorkspaceStore:
                 self._purge(added=sum(len(u.chunk_ids) for u in ups))
             else:
                 self._maybe_compact()
+            self._record_row_count()
             self._maybe_rebuild()
             if self._save_due():
                 self._save_index()
@@ -866,6 +888,8 @@ class WorkspaceStore:
             raise StoreCorrupt(f"the chunk table {table_dir} has no version manifest;"
                                f" {LANCE_ADVICE}")
         rows = self._snapshot_rows()
+        if rows is None:
+            rows = self._counted_rows()
         data = list((table_dir / "data").glob("*.lance"))
         if (rows and not data) or any(d.stat().st_size == 0 for d in data):
             raise StoreCorrupt(f"the chunk table {table_dir} lost its data files;"

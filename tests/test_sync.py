@@ -11,18 +11,17 @@ import os
 import random
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import lancedb
 import pytest
 
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from sync.keys import export_key, import_key, load_key
+from sync.keys import WorkspaceKey, export_key, import_key, load_key
+from sync.store_contents import Contents, workspace_contents
 from sync.workspace import load_config, load_token, store_path
 from tests.conftest import write_repo
 
@@ -54,16 +53,9 @@ def many_files(root: Path, count: int, *, seed: int = 0) -> Path:
     return write_repo(root, files)
 
 
-def snapshot(data_dir: Path, workspace_id: str) -> tuple[bytes | None, list[bytes], list]:
-    """(root value, sorted chunk ids, sorted nodes) of a workspace, read from its files."""
-    ws = data_dir / "workspaces" / workspace_id
-    db = sqlite3.connect(ws / "tree.sqlite")
-    nodes = sorted(db.execute("SELECT key, parent, value, is_dir FROM nodes"))
-    root = db.execute("SELECT value FROM nodes WHERE parent IS NULL").fetchone()
-    db.close()
-    ids = sorted(lancedb.connect(ws).open_table("chunks").to_arrow().column("chunk_id")
-                 .to_pylist())
-    return (root[0] if root else None), ids, nodes
+def snapshot(data_dir: Path, workspace_id: str, key: WorkspaceKey | None = None) -> Contents:
+    """What the workspace holds, opened (row ids are fresh on every send)."""
+    return workspace_contents(data_dir, workspace_id, key or load_key(workspace_id))
 
 
 def data_dir_of(repo: Path, backend: str, live_server) -> Path:
@@ -218,7 +210,8 @@ def test_client_killed_mid_sync_converges(tmp_path: Path, backend: str, live_ser
         assert cli(["init", ".", "--server", live_server.url], clean_repo, clean_env).wait(60) == 0
     assert cli(["index", "-q"], clean_repo, clean_env).wait(300) == 0
     clean_ws = load_config(clean_repo).workspace_id
-    clean_state = snapshot(data_dir_of(clean_repo, backend, live_server), clean_ws)
+    clean_state = snapshot(data_dir_of(clean_repo, backend, live_server), clean_ws,
+                           load_key(ws))
     assert state[0] == clean_state[0] and state[1] == clean_state[1]
     assert state[2] == clean_state[2]
 
@@ -246,7 +239,8 @@ def test_server_killed_mid_sync_converges(tmp_path: Path, server_factory) -> Non
     clean_env = dict(env, CODEVEIL_KEY=export_key(load_key(ws)))
     assert cli(["init", ".", "--server", server.url], clean_repo, clean_env).wait(60) == 0
     assert cli(["index", "-q"], clean_repo, clean_env).wait(300) == 0
-    clean_state = snapshot(server.data_dir, load_config(clean_repo).workspace_id)
+    clean_state = snapshot(server.data_dir, load_config(clean_repo).workspace_id,
+                           load_key(ws))
     assert state[0] == clean_state[0] and state[1] == clean_state[1]
     assert state[2] == clean_state[2]
 

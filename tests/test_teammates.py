@@ -101,7 +101,7 @@ class Team:
         shutil.copytree(repo, copy)
         ws = "clean-" + secrets.token_hex(4)
         self.sync(copy, workspace_id=ws, token=self.new_workspace(ws))
-        return snapshot(self.data_dir, ws)
+        return snapshot(self.data_dir, ws, self.key)
 
 
 FILES = {f"pkg{i}/mod{j}.py": f"def f{i}_{j}(x):\n    return x + {i * 10 + j}\n"

@@ -1,0 +1,45 @@
+"""What a workspace of a data dir holds, opened with its key: for checking that two
+stores hold the same thing (convergence tests, the fault benchmark).
+
+Row ids are random and fresh on every send, so two stores of one tree never share them;
+a row is compared by what it holds instead: its file and, opened, the chunk it locates.
+Reads the files directly; run it with no writer active.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from sync.crypto import open_meta
+from sync.keys import WorkspaceKey
+from sync.sealed_rows import RowSealer
+from sync.store import TABLE, fid_of
+
+#: (root value, sorted rows, sorted nodes); a row is (fid, path, start line, end line,
+#: symbol, language, chunk hash), a node (key, parent, value, is_dir).
+Contents = tuple[bytes | None, list[tuple], list[tuple]]
+
+
+def workspace_contents(data_dir: Path, workspace_id: str, key: WorkspaceKey) -> Contents:
+    import lancedb
+
+    ws = data_dir / "workspaces" / workspace_id
+    with sqlite3.connect(ws / "tree.sqlite") as db:
+        nodes = sorted(db.execute("SELECT key, parent, value, is_dir FROM nodes"))
+        root = db.execute("SELECT value FROM nodes WHERE parent IS NULL").fetchone()
+    with sqlite3.connect(data_dir / "registry.sqlite") as reg:
+        (dim,) = reg.execute("SELECT dim FROM workspaces WHERE id = ?",
+                             (workspace_id,)).fetchone()
+    file_keys = {fid_of(k): k for k, _, _, is_dir in nodes if not is_dir}
+    table = lancedb.connect(ws).open_table(TABLE).to_arrow()
+    sealer = None if "vector" in table.column_names else RowSealer(key, workspace_id, dim)
+    rows = []
+    for cid, fid, blob in zip(table.column("chunk_id").to_pylist(),
+                              table.column("fid").to_pylist(),
+                              table.column("meta").to_pylist(), strict=True):
+        meta = (sealer.open(cid, file_keys[fid], blob).meta if sealer is not None
+                else open_meta(key, workspace_id, cid, blob))
+        rows.append((fid, meta.path, meta.start_line, meta.end_line, meta.symbol,
+                     meta.language, meta.chunk_hash))
+    return (root[0] if root else None), sorted(rows), nodes
