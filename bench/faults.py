@@ -93,6 +93,17 @@ def snapshot(data_dir: Path, workspace_id: str, key: str) -> tuple:
     return workspace_contents(data_dir, workspace_id, parse_key(key))
 
 
+def _difference(state: tuple, clean: tuple) -> str:
+    """What a diverged store holds beyond, or lacks against, a clean one."""
+    rows, want = set(state[1]), set(clean[1])
+    nodes, want_nodes = set(state[2]), set(clean[2])
+    extra = sorted({r[1] for r in rows - want})
+    lacking = sorted({r[1] for r in want - rows})
+    return (f"root {'equal' if state[0] == clean[0] else 'differs'}; rows of files it should"
+            f" not hold {extra[:5]}, rows it lacks {lacking[:5]}; {len(nodes - want_nodes)}"
+            f" nodes extra or different, {len(want_nodes - nodes)} missing")
+
+
 def workspace_of(repo: Path) -> str:
     return json.loads((repo / ".codeveil" / "config.json").read_text())["workspace_id"]
 
@@ -241,7 +252,10 @@ def trial_teammates(work: Path, rng: random.Random, files: int, kills: int) -> t
         ok = True
         for repo in (one, two):
             run(["index", "-q"], repo, mate)
-            ok &= snapshot(server.data, ws, key) == clean_state(repo, work, key, server)
+            state, clean = snapshot(server.data, ws, key), clean_state(repo, work, key, server)
+            if state != clean:
+                print(f"  {repo.name}: {_difference(state, clean)}", flush=True)
+            ok &= state == clean
         return done, ok
     finally:
         server.stop()

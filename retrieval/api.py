@@ -353,6 +353,10 @@ class Index:
             options = replace(self.search_options,
                               depth=min(max(self.search_options.depth, k * OVERFETCH), 1000))
             total, with_vectors = LocalChunks(db).coverage()
+            if self._vectors is not None and config.sealed:
+                # Chunks whose vector this machine lacks (an emptied cache) are not
+                # searched by meaning either, pending or not.
+                with_vectors = min(with_vectors, self._vectors.count)
             if with_vectors < total:
                 # While an index builds, the vector ranking ranks only the chunks embedded
                 # so far: its first place is first among a few. Its vote shrinks with
