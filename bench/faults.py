@@ -234,14 +234,19 @@ def trial_teammates(work: Path, rng: random.Random, files: int, kills: int) -> t
         shutil.copytree(one, two, ignore=shutil.ignore_patterns(".codeveil"))
         run(["init", ".", "--server", server.url, "--workspace", ws], two, mate)
         done = 0
-        for attempt in range(kills):
+        # An attempt whose victim finished before its moment does not count: up to four
+        # attempts per kill asked for (an incremental index is over in about a second).
+        for attempt in range(4 * kills):
+            if done == kills:
+                break
             mutate(one, rng, f"one{attempt}")
             mutate(two, rng, f"two{attempt}")
             procs = [cli(["index", "-q"], one, mate), cli(["index", "-q"], two, mate)]
             if rng.random() < 0.5:
                 procs.reverse()
-            # Kill one of them at a random moment; the other runs to its end.
-            time.sleep(rng.uniform(0.3, 2.5))
+            # Kill one of them at a random moment of its run (an incremental index of
+            # these trees takes about half a second); the other runs to its end.
+            time.sleep(rng.uniform(0.05, 0.6))
             if procs[0].poll() is None:
                 procs[0].send_signal(signal.SIGKILL)
                 done += 1

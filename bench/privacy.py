@@ -419,6 +419,16 @@ def attack_id_order(view: ServerView, t: Truth) -> tuple[float, float]:
     return chunk, files
 
 
+def id_order_file_chance(t: Truth) -> float:
+    """The file accuracy of labelling by id order when rows are in random order: a row of
+    file f is labelled with f as often as f's share of the chunk list."""
+    from collections import Counter
+
+    listed = Counter(t.known_files)
+    public = np.flatnonzero(t.labels >= 0)
+    return float(np.mean([listed[t.row_files[r]] / len(t.known_files) for r in public]))
+
+
 def attack_equal_leaves(setup: Setup, view: ServerView) -> tuple[int, int, bool]:
     """(groups of identical files, of them with identical leaf values, planted copy named)."""
     import xxhash
@@ -553,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
                 "canary_hits": scan_canaries(st.store_dir, st.canaries),
                 "canaries_planted": len(st.canaries),
                 "id_order_chunk": order_chunk, "id_order_file": order_file,
-                "id_order_chance": 1.0 / len(tv.known), "identical_file_groups": dupes,
+                "id_order_chance": 1.0 / len(tv.known),
+                "id_order_file_chance": id_order_file_chance(tv), "identical_file_groups": dupes,
                 "identical_groups_with_equal_leaves": linked, "planted_copy_named": planted,
                 "rows_with_a_vector": views[name].vectors is not None,
                 **edit_and_reindex(st, views[name]),
@@ -580,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
         ("canary hits (every byte)", lambda d: f"{d['canary_hits']} of {d['canaries_planted']}"),
         ("rows labelled by id order: chunk", lambda d: pct_of(d["id_order_chunk"])),
         ("rows labelled by id order: file", lambda d: pct_of(d["id_order_file"])),
+        ("  (the same, rows in random order)", lambda d: pct_of(d["id_order_file_chance"])),
         ("identical files with equal leaves",
          lambda d: f"{d['identical_groups_with_equal_leaves']} of {d['identical_file_groups']}"),
         ("planted private copy named", lambda d: str(d["planted_copy_named"])),
