@@ -58,7 +58,7 @@ import xxhash
 
 from indexer.chunk import Chunk
 from indexer.lexical_tokens import tokenize
-from indexer.local_chunks import LocalChunks
+from indexer.local_chunks import LocalChunks, change_stamp
 from indexer.private_files import fsync_dir
 
 log = logging.getLogger(__name__)
@@ -77,24 +77,6 @@ REBUILD_SHARE: Final = 0.5
 _SQL_BATCH: Final = 900
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
-
-_GENERATION_SCHEMA = """
-CREATE TABLE IF NOT EXISTS lexical_generation (
-    id INTEGER PRIMARY KEY CHECK (id = 0),
-    n INTEGER NOT NULL,
-    epoch BLOB NOT NULL
-);
-INSERT OR IGNORE INTO lexical_generation VALUES (0, 0, randomblob(8));
-CREATE TRIGGER IF NOT EXISTS lexical_gen_ins AFTER INSERT ON chunk_files
-BEGIN UPDATE lexical_generation SET n = n + 1 WHERE id = 0; END;
-CREATE TRIGGER IF NOT EXISTS lexical_gen_upd AFTER UPDATE ON chunk_files
-BEGIN UPDATE lexical_generation SET n = n + 1 WHERE id = 0; END;
-CREATE TRIGGER IF NOT EXISTS lexical_gen_del AFTER DELETE ON chunk_files
-BEGIN UPDATE lexical_generation SET n = n + 1 WHERE id = 0; END;
-"""
-# The triggers sit on `chunk_files`, not `chunks`: every write of LocalChunks touches a
-# file's row in the same transaction as its chunks, and one bump per file instead of one
-# per chunk keeps the cost off the indexer (per-chunk triggers: +35% insert time).
 
 Stamp = tuple[int, int, bytes]  # (change counter, chunk count, database epoch)
 
@@ -805,25 +787,15 @@ def top_k(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
 
 
 def install_generation(db: sqlite3.Connection) -> None:
-    """Create the change counter and its triggers in the state database (idempotent).
-
-    Looks first, so that a search does not take the write lock once they exist.
-    """
-    have = db.execute(
-        "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'lexical_gen_%'"
-    ).fetchone()[0]
-    if have == 3:
-        return
-    LocalChunks(db)  # the tables the triggers sit on
-    with db:
-        db.executescript(_GENERATION_SCHEMA)
+    """Make sure the chunk table's change counter exists (`indexer.local_chunks`)."""
+    LocalChunks(db)
 
 
 def read_stamp(db: sqlite3.Connection) -> Stamp:
     """(change counter, chunk count, database epoch) of the chunk table as it is now."""
-    n, epoch = db.execute("SELECT n, epoch FROM lexical_generation WHERE id = 0").fetchone()
+    n, epoch = change_stamp(db)
     count = db.execute("SELECT count(*) FROM chunks").fetchone()[0]
-    return int(n), int(count), bytes(epoch)
+    return n, int(count), epoch
 
 
 @dataclass

@@ -70,7 +70,7 @@ import xxhash
 
 from indexer.chunk import Chunk
 from indexer.embed_cache import EmbeddingCache, cache_key
-from indexer.local_chunks import LocalChunks
+from indexer.local_chunks import LocalChunks, change_stamp
 from indexer.private_files import fsync_dir, private_dir
 from retrieval.lexical import LexDoc
 
@@ -89,29 +89,6 @@ _ORPHAN_AGE_S: Final = 3600.0
 _SQL_BATCH: Final = 900  # SQLite's host parameters per statement, with a margin
 _READ_BATCH: Final = 4096  # chunks whose vectors are looked up at once
 _BASE_NAME = re.compile(r"^base-([0-9a-f]{16})\.(npy|npz)$")
-
-_GENERATION_SCHEMA = """
-CREATE TABLE IF NOT EXISTS vector_generation (
-    id INTEGER PRIMARY KEY CHECK (id = 0),
-    n INTEGER NOT NULL,
-    epoch BLOB NOT NULL
-);
-INSERT OR IGNORE INTO vector_generation VALUES (0, 0, randomblob(8));
-CREATE TRIGGER IF NOT EXISTS vector_gen_files_ins AFTER INSERT ON chunk_files
-BEGIN UPDATE vector_generation SET n = n + 1 WHERE id = 0; END;
-CREATE TRIGGER IF NOT EXISTS vector_gen_files_upd AFTER UPDATE ON chunk_files
-BEGIN UPDATE vector_generation SET n = n + 1 WHERE id = 0; END;
-CREATE TRIGGER IF NOT EXISTS vector_gen_files_del AFTER DELETE ON chunk_files
-BEGIN UPDATE vector_generation SET n = n + 1 WHERE id = 0; END;
-CREATE TRIGGER IF NOT EXISTS vector_gen_pending_ins AFTER INSERT ON pending_files
-BEGIN UPDATE vector_generation SET n = n + 1 WHERE id = 0; END;
-CREATE TRIGGER IF NOT EXISTS vector_gen_pending_del AFTER DELETE ON pending_files
-BEGIN UPDATE vector_generation SET n = n + 1 WHERE id = 0; END;
-"""
-_TRIGGERS: Final = 5
-# Like the lexical index's, the triggers sit on the file lists rather than on `chunks`:
-# every write of LocalChunks touches a file's row in the transaction of its chunks, and
-# marking a file stored (which changes no chunk) deletes its `pending_files` row.
 
 Stamp = tuple[int, bytes]  # (change counter, database epoch)
 Model = tuple[str, int]  # (model id, dim)
@@ -398,24 +375,14 @@ def _best(scores: np.ndarray, m: int) -> np.ndarray:
 
 
 def install_generation(db: sqlite3.Connection) -> None:
-    """Create the change counter and its triggers in the state database (idempotent).
-
-    Looks first, so that a search does not take the write lock once they exist.
-    """
-    have = db.execute(
-        "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'vector_gen_%'"
-    ).fetchone()[0]
-    if have == _TRIGGERS:
-        return
-    LocalChunks(db)  # the tables the triggers sit on
-    with db:
-        db.executescript(_GENERATION_SCHEMA)
+    """Make sure the chunk table's change counter exists (`indexer.local_chunks`); it
+    also counts changes to the pending list, which decide what this index covers."""
+    LocalChunks(db)
 
 
 def read_stamp(db: sqlite3.Connection) -> Stamp:
     """(change counter, database epoch) of the chunk table and pending list as they are."""
-    n, epoch = db.execute("SELECT n, epoch FROM vector_generation WHERE id = 0").fetchone()
-    return int(n), bytes(epoch)
+    return change_stamp(db)
 
 
 @dataclass
