@@ -20,7 +20,10 @@ machine:
   after a call and would slow whatever runs next), the store searches for k=100 as
   `retrieval` asks (`local`: in-process; `http`: `python -m sync.server` on loopback,
   keep-alive; the two alternate which goes first). `total` = embed + encrypt + http
-  query by query: what a user of a server waits for. The search vector is a synthetic
+  query by query: what a user of a server waits for. `sealed`: the same plain vectors
+  in the client's own index (`retrieval.local_vectors`, what a sealed workspace
+  searches), timed in the same loop (the three take turns going first), and
+  `sealed_total` = embed + sealed. The search vector is a synthetic
   query of the corpus's distribution (a real query's vector would not relate to
   synthetic data);
 - recall@10 and @100 of the answers against exact search over the same vectors;
@@ -209,6 +212,21 @@ def exact_neighbours(vectors: np.ndarray, queries: np.ndarray, k: int) -> np.nda
     return rows
 
 
+def sealed_index(folder: Path, corpus: np.ndarray) -> Any:
+    """The client-side vector index (retrieval.local_vectors) over the plain vectors."""
+    from bench.local_vectors import MODEL as LOCAL_MODEL
+    from bench.local_vectors import fill as fill_local
+    from indexer.embed_cache import EmbeddingCache
+    from indexer.local_chunks import LocalChunks, open_state_db
+    from retrieval.local_vectors import LocalVectorStore
+
+    folder.mkdir(parents=True)
+    db = open_state_db(folder / "state.sqlite")
+    cache = EmbeddingCache(folder / "embeddings.sqlite")
+    fill_local(LocalChunks(db), cache, corpus)
+    return LocalVectorStore(folder / "vectors").current(db, cache, LOCAL_MODEL, DIM)
+
+
 def run_size(n: int, args: argparse.Namespace, work: Path, embedder: Any) -> dict[str, Any]:
     rng_seed = n
     key = WorkspaceKey.generate()
@@ -224,6 +242,7 @@ def run_size(n: int, args: argparse.Namespace, work: Path, embedder: Any) -> dic
     with Timer() as t:
         encrypted = fill(client, cipher, corpus)
     row["ingest_s"] = t.seconds
+    here = sealed_index(work / f"ws{n}" / "client", corpus)  # what a sealed client searches
     del corpus
     gc.collect()
     store.close()
@@ -260,7 +279,8 @@ def run_size(n: int, args: argparse.Namespace, work: Path, embedder: Any) -> dic
         http.search(queries[0], 1)
     row["server_open_s"] = t.seconds
 
-    times: dict[str, list[float]] = {"embed": [], "encrypt": [], "local": [], "http": []}
+    times: dict[str, list[float]] = {"embed": [], "encrypt": [], "local": [], "http": [],
+                                     "sealed": []}
     found_local: list[list[bytes]] = []
     found_http: list[list[bytes]] = []
     for i in range(args.warmup):
@@ -280,15 +300,21 @@ def run_size(n: int, args: argparse.Namespace, work: Path, embedder: Any) -> dic
         times["encrypt"].append(time.perf_counter() - t1)
     time.sleep(1.0)
     for i, q in enumerate(queries):
-        for which in ("local", "http") if i % 2 else ("http", "local"):
+        order = ("local", "http", "sealed")
+        for which in order[i % 3:] + order[: i % 3]:  # each goes first a third of the time
             started = time.perf_counter()
             if which == "local":
                 found_local.append([h.chunk_id for h in client.search(q, args.k)])
-            else:
+            elif which == "http":
                 found_http.append([h.chunk_id for h in http.search(q, args.k)])
+            else:
+                here.nearest(plain_queries[i], args.k)
             times[which].append(time.perf_counter() - started)
     times["total"] = [e + c + h for e, c, h in zip(times["embed"], times["encrypt"],
                                                    times["http"], strict=True)]
+    # A sealed workspace's search: the model, then the client's own exact search.
+    times["sealed_total"] = [e + h for e, h in zip(times["embed"], times["sealed"],
+                                                   strict=True)]
     row["load_avg"] = (load_before + os.getloadavg()[0]) / 2
     row["server_rss_mb"] = server.rss_mb()
     http.close()
@@ -410,12 +436,15 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     headers = ["rows", "index", "embed p50", "local p50/p99", "http p50/p99",
-               "total p50/p99", "recall@10", f"recall@{args.k}", "RSS MB", "build s", "open s"]
+               "total p50/p99", "sealed p50/p99", "sealed total p50/p99", "recall@10",
+               f"recall@{args.k}", "RSS MB", "build s", "open s"]
     print(table(headers, [
         [r["rows"], _kind(r["index"]), r["embed_p50_ms"],
          f"{r['local_p50_ms']:.1f}/{r['local_p99_ms']:.1f}",
          f"{r['http_p50_ms']:.1f}/{r['http_p99_ms']:.1f}",
          f"{r['total_p50_ms']:.1f}/{r['total_p99_ms']:.1f}",
+         f"{r['sealed_p50_ms']:.1f}/{r['sealed_p99_ms']:.1f}",
+         f"{r['sealed_total_p50_ms']:.1f}/{r['sealed_total_p99_ms']:.1f}",
          r["recall@10"], r[f"recall@{args.k}"], r["server_rss_mb"], r["build_s"], r["open_s"]]
         for r in rows
     ]))
