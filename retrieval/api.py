@@ -65,9 +65,6 @@ ENV_EMBED_ON = "CODEVEIL_EMBED_ON"
 # Ask the server for more neighbours than shown: filters and stale hits drop some.
 OVERFETCH = 4
 QUERY_CACHE_SIZE = 256
-# Decrypted metadata of recently seen chunk ids: the parts of a long query share most
-# neighbours, and an agent repeats searches.
-META_CACHE_SIZE = 20_000
 
 
 class SearchError(CodeveilError):
@@ -425,24 +422,14 @@ class Index:
                                         counter.count, embedder.max_tokens,
                                         count_many=counter.count_batch)
             return self._ranker
-        cipher = crypto.VectorCipher(key, config.dim)
-        metas: OrderedDict[bytes, crypto.ChunkMeta] = OrderedDict()
+        from sync.server_search import ServerSearch
 
+        server = ServerSearch(client, key, config.workspace_id, config.dim)
         reranker = self._plain_reranker(config)
 
         def nearest(vector: np.ndarray, n: int) -> list[tuple[LexDoc, float]]:
-            out = []
-            for found in client.search(cipher.encrypt_query(vector), min(n, 1000)):
-                meta = metas.get(found.chunk_id)
-                if meta is None:
-                    meta = crypto.open_meta(key, config.workspace_id, found.chunk_id,
-                                            found.meta)
-                    metas[found.chunk_id] = meta
-                    if len(metas) > META_CACHE_SIZE:
-                        metas.popitem(last=False)
-                doc = LexDoc(meta.path, meta.start_line, meta.end_line, meta.symbol,
-                             meta.language, meta.chunk_hash)
-                out.append((doc, cipher.distance_to_cosine(found.distance)))
+            out = [(LexDoc(m.path, m.start_line, m.end_line, m.symbol, m.language,
+                           m.chunk_hash), cosine) for m, cosine in server.nearest(vector, n)]
             # Exact cosines from this machine's own plain vectors, where it has them.
             exact = reranker.scores([(d.path, d.symbol, d.chunk_hash) for d, _ in out], vector)
             out = [(d, approx if e is None else e)

@@ -1,0 +1,93 @@
+"""The two workspace modes through the public API and the CLI: sealed (the default;
+search runs here) and server-search (the server ranks encrypted vectors)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from indexer.embedder import SentenceTransformerEmbedder
+from retrieval import Index
+from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
+from sync.workspace import load_config
+from tests.conftest import codeveil_env
+
+QUERIES = ["retry failed uploads", "hash a password", "distance between two points"]
+
+
+def _hits(idx: Index, query: str) -> list[tuple[str, int, int]]:
+    return [(h.path, h.start_line, h.end_line) for h in idx.search(query, k=5)]
+
+
+def test_both_modes_rank_alike(sample_repo: Path, tmp_path: Path,
+                               real_embedder: SentenceTransformerEmbedder) -> None:
+    # The server's candidates are re-ranked with this machine's plain vectors, so on a
+    # repo this small the two modes must agree exactly.
+    other = tmp_path / "server-search"
+    shutil.copytree(sample_repo, other)
+    with Index(sample_repo, embedder=real_embedder) as sealed, \
+            Index(other, embedder=real_embedder) as ranked:
+        sealed.index()
+        ranked.init(server_search=True)
+        ranked.index()
+        assert sealed.mode == MODE_SEALED and ranked.mode == MODE_SERVER_SEARCH
+        assert sealed.status()["mode"] == MODE_SEALED
+        for q in QUERIES:
+            assert _hits(sealed, q) == _hits(ranked, q), q
+
+
+def test_the_cli_says_when_a_workspace_ranks_on_the_server(tmp_path: Path,
+                                                           sample_repo: Path) -> None:
+    env = codeveil_env({"CODEVEIL_EMBEDDER": "hashing"})
+
+    def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "retrieval.cli", *args], cwd=cwd,
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    other = tmp_path / "other"
+    shutil.copytree(sample_repo, other)
+    made = cli("init", "--server-search", cwd=other)
+    assert made.returncode == 0, made.stderr
+    assert "server-search" in made.stdout
+    assert load_config(other).mode == MODE_SERVER_SEARCH
+    indexed = cli("index", cwd=other)
+    assert indexed.returncode == 0 and "ranks on the server" in indexed.stderr
+    sealed = cli("index", cwd=sample_repo)
+    assert sealed.returncode == 0 and "ranks on the server" not in sealed.stderr
+    assert load_config(sample_repo).mode == MODE_SEALED
+    refused = cli("init", "--server", "http://127.0.0.1:9", "--workspace", "abc",
+                  "--server-search", cwd=tmp_path / "other2" if (tmp_path / "other2").mkdir()
+                  is None else tmp_path)
+    assert refused.returncode != 0 and "keeps its own mode" in refused.stderr
+
+
+def test_a_config_written_before_modes_reads_as_server_search(sample_repo: Path) -> None:
+    import json
+
+    with Index(sample_repo) as idx:
+        idx.init(server_search=True)
+    path = sample_repo / ".codeveil" / "config.json"
+    raw = json.loads(path.read_text())
+    del raw["mode"]
+    path.write_text(json.dumps(raw))
+    assert load_config(sample_repo).mode == MODE_SERVER_SEARCH
+
+
+@pytest.mark.parametrize("bad", ["plain", 3, ""])
+def test_a_config_with_an_unknown_mode_is_named(sample_repo: Path, bad: object) -> None:
+    import json
+
+    from sync.workspace import ConfigError
+
+    with Index(sample_repo) as idx:
+        idx.init()
+    path = sample_repo / ".codeveil" / "config.json"
+    raw = json.loads(path.read_text())
+    raw["mode"] = bad
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match="mode"):
+        load_config(sample_repo)
