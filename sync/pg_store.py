@@ -35,7 +35,6 @@ import hashlib
 import hmac
 import logging
 import operator
-import re
 import secrets
 import struct
 import threading
@@ -47,6 +46,7 @@ import numpy as np
 import psycopg
 from psycopg import conninfo
 
+from sync.db_url import is_database_url, mask_url
 from sync.pg_schema import CREATE_LOCK, SCHEMA, ensure_schema
 from sync.records import (
     MODE_SEALED,
@@ -88,24 +88,9 @@ __all__ = ["PgStore", "PgWorkspace", "is_database_url", "mask_url"]
 
 log = logging.getLogger(__name__)
 
-URL_SCHEMES = ("postgresql://", "postgres://")
 CONNECT_TIMEOUT = 10  # seconds; a replica answers 503 rather than hang on a dead database
 DEFAULT_POOL_SIZE = 8  # idle connections kept per process
 W = SCHEMA  # table prefix in queries
-
-_PASSWORD_IN_URL = re.compile(r"(://[^:/@?#]*:)[^@/?#]*@")
-_PASSWORD_PARAM = re.compile(r"(password=)[^&\s]*", re.IGNORECASE)
-
-
-def is_database_url(spec: str) -> bool:
-    """Whether a `--store` value names a PostgreSQL database (else it is a data dir)."""
-    return spec.startswith(URL_SCHEMES)
-
-
-def mask_url(url: str) -> str:
-    """`url` with its password, in either place a URL may carry one, replaced by ***."""
-    return _PASSWORD_PARAM.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1***@", url))
-
 
 class _Pool:
     """Connections to one database, reused across calls; any number may be open at
