@@ -23,30 +23,27 @@ beyond exact search is a partial HNSW index per large workspace (`CREATE INDEX .
 hnsw ((vector::vector(dim)) vector_l2_ops) WHERE workspace = ...`), whose graph holds
 only that workspace's rows.
 
-Connections: a few per process, kept in a lock-protected list (autocommit, explicit
-transactions). A database that cannot be reached is a `StoreUnavailable` (503) naming it
-with its password masked.
+Connections and the binary COPY of new rows: sync.pg_conn. A database that cannot be
+reached is a `StoreUnavailable` (503) naming it with its password masked.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import logging
 import operator
 import secrets
-import struct
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import psycopg
-from psycopg import conninfo
 
 from sync.db_url import is_database_url, mask_url
+from sync.pg_conn import DEFAULT_POOL_SIZE, Pool, copy_rows, vector_text
 from sync.pg_schema import CREATE_LOCK, SCHEMA, ensure_schema
 from sync.records import (
     MODE_SEALED,
@@ -79,7 +76,6 @@ from sync.wire import (
     SealedWorkspaceError,
     StoreCorrupt,
     StoreError,
-    StoreUnavailable,
     WorkspaceExists,
     WorkspaceNotFound,
 )
@@ -88,105 +84,7 @@ __all__ = ["PgStore", "PgWorkspace", "is_database_url", "mask_url"]
 
 log = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT = 10  # seconds; a replica answers 503 rather than hang on a dead database
-DEFAULT_POOL_SIZE = 8  # idle connections kept per process
 W = SCHEMA  # table prefix in queries
-
-class _Pool:
-    """Connections to one database, reused across calls; any number may be open at
-    once, at most `size` are kept idle."""
-
-    def __init__(self, url: str, size: int) -> None:
-        self.url = url
-        self.where = mask_url(url)
-        self.size = size
-        try:
-            self._password = conninfo.conninfo_to_dict(url).get("password") or None
-        except psycopg.ProgrammingError as exc:
-            raise StoreUnavailable(f"{self.where} is not a valid database URL ({exc})") from None
-        self._idle: list[psycopg.Connection] = []
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
-        message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        if self._password:
-            message = message.replace(str(self._password), "***")
-        return StoreUnavailable(f"the database {self.where} is unavailable ({message});"
-                                " check that it runs and this replica may connect to it")
-
-    @contextlib.contextmanager
-    def connection(self) -> Iterator[psycopg.Connection]:
-        with self._lock:
-            if self._closed:
-                raise StoreError(f"the store at {self.where} is closed")
-            conn = self._idle.pop() if self._idle else None
-        if conn is None:
-            try:
-                conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
-            except psycopg.OperationalError as exc:
-                raise self._unavailable(exc) from None
-        try:
-            yield conn
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            conn.close()
-            raise self._unavailable(exc) from None
-        except BaseException:
-            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                conn.close()
-            self._put(conn)
-            raise
-        self._put(conn)
-
-    def _put(self, conn: psycopg.Connection) -> None:
-        if conn.closed:
-            return
-        with self._lock:
-            if not self._closed and len(self._idle) < self.size:
-                self._idle.append(conn)
-                return
-        conn.close()
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
-
-
-# -- rows in PostgreSQL's binary COPY format ------------------------------------------------
-
-_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
-_COPY_TRAILER = struct.pack(">h", -1)
-_NULL = struct.pack(">i", -1)
-
-
-def _field(data: bytes) -> bytes:
-    return struct.pack(">i", len(data)) + data
-
-
-def _copy_rows(workspace: str, updates: list[_Update], dim: int, sealed: bool) -> bytes:
-    """The new rows of `updates` for `COPY rows (workspace, fid, chunk_id, meta, vector)
-    FROM STDIN (FORMAT BINARY)`: exact float32 vectors (pgvector's binary form is a dim,
-    a reserved int16 and big-endian float32s), and no float-to-text round trip."""
-    parts = [_COPY_HEADER]
-    ws = _field(workspace.encode())
-    count = struct.pack(">h", 5)
-    vector_head = struct.pack(">ihh", 4 + 4 * dim, dim, 0)  # field length, dim, reserved
-    for u in updates:
-        fid = _field(struct.pack(">q", fid_of(u.file_key)))
-        vectors = None if sealed else np.asarray(u.vectors, dtype=">f4")
-        for j, (cid, meta) in enumerate(zip(u.chunk_ids, u.metas, strict=True)):
-            vec = _NULL if vectors is None else vector_head + vectors[j].tobytes()
-            parts += [count, ws, fid, _field(cid), _field(meta), vec]
-    parts.append(_COPY_TRAILER)
-    return b"".join(parts)
-
-
-def _vector_text(vector: np.ndarray) -> str:
-    # repr of each float32 (as a float64) is exact, and parses back to the same float32.
-    return "[" + ",".join(map(repr, vector.tolist())) + "]"
 
 
 # -- one workspace --------------------------------------------------------------------------
@@ -196,7 +94,7 @@ class PgWorkspace(ApplyChecks):
     """The Merkle tree and chunk rows of one workspace in the database; the operations
     of `sync.store.WorkspaceStore`. Thread-safe: every call takes its own connection."""
 
-    def __init__(self, pool: _Pool, record: _Record, *, limits: Limits = LIMITS) -> None:
+    def __init__(self, pool: Pool, record: _Record, *, limits: Limits = LIMITS) -> None:
         self._pool = pool
         self._record = record
         self.workspace_id = record.workspace_id
@@ -300,7 +198,7 @@ class PgWorkspace(ApplyChecks):
             rows = conn.execute(
                 f"SELECT chunk_id, meta, vector <-> %s::vector AS d FROM {W}.rows"
                 " WHERE workspace = %s ORDER BY d, rid LIMIT %s",
-                (_vector_text(query), self.workspace_id, k),
+                (vector_text(query), self.workspace_id, k),
             ).fetchall()
         return [SearchHit(cid, float(d), meta) for cid, meta, d in rows]
 
@@ -323,7 +221,7 @@ class PgWorkspace(ApplyChecks):
                     f"COPY {W}.rows (workspace, fid, chunk_id, meta, vector)"
                     " FROM STDIN (FORMAT BINARY)"
                 ) as copy:
-                    copy.write(_copy_rows(ws, ups, self.dim, self.sealed))
+                    copy.write(copy_rows(ws, ups, self.dim, self.sealed))
             conn.execute(
                 f"UPDATE {W}.nodes n SET value = u.value"
                 " FROM unnest(%s::bytea[], %s::bytea[]) AS u (key, value)"
@@ -541,7 +439,7 @@ class PgStore:
         self.url = url
         self.where = mask_url(url)
         self.limits = limits
-        self._pool = _Pool(url, pool_size)
+        self._pool = Pool(url, pool_size)
         with self._pool.connection() as conn:
             ensure_schema(conn, self.where)
         self._lock = threading.Lock()
