@@ -70,6 +70,7 @@ from sync.wire import (
     AuthError,
     StoreCorrupt,
     StoreError,
+    StoreUnavailable,
     b64decode,
     b64encode,
     decode_vector,
@@ -504,9 +505,10 @@ def create_app(
                     request.headers.get("authorization"),
                     body,
                 )
-            except (StoreCorrupt, CorruptFileError) as exc:
-                # Every request to the workspace fails the same way until it is repaired:
-                # the operator hears of it once, each client every time.
+            except (StoreCorrupt, StoreUnavailable, CorruptFileError) as exc:
+                # Every request to the workspace fails the same way until it is repaired
+                # (or the database is back): the operator hears of it once, each client
+                # every time.
                 message = str(exc)
                 if message not in damaged:
                     damaged.add(message)
