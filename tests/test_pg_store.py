@@ -26,6 +26,7 @@ from sync.wire import (
     WorkspaceNotFound,
 )
 from sync.workspace import load_config, load_token
+from tests.conftest import codeveil_env
 from tests.server_fixtures import PROJECT_ROOT, ServerProcess
 from tests.test_canary import CANARIES, needles, planted_repo
 from tests.test_store import CHECK, DIM, MODEL, key, rand, update
@@ -142,6 +143,15 @@ def test_the_server_names_an_unreachable_database_without_its_password(
     )
     assert result.returncode == 1
     assert "unavailable" in result.stderr and "codeveil:***@127.0.0.1" in result.stderr
+    assert "s3cret-pw" not in result.stderr + result.stdout
+
+
+def test_codeveil_serve_reads_the_store_from_the_environment() -> None:
+    env = codeveil_env({"CODEVEIL_STORE": "postgresql://codeveil:s3cret-pw@127.0.0.1:1/x"})
+    result = subprocess.run([sys.executable, "-m", "retrieval.cli", "serve"], cwd=PROJECT_ROOT,
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "postgresql://codeveil:***@127.0.0.1:1/x is unavailable" in result.stderr
     assert "s3cret-pw" not in result.stderr + result.stdout
 
 
