@@ -395,13 +395,18 @@ def key_import(text: str, workspace: str | None, repo: Path) -> None:
 
 
 @main.command()
-@click.option("--data", "data", required=True, type=click.Path(file_okay=False, path_type=Path),
+@click.option("--data", "data", type=click.Path(file_okay=False, path_type=Path),
               help="Folder holding the server's encrypted data.")
+@click.option("--store", "store", metavar="URL|DIR", envvar="CODEVEIL_STORE",
+              help="A PostgreSQL database (postgresql://...) that any number of replicas"
+                   " share, or a data dir; read from CODEVEIL_STORE if not given (which"
+                   " keeps a password out of `ps`).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=7400, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--max-workspaces", type=click.IntRange(0), default=None,
               help="Refuse to create workspaces beyond this many.")
-def serve(data: Path, host: str, port: int, max_workspaces: int | None) -> None:
+def serve(data: Path | None, store: str | None, host: str, port: int,
+          max_workspaces: int | None) -> None:
     """Run the codeveil server: it stores only ciphertext and keyed hashes.
 
     With CODEVEIL_ADMIN_TOKEN set, only clients that send that token (the same variable,
@@ -409,7 +414,13 @@ def serve(data: Path, host: str, port: int, max_workspaces: int | None) -> None:
     """
     from sync.server import serve as run_server
 
-    run_server(data, host=host, port=port, max_workspaces=max_workspaces)
+    given = click.get_current_context().get_parameter_source("store")
+    if data is not None and store and given == click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("give --data or --store, not both")
+    spec: str | Path | None = data if data is not None else store
+    if not spec:
+        raise click.UsageError("give --data DIR or --store URL (or set CODEVEIL_STORE)")
+    run_server(spec, host=host, port=port, max_workspaces=max_workspaces)
 
 
 @main.command()

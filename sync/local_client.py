@@ -9,6 +9,7 @@ subclasses (sync.wire) that `HttpClient` raises for a server's 4xx answers.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
@@ -25,6 +26,11 @@ from sync.records import (
 from sync.store import Store, WorkspaceStore
 from sync.wire import gather_rows
 
+if TYPE_CHECKING:  # psycopg is an optional dependency
+    from sync.pg_store import PgStore, PgWorkspace
+
+AnyStore: TypeAlias = "Store | PgStore"  # the embedded store, or one in PostgreSQL
+
 
 class LocalClient:
     """Operations on one workspace of a `Store` in this process.
@@ -34,11 +40,12 @@ class LocalClient:
     crosses a wire, so its byte counts stay 0.
     """
 
-    def __init__(self, store: Store | str | os.PathLike[str], workspace_id: str) -> None:
-        self._owns_store = not isinstance(store, Store)
-        self._store: Store = store if isinstance(store, Store) else Store(store)
+    def __init__(self, store: AnyStore | str | os.PathLike[str], workspace_id: str) -> None:
+        self._owns_store = isinstance(store, str | os.PathLike)
+        self._store: AnyStore = (Store(store) if isinstance(store, str | os.PathLike)
+                                 else store)
         try:
-            self._ws: WorkspaceStore = self._store.workspace(workspace_id)
+            self._ws: WorkspaceStore | PgWorkspace = self._store.workspace(workspace_id)
         except BaseException:
             if self._owns_store:
                 self._store.close()
@@ -47,14 +54,14 @@ class LocalClient:
         self.stats = TransferStats()
 
     @classmethod
-    def open(cls, store: Store | str | os.PathLike[str], workspace_id: str) -> LocalClient:
+    def open(cls, store: AnyStore | str | os.PathLike[str], workspace_id: str) -> LocalClient:
         """A client of an existing workspace; WorkspaceNotFound if there is none."""
         return cls(store, workspace_id)
 
     @classmethod
     def create_workspace(
         cls,
-        store: Store | str | os.PathLike[str],
+        store: AnyStore | str | os.PathLike[str],
         workspace_id: str | None = None,
         *,
         dim: int,
@@ -68,8 +75,8 @@ class LocalClient:
         WorkspaceExists if `workspace_id` is taken. The bearer token a server would hand
         out is not needed in-process and is dropped.
         """
-        owned = not isinstance(store, Store)
-        opened = store if isinstance(store, Store) else Store(store)
+        owned = isinstance(store, str | os.PathLike)
+        opened: AnyStore = Store(store) if isinstance(store, str | os.PathLike) else store
         try:
             workspace_id, _token = opened.create_workspace(
                 dim, model_id, key_check, workspace_id=workspace_id, mode=mode
@@ -83,7 +90,7 @@ class LocalClient:
         return client
 
     @property
-    def store(self) -> Store:
+    def store(self) -> AnyStore:
         return self._store
 
     # -- StoreClient ------------------------------------------------------------------

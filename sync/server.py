@@ -1,4 +1,6 @@
-"""The codeveil server: the store (sync.store) behind an HTTP API under /v1.
+"""The codeveil server: the store (sync.store, or sync.pg_store on PostgreSQL) behind an
+HTTP API under /v1. On PostgreSQL the server keeps no state of its own: any number of
+replicas may serve one database behind a load balancer.
 
     GET  /v1/health                                  readiness; no token
     POST /v1/workspaces                              create: {dim, model_id, key_check,
@@ -44,7 +46,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -58,6 +60,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from indexer.errors import CodeveilError
 from indexer.sqlite_files import CorruptFileError
+from sync.db_url import is_database_url, mask_url
+from sync.local_client import AnyStore
 from sync.records import KEY_BYTES, MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
 from sync.store import Store, WorkspaceStore
 from sync.wire import (
@@ -66,6 +70,7 @@ from sync.wire import (
     AuthError,
     StoreCorrupt,
     StoreError,
+    StoreUnavailable,
     b64decode,
     b64encode,
     decode_vector,
@@ -75,12 +80,37 @@ from sync.wire import (
     rows_to_json,
 )
 
+if TYPE_CHECKING:
+    from sync.pg_store import PgWorkspace
+
 log = logging.getLogger("sync.server")  # not __name__: "__main__" under -m
 
 DEFAULT_PORT = 7400
 # Where `codeveil serve` and `codeveil init` read the token that creating workspaces
 # needs, when the server was started with one (never a command-line argument: `ps`).
 ADMIN_TOKEN_ENV = "CODEVEIL_ADMIN_TOKEN"
+# The store to serve when no --store or --data is given: a data dir or a database URL
+# (an environment variable keeps a database password out of `ps`).
+STORE_ENV = "CODEVEIL_STORE"
+
+
+def describe_store(spec: str | os.PathLike[str]) -> str:
+    """The store spec as it may be logged: a database URL without its password."""
+    return mask_url(str(spec)) if is_database_url(spec) else str(Path(spec))
+
+
+def open_store(spec: str | os.PathLike[str]) -> AnyStore:
+    """The store named by `spec`: a PostgreSQL URL (postgresql://...) or a data dir."""
+    if not is_database_url(spec):
+        return Store(spec)
+    try:
+        from sync.pg_store import PgStore
+    except ImportError as exc:
+        raise StoreError(
+            f"serving {describe_store(spec)} needs psycopg ({exc}); install it with"
+            " `pip install 'codeveil[postgres]'`"
+        ) from None
+    return PgStore(str(spec))
 
 
 # -- request bodies ---------------------------------------------------------------------
@@ -170,7 +200,7 @@ def _describe(exc: ValidationError) -> tuple[int, str]:
 
 # -- handlers (run in the worker thread pool) ---------------------------------------------
 
-Handler = Callable[[Store, str, str | None, bytes], tuple[int, dict[str, Any]]]
+Handler = Callable[[AnyStore, str, str | None, bytes], tuple[int, dict[str, Any]]]
 
 
 def _bearer(header: str | None) -> str | None:
@@ -182,7 +212,9 @@ def _bearer(header: str | None) -> str | None:
     return token.strip()
 
 
-def _authorized(store: Store, workspace_id: str, authorization: str | None) -> WorkspaceStore:
+def _authorized(
+    store: AnyStore, workspace_id: str, authorization: str | None
+) -> WorkspaceStore | PgWorkspace:
     store.authenticate(workspace_id, _bearer(authorization))
     return store.workspace(workspace_id)
 
@@ -191,7 +223,7 @@ def _creator(admin_token: str | None, max_workspaces: int | None) -> Handler:
     """The create handler: open to anyone, or only to the holder of `admin_token`; at
     most `max_workspaces` in the store, if given."""
 
-    def _create(store: Store, _ws: str, auth: str | None,
+    def _create(store: AnyStore, _ws: str, auth: str | None,
                 body: bytes) -> tuple[int, dict[str, Any]]:
         if admin_token is not None:
             given = _bearer(auth)
@@ -208,11 +240,11 @@ def _creator(admin_token: str | None, max_workspaces: int | None) -> Handler:
     return _create
 
 
-def _info(store: Store, ws: str, auth: str | None, _body: bytes) -> tuple[int, dict[str, Any]]:
+def _info(store: AnyStore, ws: str, auth: str | None, _body: bytes) -> tuple[int, dict[str, Any]]:
     return 200, info_to_json(_authorized(store, ws, auth).info())
 
 
-def _root(store: Store, ws: str, auth: str | None, _body: bytes) -> tuple[int, dict[str, Any]]:
+def _root(store: AnyStore, ws: str, auth: str | None, _body: bytes) -> tuple[int, dict[str, Any]]:
     workspace = _authorized(store, ws, auth)
     # The first request of every sync: a table that plainly lost its files is a 503
     # here, so a client never reports an index as up to date over it.
@@ -221,7 +253,9 @@ def _root(store: Store, ws: str, auth: str | None, _body: bytes) -> tuple[int, d
     return 200, {"node": None if node is None else node_to_json(node)}
 
 
-def _children(store: Store, ws: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+def _children(
+    store: AnyStore, ws: str, auth: str | None, body: bytes
+) -> tuple[int, dict[str, Any]]:
     workspace = _authorized(store, ws, auth)
     req = ChildrenBody.model_validate_json(body)
     found = workspace.children(req.keys)
@@ -230,7 +264,7 @@ def _children(store: Store, ws: str, auth: str | None, body: bytes) -> tuple[int
     }
 
 
-def _apply(store: Store, ws: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+def _apply(store: AnyStore, ws: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
     workspace = _authorized(store, ws, auth)
     req = ApplyBody.model_validate_json(body)
     updates = [
@@ -246,20 +280,20 @@ def _apply(store: Store, ws: str, auth: str | None, body: bytes) -> tuple[int, d
     return 200, {"updates": len(updates), "deletes": len(req.deletes)}
 
 
-def _dirs(store: Store, ws: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+def _dirs(store: AnyStore, ws: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
     workspace = _authorized(store, ws, auth)
     req = DirValuesBody.model_validate_json(body)
     workspace.set_dir_values(req.values)
     return 200, {"values": len(req.values)}
 
 
-def _search(store: Store, ws: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+def _search(store: AnyStore, ws: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
     workspace = _authorized(store, ws, auth)
     req = SearchBody.model_validate_json(body)
     return 200, {"hits": [hit_to_json(h) for h in workspace.search(req.vector, req.k)]}
 
 
-def _rows(store: Store, ws: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+def _rows(store: AnyStore, ws: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
     workspace = _authorized(store, ws, auth)
     req = RowsBody.model_validate_json(body)
     return 200, rows_to_json(workspace.file_rows(req.files))
@@ -395,17 +429,17 @@ class RequestLog:
 
 
 def create_app(
-    store: Store | str | os.PathLike[str],
+    store: AnyStore | str | os.PathLike[str],
     *,
     max_body_bytes: int = LIMITS.max_body_bytes,
     close_store: bool | None = None,
     admin_token: str | None = None,
     max_workspaces: int | None = None,
 ) -> FastAPI:
-    """The ASGI app over `store` (a Store, or a data dir the app opens). The app closes
-    the store at shutdown if it opened it, or if `close_store` says so."""
-    owned = not isinstance(store, Store)
-    the_store = store if isinstance(store, Store) else Store(store)
+    """The ASGI app over `store` (a store, or a data dir or database URL the app opens).
+    The app closes the store at shutdown if it opened it, or if `close_store` says so."""
+    owned = isinstance(store, str | os.PathLike)
+    the_store = open_store(store) if isinstance(store, str | os.PathLike) else store
     closes = owned if close_store is None else close_store
 
     @contextlib.asynccontextmanager
@@ -471,9 +505,10 @@ def create_app(
                     request.headers.get("authorization"),
                     body,
                 )
-            except (StoreCorrupt, CorruptFileError) as exc:
-                # Every request to the workspace fails the same way until it is repaired:
-                # the operator hears of it once, each client every time.
+            except (StoreCorrupt, StoreUnavailable, CorruptFileError) as exc:
+                # Every request to the workspace fails the same way until it is repaired
+                # (or the database is back): the operator hears of it once, each client
+                # every time.
                 message = str(exc)
                 if message not in damaged:
                     damaged.add(message)
@@ -542,7 +577,7 @@ def create_app(
 
 
 def serve(
-    data_dir: str | os.PathLike[str],
+    data_dir: str | os.PathLike[str],  # or a PostgreSQL URL (open_store)
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     *,
@@ -550,20 +585,22 @@ def serve(
     max_body_bytes: int = LIMITS.max_body_bytes,
     max_workspaces: int | None = None,
 ) -> None:
-    """Run the server on `data_dir` until interrupted (SIGINT/SIGTERM). Creating
-    workspaces needs the token in CODEVEIL_ADMIN_TOKEN when that is set."""
+    """Run the server on `data_dir` (a data dir or a PostgreSQL URL) until interrupted
+    (SIGINT/SIGTERM). Creating workspaces needs the token in CODEVEIL_ADMIN_TOKEN when
+    that is set."""
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
-    store = Store(data_dir)
+    store = open_store(data_dir)
     try:
         # The app closes the store at shutdown: uvicorn re-raises SIGTERM once it has
         # stopped, so code after run() does not run then; `finally` covers failed starts.
         admin_token = os.environ.get(ADMIN_TOKEN_ENV, "").strip() or None
         app = create_app(store, max_body_bytes=max_body_bytes, close_store=True,
                          admin_token=admin_token, max_workspaces=max_workspaces)
-        log.info("serving %s on http://%s:%d%s", Path(data_dir), host, port, API_PREFIX)
+        log.info("serving %s on http://%s:%d%s", describe_store(data_dir), host, port,
+                 API_PREFIX)
         config = uvicorn.Config(
             app,
             host=host,
@@ -582,7 +619,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m sync.server", description="Run the codeveil store server."
     )
-    parser.add_argument("--data", required=True, type=Path, help="folder of the server's data")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--data", type=Path, help="folder of the server's data")
+    where.add_argument("--store", metavar="URL|DIR",
+                       help="a PostgreSQL database (postgresql://...) shared by any number"
+                            f" of replicas, or a data dir (default: ${STORE_ENV})")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--log-level", default="info",
@@ -591,11 +632,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-workspaces", type=int, default=None,
                         help="refuse to create workspaces beyond this many")
     args = parser.parse_args(argv)
+    spec = args.data or args.store or os.environ.get(STORE_ENV, "").strip()
+    if not spec:
+        parser.error(f"give --data DIR or --store URL (or set {STORE_ENV})")
     try:
-        serve(args.data, args.host, args.port, log_level=args.log_level,
+        serve(spec, args.host, args.port, log_level=args.log_level,
               max_body_bytes=args.max_body_bytes, max_workspaces=args.max_workspaces)
     except CodeveilError as exc:  # a damaged registry, say: one line, not a traceback
-        log.error("cannot serve %s: %s", args.data, exc)
+        log.error("cannot serve %s: %s", describe_store(spec), exc)
         raise SystemExit(1) from None
 
 

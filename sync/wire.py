@@ -101,6 +101,13 @@ class StoreCorrupt(StoreError):
     http_status = 503
 
 
+class StoreUnavailable(StoreError):
+    """The store's database cannot be reached, or dropped the connection; the message
+    names it (never its password). 503: the request may be retried later."""
+
+    http_status = 503
+
+
 class WorkspaceNotFound(StoreError):
     """No workspace with this id in this store."""
 

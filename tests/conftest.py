@@ -10,7 +10,7 @@ import pytest
 
 from indexer.embedder import HashingEmbedder, SentenceTransformerEmbedder
 
-pytest_plugins = ["tests.server_fixtures"]
+pytest_plugins = ["tests.server_fixtures", "tests.pg_fixtures"]
 
 
 @pytest.fixture(autouse=True)

@@ -5,8 +5,9 @@ Fixtures:
     live_server     one server for the whole run (tests isolate themselves by creating
                     workspaces of their own); `.url`, `.data_dir`, `.log_text()`
     server_url      its base URL
-    server_factory  servers of a test's own, on data dirs it chooses; they can be
-                    stopped, killed and restarted, and are stopped at teardown
+    server_factory  servers of a test's own, on data dirs it chooses (or, with
+                    `store=URL`, on a PostgreSQL database); they can be stopped, killed
+                    and restarted, and are stopped at teardown
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ def free_port() -> int:
 class ServerProcess:
     """One `python -m sync.server` subprocess; its output goes to `log_path`."""
 
-    def __init__(self, data_dir: Path, *, port: int | None = None, args: tuple[str, ...] = ()):
-        self.data_dir = Path(data_dir)
+    def __init__(self, data_dir: Path, *, port: int | None = None, args: tuple[str, ...] = (),
+                 store: str | None = None):
+        self.data_dir = Path(data_dir)  # with `store`, only where its log goes
+        self.store = store
         self.port = port or free_port()
         self.args = args
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-server.log"
@@ -61,7 +64,7 @@ class ServerProcess:
         env["PYTHONUNBUFFERED"] = "1"
         cmd = [
             sys.executable, "-m", "sync.server",
-            "--data", str(self.data_dir),
+            *(("--store", self.store) if self.store else ("--data", str(self.data_dir))),
             "--host", "127.0.0.1",
             "--port", str(self.port),
             *self.args,
@@ -116,10 +119,11 @@ class ServerProcess:
             return ""
 
 
-def start_server(data_dir: Path, *, args: tuple[str, ...] = (), attempts: int = 3) -> ServerProcess:
+def start_server(data_dir: Path, *, args: tuple[str, ...] = (), attempts: int = 3,
+                 store: str | None = None) -> ServerProcess:
     """Start a server on a free port, trying another port if one was taken meanwhile."""
     for attempt in range(attempts):
-        server = ServerProcess(data_dir, args=args)
+        server = ServerProcess(data_dir, args=args, store=store)
         try:
             return server.start()
         except RuntimeError:
@@ -146,8 +150,9 @@ def server_url(live_server: ServerProcess) -> str:
 def server_factory() -> Iterator[Callable[..., ServerProcess]]:
     started: list[ServerProcess] = []
 
-    def make(data_dir: Path, *, args: tuple[str, ...] = ()) -> ServerProcess:
-        server = start_server(data_dir, args=args)
+    def make(data_dir: Path, *, args: tuple[str, ...] = (),
+             store: str | None = None) -> ServerProcess:
+        server = start_server(data_dir, args=args, store=store)
         started.append(server)
         return server
 

@@ -16,7 +16,7 @@ import pytest
 
 from sync.client import StoreClient
 from sync.http_client import HttpClient
-from sync.local_client import LocalClient
+from sync.local_client import AnyStore, LocalClient
 from sync.records import (
     MODE_SEALED,
     MODE_SERVER_SEARCH,
@@ -79,11 +79,19 @@ def rows_of(update: FileUpdate) -> list[tuple[bytes, bytes]]:
 class Backend:
     """Creates workspaces in-process or on a server; `data_dir` holds them either way."""
 
-    def __init__(self, kind: str, data_dir: Path, server: ServerProcess | None = None) -> None:
+    def __init__(self, kind: str, data_dir: Path, server: ServerProcess | None = None,
+                 *, pg_url: str | None = None) -> None:
         self.kind = kind
         self.data_dir = data_dir
         self.server = server
-        self.store = Store(data_dir) if server is None else None
+        self.pg_url = pg_url
+        self.store: AnyStore | None = None
+        if pg_url is not None:
+            from sync.pg_store import PgStore
+
+            self.store = PgStore(pg_url)
+        elif server is None:
+            self.store = Store(data_dir)
         self.tokens: dict[str, str] = {}
         self.clients: list[StoreClient] = []
 
@@ -116,7 +124,12 @@ class Backend:
         if self.server is None:
             assert self.store is not None
             self.store.close()
-            self.store = Store(self.data_dir)
+            if self.pg_url is not None:
+                from sync.pg_store import PgStore
+
+                self.store = PgStore(self.pg_url)
+            else:
+                self.store = Store(self.data_dir)
         else:
             self.server.restart()
 
@@ -127,10 +140,12 @@ class Backend:
             self.store.close()
 
 
-@pytest.fixture(params=["local", "http"])
+@pytest.fixture(params=["local", "http", "postgres"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "local":
         b = Backend("local", tmp_path / "store")
+    elif request.param == "postgres":
+        b = Backend("postgres", tmp_path, pg_url=request.getfixturevalue("pg_url"))
     else:
         server = request.getfixturevalue("live_server")
         b = Backend("http", server.data_dir, server)

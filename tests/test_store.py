@@ -117,6 +117,30 @@ class LocalBackend:
         self.store.close()
 
 
+class PgBackend:
+    """The store in PostgreSQL (sync.pg_store), in-process through `LocalClient`."""
+
+    kind = "postgres"
+
+    def __init__(self, url: str) -> None:
+        from sync.pg_store import PgStore
+
+        self.url = url
+        self.store = PgStore(url)
+
+    def create(self, dim: int = DIM, workspace_id: str | None = None) -> StoreClient:
+        return LocalClient.create_workspace(
+            self.store, workspace_id, dim=dim, model_id=MODEL, key_check=CHECK
+        )
+
+    def reopen(self, client: StoreClient) -> StoreClient:
+        assert isinstance(client, LocalClient)
+        return LocalClient(self.store, client.workspace_id)
+
+    def close(self) -> None:
+        self.store.close()
+
+
 class HttpBackend:
     kind = "http"
 
@@ -157,13 +181,15 @@ class HttpBackend:
         return client
 
 
-Backend = LocalBackend | HttpBackend
+Backend = LocalBackend | HttpBackend | PgBackend
 
 
-@pytest.fixture(params=["local", "http"])
+@pytest.fixture(params=["local", "http", "postgres"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "local":
         b: Backend = LocalBackend(tmp_path / "store")
+    elif request.param == "postgres":
+        b = PgBackend(request.getfixturevalue("pg_url"))
     else:
         b = HttpBackend(request.getfixturevalue("live_server"))
     yield b

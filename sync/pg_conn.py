@@ -1,0 +1,125 @@
+"""Connections to the PostgreSQL store's database, and rows in PostgreSQL's binary COPY
+format: the plumbing under sync.pg_store.
+
+Connections are kept per process in a lock-protected list (autocommit; callers open
+explicit transactions). A database that cannot be reached, or that drops a connection,
+is a `StoreUnavailable` (503) naming it with its password masked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import psycopg
+from psycopg import conninfo
+
+from sync.db_url import mask_url
+from sync.store import fid_of
+from sync.store_checks import _Update
+from sync.wire import StoreError, StoreUnavailable
+
+CONNECT_TIMEOUT = 10  # seconds; a replica answers 503 rather than hang on a dead database
+DEFAULT_POOL_SIZE = 8  # idle connections kept per process
+
+
+class Pool:
+    """Connections to one database, reused across calls; any number may be open at
+    once, at most `size` are kept idle."""
+
+    def __init__(self, url: str, size: int) -> None:
+        self.url = url
+        self.where = mask_url(url)
+        self.size = size
+        try:
+            self._password = conninfo.conninfo_to_dict(url).get("password") or None
+        except psycopg.ProgrammingError as exc:
+            raise StoreUnavailable(f"{self.where} is not a valid database URL ({exc})") from None
+        self._idle: list[psycopg.Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
+        message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        if self._password:
+            message = message.replace(str(self._password), "***")
+        return StoreUnavailable(f"the database {self.where} is unavailable ({message});"
+                                " check that it runs and this replica may connect to it")
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection]:
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"the store at {self.where} is closed")
+            conn = self._idle.pop() if self._idle else None
+        if conn is None:
+            try:
+                conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
+            except psycopg.OperationalError as exc:
+                raise self._unavailable(exc) from None
+        try:
+            yield conn
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            conn.close()
+            raise self._unavailable(exc) from None
+        except BaseException:
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.close()
+            self._put(conn)
+            raise
+        self._put(conn)
+
+    def _put(self, conn: psycopg.Connection) -> None:
+        if conn.closed:
+            return
+        with self._lock:
+            if not self._closed and len(self._idle) < self.size:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+# -- rows in PostgreSQL's binary COPY format ------------------------------------------------
+
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
+_COPY_TRAILER = struct.pack(">h", -1)
+_NULL = struct.pack(">i", -1)
+
+
+def _field(data: bytes) -> bytes:
+    return struct.pack(">i", len(data)) + data
+
+
+def copy_rows(workspace: str, updates: list[_Update], dim: int, sealed: bool) -> bytes:
+    """The new rows of `updates` for `COPY rows (workspace, fid, chunk_id, meta, vector)
+    FROM STDIN (FORMAT BINARY)`: exact float32 vectors (pgvector's binary form is a dim,
+    a reserved int16 and big-endian float32s), and no float-to-text round trip."""
+    parts = [_COPY_HEADER]
+    ws = _field(workspace.encode())
+    count = struct.pack(">h", 5)
+    vector_head = struct.pack(">ihh", 4 + 4 * dim, dim, 0)  # field length, dim, reserved
+    for u in updates:
+        fid = _field(struct.pack(">q", fid_of(u.file_key)))
+        vectors = None if sealed else np.asarray(u.vectors, dtype=">f4")
+        for j, (cid, meta) in enumerate(zip(u.chunk_ids, u.metas, strict=True)):
+            vec = _NULL if vectors is None else vector_head + vectors[j].tobytes()
+            parts += [count, ws, fid, _field(cid), _field(meta), vec]
+    parts.append(_COPY_TRAILER)
+    return b"".join(parts)
+
+
+def vector_text(vector: np.ndarray) -> str:
+    # repr of each float32 (as a float64) is exact, and parses back to the same float32.
+    return "[" + ",".join(map(repr, vector.tolist())) + "]"
+
+

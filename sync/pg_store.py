@@ -1,0 +1,572 @@
+"""The store on PostgreSQL with pgvector: what many stateless `codeveil serve` replicas
+share. Same operations, limits, errors and answers as the embedded store (sync.store);
+the tables are in sync.pg_schema.
+
+Write order. The embedded store's `apply` writes in three steps (mark pending, replace
+rows, commit values) because SQLite and LanceDB cannot commit together. Here all three
+are ONE transaction: PostgreSQL commits the nodes and the rows at once or not at all, so
+no reader ever sees a value without its rows, and a crash leaves nothing to converge.
+The steps still set every node above a change pending (NULL), because that is what the
+client sees after an apply until it sends directory values.
+
+Concurrency. Every write to a workspace (`apply`, `set_dir_values`) first takes
+`SELECT ... FOR UPDATE` on the workspace's row, so two replicas' writes to one workspace
+run one after the other; under READ COMMITTED each statement after the lock sees what
+the previous writer committed. Reads run without locks: each is one statement, so it
+sees one committed state.
+
+Search (server-search workspaces): `ORDER BY vector <-> q LIMIT k` over the workspace's
+rows, exact L2 by a scan of its rows (found by the (workspace, fid) index). No HNSW
+index yet: one index over all workspaces would rank candidates from every workspace and
+filter afterwards, which can leave a small workspace with fewer than k hits; the way
+beyond exact search is a partial HNSW index per large workspace (`CREATE INDEX ... USING
+hnsw ((vector::vector(dim)) vector_l2_ops) WHERE workspace = ...`), whose graph holds
+only that workspace's rows.
+
+Connections and the binary COPY of new rows: sync.pg_conn. A database that cannot be
+reached is a `StoreUnavailable` (503) naming it with its password masked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import operator
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import psycopg
+
+from sync.db_url import is_database_url, mask_url
+from sync.pg_conn import DEFAULT_POOL_SIZE, Pool, copy_rows, vector_text
+from sync.pg_schema import CREATE_LOCK, SCHEMA, ensure_schema
+from sync.records import (
+    MODE_SEALED,
+    MODE_SERVER_SEARCH,
+    MODES,
+    DirValue,
+    FileRows,
+    FileUpdate,
+    NodeInfo,
+    SearchHit,
+    WorkspaceInfo,
+    children_digest,
+)
+from sync.store import _Record, fid_of
+from sync.store_checks import (
+    WORKSPACE_ID_RE,
+    ApplyChecks,
+    _key,
+    _Update,
+    _vector,
+    new_workspace_id,
+)
+from sync.store_rows import bounded_answer, file_keys
+from sync.wire import (
+    LIMITS,
+    AuthError,
+    BadRequest,
+    Limits,
+    PermissionDenied,
+    SealedWorkspaceError,
+    StoreCorrupt,
+    StoreError,
+    WorkspaceExists,
+    WorkspaceNotFound,
+)
+
+__all__ = ["PgStore", "PgWorkspace", "is_database_url", "mask_url"]
+
+log = logging.getLogger(__name__)
+
+W = SCHEMA  # table prefix in queries
+
+
+# -- one workspace --------------------------------------------------------------------------
+
+
+class PgWorkspace(ApplyChecks):
+    """The Merkle tree and chunk rows of one workspace in the database; the operations
+    of `sync.store.WorkspaceStore`. Thread-safe: every call takes its own connection."""
+
+    def __init__(self, pool: Pool, record: _Record, *, limits: Limits = LIMITS) -> None:
+        self._pool = pool
+        self._record = record
+        self.workspace_id = record.workspace_id
+        self.dim = record.dim
+        self.mode = record.mode
+        self.sealed = record.mode == MODE_SEALED
+        self.limits = limits
+        self._closed = False
+
+    # -- reads --------------------------------------------------------------------------
+
+    def info(self) -> WorkspaceInfo:
+        self._check_open()
+        ws = self.workspace_id
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                f"SELECT (SELECT count(*) FROM {W}.nodes WHERE workspace = %s),"
+                f" (SELECT count(*) FROM {W}.rows WHERE workspace = %s)", (ws, ws),
+            ).fetchone()
+        assert row is not None
+        r = self._record
+        extra: dict[str, Any] = {"created_at": r.created_at, "limits": self.limits.as_dict()}
+        if not self.sealed:
+            extra["distance"] = "l2"
+            extra["index"] = {"kind": "pgvector", "exact": True}
+        return WorkspaceInfo(
+            workspace_id=r.workspace_id, dim=r.dim, model_id=r.model_id,
+            key_check=r.key_check, chunks=int(row[1]), nodes=int(row[0]), extra=extra,
+            mode=r.mode,
+        )
+
+    def root(self) -> NodeInfo | None:
+        self._check_open()
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                f"SELECT key, value, is_dir FROM {W}.nodes WHERE workspace = %s"
+                " AND parent IS NULL ORDER BY key", (self.workspace_id,),
+            ).fetchall()
+        if len(rows) > 1:  # apply() refuses a second root; this would be a bug
+            log.error("workspace %s has %d root nodes", self.workspace_id, len(rows))
+        return NodeInfo(rows[0][0], rows[0][1], rows[0][2]) if rows else None
+
+    def children(self, keys: Sequence[bytes]) -> dict[bytes, list[NodeInfo]]:
+        self._check_open()
+        if not isinstance(keys, Sequence) or isinstance(keys, bytes | str):
+            raise BadRequest("keys must be a list of keys")
+        if len(keys) > self.limits.max_keys:
+            raise BadRequest(
+                f"too many keys: {len(keys)} > {self.limits.max_keys} per children call"
+            )
+        wanted = [_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
+        out: dict[bytes, list[NodeInfo]] = {k: [] for k in wanted}
+        with self._pool.connection() as conn:
+            found = conn.execute(
+                f"SELECT parent, key, value, is_dir FROM {W}.nodes WHERE workspace = %s"
+                " AND parent = ANY(%s::bytea[]) ORDER BY parent, key",
+                (self.workspace_id, list(out)),
+            ).fetchall()
+        for parent, key, value, is_dir in found:
+            out[parent].append(NodeInfo(key, value, is_dir))
+        return out
+
+    def file_rows(self, keys: Sequence[bytes]) -> FileRows:
+        """(chunk id, meta) of every row of each committed leaf of `keys`, as
+        `WorkspaceStore.file_rows`. One statement: one committed state."""
+        self._check_open()
+        wanted = file_keys(keys, self.limits)
+        if not wanted:
+            return {}
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                f"SELECT w.key, r.rid, r.chunk_id, r.meta"
+                f" FROM unnest(%s::bytea[], %s::bigint[]) AS w (key, fid)"
+                f" JOIN {W}.nodes n ON n.workspace = %s AND n.key = w.key"
+                "   AND n.value IS NOT NULL AND NOT n.is_dir"
+                f" JOIN {W}.rows r ON r.workspace = %s AND r.fid = w.fid",
+                (wanted, [fid_of(k) for k in wanted], self.workspace_id, self.workspace_id),
+            ).fetchall()
+        found: dict[bytes, list[tuple[int, bytes, bytes]]] = {}
+        for key, rid, cid, meta in rows:
+            found.setdefault(key, []).append((rid, cid, meta))
+        return bounded_answer(wanted, found, self.limits.max_row_bytes)
+
+    def search(self, vector: object, k: int) -> list[SearchHit]:
+        """The `k` rows nearest to `vector` by Euclidean distance (not squared)."""
+        self._check_open()
+        if self.sealed:
+            raise SealedWorkspaceError(
+                f"workspace {self.workspace_id} is sealed: search runs on the client"
+            )
+        query = _vector(vector, self.dim, "vector")
+        try:
+            if isinstance(k, bool):
+                raise TypeError
+            k = operator.index(k)
+        except TypeError:
+            raise BadRequest(f"k must be an integer, got {type(k).__name__}") from None
+        if not 1 <= k <= self.limits.max_k:
+            raise BadRequest(f"k must be between 1 and {self.limits.max_k}, got {k}")
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                f"SELECT chunk_id, meta, vector <-> %s::vector AS d FROM {W}.rows"
+                " WHERE workspace = %s ORDER BY d, rid LIMIT %s",
+                (vector_text(query), self.workspace_id, k),
+            ).fetchall()
+        return [SearchHit(cid, float(d), meta) for cid, meta, d in rows]
+
+    # -- writes -------------------------------------------------------------------------
+
+    def apply(self, updates: Sequence[FileUpdate], deletes: Sequence[bytes]) -> None:
+        """As `WorkspaceStore.apply`, in one transaction (see the module docstring)."""
+        self._check_open()
+        ups, dels = self._validate_apply(updates, deletes)
+        if not ups and not dels:
+            return
+        ws = self.workspace_id
+        with self._pool.connection() as conn, conn.transaction():
+            self._lock_workspace(conn)
+            fids, remove = _mark_pending(conn, ws, ups, dels)
+            conn.execute(f"DELETE FROM {W}.rows WHERE workspace = %s AND fid = ANY(%s::bigint[])",
+                         (ws, sorted(fids)))
+            if any(u.chunk_ids for u in ups):
+                with conn.cursor().copy(
+                    f"COPY {W}.rows (workspace, fid, chunk_id, meta, vector)"
+                    " FROM STDIN (FORMAT BINARY)"
+                ) as copy:
+                    copy.write(copy_rows(ws, ups, self.dim, self.sealed))
+            conn.execute(
+                f"UPDATE {W}.nodes n SET value = u.value"
+                " FROM unnest(%s::bytea[], %s::bytea[]) AS u (key, value)"
+                " WHERE n.workspace = %s AND n.key = u.key AND NOT n.is_dir",
+                ([u.file_key for u in ups], [u.value for u in ups], ws),
+            )
+            conn.execute(f"DELETE FROM {W}.nodes WHERE workspace = %s AND key = ANY(%s::bytea[])",
+                         (ws, sorted(remove)))
+
+    def set_dir_values(self, values: Sequence[DirValue | tuple[bytes, bytes, bytes]]) -> None:
+        """As `WorkspaceStore.set_dir_values`: each value only over the children it was
+        computed from (compare-and-set), in one transaction under the workspace lock."""
+        self._check_open()
+        if not isinstance(values, Sequence) or isinstance(values, bytes | str):
+            raise BadRequest("values must be a list of (key, value, children) triples")
+        if len(values) > self.limits.max_dir_values:
+            raise BadRequest(
+                f"too many directory values: {len(values)} > {self.limits.max_dir_values}"
+            )
+        pending: dict[bytes, tuple[bytes, bytes]] = {}
+        for i, item in enumerate(values):
+            if not isinstance(item, Sequence) or isinstance(item, bytes | str) or len(item) != 3:
+                raise BadRequest(f"values[{i}] must be a (key, value, children digest) triple")
+            pending[_key(item[0], f"values[{i}][0]")] = (
+                _key(item[1], f"values[{i}][1]"), _key(item[2], f"values[{i}][2]")
+            )
+        ws = self.workspace_id
+        with self._pool.connection() as conn, conn.transaction():
+            self._lock_workspace(conn)
+            dirs = {key for (key,) in conn.execute(
+                f"SELECT key FROM {W}.nodes WHERE workspace = %s"
+                " AND key = ANY(%s::bytea[]) AND is_dir",
+                (ws, list(pending)))}
+            pending = {k: v for k, v in pending.items() if k in dirs}  # others are ignored
+            # A pass sets every value whose children digest as given now; a value whose
+            # child was set in that pass is taken by the next, so order does not matter.
+            while pending:
+                kids: dict[bytes, list[tuple[bytes, bytes | None]]] = {k: [] for k in pending}
+                for parent, key, value in conn.execute(
+                    f"SELECT parent, key, value FROM {W}.nodes WHERE workspace = %s"
+                    " AND parent = ANY(%s::bytea[])", (ws, list(pending))):
+                    kids[parent].append((key, value))
+                ready = [
+                    (key, value) for key, (value, expected) in pending.items()
+                    if all(v is not None for _, v in kids[key])
+                    and children_digest((k, v) for k, v in kids[key] if v is not None)
+                    == expected
+                ]
+                if not ready:
+                    break
+                conn.execute(
+                    f"UPDATE {W}.nodes n SET value = u.value"
+                    " FROM unnest(%s::bytea[], %s::bytea[]) AS u (key, value)"
+                    " WHERE n.workspace = %s AND n.key = u.key",
+                    ([k for k, _ in ready], [v for _, v in ready], ws),
+                )
+                for key, _ in ready:
+                    del pending[key]
+        if pending:
+            log.info(
+                "workspace %s: %d directory values refused: computed over other children"
+                " (another writer, or a pending node below)", ws, len(pending),
+            )
+
+    # -- checks -------------------------------------------------------------------------
+
+    def verify(self, *, deep: bool = True) -> None:
+        """Raise StoreUnavailable if the database cannot be reached, StoreCorrupt if the
+        workspace's row is gone."""
+        self._check_open()
+        with self._pool.connection() as conn:
+            found = conn.execute(f"SELECT 1 FROM {W}.workspaces WHERE id = %s",
+                                 (self.workspace_id,)).fetchone()
+        if found is None:
+            raise StoreCorrupt(f"workspace {self.workspace_id} is no longer in the database"
+                               f" {self._pool.where}; restore it from a backup (pg_dump)")
+
+    def check(self) -> list[str]:
+        """Every problem found in this workspace's rows, one line each (empty: none)."""
+        self._check_open()
+        ws = self.workspace_id
+        with self._pool.connection() as conn:
+            leaves = {fid_of(k) for (k,) in conn.execute(
+                f"SELECT key FROM {W}.nodes WHERE workspace = %s AND NOT is_dir", (ws,))}
+            stats = conn.execute(
+                f"SELECT fid, count(*), count(vector) FROM {W}.rows WHERE workspace = %s"
+                " GROUP BY fid", (ws,)).fetchall()
+        problems = []
+        orphans = sum(n for fid, n, _ in stats if fid not in leaves)
+        if orphans:
+            problems.append(f"workspace {ws} holds {orphans} rows of files its tree does"
+                            " not have; let its clients index again")
+        with_vector = sum(v for _, _, v in stats)
+        rows = sum(n for _, n, _ in stats)
+        if with_vector != (0 if self.sealed else rows):
+            problems.append(f"workspace {ws} ({self.mode}) holds {with_vector} of {rows}"
+                            " rows with a vector")
+        return problems
+
+    def rows_by_file(self) -> dict[int, tuple[np.ndarray, list[bytes]]]:
+        """fid -> (rids, chunk ids) of every row of the workspace."""
+        out: dict[int, tuple[list[int], list[bytes]]] = {}
+        with self._pool.connection() as conn:
+            for fid, rid, cid in conn.execute(
+                f"SELECT fid, rid, chunk_id FROM {W}.rows WHERE workspace = %s ORDER BY rid",
+                (self.workspace_id,),
+            ):
+                entry = out.setdefault(fid, ([], []))
+                entry[0].append(rid)
+                entry[1].append(cid)
+        return {f: (np.array(r, np.int64), c) for f, (r, c) in out.items()}
+
+    def close(self) -> None:
+        self._closed = True
+
+    def _lock_workspace(self, conn: psycopg.Connection) -> None:
+        """Serialise this transaction with every other write to the workspace."""
+        row = conn.execute(f"SELECT mode FROM {W}.workspaces WHERE id = %s FOR UPDATE",
+                           (self.workspace_id,)).fetchone()
+        if row is None:
+            raise WorkspaceNotFound(f"no workspace {self.workspace_id!r}")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"workspace {self.workspace_id} is closed")
+
+
+def _mark_pending(
+    conn: psycopg.Connection, ws: str, updates: list[_Update], deletes: list[bytes]
+) -> tuple[set[int], set[bytes]]:
+    """Step 1 of `WorkspaceStore.apply` (see there): returns the fids whose rows go and
+    the nodes to delete once the new rows are in."""
+    shape: dict[bytes, tuple[bytes | None, bool]] = {}
+    for u in updates:
+        for j, key in enumerate(u.ancestors):
+            shape[key] = (u.ancestors[j - 1] if j else None, True)
+        shape[u.file_key] = (u.ancestors[-1], False)
+    if updates:
+        roots = [r for (r,) in conn.execute(
+            f"SELECT key FROM {W}.nodes WHERE workspace = %s AND parent IS NULL", (ws,))]
+        if roots and roots != [updates[0].ancestors[0]]:
+            raise BadRequest(
+                "updates[0].ancestors[0] is not this workspace's root key; to"
+                " change roots, delete the old root in an apply of its own first"
+            )
+    deleted = _subtree(conn, ws, deletes)
+    existing = {key: (parent, is_dir) for key, parent, is_dir in conn.execute(
+        f"SELECT key, parent, is_dir FROM {W}.nodes WHERE workspace = %s"
+        " AND key = ANY(%s::bytea[])",
+        (ws, list(shape)))}
+    fids = {fid_of(u.file_key) for u in updates}
+    fids.update(fid_of(k) for k, is_dir in deleted.items() if not is_dir)
+    moved_from: set[bytes] = set()
+    became_files: list[bytes] = []
+    for key, (parent, is_dir) in shape.items():
+        old = existing.get(key)
+        if old is None:
+            continue
+        if old[1] and not is_dir and key not in deleted:
+            became_files.append(key)  # its old subtree goes as if deleted
+        elif is_dir and not old[1]:
+            fids.add(fid_of(key))  # a file that became a directory: drop its rows
+        if old[0] != parent and old[0] is not None:
+            moved_from.add(old[0])
+    below = _subtree(conn, ws, became_files)
+    fids.update(fid_of(k) for k, is_dir in below.items() if not is_dir)
+    gone = set(deleted) | set(below)
+    conn.execute(f"UPDATE {W}.nodes SET value = NULL WHERE workspace = %s"
+                 " AND key = ANY(%s::bytea[])", (ws, sorted(gone)))
+    conn.execute(
+        f"INSERT INTO {W}.nodes (workspace, key, parent, value, is_dir)"
+        " SELECT %s, k, p, NULL, d FROM unnest(%s::bytea[], %s::bytea[], %s::boolean[])"
+        " AS s (k, p, d) ON CONFLICT (workspace, key) DO UPDATE SET parent = excluded.parent,"
+        " value = NULL, is_dir = excluded.is_dir",
+        (ws, list(shape), [p for p, _ in shape.values()], [d for _, d in shape.values()]),
+    )
+    seeds = [k for k in deletes if k in deleted] + sorted(moved_from)
+    if seeds:
+        conn.execute(
+            f"WITH RECURSIVE up (k) AS (SELECT unnest(%s::bytea[]) UNION"
+            f" SELECT n.parent FROM {W}.nodes n JOIN up ON n.workspace = %s AND n.key = up.k"
+            "  WHERE n.parent IS NOT NULL)"
+            f" UPDATE {W}.nodes SET value = NULL WHERE workspace = %s"
+            "  AND key IN (SELECT k FROM up)",
+            (seeds, ws, ws),
+        )
+    return fids, gone - shape.keys()
+
+
+def _subtree(conn: psycopg.Connection, ws: str, roots: Sequence[bytes]) -> dict[bytes, bool]:
+    """Every existing node at or below `roots`: key -> is_dir."""
+    if not roots:
+        return {}
+    # UNION (not UNION ALL) also ends the walk should the parent links ever form a cycle.
+    return {key: is_dir for key, is_dir in conn.execute(
+        f"WITH RECURSIVE sub (k) AS (SELECT unnest(%s::bytea[]) UNION"
+        f" SELECT n.key FROM {W}.nodes n JOIN sub ON n.workspace = %s AND n.parent = sub.k)"
+        f" SELECT n.key, n.is_dir FROM {W}.nodes n JOIN sub ON n.workspace = %s"
+        "  AND n.key = sub.k",
+        (list(roots), ws, ws))}
+
+
+# -- the database ---------------------------------------------------------------------------
+
+
+class PgStore:
+    """All workspaces in one PostgreSQL database, and their bearer tokens (kept as
+    SHA-256 only); the operations of `sync.store.Store`. Any number of processes may
+    open the same database at once."""
+
+    def __init__(self, url: str, *, limits: Limits = LIMITS,
+                 pool_size: int = DEFAULT_POOL_SIZE) -> None:
+        if not is_database_url(url):
+            raise StoreError(f"{mask_url(url)} is not a PostgreSQL URL (postgresql://...)")
+        self.url = url
+        self.where = mask_url(url)
+        self.limits = limits
+        self._pool = Pool(url, pool_size)
+        with self._pool.connection() as conn:
+            ensure_schema(conn, self.where)
+        self._lock = threading.Lock()
+        self._open: dict[str, PgWorkspace] = {}
+        self._owners: dict[bytes, str] = {}  # sha256(token) -> workspace id, once seen
+        self._closed = False
+
+    def create_workspace(
+        self,
+        dim: int,
+        model_id: str,
+        key_check: bytes,
+        workspace_id: str | None = None,
+        *,
+        mode: str = MODE_SERVER_SEARCH,
+        max_workspaces: int | None = None,
+    ) -> tuple[str, str]:
+        """As `Store.create_workspace`: returns (workspace_id, bearer token)."""
+        self._check_open()
+        workspace_id = new_workspace_id(self.limits, dim, model_id, key_check, workspace_id,
+                                        mode)
+        token = secrets.token_urlsafe(32)
+        with self._pool.connection() as conn, conn.transaction():
+            # Held to the commit: the count and the insert of concurrent creators, on
+            # any replica, do not interleave.
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (CREATE_LOCK,))
+            if conn.execute(f"SELECT 1 FROM {W}.workspaces WHERE id = %s",
+                            (workspace_id,)).fetchone():
+                raise WorkspaceExists(f"workspace {workspace_id} already exists")
+            if max_workspaces is not None:
+                row = conn.execute(f"SELECT count(*) FROM {W}.workspaces").fetchone()
+                assert row is not None
+                if row[0] >= max_workspaces:
+                    raise PermissionDenied(
+                        f"this server holds its limit of {max_workspaces} workspaces;"
+                        " ask its operator for room"
+                    )
+            conn.execute(
+                f"INSERT INTO {W}.workspaces (id, token_sha256, dim, model_id, key_check,"
+                " created_at, mode) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                (workspace_id, _token_hash(token), dim, model_id, key_check, time.time(),
+                 mode),
+            )
+        log.info("created workspace %s (dim %d, %s)", workspace_id, dim, mode)
+        return workspace_id, token
+
+    def authenticate(self, workspace_id: str, token: str | None) -> None:
+        """As `Store.authenticate`: 401 without a valid token, 404 for an unknown
+        workspace (only then), 403 for the token of another workspace."""
+        if not token:
+            raise AuthError("missing bearer token (send 'Authorization: Bearer <token>')")
+        self._check_open()
+        owner = self._owner(_token_hash(token))
+        if owner is None:
+            raise AuthError("invalid bearer token")
+        record = self._record(workspace_id)  # raises WorkspaceNotFound
+        if not hmac.compare_digest(owner.encode(), record.workspace_id.encode()):
+            raise PermissionDenied("this token belongs to another workspace")
+
+    def workspace(self, workspace_id: str) -> PgWorkspace:
+        """The store of a workspace (made on first use, then shared)."""
+        self._check_open()
+        with self._lock:
+            ws = self._open.get(workspace_id)
+        if ws is None:
+            ws = PgWorkspace(self._pool, self._record(workspace_id), limits=self.limits)
+            with self._lock:
+                ws = self._open.setdefault(workspace_id, ws)
+        return ws
+
+    def workspace_ids(self) -> list[str]:
+        self._check_open()
+        with self._pool.connection() as conn:
+            return [r for (r,) in conn.execute(f"SELECT id FROM {W}.workspaces ORDER BY id")]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for ws in self._open.values():
+                ws.close()
+            self._open.clear()
+        self._pool.close()
+
+    def __enter__(self) -> PgStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _record(self, workspace_id: str) -> _Record:
+        if not isinstance(workspace_id, str) or not WORKSPACE_ID_RE.match(workspace_id):
+            raise WorkspaceNotFound(f"no workspace {str(workspace_id)[:80]!r}")
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                f"SELECT id, dim, model_id, key_check, created_at, mode FROM {W}.workspaces"
+                " WHERE id = %s", (workspace_id,),
+            ).fetchone()
+        if row is None:
+            raise WorkspaceNotFound(f"no workspace {workspace_id!r}")
+        if row[5] not in MODES:
+            raise StoreCorrupt(f"workspace {workspace_id} has the unknown mode {row[5]!r} in"
+                               f" the database {self.where}")
+        return _Record(row[0], int(row[1]), row[2], bytes(row[3]), float(row[4]), row[5])
+
+    def _owner(self, digest: bytes) -> str | None:
+        with self._lock:
+            owner = self._owners.get(digest)
+        if owner is not None:
+            return owner
+        # Not cached: a workspace created since, possibly by another replica.
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                f"SELECT id, token_sha256 FROM {W}.workspaces WHERE token_sha256 = %s",
+                (digest,),
+            ).fetchone()
+        if row is None or not hmac.compare_digest(bytes(row[1]), digest):
+            return None
+        with self._lock:
+            self._owners[digest] = row[0]
+        return str(row[0])
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"the store at {self.where} is closed")
+
+
+def _token_hash(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()

@@ -1,0 +1,230 @@
+"""Validation shared by the store backends (sync.store, sync.pg_store): what a request
+must be before any backend touches it, so both refuse the same input with the same
+message and status."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sync.records import KEY_BYTES, MODE_SERVER_SEARCH, MODES, FileUpdate
+from sync.wire import LIMITS, BadRequest, Limits
+
+WORKSPACE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
+
+
+def _key(value: object, where: str) -> bytes:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise BadRequest(f"{where} must be bytes, got {type(value).__name__}")
+    raw = bytes(value)
+    if len(raw) != KEY_BYTES:
+        raise BadRequest(f"{where} must be {KEY_BYTES} bytes, got {len(raw)}")
+    return raw
+
+
+def _vector(value: object, dim: int, where: str) -> np.ndarray:
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # ragged lists and other non-arrays
+        raise BadRequest(f"{where} is not an array of numbers ({exc})") from None
+    if arr.dtype.kind not in "fiu":
+        raise BadRequest(f"{where} must hold numbers, got dtype {arr.dtype}")
+    if arr.shape != (dim,):
+        got = arr.shape[0] if arr.ndim == 1 else arr.shape
+        raise BadRequest(f"{where} must have {dim} values (the workspace's dim), got {got}")
+    with np.errstate(over="ignore"):  # float64 beyond float32's range becomes inf: refused
+        out = arr.astype(np.float32)
+    if not np.isfinite(out).all():
+        raise BadRequest(f"{where} contains NaN or infinite values")
+    norm = float(np.linalg.norm(out.astype(np.float64)))
+    if norm > LIMITS.max_vector_norm:
+        raise BadRequest(
+            f"{where} has norm {norm:.3g}, over the limit of {LIMITS.max_vector_norm:.0e}"
+            " (its squared distances would overflow float32)"
+        )
+    return out
+
+
+def _meta(value: object, where: str, limit: int) -> bytes:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise BadRequest(f"{where} must be bytes, got {type(value).__name__}")
+    if len(value) > limit:
+        raise BadRequest(f"{where} is {len(value)} bytes, the limit is {limit}")
+    return bytes(value)
+
+
+_NO_ROWS = np.empty((0, 0), np.float32)
+
+
+@dataclass(frozen=True, slots=True)
+class _Update:
+    """A validated FileUpdate, its chunks as columns."""
+
+    file_key: bytes
+    ancestors: tuple[bytes, ...]
+    value: bytes
+    chunk_ids: list[bytes]
+    vectors: np.ndarray  # (n, dim) float32
+    metas: list[bytes]
+
+
+
+
+def new_workspace_id(
+    limits: Limits, dim: object, model_id: object, key_check: object,
+    workspace_id: object, mode: object,
+) -> str:
+    """Check the fields of a workspace to create; returns its id (a random one if none
+    was given)."""
+    lim = limits
+    if not isinstance(mode, str) or mode not in MODES:
+        raise BadRequest(
+            f"unknown workspace mode {str(mode)[:40]!r}: use one of {', '.join(MODES)}",
+            status=400,
+        )
+    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= lim.max_dim:
+        raise BadRequest(f"dim must be an integer from 1 to {lim.max_dim}, got {dim!r}")
+    if not isinstance(model_id, str) or not 1 <= len(model_id) <= lim.max_model_id:
+        raise BadRequest(f"model_id must be a string of 1 to {lim.max_model_id} characters")
+    if not model_id.isprintable():
+        raise BadRequest("model_id must hold printable characters only")
+    if not isinstance(key_check, bytes) or not 1 <= len(key_check) <= lim.max_key_check:
+        raise BadRequest(f"key_check must be 1 to {lim.max_key_check} bytes")
+    if workspace_id is None:
+        return secrets.token_hex(16)
+    if not isinstance(workspace_id, str) or not WORKSPACE_ID_RE.match(workspace_id):
+        raise BadRequest(
+            "workspace_id must be 1 to 64 characters of A-Z a-z 0-9 _ -,"
+            " starting with a letter or digit"
+        )
+    return workspace_id
+
+
+class ApplyChecks:
+    """Validation of `apply`, for a workspace store with these attributes."""
+
+    limits: Limits
+    sealed: bool
+    dim: int
+    workspace_id: str
+
+    def _validate_apply(
+        self, updates: Sequence[FileUpdate], deletes: Sequence[bytes]
+    ) -> tuple[list[_Update], list[bytes]]:
+        lim = self.limits
+        for name, seq in (("updates", updates), ("deletes", deletes)):
+            if not isinstance(seq, Sequence) or isinstance(seq, bytes | str):
+                raise BadRequest(f"{name} must be a list")
+        if len(updates) > lim.max_updates:
+            raise BadRequest(f"too many updates: {len(updates)} > {lim.max_updates} per apply")
+        if len(deletes) > lim.max_deletes:
+            raise BadRequest(f"too many deletes: {len(deletes)} > {lim.max_deletes} per apply")
+        dels = list(dict.fromkeys(_key(d, f"deletes[{i}]") for i, d in enumerate(deletes)))
+        total = 0
+        out: list[_Update] = []
+        vecs: list[np.ndarray] = []  # every chunk's vector, in order
+        spans: list[tuple[int, int]] = []  # each update's rows in `vecs`
+        shape: dict[bytes, tuple[bytes | None, bool]] = {}  # key -> (parent, is_dir)
+        for i, u in enumerate(updates):
+            where = f"updates[{i}]"
+            if not isinstance(u, FileUpdate):
+                raise BadRequest(f"{where} must be a FileUpdate, got {type(u).__name__}")
+            file_key = _key(u.file_key, f"{where}.file_key")
+            if file_key in shape and not shape[file_key][1]:
+                raise BadRequest(f"{where}.file_key appears twice in this batch")
+            value = _key(u.value, f"{where}.value")
+            if not isinstance(u.ancestors, Sequence) or isinstance(u.ancestors, bytes | str):
+                raise BadRequest(f"{where}.ancestors must be a list of keys")
+            if not 1 <= len(u.ancestors) <= lim.max_depth:
+                raise BadRequest(
+                    f"{where}.ancestors must hold 1 to {lim.max_depth} keys (the root"
+                    f" first), got {len(u.ancestors)}"
+                )
+            anc = tuple(_key(a, f"{where}.ancestors[{j}]") for j, a in enumerate(u.ancestors))
+            if len(set(anc)) != len(anc) or file_key in anc:
+                raise BadRequest(f"{where}: a key appears twice on the path from the root")
+            if anc[0] != (out[0].ancestors[0] if out else anc[0]):
+                raise BadRequest(f"{where}.ancestors[0] differs from updates[0]: one root only")
+            if not isinstance(u.chunks, Sequence):
+                raise BadRequest(f"{where}.chunks must be a list")
+            total += len(u.chunks)
+            if total > lim.max_chunks:
+                raise BadRequest(f"too many chunks: more than {lim.max_chunks} per apply")
+            for j, key in enumerate((*anc, file_key)):
+                want = (anc[j - 1] if j else None, key != file_key)
+                have = shape.setdefault(key, want)
+                if have != want:
+                    what = "a file and a directory" if have[1] != want[1] else "two parents"
+                    raise BadRequest(f"{where}: key {key.hex()} has {what} in this batch")
+            # Fast path first, per-field checks (which name the culprit) only when needed:
+            # a full apply holds 20,000 chunks.
+            ids, metas = [], []
+            first = len(vecs)
+            for j, c in enumerate(u.chunks):
+                try:
+                    cid, vec, meta = c.chunk_id, c.vector, c.meta
+                except AttributeError:
+                    raise BadRequest(
+                        f"{where}.chunks[{j}] must be a ChunkRecord, got {type(c).__name__}"
+                    ) from None
+                if type(cid) is not bytes or len(cid) != KEY_BYTES:
+                    cid = _key(cid, f"{where}.chunks[{j}].chunk_id")
+                ids.append(cid)
+                if type(meta) is not bytes or len(meta) > lim.max_meta_bytes:
+                    meta = _meta(meta, f"{where}.chunks[{j}].meta", lim.max_meta_bytes)
+                metas.append(meta)
+                if self.sealed or vec is None:
+                    self._check_no_vector(vec, f"{where}.chunks[{j}]")
+                    continue
+                if not (
+                    type(vec) is np.ndarray and vec.dtype == np.float32 and vec.shape == (self.dim,)
+                ):
+                    vec = _vector(vec, self.dim, f"{where}.chunks[{j}].vector")
+                vecs.append(vec)
+            spans.append((first, len(vecs)))
+            out.append(_Update(file_key, anc, value, ids, _NO_ROWS, metas))
+        # One stack and one finiteness check for the whole batch; each update gets a view.
+        matrix = np.stack(vecs) if vecs else np.empty((0, self.dim), np.float32)
+        finite = np.isfinite(matrix).all(axis=1)
+        if not finite.all():
+            row = int(np.argmin(finite))
+            i = next(i for i, (a, b) in enumerate(spans) if a <= row < b)
+            raise BadRequest(
+                f"updates[{i}].chunks[{row - spans[i][0]}].vector contains NaN or infinite values"
+            )
+        if len(matrix):
+            norms = np.linalg.norm(matrix.astype(np.float64), axis=1)
+            if norms.max() > lim.max_vector_norm:
+                row = int(np.argmax(norms))
+                i = next(i for i, (a, b) in enumerate(spans) if a <= row < b)
+                raise BadRequest(
+                    f"updates[{i}].chunks[{row - spans[i][0]}].vector has norm"
+                    f" {norms[row]:.3g}, over the limit of {lim.max_vector_norm:.0e} (its"
+                    " squared distances would overflow float32)"
+                )
+        out = [
+            dataclasses.replace(u, vectors=matrix[a:b])
+            for u, (a, b) in zip(out, spans, strict=True)
+        ]
+        return out, dels
+
+    def _check_no_vector(self, vector: object, where: str) -> None:
+        """A chunk without a vector: what a sealed workspace wants, and a server-search
+        one refuses. Both are 400s: the client sent rows of the other mode."""
+        if self.sealed and vector is not None:
+            raise BadRequest(
+                f"{where}: workspace {self.workspace_id} is sealed: it stores no vectors",
+                status=400,
+            )
+        if not self.sealed:
+            raise BadRequest(
+                f"{where}.vector is missing: workspace {self.workspace_id} is in"
+                f" {MODE_SERVER_SEARCH} mode and ranks a vector of every chunk",
+                status=400,
+            )
+

