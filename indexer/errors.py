@@ -25,6 +25,7 @@ hangs under another parent than drawn::
     │   ├── StoreError          (sync.wire)       the store refused a request or is unusable
     │   │   ├── BadRequest                        malformed or over-limit input (400/413/422)
     │   │   ├── StoreCorrupt                      a damaged store file: which, what to do (503)
+    │   │   ├── StoreUnavailable                  the store's database cannot be reached (503)
     │   │   ├── WorkspaceNotFound                 no such workspace (404)
     │   │   ├── WorkspaceExists                   the id is taken (409)
     │   │   ├── SealedWorkspaceError              search asked of a sealed workspace (409)
