@@ -309,7 +309,19 @@ class PgWorkspace(ApplyChecks):
             stats = conn.execute(
                 f"SELECT fid, count(*), count(vector) FROM {W}.rows WHERE workspace = %s"
                 " GROUP BY fid", (ws,)).fetchall()
+            twice = conn.execute(
+                f"SELECT count(*) - count(DISTINCT rid), count(*) - count(DISTINCT chunk_id)"
+                f" FROM {W}.rows WHERE workspace = %s", (ws,)).fetchone()
         problems = []
+        assert twice is not None
+        # rid is the primary key, and every send makes fresh chunk ids: either seen
+        # twice means a table restored without its constraints, or a row written twice.
+        if twice[0]:
+            problems.append(f"workspace {ws} holds {twice[0]} rows whose rid another row"
+                            f" has too; restore {W}.rows's primary key (from a pg_dump)")
+        if twice[1]:
+            problems.append(f"workspace {ws} holds {twice[1]} rows twice (same chunk id);"
+                            " let its clients index again")
         orphans = sum(n for fid, n, _ in stats if fid not in leaves)
         if orphans:
             problems.append(f"workspace {ws} holds {orphans} rows of files its tree does"

@@ -3,7 +3,8 @@ stores hold the same thing (convergence tests, the fault benchmark).
 
 Row ids are random and fresh on every send, so two stores of one tree never share them;
 a row is compared by what it holds instead: its file and, opened, the chunk it locates.
-Reads the files directly; run it with no writer active.
+Reads the files directly; run it with no writer active. `pg_workspace_contents` reads
+a workspace of a PostgreSQL store the same way.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from sync.crypto import open_meta
 from sync.keys import WorkspaceKey
+from sync.records import MODE_SEALED
 from sync.sealed_rows import RowSealer
 from sync.store import TABLE, fid_of
 
@@ -38,6 +40,41 @@ def workspace_contents(data_dir: Path, workspace_id: str, key: WorkspaceKey) -> 
     for cid, fid, blob in zip(table.column("chunk_id").to_pylist(),
                               table.column("fid").to_pylist(),
                               table.column("meta").to_pylist(), strict=True):
+        meta = (sealer.open(cid, file_keys[fid], blob).meta if sealer is not None
+                else open_meta(key, workspace_id, cid, blob))
+        rows.append((fid, meta.path, meta.start_line, meta.end_line, meta.symbol,
+                     meta.language, meta.chunk_hash))
+    return (root[0] if root else None), sorted(rows), nodes
+
+
+def pg_workspace_contents(url: str, workspace_id: str, key: WorkspaceKey) -> Contents:
+    """`workspace_contents` of a workspace in a PostgreSQL store (sync.pg_store): the
+    same shape, so convergence is compared the same way on either backend. Reads in one
+    REPEATABLE READ transaction, so it sees one committed state even with writers."""
+    import psycopg
+
+    from sync.pg_schema import SCHEMA as S
+
+    with psycopg.connect(url) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        record = conn.execute(f"SELECT dim, mode FROM {S}.workspaces WHERE id = %s",
+                              (workspace_id,)).fetchone()
+        if record is None:
+            raise LookupError(f"no workspace {workspace_id!r} in the database")
+        nodes = sorted((bytes(k), None if p is None else bytes(p),
+                        None if v is None else bytes(v), int(d))
+                       for k, p, v, d in conn.execute(
+            f"SELECT key, parent, value, is_dir FROM {S}.nodes WHERE workspace = %s",
+            (workspace_id,)))
+        found = conn.execute(f"SELECT fid, chunk_id, meta FROM {S}.rows WHERE workspace = %s",
+                             (workspace_id,)).fetchall()
+    dim, mode = record
+    root = [v for _, p, v, _ in nodes if p is None]
+    file_keys = {fid_of(k): k for k, _, _, is_dir in nodes if not is_dir}
+    sealer = RowSealer(key, workspace_id, dim) if mode == MODE_SEALED else None
+    rows = []
+    for fid, cid, blob in found:
+        cid, blob = bytes(cid), bytes(blob)
         meta = (sealer.open(cid, file_keys[fid], blob).meta if sealer is not None
                 else open_meta(key, workspace_id, cid, blob))
         rows.append((fid, meta.path, meta.start_line, meta.end_line, meta.symbol,

@@ -17,6 +17,7 @@ from retrieval import Index
 from sync.http_client import HttpClient
 from sync.local_client import LocalClient
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
+from sync.store import fid_of
 from sync.wire import (
     AuthError,
     PermissionDenied,
@@ -112,6 +113,28 @@ def test_concurrent_applies_to_one_workspace_serialise(pg_url: str) -> None:
     assert first.workspace(ws).check() == []
     first.close()
     second.close()
+
+
+def test_check_reports_rows_without_a_file_and_rows_twice(pg_url: str) -> None:
+    url = other_database(pg_url, "codeveil_check")
+    store = PgStore(url)
+    ws, _ = store.create_workspace(DIM, MODEL, CHECK)
+    store.workspace(ws).apply([update("a.py", rand(2, 1)), update("b.py", rand(3, 2))], [])
+    assert store.workspace(ws).check() == []
+    with psycopg.connect(url, autocommit=True) as conn:
+        # A file's node gone but not its 3 rows; a row copied under its own rid (the
+        # primary key dropped, as a restore without constraints leaves it).
+        conn.execute("DELETE FROM codeveil.nodes WHERE workspace = %s AND key = %s",
+                     (ws, key("b.py")))
+        conn.execute("ALTER TABLE codeveil.rows DROP CONSTRAINT rows_pkey")
+        conn.execute("INSERT INTO codeveil.rows SELECT * FROM codeveil.rows"
+                     " WHERE workspace = %s AND fid = %s", (ws, fid_of(key("a.py"))))
+    problems = store.workspace(ws).check()
+    store.close()
+    assert len(problems) == 3, problems
+    assert "holds 2 rows whose rid another row has too" in problems[0]
+    assert "holds 2 rows twice (same chunk id)" in problems[1]
+    assert "holds 3 rows of files its tree does not have" in problems[2]
 
 
 def test_a_newer_schema_refuses_to_start(pg_url: str) -> None:

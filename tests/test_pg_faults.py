@@ -1,0 +1,201 @@
+"""Crashes and races on the PostgreSQL store, through real `python -m sync.server --store
+URL` replicas on loopback: a replica killed -9 mid-sync, two teammates syncing one
+workspace through two replicas at forced interleavings, and the database dropping every
+connection mid-request. Each ends in a sync that equals a clean sync of the same tree.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import shutil
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sync.errors import SyncError
+from sync.http_client import HttpClient
+from sync.keys import export_key, load_key
+from sync.store_contents import Contents, pg_workspace_contents
+from sync.workspace import load_config
+from tests.conftest import write_repo
+from tests.server_fixtures import ServerProcess, start_server
+from tests.test_pg_store import other_database
+from tests.test_sync import cli, many_files
+from tests.test_teammates import FILES, Interleaved, Team
+
+psycopg = pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
+
+
+class PgTeam(Team):
+    """A `Team` whose workspace lives in a PostgreSQL store behind `url`'s replica."""
+
+    def __init__(self, url: str, database: str, tmp: Path) -> None:
+        self.database = database
+        super().__init__(url, tmp, tmp)
+
+    def state(self, workspace_id: str | None = None) -> Contents:
+        return pg_workspace_contents(self.database, workspace_id or self.workspace_id,
+                                     self.key)
+
+    def clean_state(self, repo: Path) -> Contents:
+        copy = self.tmp / f"clean-{secrets.token_hex(3)}"
+        shutil.copytree(repo, copy)
+        ws = "clean-" + secrets.token_hex(4)
+        self.sync(copy, workspace_id=ws, token=self.new_workspace(ws))
+        return self.state(ws)
+
+
+def assert_same(state: Contents, clean: Contents) -> None:
+    """Equal to the clean state, and no file holds more rows than there (duplicates)."""
+    assert Counter(r[0] for r in state[1]) == Counter(r[0] for r in clean[1])
+    assert state[0] is not None and state == clean
+
+
+@pytest.fixture(scope="module")
+def replicas(pg_url: str, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[tuple[str, ServerProcess, ServerProcess]]:
+    """Two replicas on a database of their own: (its URL, replica 1, replica 2)."""
+    url = other_database(pg_url, "codeveil_faults")
+    tmp = tmp_path_factory.mktemp("replicas")
+    one = start_server(tmp / "one", store=url)
+    two = start_server(tmp / "two", store=url)
+    try:
+        yield url, one, two
+    finally:
+        one.stop()
+        two.stop()
+
+
+def writing(admin: psycopg.Connection, name: str) -> bool:
+    """Whether some connection to database `name` is inside a write transaction (one
+    that has been given a transaction id: it changed a row and has not committed)."""
+    row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
+                        " AND backend_xid IS NOT NULL", (name,)).fetchone()
+    return bool(row and row[0])
+
+
+def kill_mid_write(server: ServerProcess, proc: subprocess.Popen, admin: psycopg.Connection,
+                   name: str, timeout: float = 60.0) -> bool:
+    """SIGKILL the replica as soon as it is inside a write transaction; True if it was
+    (False: the client finished first, and the replica is killed anyway)."""
+    deadline = time.monotonic() + timeout
+    caught = False
+    while proc.poll() is None and time.monotonic() < deadline:
+        if writing(admin, name):
+            caught = True
+            break
+        time.sleep(0.002)
+    server.kill()
+    return caught
+
+
+def test_replica_killed_mid_sync_converges(
+    tmp_path: Path, pg_url: str, server_factory: Callable[..., ServerProcess]
+) -> None:
+    name = "codeveil_killed"
+    url = other_database(pg_url, name)
+    server = server_factory(tmp_path / "replica", store=url)
+    repo = many_files(tmp_path / "repo", 1500, seed=5)
+    env = dict(os.environ, CODEVEIL_EMBEDDER="hashing")
+    assert cli(["init", ".", "--server", server.url], repo, env).wait(60) == 0
+    rng = random.Random(13)
+    caught = 0
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        for _ in range(3):
+            proc = cli(["index", "-q"], repo, env)
+            caught += kill_mid_write(server, proc, admin, name)
+            proc.wait(120)  # the client fails with a clear error, or had finished
+            assert "Traceback" not in proc.stderr.read().decode()
+            server.start()
+            # Change things between attempts, as a user would.
+            victim = repo / f"pkg{rng.randrange(7)}/mod_{rng.randrange(7, 1500, 7)}.py"
+            victim.unlink(missing_ok=True)
+    assert caught >= 1  # at least one kill landed inside a write
+    final = cli(["index", "-q"], repo, env)
+    assert final.wait(300) == 0, final.stderr.read().decode()
+    ws = load_config(repo).workspace_id
+    state = pg_workspace_contents(url, ws, load_key(ws))
+
+    clean_repo = tmp_path / "clean"
+    shutil.copytree(repo, clean_repo, ignore=shutil.ignore_patterns(".codeveil"))
+    clean_env = dict(env, CODEVEIL_KEY=export_key(load_key(ws)))
+    assert cli(["init", ".", "--server", server.url], clean_repo, clean_env).wait(60) == 0
+    assert cli(["index", "-q"], clean_repo, clean_env).wait(300) == 0
+    assert_same(state, pg_workspace_contents(url, load_config(clean_repo).workspace_id,
+                                             load_key(ws)))
+
+
+@pytest.mark.parametrize("at", ["children", "apply", "set_dir_values"])
+def test_teammates_on_two_replicas_each_converge_to_their_own_tree(
+    tmp_path: Path, replicas: tuple[str, ServerProcess, ServerProcess], at: str
+) -> None:
+    url, first, second = replicas
+    team = PgTeam(first.url, url, tmp_path)
+    one = write_repo(tmp_path / "one", FILES)
+    team.sync(one)
+    two = tmp_path / "two"
+    shutil.copytree(one, two)
+    (one / "pkg1/mod1.py").write_text("def edited_by_one():\n    return 1\n")
+    (two / "pkg2/mod2.py").write_text("def edited_by_two():\n    return 2\n")
+
+    # Teammate 2 syncs completely, through the other replica, at the chosen point of
+    # teammate 1's sync.
+    via_second = lambda: HttpClient(second.url, team.workspace_id, team.token)  # noqa: E731
+    client = Interleaved(HttpClient(first.url, team.workspace_id, team.token), at,
+                         lambda: team.sync(two, via_second()))
+    team.sync(one, client)
+    assert client.fired
+
+    team.sync(one)
+    assert_same(team.state(), team.clean_state(one))
+    team.sync(two, via_second())
+    assert_same(team.state(), team.clean_state(two))
+
+
+def drop_database(admin_url: str, name: str, *, allowed: bool) -> None:
+    """Refuse (or allow again) every connection to database `name`, and end the open
+    ones: to its replicas, the database has gone away."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS {str(allowed).lower()}')
+        if not allowed:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                         " WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+
+
+def test_the_database_going_away_mid_sync_is_a_503_then_converges(
+    tmp_path: Path, pg_url: str, server_factory: Callable[..., ServerProcess]
+) -> None:
+    name = "codeveil_gone"
+    url = other_database(pg_url, name)
+    server = server_factory(tmp_path / "replica", store=url)
+    team = PgTeam(server.url, url, tmp_path)
+    repo = write_repo(tmp_path / "repo", FILES)
+    team.sync(repo)
+    (repo / "pkg0/mod0.py").write_text("def changed_while_down():\n    return 0\n")
+    (repo / "pkg1/mod2.py").unlink()
+
+    client = Interleaved(HttpClient(server.url, team.workspace_id, team.token), "apply",
+                         lambda: drop_database(pg_url, name, allowed=False))
+    try:
+        with pytest.raises(SyncError) as failed:
+            team.sync(repo, client)
+        message = str(failed.value)
+        assert "the database" in message and "unavailable" in message, message
+        # The replica is still up, and answers 503 while the database stays away.
+        assert server.running
+        assert httpx.get(f"{server.url}/v1/health", timeout=5).status_code == 200
+        with pytest.raises(SyncError, match="unavailable"):
+            HttpClient(server.url, team.workspace_id, team.token).root()
+    finally:
+        drop_database(pg_url, name, allowed=True)
+
+    team.sync(repo)
+    assert_same(team.state(), team.clean_state(repo))
+    assert "Traceback" not in server.log_text()
