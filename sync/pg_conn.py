@@ -64,6 +64,10 @@ class Pool:
             yield conn
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             conn.close()
+            # A dropped connection usually means a restarted or failed-over database,
+            # which dropped the idle ones too: let the next requests connect afresh
+            # rather than each find a dead connection and answer 503.
+            self._drop_idle()
             raise self._unavailable(exc) from None
         except BaseException:
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
@@ -80,6 +84,12 @@ class Pool:
                 self._idle.append(conn)
                 return
         conn.close()
+
+    def _drop_idle(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
     def close(self) -> None:
         with self._lock:
