@@ -270,3 +270,69 @@ def test_search_over_thousands_of_rows_finds_the_exact_neighbours(pg_store: PgSt
     for q in (17, 2500, 4999):
         want = np.argsort(((vectors - vectors[q]) ** 2).sum(axis=1), kind="stable")[:10]
         assert [h.chunk_id for h in client.search(vectors[q], 10)] == [ids[i] for i in want]
+
+
+# -- the HNSW index of a large workspace ----------------------------------------------------
+
+
+def clustered(n: int, dim: int, seed: int) -> np.ndarray:
+    """`n` vectors around n // 50 centres: neighbours that a graph must tell apart."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((n // 50, dim)).astype(np.float32)
+    return centres[rng.integers(0, len(centres), n)] + np.float32(0.3) * rng.standard_normal(
+        (n, dim)).astype(np.float32)
+
+
+def fill_rows(client: LocalClient, vectors: np.ndarray, tag: str) -> list[bytes]:
+    ids = [key(f"{tag}{i}") for i in range(len(vectors))]
+    client.apply([FileUpdate(key(f"{tag}/f{f}"), (key(""),), key(f"{tag}v{f}"), tuple(
+        ChunkRecord(ids[i], vectors[i], tag.encode()) for i in range(f, min(f + 100, len(ids)))
+    )) for f in range(0, len(ids), 100)], [])
+    return ids
+
+
+def wait_for_index(store: PgStore, ws: str) -> None:
+    import time
+
+    deadline = time.monotonic() + 120
+    while not store.workspace(ws).has_hnsw_index():
+        assert time.monotonic() < deadline, "the HNSW index was not built"
+        time.sleep(0.2)
+
+
+def test_a_large_workspace_gets_an_hnsw_index_with_high_recall(pg_url: str) -> None:
+    store = PgStore(pg_url, hnsw_threshold=2000)
+    dim = 32
+    big = LocalClient.create_workspace(store, dim=dim, model_id=MODEL, key_check=CHECK)
+    small = LocalClient.create_workspace(store, dim=dim, model_id=MODEL, key_check=CHECK)
+    vectors = clustered(4000, dim, 7)
+    ids = fill_rows(big, vectors, "big")
+    fill_rows(small, vectors[:500], "small")  # the same vectors, in a small workspace
+    wait_for_index(store, big.workspace_id)
+    ws = store.workspace(big.workspace_id)
+    with psycopg.connect(pg_url) as conn:
+        (definition,) = conn.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s",
+                                     (ws.index_name,)).fetchone()
+        plan = "\n".join(r[0] for r in conn.execute(
+            psycopg.sql.SQL("EXPLAIN ") + ws.hnsw_query(), ("[" + ",".join(["0"] * dim) + "]", 10)))
+        small_indexes = conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = %s",
+                                     (store.workspace(small.workspace_id).index_name,)).fetchone()
+    assert "hnsw" in definition and big.workspace_id in definition
+    assert ws.index_name in plan  # the planner takes the index for the search's query
+    assert small_indexes == (0,)  # below the threshold: exact search, no index
+    assert not store.workspace(small.workspace_id).has_hnsw_index()
+
+    queries = vectors[::97] + np.float32(0.05)
+    found = 0
+    for q in queries:
+        hits = big.search(q, 10)
+        assert all(h.meta == b"big" for h in hits)  # never the small workspace's rows
+        exact = np.argsort(((vectors - q) ** 2).sum(axis=1), kind="stable")[:10]
+        found += len({h.chunk_id for h in hits} & {ids[i] for i in exact})
+    assert found / (10 * len(queries)) >= 0.95
+    # Rows written after the build are found through the index too.
+    extra = clustered(100, dim, 8)
+    extra_ids = fill_rows(big, extra, "new")
+    assert big.search(extra[3], 1)[0].chunk_id == extra_ids[3]
+    assert big.info().extra["index"] == {"kind": "pgvector-hnsw", "exact": False}
+    store.close()
