@@ -89,8 +89,14 @@ def open_state_db(path: Path) -> sqlite3.Connection:
 
 def change_stamp(db: sqlite3.Connection) -> tuple[int, bytes]:
     """(change counter, database epoch) of the chunk table and its pending list: equal
-    stamps mean nothing was written in between."""
-    n, epoch = db.execute("SELECT n, epoch FROM chunk_generation WHERE id = 0").fetchone()
+    stamps mean nothing was written in between. Creates the counter in a database that
+    lacks it (new, recreated under an open connection, or older than the counter)."""
+    query = "SELECT n, epoch FROM chunk_generation WHERE id = 0"
+    try:
+        n, epoch = db.execute(query).fetchone()
+    except sqlite3.OperationalError:
+        LocalChunks(db)
+        n, epoch = db.execute(query).fetchone()
     return int(n), bytes(epoch)
 
 

@@ -58,7 +58,7 @@ import xxhash
 
 from indexer.chunk import Chunk
 from indexer.lexical_tokens import tokenize
-from indexer.local_chunks import LocalChunks, change_stamp
+from indexer.local_chunks import change_stamp
 from indexer.private_files import fsync_dir
 
 log = logging.getLogger(__name__)
@@ -786,11 +786,6 @@ def top_k(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
 # -- kept in step with the chunk table -------------------------------------------------
 
 
-def install_generation(db: sqlite3.Connection) -> None:
-    """Make sure the chunk table's change counter exists (`indexer.local_chunks`)."""
-    LocalChunks(db)
-
-
 def read_stamp(db: sqlite3.Connection) -> Stamp:
     """(change counter, chunk count, database epoch) of the chunk table as it is now."""
     n, epoch = change_stamp(db)
@@ -818,20 +813,12 @@ class LexicalStore:
         self.directory = directory
         self._saved: _Saved | None = None
         self._lock = threading.Lock()
-        self._installed = False
         self._tokenizer = Tokenizer()
         self.last_refresh: dict[str, float | int | str] = {}
 
     def current(self, db: sqlite3.Connection) -> LexicalIndex:
         with self._lock:
-            if not self._installed:
-                install_generation(db)
-                self._installed = True
-            try:
-                stamp = read_stamp(db)
-            except sqlite3.OperationalError:
-                install_generation(db)  # the state database was recreated under us
-                stamp = read_stamp(db)
+            stamp = read_stamp(db)
             if self._saved is not None and self._saved.stamp == stamp:
                 return self._saved.index
             if self._saved is None:

@@ -70,7 +70,7 @@ import xxhash
 
 from indexer.chunk import Chunk
 from indexer.embed_cache import EmbeddingCache, cache_key
-from indexer.local_chunks import LocalChunks, change_stamp
+from indexer.local_chunks import change_stamp
 from indexer.private_files import fsync_dir, private_dir
 from retrieval.lexical import LexDoc
 
@@ -374,12 +374,6 @@ def _best(scores: np.ndarray, m: int) -> np.ndarray:
 # -- kept in step with the chunk table -------------------------------------------------
 
 
-def install_generation(db: sqlite3.Connection) -> None:
-    """Make sure the chunk table's change counter exists (`indexer.local_chunks`); it
-    also counts changes to the pending list, which decide what this index covers."""
-    LocalChunks(db)
-
-
 def read_stamp(db: sqlite3.Connection) -> Stamp:
     """(change counter, database epoch) of the chunk table and pending list as they are."""
     return change_stamp(db)
@@ -407,7 +401,6 @@ class LocalVectorStore:
         self.directory = directory
         self._saved: _Saved | None = None
         self._lock = threading.Lock()
-        self._installed = False
         #: What the last refresh did and how long it took (for benchmarks and logs).
         self.last_refresh: dict[str, float | int | str] = {}
 
@@ -415,14 +408,7 @@ class LocalVectorStore:
                 dim: int) -> LocalVectorIndex:
         model = (model_id, dim)
         with self._lock:
-            if not self._installed:
-                install_generation(db)
-                self._installed = True
-            try:
-                stamp = read_stamp(db)
-            except sqlite3.OperationalError:
-                install_generation(db)  # the state database was recreated under us
-                stamp = read_stamp(db)
+            stamp = read_stamp(db)
             saved = self._saved
             if saved is not None and saved.stamp == stamp and saved.model == model:
                 return saved.index
