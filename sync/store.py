@@ -100,6 +100,7 @@ from sync.store_checks import (
     _key,
     _Update,
     _vector,
+    dir_value_checks,
     new_workspace_id,
 )
 from sync.store_rows import (
@@ -770,19 +771,7 @@ class WorkspaceStore(ApplyChecks):
         (bottom-up needs a single pass).
         """
         self._check_open()
-        if not isinstance(values, Sequence) or isinstance(values, bytes | str):
-            raise BadRequest("values must be a list of (key, value, children) triples")
-        if len(values) > self.limits.max_dir_values:
-            raise BadRequest(
-                f"too many directory values: {len(values)} > {self.limits.max_dir_values}"
-            )
-        pending: dict[bytes, tuple[bytes, bytes]] = {}
-        for i, item in enumerate(values):
-            if not isinstance(item, Sequence) or isinstance(item, bytes | str) or len(item) != 3:
-                raise BadRequest(f"values[{i}] must be a (key, value, children digest) triple")
-            pending[_key(item[0], f"values[{i}][0]")] = (
-                _key(item[1], f"values[{i}][1]"), _key(item[2], f"values[{i}][2]")
-            )
+        pending = dir_value_checks(values, self.limits)
         with self._write_lock, self._flock(), _transaction(self._wconn) as conn:
             progress = True
             while pending and progress:

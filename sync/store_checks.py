@@ -105,6 +105,22 @@ def new_workspace_id(
     return workspace_id
 
 
+def dir_value_checks(values: object, limits: Limits) -> dict[bytes, tuple[bytes, bytes]]:
+    """key -> (value, children digest) of a `set_dir_values` request, checked."""
+    if not isinstance(values, Sequence) or isinstance(values, bytes | str):
+        raise BadRequest("values must be a list of (key, value, children) triples")
+    if len(values) > limits.max_dir_values:
+        raise BadRequest(f"too many directory values: {len(values)} > {limits.max_dir_values}")
+    pending: dict[bytes, tuple[bytes, bytes]] = {}
+    for i, item in enumerate(values):
+        if not isinstance(item, Sequence) or isinstance(item, bytes | str) or len(item) != 3:
+            raise BadRequest(f"values[{i}] must be a (key, value, children digest) triple")
+        pending[_key(item[0], f"values[{i}][0]")] = (
+            _key(item[1], f"values[{i}][1]"), _key(item[2], f"values[{i}][2]")
+        )
+    return pending
+
+
 class ApplyChecks:
     """Validation of `apply`, for a workspace store with these attributes."""
 
