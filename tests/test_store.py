@@ -15,7 +15,7 @@ import pytest
 
 from sync.client import StoreClient
 from sync.http_client import HttpClient
-from sync.local_client import LocalClient
+from sync.local_client import AnyStore, LocalClient
 from sync.records import ChunkRecord, DirValue, FileUpdate, NodeInfo, children_digest
 from sync.store import Store, WorkspaceStore
 from sync.wire import BadRequest
@@ -91,12 +91,10 @@ def set_dirs(client: StoreClient, pairs: list[tuple[bytes, bytes]]) -> None:
 # -- backends -------------------------------------------------------------------------------
 
 
-class LocalBackend:
-    kind = "local"
+class _InProcess:
+    """A store run in this process, through `LocalClient`."""
 
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.store = Store(data_dir)
+    store: AnyStore
 
     def create(self, dim: int = DIM, workspace_id: str | None = None) -> StoreClient:
         return LocalClient.create_workspace(
@@ -107,18 +105,26 @@ class LocalBackend:
         assert isinstance(client, LocalClient)
         return LocalClient(self.store, client.workspace_id)
 
+    def close(self) -> None:
+        self.store.close()
+
+
+class LocalBackend(_InProcess):
+    kind = "local"
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.store = Store(data_dir)
+
     def stop(self) -> None:
         self.store.close()
 
     def start(self) -> None:
         self.store = Store(self.data_dir)
 
-    def close(self) -> None:
-        self.store.close()
 
-
-class PgBackend:
-    """The store in PostgreSQL (sync.pg_store), in-process through `LocalClient`."""
+class PgBackend(_InProcess):
+    """The store in PostgreSQL (sync.pg_store)."""
 
     kind = "postgres"
 
@@ -127,18 +133,6 @@ class PgBackend:
 
         self.url = url
         self.store = PgStore(url)
-
-    def create(self, dim: int = DIM, workspace_id: str | None = None) -> StoreClient:
-        return LocalClient.create_workspace(
-            self.store, workspace_id, dim=dim, model_id=MODEL, key_check=CHECK
-        )
-
-    def reopen(self, client: StoreClient) -> StoreClient:
-        assert isinstance(client, LocalClient)
-        return LocalClient(self.store, client.workspace_id)
-
-    def close(self) -> None:
-        self.store.close()
 
 
 class HttpBackend:
