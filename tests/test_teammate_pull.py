@@ -19,7 +19,8 @@ from indexer.local_chunks import LocalChunks, open_state_db
 from retrieval import Index
 from retrieval.api import WrongKeyError
 from sync.keys import WorkspaceKey, export_key, import_key, load_key
-from sync.workspace import load_config, load_token, state_path
+from sync.syncer import SyncReport
+from sync.workspace import RepoConfig, load_config, load_token, state_path
 from tests.conftest import write_repo
 
 QUERIES = [
@@ -63,13 +64,24 @@ def _vectors(root: Path, cache_dir: Path, model_id: str, dim: int) -> dict[str, 
     db = open_state_db(state_path(root))
     cache = EmbeddingCache(cache_dir / "embeddings.sqlite")
     try:
-        texts = [c.embed_text for _, c in LocalChunks(db).iter_all()]
-        found = cache.get_many([cache_key(model_id, t) for t in texts], dim)
-        return {t: found[cache_key(model_id, t)] for t in texts
-                if cache_key(model_id, t) in found}
+        keys = {c.embed_text: cache_key(model_id, c.embed_text)
+                for _, c in LocalChunks(db).iter_all()}
+        found = cache.get_many(list(keys.values()), dim)
+        return {text: found[key] for text, key in keys.items() if key in found}
     finally:
         cache.close()
         db.close()
+
+
+def _share(machine: Machine, repo: Path, server_url: str,
+           embedder: SentenceTransformerEmbedder) -> tuple[Index, RepoConfig, SyncReport, str]:
+    """On `machine`: a new sealed workspace on the server for `repo`, indexed; the open
+    index, its config, the report and the workspace token (to hand to a teammate)."""
+    with machine.active():
+        idx = Index(repo, embedder=embedder)
+        config = idx.init(server=server_url)
+        report = idx.index()
+        return idx, config, report, load_token(config.workspace_id)
 
 
 def test_a_teammate_pulls_vectors_and_gets_the_same_answers(
@@ -77,14 +89,11 @@ def test_a_teammate_pulls_vectors_and_gets_the_same_answers(
         monkeypatch: pytest.MonkeyPatch) -> None:
     alice, bob = Machine(tmp_path, "alice", monkeypatch), Machine(tmp_path, "bob", monkeypatch)
     alice_repo = write_repo(tmp_path / "alice")
+    a, config, first, token = _share(alice, alice_repo, server_url, real_embedder)
     with alice.active():
-        a = Index(alice_repo, embedder=real_embedder)
-        config = a.init(server=server_url)
         assert config.sealed
-        first = a.index()
         assert first.chunks_pulled == 0 and first.chunks_embedded > 0
         key_text = export_key(load_key(config.workspace_id))
-        token = load_token(config.workspace_id)
         alice_top = {q: _top(a, q) for q in QUERIES}
         a.close()
 
@@ -134,12 +143,8 @@ def test_a_wrong_key_is_refused_before_anything_is_pulled(
         monkeypatch: pytest.MonkeyPatch) -> None:
     alice, eve = Machine(tmp_path, "alice", monkeypatch), Machine(tmp_path, "eve", monkeypatch)
     repo = write_repo(tmp_path / "alice")
-    with alice.active():
-        a = Index(repo, embedder=real_embedder)
-        config = a.init(server=server_url)
-        a.index()
-        token = load_token(config.workspace_id)
-        a.close()
+    a, config, _, token = _share(alice, repo, server_url, real_embedder)
+    a.close()
     clone = tmp_path / "eve"
     shutil.copytree(repo, clone, ignore=shutil.ignore_patterns(".codeveil"))
     with eve.active():
