@@ -119,6 +119,16 @@ class SyncReport:
 
 
 @dataclass
+class _Pulled:
+    """What a pull did for a batch: chunks it filled from the workspace's rows, chunks
+    the cache already had, and the texts of those still lacking a vector."""
+
+    filled: int
+    cached: int
+    lacking: list[str]
+
+
+@dataclass
 class _Pending:
     path: str
     digest: bytes
@@ -369,20 +379,21 @@ class Syncer:
     def _flush(self, batch: list[_Pending], deletes: list[bytes], report: SyncReport) -> None:
         sending = [(p, self.local.for_file(p.path)) for p in batch if p.upload]
         pulling = [(p, self.local.for_file(p.path)) for p in batch if p.pull]
-        pulled = 0
+        texts = [c.embed_text for _, chunks in sending for c in chunks]
+        n_sending = len(texts)
         if pulling:
             t0 = time.perf_counter()
             pulled = self._pull(pulling)
-            report.chunks_pulled += pulled
+            report.chunks_pulled += pulled.filled
+            report.chunks_from_cache += pulled.cached
+            self.progress.chunks_done(0, pulled.filled + pulled.cached)
+            texts += pulled.lacking  # only what neither the cache nor the workspace had
             report.seconds_sync += time.perf_counter() - t0
-        texts = [c.embed_text for _, chunks in sending + pulling for c in chunks]
         t0 = time.perf_counter()
-        # Pulled vectors are in the cache now: only what the workspace lacked is embedded.
         result = self.embedder.embed(texts, progress=self.progress.chunks_done)
         report.seconds_embed += time.perf_counter() - t0
         report.chunks_embedded += result.embedded
-        report.chunks_from_cache += result.from_cache - pulled
-        n_sending = sum(len(chunks) for _, chunks in sending)
+        report.chunks_from_cache += result.from_cache
 
         t0 = time.perf_counter()
         updates = self._updates(sending, result.vectors[:n_sending])
@@ -401,9 +412,9 @@ class Syncer:
         self.progress.files_done(len(batch))
         self.progress.stages(report.stages(), report.embed_chunks_per_s)
 
-    def _pull(self, pulling: list[tuple[_Pending, list[Chunk]]]) -> int:
+    def _pull(self, pulling: list[tuple[_Pending, list[Chunk]]]) -> _Pulled:
         """Fill the embedding cache from the store's sealed rows of files it already
-        holds, for the chunks the cache lacks. Returns how many chunks it filled."""
+        holds, for the chunks the cache lacks."""
         assert self.sealer is not None
         cache, model_id = self.embedder.cache, self.embedder.model_id
         keyed = [(p, [(cache_key(model_id, c.embed_text), c) for c in chunks])
@@ -423,7 +434,10 @@ class Syncer:
                 if file_key in wanted:
                     filled.extend(self._open_rows(file_key, rows, *wanted[file_key]))
         cache.put_many(filled)
-        return len(filled)
+        got = {k for k, _ in filled}
+        unfilled = [c.embed_text for _, kc in wanted.values() for k, c in kc if k not in got]
+        cached = sum(len(kc) for _, kc in keyed) - len(unfilled) - len(filled)
+        return _Pulled(filled=len(filled), cached=cached, lacking=unfilled)
 
     def _open_rows(self, file_key: bytes, rows: list[tuple[bytes, bytes]], path: str,
                    chunks: list[tuple[bytes, Chunk]]) -> list[tuple[bytes, np.ndarray]]:
