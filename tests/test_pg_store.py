@@ -22,6 +22,7 @@ from sync.wire import (
     AuthError,
     PermissionDenied,
     StoreCorrupt,
+    StoreError,
     StoreUnavailable,
     WorkspaceNotFound,
 )
@@ -336,3 +337,18 @@ def test_a_large_workspace_gets_an_hnsw_index_with_high_recall(pg_url: str) -> N
     assert big.search(extra[3], 1)[0].chunk_id == extra_ids[3]
     assert big.info().extra["index"] == {"kind": "pgvector-hnsw", "exact": False}
     store.close()
+
+
+def test_hnsw_build_memory_grows_with_the_rows_within_bounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sync.pg_store import BUILD_MEMORY_ENV, hnsw_build_memory_mb
+
+    small, large = hnsw_build_memory_mb(30_000, 384), hnsw_build_memory_mb(1_000_000, 384)
+    assert 64 <= small < large
+    assert 1_000_000 * 384 * 4 / 2**20 < large <= 4096  # the vectors alone fit
+    monkeypatch.setenv(BUILD_MEMORY_ENV, "512")
+    assert hnsw_build_memory_mb(1_000_000, 384) == 512
+    monkeypatch.setenv(BUILD_MEMORY_ENV, "lots")
+    with pytest.raises(StoreError, match=BUILD_MEMORY_ENV):
+        hnsw_build_memory_mb(1_000_000, 384)
