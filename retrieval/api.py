@@ -502,6 +502,10 @@ class Index:
             total, with_vectors = LocalChunks(db).coverage()
         finally:
             db.close()
+        if self._vectors is not None:
+            # As the last search saw it: chunks whose vector this machine lacks (an
+            # emptied cache) are not searched by meaning.
+            with_vectors = min(with_vectors, self._vectors.count)
         return {"partial": with_vectors < total, "chunks": total,
                 "chunks_with_vectors": with_vectors}
 

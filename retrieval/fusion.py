@@ -216,12 +216,17 @@ class HybridRanker:
                  if o.split != "none" else [query])
         if o.split == "first":
             parts = parts[:1]
-        vectors = self.embed(parts)
-        vec = self._vector_ranking(vectors, o, keep, self.nearest)
-        vote("vector", (d for d, _ in vec), o.w_vector)
-        if o.w_header_vector and self.nearest_header is not None:
-            hv = self._vector_ranking(vectors, o, keep, self.nearest_header)
-            vote("header_vector", (d for d, _ in hv), o.w_header_vector)
+        header = bool(o.w_header_vector and self.nearest_header is not None)
+        # No vote by meaning (an index with no vectors yet): the query is not embedded,
+        # so such a search neither loads the model nor waits for its graph.
+        if o.w_vector or header:
+            vectors = self.embed(parts)
+            vec = self._vector_ranking(vectors, o, keep, self.nearest)
+            vote("vector", (d for d, _ in vec), o.w_vector)
+            if header:
+                assert self.nearest_header is not None
+                hv = self._vector_ranking(vectors, o, keep, self.nearest_header)
+                vote("header_vector", (d for d, _ in hv), o.w_header_vector)
 
         refs = extract_refs(query)
         prose = not refs

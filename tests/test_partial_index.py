@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from indexer.embedder import HashingEmbedder
@@ -131,6 +134,7 @@ class _SearchThenStop(Progress):
         self.seen: tuple[list, dict] | None = None
 
     def files_done(self, n: int) -> None:
+        _wait_until_all_chunked(self.repo)
         with Index(self.repo, embedder=self.model) as other:
             self.seen = (other.search("hash_password salt pbkdf2", k=3), other.coverage())
         raise _Interrupt
@@ -202,19 +206,24 @@ class _SearchOnce(Progress):
         # chunker runs ahead of the model, but how far ahead by then depends on the
         # machine, so the model's side waits for it here.
         if self.seen is None:
-            deadline = time.monotonic() + 30
-            while not self._all_chunked() and time.monotonic() < deadline:
-                time.sleep(0.02)
+            _wait_until_all_chunked(self.repo)
             with Index(self.repo, embedder=self.model) as other:
                 self.seen = (other.search(self.query, k=3), other.coverage())
 
-    def _all_chunked(self) -> bool:
-        db = open_state_db(state_path(self.repo))
+
+def _wait_until_all_chunked(repo: Path) -> None:
+    """Until every file's chunks are in the table. The chunker runs ahead of the model,
+    but how far ahead after the first batch depends on the machine."""
+    files = sum(1 for p in repo.rglob("*") if p.is_file() and ".codeveil" not in p.parts)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        db = open_state_db(state_path(repo))
         try:
-            return LocalChunks(db).count_files() == sum(
-                1 for p in self.repo.rglob("*") if p.is_file() and ".codeveil" not in p.parts)
+            if LocalChunks(db).count_files() == files:
+                return
         finally:
             db.close()
+        time.sleep(0.02)
 
 
 def test_a_few_early_vectors_do_not_outvote_the_words(tmp_path: Path,
@@ -234,3 +243,43 @@ def test_a_few_early_vectors_do_not_outvote_the_words(tmp_path: Path,
     # The vector ranking covers only the handlers embedded so far; it ranks some of them
     # first all the same, and at a full vote they would beat BM25's find.
     assert hits[0].path == "docs/guide.md", (hits, coverage)
+
+
+class _CountingEmbedder(HashingEmbedder):
+    """The hashing embedder, counting the texts it is asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+
+    def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
+        self.texts.extend(texts)
+        return super().embed_batch(texts)
+
+
+def test_a_search_with_no_vectors_does_not_embed_the_query(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No chunk has a vector here (the cache was emptied before any search built the
+    # local vector index, as before a first index's first batch): the search answers by
+    # words and names, without the model, so that it neither loads it nor waits for
+    # its graph to be exported.
+    monkeypatch.setenv("CODEVEIL_CACHE_DIR", str(tmp_path / "cache"))
+    files = {
+        "auth/password.py": "def hash_password(password, salt):\n    return salt + password\n",
+        "docs/guide.md": "# Guide\n\nHow to reticulate splines.\n",
+    }
+    for name in ("with", "without"):
+        with Index(write_repo(tmp_path / name, files), embedder=HashingEmbedder()) as idx:
+            idx.index()
+    shutil.rmtree(tmp_path / "cache")
+    seen = {}
+    for name in ("without", "with"):  # the cache is shared: refilled for the second only
+        if name == "with":
+            with Index(tmp_path / name, embedder=HashingEmbedder()) as idx:
+                idx.index(reupload=True)  # the vectors back in the cache
+        model = _CountingEmbedder()
+        with Index(tmp_path / name, embedder=model) as idx:
+            hits = idx.search("reticulate splines", k=2)
+            seen[name] = (hits[0].path, idx.coverage()["chunks_with_vectors"], model.texts)
+    assert seen["with"] == ("docs/guide.md", 2, ["reticulate splines"])
+    assert seen["without"] == ("docs/guide.md", 0, [])
