@@ -42,6 +42,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import subprocess
 import sys
 import time
@@ -291,8 +292,58 @@ class Prepared:
     lexical: object
 
 
+def embedded_first(corpus: Corpus, order: str, share: float,
+                   recency: dict[str, int]) -> set[int]:
+    """Indexes of the chunks a first index has embedded once `share` of them have their
+    vectors: files in indexer.priority's order (`order` "priority": source, tests, then
+    the rest, recently committed first) or in a random one ("random"), whole files at a
+    time, as the indexer sends them. Seeded: the same chunks every run."""
+    from indexer.priority import category
+
+    files = sorted(corpus.files)
+    random.Random(f"{corpus.name}:{order}").shuffle(files)
+    if order == "priority":
+        files.sort(key=lambda f: (category(f), -recency.get(f, 0)))
+    by_file: dict[str, list[int]] = defaultdict(list)
+    for i, c in enumerate(corpus.chunks):
+        by_file[c.path].append(i)
+    picked: set[int] = set()
+    for f in files:
+        if len(picked) >= share * len(corpus.chunks):
+            break
+        picked.update(by_file.get(f, ()))
+    return picked
+
+
+def mirror_recency(mirrors: Path | None, repo: str, commit: str) -> dict[str, int]:
+    """indexer.priority.git_recency of the repo as it stood at `commit`, read from its
+    mirror (the benchmark's trees are exported without their history)."""
+    if mirrors is None:
+        return {}
+    git = mirrors / repo.replace("/", "+") / "repo"
+    proc = subprocess.run(
+        ["git", "--git-dir", str(git), "log", "-n1000", "--no-renames", "--name-only",
+         "--format=%x00%ct", commit], capture_output=True, text=True, check=False)
+    seen: dict[str, int] = {}
+    when = 0
+    for line in proc.stdout.splitlines():
+        if line.startswith("\0"):
+            when = int(line[1:] or 0)
+        elif line:
+            seen.setdefault(line, when)
+    return seen
+
+
+PARTIAL_SHARE = 0.5
+PARTIAL_ORDERS = ("priority", "random")
+
+
+def partial_key(fmt: str, order: str) -> str:
+    return f"{fmt}@{order}"
+
+
 def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
-            query_texts: Sequence[str]) -> Prepared:
+            query_texts: Sequence[str], recency: dict[str, int] | None = None) -> Prepared:
     import bm25s
 
     from indexer.tokens import default_counter
@@ -360,6 +411,14 @@ def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
                                     counter.count, enc.embedder.max_tokens,
                                     count_many=counter.count_batch,
                                     nearest_header=nearest_header)
+        if recency is None:
+            continue
+        # A first index half way: every chunk searchable by words, these by meaning too.
+        for order in PARTIAL_ORDERS:
+            have = sorted(embedded_first(corpus, order, PARTIAL_SHARE, recency))
+            rankers[partial_key(fmt, order)] = HybridRanker(
+                lex, embed_parts, VectorIndex([docs[i] for i in have], vectors[have]).nearest,
+                counter.count, enc.embedder.max_tokens, count_many=counter.count_batch)
     return Prepared(corpus, bm25_files, code_bm25_files, windows, rankers, lex)
 
 
@@ -458,6 +517,20 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
     return rows
 
 
+def partial_variants() -> list[tuple[str, str, dict, str]]:
+    """The shipped defaults while a first index runs: the vector ranking's vote scaled
+    by the share of chunks it covers, as retrieval.api does (none: no vote at all)."""
+    from retrieval.grouping import DEFAULT_AGG
+
+    agg = DEFAULT_AGG["file"]
+    return [
+        ("first index, no vectors yet", SHIPPED_RENDERING, {"w_vector": 0.0}, agg),
+        *((f"first index, half the vectors, {order} order",
+           partial_key(SHIPPED_RENDERING, order), {"w_vector": PARTIAL_SHARE}, agg)
+          for order in PARTIAL_ORDERS),
+    ]
+
+
 def rank_files(prep: Prepared, q: str, variant: tuple[str, str, dict, str]) -> list[str]:
     from retrieval.fusion import SearchOptions, group_ranking
 
@@ -547,6 +620,8 @@ def run_swebench(args, enc, plain, memo: Memo) -> dict:
         by_version[(inst["repo"], inst["commit"])].append(inst)
     ablation = "swebench" in args.header_ablation
     variants = codeveil_variants(ablation)
+    if args.partial:
+        variants += partial_variants()
     systems = ["BM25 files", "BM25 files, code tokens", "MiniLM 40-line windows"] + [
         v[0] for v in variants]
     details = []
@@ -559,8 +634,9 @@ def run_swebench(args, enc, plain, memo: Memo) -> dict:
         log.info("[%d/%d] %s@%s: %d files, %d chunks", n, len(by_version), repo, commit[:12],
                  len(corpus.files), len(corpus.chunks))
         queries = [i["query"] for i in insts]
+        recency = mirror_recency(args.mirrors, repo, commit) if args.partial else None
         prep = prepare(corpus, enc, plain, memo, formats=renderings(ablation),
-                       query_texts=queries)
+                       query_texts=queries, recency=recency)
         if args.stage == "warm":
             continue
         for inst in insts:
@@ -870,6 +946,9 @@ def main() -> None:
     parser.add_argument("--embedder", default=None,
                         help="Pin an embedder by name (indexer.embedder_registry.EMBEDDERS);"
                         " default: the one `codeveil index` uses.")
+    parser.add_argument("--partial", action="store_true",
+                        help="SWE-bench: also rank as a first index half way would (no"
+                             " vectors; half of them, in priority or random order)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--out", default="quality")
     args = parser.parse_args()
