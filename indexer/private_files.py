@@ -3,16 +3,21 @@ cache holds vectors from which code can be approximated, so neither is left to t
 
 A folder is made (or tightened to) 0700 and a database file created 0600 before SQLite
 opens it (`indexer.sqlite_files.connect(..., private=True)`); SQLite gives its -wal and
--shm files the database file's permissions.
+-shm files the database file's permissions. Other files are replaced whole by
+`write_atomic`, whose temp file is 0600 from the start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
-__all__ = ["fsync_dir", "private_dir", "private_file"]
+__all__ = ["fsync_dir", "private_dir", "private_file", "write_atomic"]
 
 
 def private_dir(folder: Path) -> None:
@@ -50,3 +55,31 @@ def private_file(path: Path) -> None:
             path.chmod(0o600)  # made by an older version under a looser umask
         return
     os.close(fd)
+
+
+def write_atomic(path: Path, content: bytes | str | Callable[[IO[bytes]], None], *,
+                 durable: bool = True) -> None:
+    """Replace `path` in one step: a reader sees the old file or the new one, never half.
+
+    `content` is the bytes, the text (UTF-8) or a function that writes to the open file.
+    The temp file has a name of its own in the same folder (two writers at once never
+    rename each other's) and is 0600 (mkstemp). `durable`: also after a power cut; the
+    data is fsynced before the rename and the folder after it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if callable(content):
+                content(f)
+            else:
+                f.write(content.encode() if isinstance(content, str) else content)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+        if durable:
+            with contextlib.suppress(OSError):  # not every file system can fsync a folder
+                fsync_dir(path.parent)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

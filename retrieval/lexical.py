@@ -35,15 +35,12 @@ they agree, checking costs one small query.
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import itertools
 import logging
-import os
 import re
 import secrets
 import sqlite3
-import tempfile
 import threading
 import time
 import zipfile
@@ -59,7 +56,7 @@ import xxhash
 from indexer.chunk import Chunk
 from indexer.lexical_tokens import tokenize
 from indexer.local_chunks import change_stamp
-from indexer.private_files import fsync_dir
+from indexer.private_files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -399,22 +396,9 @@ def _unpack(raw: np.ndarray) -> list[str]:
 
 
 def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write one .npz atomically and durably (a reader sees the old file or the new one,
-    also after a power cut: the data is fsynced before the rename, the rename after)."""
+    """Write one .npz atomically and durably (indexer.private_files.write_atomic)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)  # type: ignore[arg-type]
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        with contextlib.suppress(OSError):  # not every file system can fsync a directory
-            fsync_dir(path.parent)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]
 
 
 # -- the index: base + delta + deleted mask --------------------------------------------

@@ -52,11 +52,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import secrets
 import sqlite3
-import tempfile
 import threading
 import time
 import zipfile
@@ -71,7 +69,7 @@ import xxhash
 from indexer.chunk import Chunk
 from indexer.embed_cache import EmbeddingCache, cache_key
 from indexer.local_chunks import change_stamp
-from indexer.private_files import fsync_dir, private_dir
+from indexer.private_files import private_dir, write_atomic
 from retrieval.lexical import LexDoc
 
 log = logging.getLogger(__name__)
@@ -481,16 +479,16 @@ class LocalVectorStore:
         index = saved.index
         if saved.base_id != old_base:
             stem = self.directory / f"base-{saved.base_id.hex()}"
-            _write_atomic(stem.with_suffix(".npy"),
+            write_atomic(stem.with_suffix(".npy"),
                           lambda f: np.save(f, np.ascontiguousarray(index.base)))
-            _write_atomic(stem.with_suffix(".npz"), lambda f: _savez(f, {
+            write_atomic(stem.with_suffix(".npz"), lambda f: _savez(f, {
                 "version": np.array([FORMAT_VERSION]),
                 "base_id": np.frombuffer(saved.base_id, dtype=np.uint8),
                 "checksum": np.array([_checksum(index.base)], dtype=np.uint64),
                 **index.base_docs.arrays("b_")}))
         paths = list(saved.files)
         inc = list(saved.incomplete)
-        _write_atomic(self.directory / DELTA_FILE, lambda f: _savez(f, {
+        write_atomic(self.directory / DELTA_FILE, lambda f: _savez(f, {
             "version": np.array([FORMAT_VERSION]),
             "model_id": np.frombuffer(saved.model[0].encode("utf-8"), dtype=np.uint8),
             "dim": np.array([saved.model[1]]),
@@ -674,20 +672,3 @@ def _unpack(raw: np.ndarray) -> list[str]:
     return text.split("\0") if text else []
 
 
-def _write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
-    """Write one file atomically and durably (a reader sees the old file or the new one,
-    also after a power cut: the data is fsynced before the rename, the rename after).
-    mkstemp creates it 0600."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".vec-", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        with contextlib.suppress(OSError):  # not every file system can fsync a directory
-            fsync_dir(path.parent)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

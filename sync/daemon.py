@@ -63,6 +63,7 @@ from typing import Any
 
 from indexer.errors import CodeveilError
 from indexer.ignore import ALWAYS_SKIPPED, CODEVEILIGNORE, GITIGNORE, VENV_MARKER, IgnoreRules
+from indexer.private_files import write_atomic
 from indexer.walk import name_skip_reason
 from sync.errors import SyncError
 from sync.workspace import codeveil_dir
@@ -148,13 +149,6 @@ class DaemonFiles:
     @property
     def log(self) -> Path:
         return self.dir / "daemon.log"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Replace `path` in one step, so a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def read_status(files: DaemonFiles) -> dict[str, Any] | None:
@@ -287,7 +281,8 @@ def probe(root: Path) -> DaemonState:
                 if status is not None and status.get("state") not in ("stopped", "died"):
                     status = {**status, "state": "died"}
                     with contextlib.suppress(OSError):
-                        _write_atomic(files.status, json.dumps(status, indent=2) + "\n")
+                        write_atomic(files.status, json.dumps(status, indent=2) + "\n",
+                                     durable=False)
             return DaemonState(files.root, False, None, status, stale_pid=stale)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -749,7 +744,7 @@ class Daemon:
                 handlers[sig] = signal.signal(sig, handler)
         code = 0
         try:
-            _write_atomic(self.files.pid, f"{os.getpid()}\n")
+            write_atomic(self.files.pid, f"{os.getpid()}\n", durable=False)
             self._status["started"] = time.time()
             self._write_status()
             log.info("daemon started for %s (pid %d): sync every %.0f s, debounce %.1f s",
@@ -997,7 +992,9 @@ class Daemon:
 
     def _write_status(self) -> None:
         try:
-            _write_atomic(self.files.status,
-                          json.dumps(self._status, indent=2, default=str) + "\n")
+            # Rewritten on every change: worth no fsync (a status lost to a power cut
+            # is rewritten by the next start).
+            write_atomic(self.files.status,
+                         json.dumps(self._status, indent=2, default=str) + "\n", durable=False)
         except OSError as exc:  # a full disk must not kill the daemon
             log.warning("cannot write %s: %s", self.files.status, exc)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from indexer.errors import CodeveilError
 from indexer.paths import config_dir
-from indexer.private_files import private_dir
+from indexer.private_files import private_dir, write_atomic
 from sync.errors import SyncError
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH, MODES
 
@@ -146,11 +146,7 @@ def _make_dir(root: Path) -> Path:
 
 def save_config(root: Path, config: RepoConfig) -> None:
     folder = _make_dir(root)
-    path = folder / "config.json"
-    # A name of its own: two processes saving at once must not rename each other's file.
-    tmp = folder / f".config.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    tmp.write_text(json.dumps(asdict(config), indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomic(folder / "config.json", json.dumps(asdict(config), indent=2) + "\n")
 
 
 @contextlib.contextmanager

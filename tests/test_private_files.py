@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import IO
 
 import pytest
 
 from indexer.embedder import HashingEmbedder
 from indexer.paths import cache_dir
-from indexer.private_files import private_file
+from indexer.private_files import private_file, write_atomic
 from indexer.sqlite_files import connect
 from retrieval import Index
 
@@ -75,3 +76,22 @@ def test_making_an_open_database_private_keeps_its_locks(tmp_path: Path) -> None
     assert out.stdout.strip() == "database is locked"
     conn.execute("COMMIT")
     conn.close()
+
+
+def test_write_atomic_replaces_whole_or_not_at_all(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    write_atomic(path, "old\n")
+    assert path.read_text() == "old\n"
+    if os.name == "posix":
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+    def half_then_fail(f: IO[bytes]) -> None:
+        f.write(b"ne")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(path, half_then_fail)
+    assert path.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]  # no temp file left
+    write_atomic(path, b"new\n", durable=False)
+    assert path.read_bytes() == b"new\n"
