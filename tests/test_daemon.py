@@ -23,7 +23,8 @@ import pytest
 
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from sync.daemon import DaemonFiles, EventFilter, _backoff, probe, read_status
+from sync.daemon import DaemonFiles, EventFilter, probe, read_status
+from sync.daemon.loop import _backoff
 from tests.conftest import write_repo
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

@@ -23,8 +23,9 @@ _ROW = re.compile(r"^(?P<indent>[ │├└─]*)(?P<name>[A-Z][A-Za-z]+)\b")
 def _modules() -> list[str]:
     names = []
     for package in PACKAGES:
-        for info in pkgutil.iter_modules([str(ROOT / package)]):
-            names.append(f"{package}.{info.name}")
+        # Subpackages (sync.daemon) too: walk_packages imports each package to list it.
+        for info in pkgutil.walk_packages([str(ROOT / package)], prefix=f"{package}."):
+            names.append(info.name)
     return sorted(names)
 
 
