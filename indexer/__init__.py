@@ -14,11 +14,13 @@ if TYPE_CHECKING:
     from indexer.embedder import Embedder
     from indexer.embedder_registry import default_embedder
     from indexer.errors import CodeveilError, EmbedderError, IndexerError
+    from indexer.location import ChunkLocation
     from indexer.walk import WalkResult, walk_repo
 
 __all__ = [
     "CachedEmbedder",
     "Chunk",
+    "ChunkLocation",
     "CodeveilError",
     "Embedder",
     "EmbedderError",
@@ -33,6 +35,7 @@ __all__ = [
 _HOMES = {
     "CachedEmbedder": "indexer.embed_cache",
     "Chunk": "indexer.chunk",
+    "ChunkLocation": "indexer.location",
     "CodeveilError": "indexer.errors",
     "Embedder": "indexer.embedder",
     "EmbedderError": "indexer.errors",

@@ -406,7 +406,6 @@ class Index:
         (sealed) or the server's encrypted one (server-search)."""
         from indexer.tokens import default_counter
         from retrieval.fusion import HybridRanker
-        from retrieval.lexical import LexDoc
 
         if self._ranker is not None:
             self._ranker.use(lexical)
@@ -428,8 +427,8 @@ class Index:
         reranker = self._plain_reranker(config)
 
         def nearest(vector: np.ndarray, n: int) -> list[tuple[LexDoc, float]]:
-            out = [(LexDoc(m.path, m.start_line, m.end_line, m.symbol, m.language,
-                           m.chunk_hash), cosine) for m, cosine in server.nearest(vector, n)]
+            # The opened metadata is a chunk location like the lexical index's docs.
+            out: list[tuple[LexDoc, float]] = list(server.nearest(vector, n))
             # Exact cosines from this machine's own plain vectors, where it has them.
             exact = reranker.scores([(d.path, d.symbol, d.chunk_hash) for d, _ in out], vector)
             out = [(d, approx if e is None else e)

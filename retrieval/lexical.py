@@ -56,6 +56,7 @@ import xxhash
 from indexer.chunk import Chunk
 from indexer.lexical_tokens import tokenize
 from indexer.local_chunks import change_stamp
+from indexer.location import ChunkLocation
 from indexer.private_files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -78,20 +79,8 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
 Stamp = tuple[int, int, bytes]  # (change counter, chunk count, database epoch)
 
 
-@dataclass(frozen=True, slots=True)
-class LexDoc:
-    """Where one indexed chunk sits: enough to fuse it with a vector hit and to show it."""
-
-    path: str
-    start_line: int
-    end_line: int
-    symbol: str
-    language: str
-    chunk_hash: bytes = field(default=b"", compare=False)  # xxh3-128 of the chunk's text
-
-    @property
-    def key(self) -> tuple[str, int, int]:
-        return (self.path, self.start_line, self.end_line)
+#: One indexed chunk: where it sits, enough to fuse it with a vector hit and to show it.
+LexDoc = ChunkLocation
 
 
 def term_hash(token: str) -> int:

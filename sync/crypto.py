@@ -71,6 +71,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from indexer.location import ChunkLocation
 from sync.errors import MetadataAuthError, MetadataFormatError
 from sync.keys import WorkspaceKey
 from sync.records import KEY_BYTES
@@ -191,15 +192,9 @@ def chunk_id(key: WorkspaceKey, path: str, chunk_hash: bytes, ordinal: int) -> b
 
 
 @dataclass(frozen=True, slots=True)
-class ChunkMeta:
-    """Where a chunk lives: what the client needs to show it, sealed for the server."""
-
-    path: str
-    start_line: int
-    end_line: int
-    symbol: str
-    language: str
-    chunk_hash: bytes  # xxh3-128 of the chunk's text, 16 bytes
+class ChunkMeta(ChunkLocation):
+    """Where a chunk lives (indexer.location), as sealed for the server: what the client
+    needs to show it. Its hash is required (16 bytes) and its lines fit the envelope."""
 
     def __post_init__(self) -> None:
         if len(self.chunk_hash) != HASH_SIZE:

@@ -10,7 +10,7 @@ import pytest
 
 EXPORTED = {
     "indexer": [
-        "CachedEmbedder", "Chunk", "CodeveilError", "Embedder", "EmbedderError",
+        "CachedEmbedder", "Chunk", "ChunkLocation", "CodeveilError", "Embedder", "EmbedderError",
         "EmbeddingCache", "IndexerError", "WalkResult", "chunk_file", "default_embedder",
         "walk_repo",
     ],
