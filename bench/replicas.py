@@ -317,7 +317,9 @@ def main() -> None:
                         help="workspace sizes searched on both backends, comma-separated"
                              " ('' for none)")
     parser.add_argument("--seconds", type=float, default=20.0, help="per replica count")
-    parser.add_argument("--replicas", default="1,2,3")
+    parser.add_argument("--replicas", default="1,2,3",
+                        help="replica counts of the mixed load ('' for none: search at scale"
+                             " only, written to replicas_scale.json)")
     parser.add_argument("--threads", type=int, default=6, help="client threads")
     parser.add_argument("--queries", type=int, default=200, help="distinct search vectors")
     args = parser.parse_args()
@@ -342,6 +344,11 @@ def run(url: str, args: argparse.Namespace, work: Path, replicas: list[Replica])
         headers = ["backend", "rows", "ingest_rows_per_s", "index_build_s", "p50_ms", "p99_ms",
                    "recall_at_10"]
         print(table(headers, [[r[h] for h in headers] for r in scale]), flush=True)
+    counts = [int(c) for c in args.replicas.split(",") if c]
+    if not counts:
+        write_json("replicas_scale", {"scale": scale})
+        plot([], scale, "replicas_scale")
+        return
     corpus, query = synthetic(args.rows, args.queries, seed=1)
     store = PgStore(url, hnsw_threshold=args.rows + 1)  # the build is timed on its own
     with Timer() as ingest:
@@ -360,7 +367,7 @@ def run(url: str, args: argparse.Namespace, work: Path, replicas: list[Replica])
     print(table(list(sweep[0]), [list(r.values()) for r in sweep]), flush=True)
 
     results: list[dict[str, Any]] = []
-    for count in [int(c) for c in args.replicas.split(",")]:
+    for count in counts:
         while len(replicas) < count:
             replicas.append(Replica(work / f"replica-{len(replicas) + 1}", url))
         urls = [r.url for r in replicas[:count]]
@@ -378,7 +385,8 @@ def run(url: str, args: argparse.Namespace, work: Path, replicas: list[Replica])
     plot(results, scale)
 
 
-def plot(results: list[dict[str, Any]], scale: list[dict[str, Any]]) -> None:
+def plot(results: list[dict[str, Any]], scale: list[dict[str, Any]],
+         name: str = "replicas") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -418,7 +426,7 @@ def plot(results: list[dict[str, Any]], scale: list[dict[str, Any]]) -> None:
         ax.legend(fontsize=8)
     fig.tight_layout()
     RESULTS.mkdir(exist_ok=True)
-    fig.savefig(RESULTS / "replicas.png", dpi=110)
+    fig.savefig(RESULTS / f"{name}.png", dpi=110)
 
 
 if __name__ == "__main__":

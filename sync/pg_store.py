@@ -103,13 +103,26 @@ HNSW_THRESHOLD = 30_000
 # 0.94 at 400; ef_construction 200 reaches 0.97 at 200 and 0.99 at 400 (8.6 ms against
 # 88 ms for the exact scan), for a build three times as long (50 s); m 32 gains little
 # more for a slower build and slower searches.
+#
+# A larger graph needs more candidates for the same recall. At 1M rows (the same
+# benchmark, one run) ef_search 400 reaches recall@10 0.900, 600 0.935, 800 0.957 and
+# 1000 (pgvector's most) 0.968: so ef_search grows with the square root of the rows,
+# from EF_SEARCH at EF_SEARCH_ROWS up to MAX_EF_SEARCH (reached at 625k rows).
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 200
 EF_SEARCH = 400
+EF_SEARCH_ROWS = 100_000
+ROWS_ESTIMATE_TTL_S = 60.0  # how long a workspace's row estimate (for ef_search) is kept
 # pgvector's limits: hnsw.ef_search at most 1000 (and a graph search returns at most
 # ef_search rows, so a larger k is searched exactly); HNSW over `vector` up to 2000 dims.
 MAX_EF_SEARCH = 1000
 MAX_HNSW_DIM = 2000
+
+
+def ef_search_for(rows: float, k: int) -> int:
+    """hnsw.ef_search for a search of `k` rows in a graph of `rows` (see HNSW_M)."""
+    grown = EF_SEARCH * math.sqrt(max(rows, 0) / EF_SEARCH_ROWS)
+    return min(MAX_EF_SEARCH, max(k, EF_SEARCH, math.ceil(grown)))
 # maintenance_work_mem for a build. pgvector builds fast while the graph fits in it and
 # much slower once it spills (it says so in a notice); the graph takes about a vector
 # and two neighbour lists per row. Sized per build from the workspace's rows, between
@@ -153,6 +166,7 @@ class PgWorkspace(ApplyChecks):
         digest = hashlib.sha256(record.workspace_id.encode()).hexdigest()
         self.index_name = f"rows_hnsw_{digest[:16]}"
         self._hnsw_ready = False  # once seen valid it stays: indexes go only with the workspace
+        self._rows_estimate: tuple[float, float] | None = None  # (when read, rows)
         self._builder: threading.Thread | None = None
         self._builder_lock = threading.Lock()
         self._closed = False
@@ -271,10 +285,20 @@ class PgWorkspace(ApplyChecks):
                  ws=sql.Literal(self.workspace_id))
 
     def _hnsw_search(self, query: str, k: int) -> list[tuple[bytes, bytes, float]]:
-        ef = min(MAX_EF_SEARCH, max(k, EF_SEARCH))
         with self._pool.connection() as conn, conn.transaction():
+            ef = ef_search_for(self._graph_rows(conn), k)
             conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(ef),))
             return conn.execute(self.hnsw_query(), (query, k)).fetchall()
+
+    def _graph_rows(self, conn: psycopg.Connection) -> float:
+        """The rows of the workspace's HNSW index, as the planner's statistics estimate
+        them (a catalog read, not a count), kept for ROWS_ESTIMATE_TTL_S."""
+        now = time.monotonic()
+        if self._rows_estimate is None or now - self._rows_estimate[0] > ROWS_ESTIMATE_TTL_S:
+            row = conn.execute("SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)",
+                               (f"{W}.{self.index_name}",)).fetchone()
+            self._rows_estimate = (now, float(row[0]) if row and row[0] > 0 else 0.0)
+        return self._rows_estimate[1]
 
     def has_hnsw_index(self) -> bool:
         """Whether the workspace's HNSW index exists and is valid (built by any replica)."""

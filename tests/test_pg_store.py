@@ -318,9 +318,11 @@ def test_a_large_workspace_gets_an_hnsw_index_with_high_recall(pg_url: str) -> N
             psycopg.sql.SQL("EXPLAIN ") + ws.hnsw_query(), ("[" + ",".join(["0"] * dim) + "]", 10)))
         small_indexes = conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = %s",
                                      (store.workspace(small.workspace_id).index_name,)).fetchone()
+        graph_rows = ws._graph_rows(conn)  # what ef_search is sized by
     assert "hnsw" in definition and big.workspace_id in definition
     assert ws.index_name in plan  # the planner takes the index for the search's query
     assert small_indexes == (0,)  # below the threshold: exact search, no index
+    assert graph_rows == 4000
     assert not store.workspace(small.workspace_id).has_hnsw_index()
 
     queries = vectors[::97] + np.float32(0.05)
@@ -352,3 +354,12 @@ def test_hnsw_build_memory_grows_with_the_rows_within_bounds(
     monkeypatch.setenv(BUILD_MEMORY_ENV, "lots")
     with pytest.raises(StoreError, match=BUILD_MEMORY_ENV):
         hnsw_build_memory_mb(1_000_000, 384)
+
+
+def test_ef_search_grows_with_the_graph() -> None:
+    from sync.pg_store import EF_SEARCH, MAX_EF_SEARCH, ef_search_for
+
+    assert ef_search_for(4000, 10) == ef_search_for(100_000, 10) == EF_SEARCH
+    assert EF_SEARCH < ef_search_for(300_000, 10) < ef_search_for(600_000, 10) < MAX_EF_SEARCH
+    assert ef_search_for(1_000_000, 10) == MAX_EF_SEARCH
+    assert ef_search_for(1000, 700) == 700  # never fewer candidates than rows asked for
