@@ -274,11 +274,16 @@ class Index:
         embedder = self._cached_embedder()
         if remote is not None:
             embedder = CachedEmbedder(remote, embedder.cache)
+        from retrieval.search_ready import SearchReady, StartsSearchReady
+
+        ready = SearchReady(root, (lambda db: self._vector_index(root, db, config))
+                            if config.sealed else None)
         syncer = Syncer(
             root, state_path(root), client, key, config.workspace_id, embedder,
             None if config.sealed else crypto.VectorCipher(key, embedder.dim),
-            sealed=config.sealed, progress=progress,
+            sealed=config.sealed, progress=StartsSearchReady(progress, ready),
         )
+        report = None
         try:
             report = syncer.run(reupload=reupload)
             report.embedded_on = (remote.address or "auto") if remote is not None else "here"
@@ -286,6 +291,9 @@ class Index:
             syncer.close()
             if remote is not None:
                 remote.close()
+            took = ready.finish(completed=report is not None)
+        report.seconds_search_ready = took
+        report.seconds += took
         client.verify()  # never report success over a store that cannot read its rows
         return report
 

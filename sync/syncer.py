@@ -87,6 +87,9 @@ class SyncReport:
     seconds_embed: float = 0.0
     seconds_encrypt: float = 0.0
     seconds_sync: float = 0.0
+    #: After a large index: the search side (lexical and vector indexes) brought in step
+    #: so that the first search does not build it (retrieval.search_ready).
+    seconds_search_ready: float = 0.0
     #: Chunks the model embedded per second of the embed stage (0 when none were).
     embed_chunks_per_s: float = 0.0
     #: Where the embedding ran: "here", or the Ray cluster's address.

@@ -1,0 +1,123 @@
+"""The search side kept ready while a large index runs, so that nobody's first search
+builds it.
+
+A search reads two indexes built from the client's chunk table: the lexical one
+(`.codeveil/lexical/`) and, in a sealed workspace, the vectors (`.codeveil/vectors/`).
+Each is brought in step by whichever process searches next, and building it from
+scratch takes seconds per ten thousand chunks (scikit-learn's 27,671: ~9.5 s of
+counting terms on a busy machine). After a first index that cost fell on the first
+search, the README's `codeveil index . && codeveil search ...` included.
+
+So an index that sends many files (`FOLLOW_FILES` or more) starts a thread that
+refreshes the lexical index from the chunk table every `interval` seconds while the
+chunker fills it (a search from another process then only counts the chunks written
+since), and once more with the vectors when the sync is done. A small re-index never
+starts it: it would import the ranking stack into a call that should take under a
+second, and the search after it has little to catch up.
+
+A refresh that fails (a read-only folder, a full disk) is logged and left to the next
+search, which would have built it anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from indexer.local_chunks import open_state_db
+from sync.progress import Progress
+from sync.workspace import codeveil_dir, state_path
+
+log = logging.getLogger(__name__)
+
+#: Files sent by an index from which the search side is kept ready as it goes.
+FOLLOW_FILES = 100
+#: Seconds between the lexical refreshes during the index.
+FOLLOW_INTERVAL_S = 2.0
+
+
+class SearchReady:
+    """Refreshes the lexical index while an index runs (`start`), and the lexical and
+    vector indexes at its end (`finish`). `vectors` brings the vector index in step
+    (given the state database); None for a server-search workspace."""
+
+    def __init__(self, root: Path, vectors: Callable[[sqlite3.Connection], object] | None,
+                 interval: float = FOLLOW_INTERVAL_S) -> None:
+        self.root = root
+        self.vectors = vectors
+        self.interval = interval
+        self.refreshes = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._follow, name="codeveil-search-ready",
+                                            daemon=True)
+            self._thread.start()
+
+    def finish(self, *, completed: bool) -> float:
+        """Stop following; when the index `completed`, refresh both indexes once more.
+        Returns the seconds that last refresh took (0 when there was none)."""
+        if self._thread is None:
+            return 0.0
+        self._stop.set()
+        self._thread.join()
+        if not completed:
+            return 0.0
+        started = time.perf_counter()
+        self._refresh(with_vectors=True)
+        return time.perf_counter() - started
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._refresh(with_vectors=False)
+
+    def _refresh(self, *, with_vectors: bool) -> None:
+        from retrieval.lexical import LexicalStore
+
+        try:
+            db = open_state_db(state_path(self.root))
+            try:
+                LexicalStore(codeveil_dir(self.root) / "lexical").current(db)
+                if with_vectors and self.vectors is not None:
+                    self.vectors(db)
+            finally:
+                db.close()
+            self.refreshes += 1
+        except Exception:  # the next search builds what is missing, as it always could
+            log.warning("could not bring the search side in step in %s", self.root,
+                        exc_info=True)
+
+
+class StartsSearchReady(Progress):
+    """`progress` as given, starting `ready` once the sync plans `FOLLOW_FILES` files."""
+
+    def __init__(self, progress: Progress | None, ready: SearchReady) -> None:
+        self.inner = progress or Progress()
+        self.ready = ready
+
+    def scanned(self, files: int) -> None:
+        self.inner.scanned(files)
+
+    def planned(self, files: int, chunks_hint: int) -> None:
+        if files >= FOLLOW_FILES:
+            self.ready.start()
+        self.inner.planned(files, chunks_hint)
+
+    def files_done(self, n: int) -> None:
+        self.inner.files_done(n)
+
+    def chunks_done(self, embedded: int, cached: int) -> None:
+        self.inner.chunks_done(embedded, cached)
+
+    def stages(self, seconds: dict[str, float], embed_chunks_per_s: float) -> None:
+        self.inner.stages(seconds, embed_chunks_per_s)
