@@ -38,7 +38,7 @@ hangs under another parent than drawn::
     │       ├── ServerUnavailable                 unreachable or overloaded: retry later
     │       └── ServerError                       a 5xx or an unreadable answer
     ├── SearchError         (retrieval.api)   bad search options (k, group, ...)
-    └── ModelMismatchError  (retrieval.api)   the workspace holds another model's vectors
+    └── ModelMismatchError  (sync.repo)       the workspace holds another model's vectors
 
 `retrieval.WrongKeyError` is another name of KeyMismatchError. The CLI turns any
 CodeveilError into one line on stderr and a non-zero exit.

@@ -11,15 +11,16 @@ from typing import TYPE_CHECKING
 from indexer.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from retrieval.api import Index, ModelMismatchError, SearchError, WrongKeyError
+    from retrieval.api import Index, SearchError, WrongKeyError
     from retrieval.hits import Hit
+    from sync.repo import ModelMismatchError
     from sync.syncer import SyncReport
 
 __all__ = ["Hit", "Index", "ModelMismatchError", "SearchError", "SyncReport", "WrongKeyError"]
 
 _HOMES = {
     "Index": "retrieval.api",
-    "ModelMismatchError": "retrieval.api",
+    "ModelMismatchError": "sync.repo",
     "SearchError": "retrieval.api",
     "WrongKeyError": "retrieval.api",
     "Hit": "retrieval.hits",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-import os
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -21,36 +20,25 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from indexer.embed_cache import CachedEmbedder, EmbeddingCache
+from indexer.embed_cache import CachedEmbedder
 from indexer.embedder import Embedder
-from indexer.embedder_registry import default_embedder, embedder_for_model_id, embedder_name
 from indexer.errors import CodeveilError
 from indexer.local_chunks import LocalChunks, open_state_db
 from retrieval.hits import Hit
-from sync import crypto
 from sync.client import StoreClient
 from sync.errors import KeyMismatchError
-from sync.keys import ENV_KEY, WorkspaceKey, create_key, load_key
-from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
-from sync.syncer import Progress, Syncer, SyncReport
+from sync.keys import WorkspaceKey
+from sync.repo import Workspace
+from sync.syncer import Progress, SyncReport
 from sync.workspace import (
-    ConfigError,
     RepoConfig,
     codeveil_dir,
     find_root,
-    init_lock,
-    load_config,
-    load_token,
-    new_workspace_id,
-    save_config,
-    save_token,
     state_path,
-    store_path,
 )
 
 if TYPE_CHECKING:
     # The ranking stack is imported on the first search: `codeveil index` never ranks.
-    from indexer.ray_embedder import RayEmbedder
     from retrieval.fusion import HybridRanker, SearchOptions
     from retrieval.grouping import Group, Level
     from retrieval.lexical import LexDoc, LexicalIndex, LexicalStore
@@ -58,9 +46,6 @@ if TYPE_CHECKING:
     from retrieval.rerank import PlainReranker
 
 log = logging.getLogger(__name__)
-
-#: The setting that sends indexing's embedding to a Ray cluster (see `Index.index`).
-ENV_EMBED_ON = "CODEVEIL_EMBED_ON"
 
 # Ask the server for more neighbours than shown: filters and stale hits drop some.
 OVERFETCH = 4
@@ -75,23 +60,11 @@ class SearchError(CodeveilError):
 # as sync's own check raises, under the name the API has always exported.
 WrongKeyError = KeyMismatchError
 
-
-class ModelMismatchError(CodeveilError):
-    """The workspace holds vectors of another embedding model than the one in use."""
-
-
 class Index:
     """A codeveil index of one folder (found upward from `path` like git finds `.git/`)."""
 
     def __init__(self, path: str | Path = ".", *, embedder: Embedder | None = None) -> None:
-        self._start = Path(path)
-        if not self._start.exists():
-            raise CodeveilError(f"no such folder: {self._start}")
-        if not self._start.is_dir():
-            raise CodeveilError(f"not a folder: {self._start}")
-        self._embedder_given = embedder
-        self._embedder: CachedEmbedder | None = None
-        self._client: StoreClient | None = None
+        self._ws = Workspace(path, embedder=embedder)
         self._query_cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lexical_store: LexicalStore | None = None
         self._vector_store: LocalVectorStore | None = None
@@ -118,38 +91,22 @@ class Index:
     @property
     def root(self) -> Path:
         """The indexed folder (the one holding `.codeveil/`)."""
-        try:
-            return find_root(self._start)
-        except CodeveilError:
-            return self._start.resolve()
+        return self._ws.root
 
     @property
     def mode(self) -> str:
         """The workspace's mode: "sealed" (search runs here) or "server-search"."""
-        return load_config(find_root(self._start)).mode
+        return self._ws.mode
 
     @property
     def embedder(self) -> CachedEmbedder:
         """The embedder this index uses (the workspace's model), behind the cache."""
-        return self._cached_embedder()
+        return self._ws.embedder
 
-    def _cached_embedder(self) -> CachedEmbedder:
-        if self._embedder is None:
-            model = self._embedder_given or self._workspace_embedder() or default_embedder()
-            self._embedder = CachedEmbedder(model, EmbeddingCache())
-        return self._embedder
-
-    def _workspace_embedder(self) -> Embedder | None:
-        """The model an existing workspace was built with, so a later change of the
-        default never mixes vectors; None for a new index, or when CODEVEIL_EMBEDDER
-        names a model explicitly (then a mismatch is reported, not papered over)."""
-        if os.environ.get("CODEVEIL_EMBEDDER"):
-            return None
-        try:
-            config = load_config(find_root(self._start))
-        except CodeveilError:
-            return None
-        return embedder_for_model_id(config.model_id)
+    @property
+    def workspace(self) -> Workspace:
+        """The workspace underneath (sync.repo): creating, opening, checking, syncing."""
+        return self._ws
 
     def init(self, *, server: str | None = None, workspace_id: str | None = None,
              token: str | None = None, server_search: bool = False) -> RepoConfig:
@@ -163,95 +120,8 @@ class Index:
         With `workspace_id` (and the key imported with `codeveil key import`), join an
         existing workspace on `server` instead of creating one; it keeps its own mode.
         """
-        with init_lock(self._start.resolve()):
-            return self._init(server=server, workspace_id=workspace_id, token=token,
-                              server_search=server_search)
-
-    def _init_once(self) -> None:
-        """Create the index here unless another process (a daemon, a second agent) did
-        so meanwhile: the first to take the lock creates it, the others use what it made,
-        so one folder ends with one workspace and one key."""
-        root = self._start.resolve()
-        with init_lock(root):
-            if not (codeveil_dir(root) / "config.json").is_file():
-                self._init()
-
-    def _init(self, *, server: str | None = None, workspace_id: str | None = None,
-              token: str | None = None, server_search: bool = False) -> RepoConfig:
-        """`init`, its caller holding the init lock."""
-        root = self._start.resolve()
-        embedder = self._cached_embedder()
-        mode = MODE_SERVER_SEARCH if server_search else MODE_SEALED
-        if workspace_id is None:
-            workspace_id = new_workspace_id()
-            # CODEVEIL_KEY stands for every workspace: a new one is made under it (CI,
-            # a second clone of a shared index); otherwise a fresh key is stored.
-            key = load_key(workspace_id) if os.environ.get(ENV_KEY) else create_key(workspace_id)
-            if server is None:
-                from sync.local_client import LocalClient
-
-                LocalClient.create_workspace(
-                    store_path(root), workspace_id, dim=embedder.dim,
-                    model_id=embedder.model_id, key_check=key.key_check, mode=mode,
-                ).close()
-            else:
-                from sync.http_client import HttpClient
-
-                token = HttpClient.create_workspace(
-                    server, workspace_id=workspace_id, dim=embedder.dim,
-                    model_id=embedder.model_id, key_check=key.key_check, mode=mode,
-                )
-                save_token(workspace_id, token)
-        elif server is None:
-            raise CodeveilError("joining an existing workspace needs --server URL")
-        else:
-            from sync.http_client import HttpClient
-
-            load_key(workspace_id)
-            if token:
-                save_token(workspace_id, token)
-            with HttpClient(server, workspace_id, load_token(workspace_id)) as joined:
-                mode = joined.info().mode  # the workspace's, whatever was asked
-        config = RepoConfig(workspace_id=workspace_id, model_id=embedder.model_id,
-                            dim=embedder.dim, server=server, mode=mode)
-        save_config(root, config)
-        self._start = root
-        self._check(config, load_key(workspace_id))
-        return config
-
-    def _open(self) -> tuple[Path, RepoConfig, WorkspaceKey, StoreClient]:
-        root = find_root(self._start)
-        config = load_config(root)
-        key = load_key(config.workspace_id)
-        if self._client is None:
-            self._client = _open_client(root, config)
-            self._check(config, key)
-        return root, config, key, self._client
-
-    def _check(self, config: RepoConfig, key: WorkspaceKey) -> None:
-        client = self._client or _open_client(find_root(self._start), config)
-        self._client = client
-        info = client.info()
-        if info.key_check != key.key_check:
-            raise WrongKeyError(
-                f"the key for workspace {config.workspace_id} does not match the one its index"
-                " was built with; import the right one with `codeveil key import`"
-            )
-        for name, have, want in (("dim", config.dim, info.dim),
-                                 ("model_id", config.model_id, info.model_id),
-                                 ("mode", config.mode, info.mode)):
-            if have != want:
-                path = codeveil_dir(find_root(self._start)) / "config.json"
-                raise ConfigError(
-                    f"{path}: {name} is {have!r} but workspace {config.workspace_id} holds"
-                    f" {want!r}; set it back to {want!r}"
-                )
-        model = self._cached_embedder()
-        if info.model_id != model.model_id or info.dim != model.dim:
-            raise ModelMismatchError(
-                f"workspace {config.workspace_id} holds vectors of {info.model_id} (dim"
-                f" {info.dim}) but the embedder in use is {model.model_id} (dim {model.dim})"
-            )
+        return self._ws.init(server=server, workspace_id=workspace_id, token=token,
+                             server_search=server_search)
 
     # -- indexing -------------------------------------------------------------------
 
@@ -264,51 +134,22 @@ class Index:
         CODEVEIL_EMBED_ON setting) sends the embedding to a Ray cluster,
         `ray://HOST:PORT[?actors=N]`: the cluster sees the chunks' plain text, so it must
         be one you trust; vectors come back here and are encrypted here.
+
+        An index that sends many files also leaves the search side built
+        (retrieval.search_ready), so that the first search after it does not build it.
         """
-        remote = self._remote_embedder(embed_on or os.environ.get(ENV_EMBED_ON))
-        try:
-            find_root(self._start)
-        except CodeveilError:
-            self._init_once()
-        root, config, key, client = self._open()
-        embedder = self._cached_embedder()
-        if remote is not None:
-            embedder = CachedEmbedder(remote, embedder.cache)
         from retrieval.search_ready import SearchReady, StartsSearchReady
 
-        ready = SearchReady(root, (lambda db: self._vector_index(root, db, config))
-                            if config.sealed else None)
-        syncer = Syncer(
-            root, state_path(root), client, key, config.workspace_id, embedder,
-            None if config.sealed else crypto.VectorCipher(key, embedder.dim),
-            sealed=config.sealed, progress=StartsSearchReady(progress, ready),
-        )
+        ready = SearchReady(self._ws, self._vector_index)
         report = None
         try:
-            report = syncer.run(reupload=reupload)
-            report.embedded_on = (remote.address or "auto") if remote is not None else "here"
+            report = self._ws.sync(progress=StartsSearchReady(progress, ready),
+                                   reupload=reupload, embed_on=embed_on)
         finally:
-            syncer.close()
-            if remote is not None:
-                remote.close()
             took = ready.finish(completed=report is not None)
         report.seconds_search_ready = took
         report.seconds += took
-        client.verify()  # never report success over a store that cannot read its rows
         return report
-
-    def _remote_embedder(self, embed_on: str | None) -> RayEmbedder | None:
-        """A Ray pool running this index's model, for `embed_on`; None for here."""
-        if not embed_on:
-            return None
-        from indexer.ray_embedder import RayEmbedder, parse_embed_on
-
-        address, actors = parse_embed_on(embed_on)
-        model_id = self._cached_embedder().model_id
-        name = embedder_name(model_id)
-        if name is None:
-            raise CodeveilError(f"the model {model_id} cannot be run on a Ray cluster")
-        return RayEmbedder(address, actors=actors or 2, model=name)
 
     # -- search ---------------------------------------------------------------------
 
@@ -346,7 +187,7 @@ class Index:
 
         if group not in LEVELS:
             raise SearchError(f"unknown group {group!r}; use one of {', '.join(LEVELS)}")
-        root, config, key, client = self._open()
+        root, config, key, client = self._ws.open()
         db = open_state_db(state_path(root))
         try:
             self._check_state(root, LocalChunks(db), client)
@@ -405,7 +246,7 @@ class Index:
         folder = codeveil_dir(root) / "vectors"
         if self._vector_store is None or self._vector_store.directory != folder:
             self._vector_store = LocalVectorStore(folder)
-        embedder = self._cached_embedder()
+        embedder = self._ws.embedder
         return self._vector_store.current(db, embedder.cache, config.model_id, config.dim)
 
     def _hybrid_ranker(self, config: RepoConfig, key: WorkspaceKey, client: StoreClient,
@@ -418,7 +259,7 @@ class Index:
         if self._ranker is not None:
             self._ranker.use(lexical)
             return self._ranker
-        embedder = self._cached_embedder().embedder
+        embedder = self._ws.embedder.embedder
         counter = default_counter()
         if config.sealed:
             def nearest_here(vector: np.ndarray, n: int) -> list[tuple[LexDoc, float]]:
@@ -452,8 +293,8 @@ class Index:
         from retrieval.rerank import PlainReranker
 
         if self._rerank_db is None:
-            self._rerank_db = open_state_db(state_path(find_root(self._start)))
-        embedder = self._cached_embedder()
+            self._rerank_db = open_state_db(state_path(find_root(self._ws.root)))
+        embedder = self._ws.embedder
         return PlainReranker(LocalChunks(self._rerank_db), embedder.cache, embedder.model_id,
                              config.dim)
 
@@ -461,7 +302,7 @@ class Index:
         """Vectors of query texts (each fits the window), through a small LRU cache."""
         missing = [t for t in dict.fromkeys(texts) if t not in self._query_cache]
         if missing:
-            vecs = self._cached_embedder().embedder.embed(missing)
+            vecs = self._ws.embedder.embedder.embed(missing)
             for text, vec in zip(missing, vecs, strict=True):
                 self._query_cache[text] = vec
         out = []
@@ -503,7 +344,7 @@ class Index:
         """How much of the index search by meaning covers: `chunks` (all, searchable by
         name and words), `chunks_with_vectors` (also by meaning) and `partial` (True
         while an index, say a first one, has not sent every vector yet)."""
-        root = find_root(self._start)
+        root = find_root(self._ws.root)
         db = open_state_db(state_path(root))
         try:
             total, with_vectors = LocalChunks(db).coverage()
@@ -518,25 +359,7 @@ class Index:
 
     def status(self) -> dict:
         """Where the index is, what it holds, and where its store lives."""
-        root, config, _key, client = self._open()
-        info = client.info()
-        db = open_state_db(state_path(root))
-        try:
-            local = LocalChunks(db)
-            files, chunks = local.count_files(), local.count()
-        finally:
-            db.close()
-        return {
-            "root": str(root),
-            "workspace_id": config.workspace_id,
-            "server": config.server or "embedded",
-            "mode": config.mode,
-            "model_id": config.model_id,
-            "files": files,
-            "chunks": chunks,
-            "server_chunks": info.chunks,
-            "server_nodes": info.nodes,
-        }
+        return self._ws.status()
 
     def close(self) -> None:
         self._ranker = None  # it holds the client and the connection closed here
@@ -544,25 +367,13 @@ class Index:
         if self._rerank_db is not None:
             self._rerank_db.close()
             self._rerank_db = None
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        self._ws.close()
 
     def __enter__(self) -> Index:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _open_client(root: Path, config: RepoConfig) -> StoreClient:
-    if config.server is None:
-        from sync.local_client import LocalClient
-
-        return LocalClient.open(store_path(root), config.workspace_id)
-    from sync.http_client import HttpClient
-
-    return HttpClient(config.server, config.workspace_id, load_token(config.workspace_id))
 
 
 def _hit_filter(path: str | None, language: str | None) -> Callable[[LexDoc], bool] | None:

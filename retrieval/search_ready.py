@@ -27,10 +27,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from indexer.local_chunks import open_state_db
 from sync.progress import Progress
-from sync.workspace import codeveil_dir, state_path
+from sync.workspace import RepoConfig, codeveil_dir, load_config, state_path
+
+if TYPE_CHECKING:
+    from sync.repo import Workspace
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +45,14 @@ FOLLOW_INTERVAL_S = 2.0
 
 
 class SearchReady:
-    """Refreshes the lexical index while an index runs (`start`), and the lexical and
-    vector indexes at its end (`finish`). `vectors` brings the vector index in step
-    (given the state database); None for a server-search workspace."""
+    """Refreshes the lexical index while `workspace` syncs (`start`), and the lexical and
+    vector indexes at its end (`finish`). `vectors(root, state db, config)` brings the
+    vector index of a sealed workspace in step (a server-search one has none here)."""
 
-    def __init__(self, root: Path, vectors: Callable[[sqlite3.Connection], object] | None,
+    def __init__(self, workspace: Workspace,
+                 vectors: Callable[[Path, sqlite3.Connection, RepoConfig], object],
                  interval: float = FOLLOW_INTERVAL_S) -> None:
-        self.root = root
+        self.workspace = workspace
         self.vectors = vectors
         self.interval = interval
         self.refreshes = 0
@@ -84,17 +89,19 @@ class SearchReady:
     def _refresh(self, *, with_vectors: bool) -> None:
         from retrieval.lexical import LexicalStore
 
+        root = self.workspace.root  # the sync created the workspace before it planned
         try:
-            db = open_state_db(state_path(self.root))
+            db = open_state_db(state_path(root))
             try:
-                LexicalStore(codeveil_dir(self.root) / "lexical").current(db)
-                if with_vectors and self.vectors is not None:
-                    self.vectors(db)
+                LexicalStore(codeveil_dir(root) / "lexical").current(db)
+                config = load_config(root)
+                if with_vectors and config.sealed:
+                    self.vectors(root, db, config)
             finally:
                 db.close()
             self.refreshes += 1
         except Exception:  # the next search builds what is missing, as it always could
-            log.warning("could not bring the search side in step in %s", self.root,
+            log.warning("could not bring the search side in step in %s", root,
                         exc_info=True)
 
 
