@@ -123,14 +123,19 @@ class _Interrupt(Exception):
 
 
 class _SearchThenStop(Progress):
-    """After the first batch reaches the store, search the index as a second client
-    would (its own `Index`), then stop the sync as a crash would."""
+    """After the first batch reaches the store, and once the chunker (which runs ahead of
+    the model) has written every file, search the index as a second client would (its
+    own `Index`), then stop the sync as a crash would. (Storing a sealed batch takes
+    milliseconds: the first one can land before the last file is chunked.)"""
 
-    def __init__(self, repo: Path, model: HashingEmbedder) -> None:
-        self.repo, self.model = repo, model
+    def __init__(self, repo: Path, model: HashingEmbedder, files: int) -> None:
+        self.repo, self.model, self.files = repo, model, files
         self.seen: tuple[list, dict] | None = None
 
     def files_done(self, n: int) -> None:
+        deadline = time.monotonic() + 60
+        while _chunked_files(self.repo) < self.files and time.monotonic() < deadline:
+            time.sleep(0.02)
         with Index(self.repo, embedder=self.model) as other:
             self.seen = (other.search("hash_password salt pbkdf2", k=3), other.coverage())
         raise _Interrupt
@@ -140,7 +145,7 @@ def test_search_while_building_and_resume_in_process(big_repo: Path, tmp_path: P
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CODEVEIL_CACHE_DIR", str(tmp_path / "cache"))
     model = HashingEmbedder()
-    stop = _SearchThenStop(big_repo, model)
+    stop = _SearchThenStop(big_repo, model, files=43)
     with Index(big_repo, embedder=model) as idx, pytest.raises(_Interrupt):
         idx.index(progress=stop)
     assert stop.seen is not None
@@ -156,6 +161,14 @@ def test_search_while_building_and_resume_in_process(big_repo: Path, tmp_path: P
                                   "chunks_with_vectors": coverage["chunks"]}
         status = idx.status()
     assert status["server_chunks"] == status["chunks"]
+
+
+def _chunked_files(repo: Path) -> int:
+    db = open_state_db(state_path(repo))
+    try:
+        return len(LocalChunks(db).file_digests())
+    finally:
+        db.close()
 
 
 def _coverage(repo: Path) -> tuple[int, int]:
