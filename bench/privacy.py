@@ -22,7 +22,8 @@ alone it runs:
     edit            one function of the private module edited and the repo indexed
                     again: rows of the file that come back with the id or bytes they had
                     (naming the edited chunk), and bytes of superseded rows still
-                    anywhere in the data dir
+                    anywhere in the data dir, read while the store is still open (as a
+                    running server's) and again once it has closed
 
 The same tree is indexed twice, once per workspace mode: sealed (the default; each row
 one envelope of vector and metadata, search on the client) and server-search. Each
@@ -212,20 +213,24 @@ def edit_and_reindex(setup: Setup, before: ServerView) -> dict[str, int]:
                                              "account.balance *= 1 + rate / 4"))
     with Index(setup.repo) as idx:
         idx.index()
-    after = read_server(setup.store_dir)
-    new = {(c, m) for c, m, f in zip(after.chunk_ids, after.metas, after.fids, strict=True)
-           if f == fid}
+        after = read_server(setup.store_dir)  # the store is still open here
+        new = {(c, m) for c, m, f in zip(after.chunk_ids, after.metas, after.fids,
+                                         strict=True) if f == fid}
+        superseded = [m for c, m in old if (c, m) not in new]
+        lingering_open = _lingering(setup.store_dir, superseded)
     kept_ids = len({c for c, _ in old} & {c for c, _ in new})
     kept_bytes = len({m for _, m in old} & {m for _, m in new})
-    superseded = [m for c, m in old if (c, m) not in new]
-    lingering = 0
-    for file in setup.store_dir.rglob("*"):
-        if file.is_file():
-            data = file.read_bytes()
-            lingering += sum(1 for m in superseded if m[:48] in data)
     return {"file_rows_before": len(old), "file_rows_after": len(new),
             "rows_keeping_their_id": kept_ids, "rows_keeping_their_bytes": kept_bytes,
-            "superseded_rows": len(superseded), "superseded_rows_still_on_disk": lingering}
+            "superseded_rows": len(superseded),
+            "superseded_rows_on_disk_while_open": lingering_open,
+            "superseded_rows_still_on_disk": _lingering(setup.store_dir, superseded)}
+
+
+def _lingering(store_dir: Path, superseded: list[bytes]) -> int:
+    """How many of the `superseded` rows' bytes some file of the data dir still holds."""
+    blobs = [f.read_bytes() for f in store_dir.rglob("*") if f.is_file()]
+    return sum(1 for m in superseded if any(m[:48] in data for data in blobs))
 
 
 # -- what the server holds -------------------------------------------------------------
@@ -242,21 +247,33 @@ class ServerView:
 
 
 def read_server(store_dir: Path) -> ServerView:
-    import lancedb
-
+    """The rows and leaves, read from the data dir's files as the server stores them: a
+    sealed workspace's rows in its tree.sqlite, a server-search one's in LanceDB."""
     (ws_dir,) = [p for p in (store_dir / "workspaces").iterdir() if p.is_dir()]
-    rows = lancedb.connect(ws_dir).open_table("chunks").to_arrow()
-    names = set(rows.column_names)
-    vectors = (np.asarray(rows.column("vector").to_pylist(), dtype=np.float32)
-               if "vector" in names else None)
-    with sqlite3.connect(ws_dir / "tree.sqlite") as conn:
+    conn = sqlite3.connect(f"file:{ws_dir / 'tree.sqlite'}?mode=ro", uri=True)
+    try:
         leaves = {bytes(k): bytes(v) for k, v in conn.execute(
             "SELECT key, value FROM nodes WHERE is_dir = 0 AND value IS NOT NULL")}
+        sealed = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table'"
+                              " AND name = 'rows'").fetchone() is not None
+        stored = (conn.execute("SELECT rid, fid, chunk_id, meta FROM rows ORDER BY rid")
+                  .fetchall() if sealed else [])
+    finally:
+        conn.close()
+    if sealed:
+        return ServerView(
+            rids=np.asarray([r[0] for r in stored], dtype=np.int64),
+            fids=[r[1] for r in stored], chunk_ids=[bytes(r[2]) for r in stored],
+            vectors=None, metas=[bytes(r[3]) for r in stored], leaves=leaves)
+    import lancedb
+
+    rows = lancedb.connect(ws_dir).open_table("chunks").to_arrow()
     return ServerView(
         rids=np.asarray(rows.column("rid").to_pylist(), dtype=np.int64),
         fids=rows.column("fid").to_pylist(),
         chunk_ids=[bytes(c) for c in rows.column("chunk_id").to_pylist()],
-        vectors=vectors, metas=[bytes(m) for m in rows.column("meta").to_pylist()],
+        vectors=np.asarray(rows.column("vector").to_pylist(), dtype=np.float32),
+        metas=[bytes(m) for m in rows.column("meta").to_pylist()],
         leaves=leaves)
 
 
@@ -599,6 +616,8 @@ def main(argv: list[str] | None = None) -> int:
          lambda d: f"{d['rows_keeping_their_id']} of {d['file_rows_before']}"),
         ("edit: rows keeping their bytes",
          lambda d: f"{d['rows_keeping_their_bytes']} of {d['file_rows_before']}"),
+        ("edit: superseded rows on disk, store open",
+         lambda d: f"{d['superseded_rows_on_disk_while_open']} of {d['superseded_rows']}"),
         ("edit: superseded rows still on disk",
          lambda d: f"{d['superseded_rows_still_on_disk']} of {d['superseded_rows']}"),
     ]

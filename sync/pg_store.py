@@ -3,7 +3,8 @@ share. Same operations, limits, errors and answers as the embedded store (sync.s
 the tables are in sync.pg_schema.
 
 Write order. The embedded store's `apply` writes in three steps (mark pending, replace
-rows, commit values) because SQLite and LanceDB cannot commit together. Here all three
+rows, commit values) because SQLite and LanceDB cannot commit together (a sealed
+workspace, whose rows are in SQLite too, keeps the same steps). Here all three
 are ONE transaction: PostgreSQL commits the nodes and the rows at once or not at all, so
 no reader ever sees a value without its rows, and a crash leaves nothing to converge.
 The steps still set every node above a change pending (NULL), because that is what the

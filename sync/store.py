@@ -9,28 +9,38 @@ Layout::
     DATA/registry.sqlite                     workspaces: id, sha256(token), dim, model id,
                                              key check, created_at, mode
     DATA/workspaces/<id>/tree.sqlite         the Merkle tree: nodes(key, parent, value,
-                                             is_dir), and two counters (generation, next_rid)
-    DATA/workspaces/<id>/chunks.lance/       LanceDB table of chunk rows: rid, chunk_id, fid,
-                                             vector (server-search mode only), meta
+                                             is_dir), and counters (generation, next_rid);
+                                             a sealed workspace's chunk rows too:
+                                             rows(rid, fid, chunk_id, meta)
+    DATA/workspaces/<id>/chunks.lance/       server-search only: LanceDB table of chunk
+                                             rows: rid, chunk_id, fid, vector, meta
     DATA/workspaces/<id>/writer.lock         empty; flock'ed by the writing process
-    DATA/workspaces/<id>/search.index        snapshot of the search index and its rows
-                                             (sync.vector_index), and its generation
+    DATA/workspaces/<id>/search.index        server-search only: snapshot of the search
+                                             index and its rows (sync.vector_index), and
+                                             its generation
 
 Crash safety. `apply` writes in three steps (see `WorkspaceStore.apply`) so that a node's
 value is only ever set after the chunks it stands for are stored, and every node above
 a change is pending (value NULL) before any chunk row moves. NULL never equals a client's
 value, so whatever point a writer dies at, the next diff descends into what it touched.
+In a sealed workspace each step is a transaction of tree.sqlite; in a server-search one
+step 2 writes LanceDB.
 
 SQLite runs in WAL mode with synchronous=FULL: each commit is fsynced before the next
 step starts. With NORMAL a power cut could lose the step-1 commit (the pending marks)
-while LanceDB kept the step-2 rows, and an old leaf value would then claim content the
-store no longer has. FULL costs one fsync per step, i.e. two per apply batch. (LanceDB's
-own durability on power loss is LanceDB's; a process crash is covered fully.)
+while step 2's rows were kept, and an old leaf value would then claim content the store
+no longer has. FULL costs one fsync per step, i.e. three per apply batch. (LanceDB's own
+durability on power loss is LanceDB's; a process crash is covered fully.)
 
 A workspace is of one of two modes (sync.records.MODES). A sealed workspace's rows hold
 no vector and it has no search index: its rows are only stored and read back
-(`file_rows`), and the client searches. A server-search workspace ranks vectors here.
+(`file_rows`), and the client searches; they live in tree.sqlite, and LanceDB, pyarrow
+and faiss are never imported for it. A server-search workspace ranks vectors here.
 Row layout, reading rows back and removing superseded rows' bytes: sync.store_rows.
+A sealed workspace written by store format 2 or before keeps its rows in LanceDB; its
+first open copies them into tree.sqlite in one transaction and then removes the table
+(`WorkspaceStore._move_sealed_rows`; a crash before the commit leaves the table as it
+was, and the next open starts again; after it, the next open only removes the table).
 
 Search runs on one faiss index per workspace (sync.vector_index): exact L2 while the
 workspace is small, IVF beyond `IndexPolicy.exact_max_rows` rows, retrained as it grows.
@@ -52,7 +62,8 @@ catch-up, never correctness.
 Several processes may open the same data dir (the embedded store is used by the daemon
 and by the CLI at once): writers take an flock on `writer.lock`, and every change bumps a
 generation counter in tree.sqlite, which a reader compares with the one its in-memory
-index was built at before it searches.
+index was built at before it searches. Readers of tree.sqlite (the tree, a sealed
+workspace's rows) read a committed snapshot while a writer writes (WAL).
 """
 
 from __future__ import annotations
@@ -104,10 +115,16 @@ from sync.store_checks import (
     new_workspace_id,
 )
 from sync.store_rows import (
+    SEALED_SCHEMA,
     bounded_answer,
+    checkpoint_superseded,
     file_keys,
     group_rows,
+    has_sealed_rows,
     purge_superseded,
+    replace_sealed_rows,
+    sealed_rows_of,
+    sealed_rows_scan,
     table_schema,
 )
 from sync.vector_index import (
@@ -193,7 +210,11 @@ REGISTRY_ADVICE = (
 # changes (indexer.formats). A server refuses a data dir written by a newer codeveil.
 # 2: the registry records each workspace's mode (an older codeveil would take a sealed
 # workspace for a server-search one, so it must refuse the data dir).
-STORE_FORMAT = 2
+# 3: a sealed workspace's rows live in its tree.sqlite, not in LanceDB (an older codeveil
+# would find no chunk table). Its rows are moved when the workspace is first opened, not
+# by the format step: that needs the workspace's mode, which only the registry knows, and
+# the rows table itself marks the move as done.
+STORE_FORMAT = 3
 
 
 def _registry_to_2(conn: sqlite3.Connection) -> None:
@@ -204,9 +225,18 @@ def _registry_to_2(conn: sqlite3.Connection) -> None:
                      f" DEFAULT '{MODE_SERVER_SEARCH}'")
 
 
-_REGISTRY_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _registry_to_2}
-# Format 2 changed the registry alone.
-_TREE_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: lambda _conn: None}
+def _unchanged(_conn: sqlite3.Connection) -> None:
+    """A format step that leaves this file as it is (the format changed another file, or
+    is completed elsewhere)."""
+
+
+_REGISTRY_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
+    1: _registry_to_2, 2: _unchanged,
+}
+# Format 2 changed the registry alone; format 3's rows are moved on open (above).
+_TREE_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
+    1: _unchanged, 2: _unchanged,
+}
 
 
 def _connect(path: Path, advice: str = TREE_ADVICE,
@@ -310,6 +340,21 @@ def _lance_reads(table_dir: Path) -> Iterator[None]:
             f"the chunk table {table_dir} cannot be read ({type(exc).__name__}: {first});"
             f" {LANCE_ADVICE}"
         ) from exc
+
+
+@contextlib.contextmanager
+def _sealed_reads(tree: Path) -> Iterator[None]:
+    """Reads and writes of a sealed workspace's rows table: a damaged tree.sqlite is named
+    by its connection already (indexer.sqlite_files); a table or column that is missing
+    becomes a `StoreCorrupt` naming the file and what to do. Other errors (a locked
+    database) pass as they are."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if not str(exc).startswith("no such"):
+            raise
+        raise StoreCorrupt(f"the chunk table of {tree} cannot be read ({exc}); {TREE_ADVICE}"
+                           ) from exc
 
 
 def _schema(dim: int, mode: str = MODE_SERVER_SEARCH) -> pa.Schema:
@@ -452,8 +497,9 @@ class WorkspaceStore(ApplyChecks):
     """The Merkle tree, chunk rows and search index of one workspace.
 
     Thread-safe: applies (and directory updates) are serialised by a lock, across
-    processes by an flock; reads of the tree and searches run concurrently with them and
-    with each other. Implements the operations of `sync.client.StoreClient`.
+    processes by an flock; reads of the tree (and of a sealed workspace's rows) and
+    searches run concurrently with them and with each other. Implements the operations
+    of `sync.client.StoreClient`.
 
     `index_policy` picks and tunes the search index (sync.vector_index.IndexPolicy).
     `index_save_interval` bounds how often applies snapshot it; a snapshot never takes
@@ -487,13 +533,17 @@ class WorkspaceStore(ApplyChecks):
         self.limits = limits
         self.compact_every = compact_every
         self._record = record
-        self._wconn = _connect(path / "tree.sqlite")  # used under _write_lock only
+        self._tree_path = path / "tree.sqlite"
+        self._wconn = _connect(self._tree_path)  # used under _write_lock only
+        # Deleted rows' bytes are overwritten, not left in free space (sync.store_rows).
+        self._wconn.execute("PRAGMA secure_delete = ON")
         _init_tree_db(self._wconn)
-        self._rconn = _connect(path / "tree.sqlite")  # reads; WAL lets them run during writes
+        self._rconn = _connect(self._tree_path)  # reads; WAL lets them run during writes
         self._rlock = threading.Lock()
         self._write_lock = threading.Lock()
         self._lock_path = path / "writer.lock"
         self._table_handle: Any = None  # opened on first use, under _write_lock only
+        self._checkpoint_due = False  # the log may hold deleted rows: cut it (sealed)
         # _index and _rows change together, under _write_lock and _index_lock.write().
         self._index_lock = _RWLock()
         self._index: VectorIndex | None = None
@@ -507,6 +557,13 @@ class WorkspaceStore(ApplyChecks):
         self.index_events: Counter[str] = Counter()
         self._applies_since_compact = 0
         self._closed = False
+        if self.sealed:
+            try:
+                self._move_sealed_rows()
+            except BaseException:
+                self._rconn.close()
+                self._wconn.close()
+                raise
 
     @property
     def _table(self) -> Any:
@@ -523,10 +580,49 @@ class WorkspaceStore(ApplyChecks):
         conn = _connect(path / "tree.sqlite")
         try:
             _init_tree_db(conn)
+            if mode == MODE_SEALED:
+                with _transaction(conn):
+                    for statement in SEALED_SCHEMA:
+                        conn.execute(statement)
         finally:
             conn.close()
-        _lancedb().connect(path).create_table(TABLE, schema=_schema(dim, mode))
+        if mode != MODE_SEALED:
+            _lancedb().connect(path).create_table(TABLE, schema=_schema(dim, mode))
         (path / "writer.lock").touch()
+
+    def _move_sealed_rows(self) -> None:
+        """A sealed workspace written by store format 2 or before keeps its rows in a
+        LanceDB table: copy them into tree.sqlite in one transaction, which also creates
+        the rows table (its presence marks the move as done), then remove the table.
+        A crash before the commit leaves the table as it was, and the next open starts
+        again; one after it leaves a table that the next open only removes. So rows are
+        never lost or copied twice. Only this imports lancedb for a sealed workspace."""
+        lance_dir = self.path / f"{TABLE}.lance"
+        if not lance_dir.exists():
+            return  # the common case: a stat, no lock
+        with self._write_lock, self._flock():
+            if not has_sealed_rows(self._wconn):  # another process may have moved them
+                started = time.perf_counter()
+                moved = 0
+                with _transaction(self._wconn) as conn:
+                    for statement in SEALED_SCHEMA:
+                        conn.execute(statement)
+                    for b in self._scan(["rid", "fid", "chunk_id", "meta"]):
+                        rows = list(zip(b.column("rid").to_pylist(), b.column("fid").to_pylist(),
+                                        b.column("chunk_id").to_pylist(),
+                                        b.column("meta").to_pylist(), strict=True))
+                        conn.executemany("INSERT INTO rows (rid, fid, chunk_id, meta)"
+                                         " VALUES (?, ?, ?, ?)", rows)
+                        moved += len(rows)
+                log.info("workspace %s: %d sealed rows moved from LanceDB into %s in %.2fs",
+                         self.workspace_id, moved, self._tree_path,
+                         time.perf_counter() - started)
+            self._table_handle = None
+            try:
+                shutil.rmtree(lance_dir)
+            except OSError as exc:  # the rows are safe in tree.sqlite; the next open retries
+                log.warning("workspace %s: could not remove %s: %s", self.workspace_id,
+                            lance_dir, exc)
 
     # -- reads --------------------------------------------------------------------------
 
@@ -536,7 +632,9 @@ class WorkspaceStore(ApplyChecks):
             (nodes,) = self._rconn.execute("SELECT COUNT(*) FROM nodes").fetchone()
         index: dict[str, Any] | None = None
         chunks: int | None
-        if self._current():
+        if self.sealed:
+            chunks = self._sealed_row_count()
+        elif self._current():
             with self._index_lock.read():
                 chunks = len(self._rows)
                 if self._index is not None:
@@ -568,9 +666,15 @@ class WorkspaceStore(ApplyChecks):
             mode=r.mode,
         )
 
+    def _sealed_row_count(self) -> int:
+        """A sealed workspace's rows, counted in tree.sqlite (through the index on fid)."""
+        with self._rlock, _sealed_reads(self._tree_path):
+            (rows,) = self._rconn.execute("SELECT count(*) FROM rows").fetchone()
+        return int(rows)
+
     def _record_row_count(self) -> None:
-        """Note the table's rows at this generation, for `info` to read where there is no
-        snapshot to count them (a sealed workspace has none) without LanceDB."""
+        """Note the table's rows at this generation, for `info` to read where the
+        snapshot is not current (applies save it now and then) without LanceDB."""
         rows = int(self._table.count_rows())
         with _transaction(self._wconn) as conn:
             (gen,) = conn.execute("SELECT value FROM state WHERE name = 'generation'").fetchone()
@@ -608,12 +712,19 @@ class WorkspaceStore(ApplyChecks):
         []. The answer is bounded by `limits.max_row_bytes`: the keys after the bound are
         left out of it, and the caller asks for them again.
 
-        Read under the write locks, so no apply is halfway: a leaf's value and its rows
-        are the ones one apply committed together."""
+        Read so that no apply is halfway: a leaf's value and its rows are the ones one
+        apply committed together. A sealed workspace's are read in one read transaction
+        of tree.sqlite, concurrently with writers: an apply sets the leaves it touches
+        pending before it moves their rows and their values only after, so any committed
+        state pairs a value with its own rows. A server-search workspace's are read under
+        the write locks."""
         self._check_open()
         wanted = file_keys(keys, self.limits)
         if not wanted:
             return {}
+        if self.sealed:
+            return bounded_answer(wanted, self._sealed_file_rows(wanted),
+                                  self.limits.max_row_bytes)
         with self._write_lock, self._flock():
             committed = [k for k, (value, is_dir) in self._leaf_values(wanted).items()
                          if value is not None and not is_dir]
@@ -633,13 +744,30 @@ class WorkspaceStore(ApplyChecks):
                 found = group_rows(batches, fid_keys)
         return bounded_answer(wanted, found, self.limits.max_row_bytes)
 
-    def _leaf_values(self, keys: list[bytes]) -> dict[bytes, tuple[bytes | None, bool]]:
+    def _sealed_file_rows(self, wanted: list[bytes]
+                          ) -> dict[bytes, list[tuple[int, bytes, bytes]]]:
+        """The rows of the committed leaves of `wanted`, read in one snapshot."""
+        with self._rlock, _sealed_reads(self._tree_path):
+            self._rconn.execute("BEGIN")
+            try:
+                values = self._leaf_values(wanted, self._rconn)
+                fid_keys: dict[int, list[bytes]] = {}
+                for k, (value, is_dir) in values.items():
+                    if value is not None and not is_dir:
+                        fid_keys.setdefault(fid_of(k), []).append(k)
+                return sealed_rows_of(self._rconn, fid_keys) if fid_keys else {}
+            finally:
+                self._rconn.execute("COMMIT")
+
+    def _leaf_values(self, keys: list[bytes], conn: sqlite3.Connection | None = None
+                     ) -> dict[bytes, tuple[bytes | None, bool]]:
         """key -> (value, is_dir) of those of `keys` in the tree. Caller holds
-        _write_lock (this reads on the writer's connection)."""
+        _write_lock (this reads on the writer's connection), or passes `conn` and holds
+        what guards it."""
         out: dict[bytes, tuple[bytes | None, bool]] = {}
         for part in _batched(keys, _SQL_BATCH):
             marks = ",".join("?" * len(part))
-            for k, v, is_dir in self._wconn.execute(
+            for k, v, is_dir in (conn or self._wconn).execute(
                 f"SELECT key, value, is_dir FROM nodes WHERE key IN ({marks})", part
             ):
                 out[bytes(k)] = (None if v is None else bytes(v), bool(is_dir))
@@ -730,11 +858,15 @@ class WorkspaceStore(ApplyChecks):
            upsert each leaf with value NULL, set NULL the value of every node in a
            deleted subtree and of every ancestor of a touched leaf or deleted node;
            reserve rids for the new rows.
-        2. LanceDB: delete the rows of the updated files and of every leaf in a deleted
-           subtree (`fid IN (...)`), then add the new rows in one `add`; bring faiss
-           into step.
+        2. Delete the rows of the updated files and of every leaf in a deleted subtree
+           (`fid IN (...)`), then add the new rows. Sealed: one SQLite transaction on
+           the rows table. Server-search: LanceDB, the new rows in one `add`; then
+           faiss is brought into step.
         3. One SQLite transaction: set the leaf values; delete the nodes of deleted
            subtrees.
+        4. If rows were deleted, their bytes leave the data dir (sync.store_rows): the
+           write-ahead log is checkpointed and cut (sealed), or the table compacted and
+           its older versions removed (server-search).
 
         A crash anywhere leaves NULL values on every path it touched, which never match
         a client value, so the next sync re-sends them; no value ever claims chunks the
@@ -749,6 +881,10 @@ class WorkspaceStore(ApplyChecks):
             plan = self._step1_mark_pending(ups, dels)
             deleted = self._step2_replace_rows(plan, ups)
             self._step3_commit(plan, ups)
+            if self.sealed:
+                if deleted or self._checkpoint_due:
+                    self._checkpoint()
+                return
             if deleted:
                 self._purge(added=sum(len(u.chunk_ids) for u in ups))
             else:
@@ -803,12 +939,21 @@ class WorkspaceStore(ApplyChecks):
     # -- checks (`codeveil doctor`, and `codeveil index` before it reports success) -----
 
     def verify(self, *, deep: bool = True) -> None:
-        """Raise StoreCorrupt if the chunk table plainly cannot be read. Cheap: with the
-        table open (this process wrote or read it) and `deep`, its rows are counted and
-        compared with the index's; otherwise only its files are looked at, so an index
-        with nothing to send does not pay LanceDB's import (nor a server's root request
-        the write lock)."""
+        """Raise StoreCorrupt if the chunk rows plainly cannot be read. Cheap. Sealed: the
+        rows table of tree.sqlite is read (counted, through its index on fid, if `deep`);
+        a damaged file is named by its connection. Server-search: with the table open
+        (this process wrote or read it) and `deep`, its rows are counted and compared
+        with the index's; otherwise only its files are looked at, so an index with
+        nothing to send does not pay LanceDB's import (nor a server's root request the
+        write lock)."""
         self._check_open()
+        if self.sealed:
+            if deep:
+                self._sealed_row_count()
+            else:
+                with self._rlock, _sealed_reads(self._tree_path):
+                    self._rconn.execute("SELECT rid FROM rows LIMIT 1").fetchall()
+            return
         table_dir = self.path / f"{TABLE}.lance"
         with self._write_lock if deep else contextlib.nullcontext():
             if (deep and self._table_handle is not None and self._current()
@@ -837,9 +982,10 @@ class WorkspaceStore(ApplyChecks):
     def check(self) -> list[str]:
         """Every problem found in this workspace's files, one line each (empty: none).
 
-        tree.sqlite's integrity; the chunk table read in full (every row's rid, file and
+        tree.sqlite's integrity; the chunk rows read in full (every row's rid, file and
         chunk id); rids unique; every row belonging to a file of the tree; the search
-        snapshot, when of the current generation, holding exactly the table's rows."""
+        snapshot, when of the current generation, holding exactly the table's rows (a
+        sealed workspace, whose rows are in tree.sqlite, has none)."""
         self._check_open()
         problems: list[str] = []
         tree = self.path / "tree.sqlite"
@@ -854,13 +1000,18 @@ class WorkspaceStore(ApplyChecks):
         except StoreCorrupt as exc:
             return [str(exc)]
         rids = np.concatenate([r for r, _ in by_file.values()] or [np.empty(0, np.int64)])
-        table_dir = self.path / f"{TABLE}.lance"
+        if self.sealed:
+            table, advice = f"the chunk table of {tree}", TREE_ADVICE
+        else:
+            table, advice = f"the chunk table {self.path / f'{TABLE}.lance'}", LANCE_ADVICE
         if len(np.unique(rids)) != len(rids):
-            problems.append(f"the chunk table {table_dir} holds a row twice; {LANCE_ADVICE}")
+            problems.append(f"{table} holds a row twice; {advice}")
         orphans = sum(len(r) for fid, (r, _) in by_file.items() if fid not in leaves)
         if orphans:
-            problems.append(f"the chunk table {table_dir} holds {orphans} rows of files the"
-                            f" tree does not have; {LANCE_ADVICE}")
+            problems.append(f"{table} holds {orphans} rows of files the tree does not have;"
+                            f" {advice}")
+        if self.sealed:
+            return problems
         snapshot = self.path / SNAPSHOT
         try:
             info = read_snapshot_info(snapshot)
@@ -883,8 +1034,15 @@ class WorkspaceStore(ApplyChecks):
         return problems
 
     def rows_by_file(self) -> dict[int, tuple[np.ndarray, list[bytes]]]:
-        """fid -> (rids, chunk ids) of every row of the chunk table, read in full."""
+        """fid -> (rids, chunk ids) of every chunk row, read in full."""
         out: dict[int, tuple[list[int], list[bytes]]] = {}
+        if self.sealed:
+            with self._rlock, _sealed_reads(self._tree_path):
+                for rid, fid, cid in sealed_rows_scan(self._rconn):
+                    entry = out.setdefault(fid, ([], []))
+                    entry[0].append(rid)
+                    entry[1].append(cid)
+            return {f: (np.array(r, np.int64), c) for f, (r, c) in out.items()}
         with self._write_lock, _lance_reads(self.path / f"{TABLE}.lance"):
             self._table.checkout_latest()
             for b in self._scan(["rid", "fid", "chunk_id"]):
@@ -1023,25 +1181,17 @@ class WorkspaceStore(ApplyChecks):
         return len(removed)
 
     def _step2_replace_sealed_rows(self, plan: _Plan, updates: list[_Update]) -> int:
-        # No row table says which files have rows: every touched file's are deleted
-        # (LanceDB finds none for a new file).
-        n = sum(len(u.chunk_ids) for u in updates)
-        deleted = 0
-        for part in _batched(sorted(plan.fids), _LANCE_IN_BATCH):
-            result = self._table.delete(f"fid IN ({','.join(map(str, part))})")
-            deleted += int(getattr(result, "num_deleted_rows", 1))
-        if n:
-            columns = [
-                pa.array(np.arange(plan.first_rid, plan.first_rid + n, dtype=np.int64)),
-                pa.array([c for u in updates for c in u.chunk_ids], pa.binary()),
-                pa.array(np.repeat(
-                    np.array([fid_of(u.file_key) for u in updates], dtype=np.int64),
-                    [len(u.chunk_ids) for u in updates],
-                )),
-                pa.array([m for u in updates for m in u.metas], pa.binary()),
-            ]
-            self._table.add(pa.Table.from_arrays(columns, schema=_schema(self.dim, self.mode)))
-        return deleted
+        # One transaction: a crash keeps all the old rows or none of them. Every touched
+        # file's rows are deleted (the index on fid finds none for a new file).
+        rid = plan.first_rid
+        rows = []
+        for u in updates:
+            fid = fid_of(u.file_key)
+            for cid, meta in zip(u.chunk_ids, u.metas, strict=True):
+                rows.append((rid, fid, cid, meta))
+                rid += 1
+        with _sealed_reads(self._tree_path), _transaction(self._wconn) as conn:
+            return replace_sealed_rows(conn, plan.fids, rows)
 
     def _step3_commit(self, plan: _Plan, updates: list[_Update]) -> None:
         with _transaction(self._wconn) as conn:
@@ -1069,6 +1219,23 @@ class WorkspaceStore(ApplyChecks):
             return
         log.debug("workspace %s: compacted in %.2fs", self.workspace_id,
                   time.perf_counter() - started)
+
+    def _checkpoint(self) -> None:
+        """After a sealed apply that deleted rows: the write-ahead log, which may hold
+        their old page images, is copied into tree.sqlite and cut (sync.store_rows). If a
+        reader keeps it from finishing, the next apply tries again."""
+        started = time.perf_counter()
+        try:
+            done = checkpoint_superseded(self._wconn)
+        except sqlite3.OperationalError:
+            log.warning("workspace %s: checkpointing %s failed", self.workspace_id,
+                        self._tree_path, exc_info=True)
+            done = False
+        self._checkpoint_due = not done
+        if done:
+            self.index_events["purged"] += 1
+        log.debug("workspace %s: log checkpointed (%s) in %.3fs", self.workspace_id,
+                  "done" if done else "readers left", time.perf_counter() - started)
 
     def _purge(self, added: int) -> None:
         """After an apply that deleted rows: their bytes leave the data dir now
@@ -1135,11 +1302,12 @@ class WorkspaceStore(ApplyChecks):
 
     def _prepare_write(self) -> None:
         """Under the write locks: the table handle at the latest version, and the index
-        equal to its rows (clean, see the module docstring)."""
+        equal to its rows (clean, see the module docstring). A sealed workspace has
+        neither: its rows are in tree.sqlite, which every transaction reads afresh."""
+        if self.sealed:
+            return
         with _lance_reads(self.path / f"{TABLE}.lance"):
             self._table.checkout_latest()
-        if self.sealed:
-            return  # no index to keep in step
         self._set_faiss_threads()  # for this thread's index updates in step 2
         self._reload_if_needed(locked=True)
 

@@ -24,22 +24,26 @@ Contents = tuple[bytes | None, list[tuple], list[tuple]]
 
 
 def workspace_contents(data_dir: Path, workspace_id: str, key: WorkspaceKey) -> Contents:
-    import lancedb
-
     ws = data_dir / "workspaces" / workspace_id
+    with sqlite3.connect(data_dir / "registry.sqlite") as reg:
+        dim, mode = reg.execute("SELECT dim, mode FROM workspaces WHERE id = ?",
+                                (workspace_id,)).fetchone()
     with sqlite3.connect(ws / "tree.sqlite") as db:
         nodes = sorted(db.execute("SELECT key, parent, value, is_dir FROM nodes"))
         root = db.execute("SELECT value FROM nodes WHERE parent IS NULL").fetchone()
-    with sqlite3.connect(data_dir / "registry.sqlite") as reg:
-        (dim,) = reg.execute("SELECT dim FROM workspaces WHERE id = ?",
-                             (workspace_id,)).fetchone()
+        # A sealed workspace's rows are in its tree.sqlite (sync.store_rows).
+        found = (db.execute("SELECT chunk_id, fid, meta FROM rows").fetchall()
+                 if mode == MODE_SEALED else None)
+    if found is None:
+        import lancedb
+
+        table = lancedb.connect(ws).open_table(TABLE).to_arrow()
+        found = list(zip(table.column("chunk_id").to_pylist(), table.column("fid").to_pylist(),
+                         table.column("meta").to_pylist(), strict=True))
     file_keys = {fid_of(k): k for k, _, _, is_dir in nodes if not is_dir}
-    table = lancedb.connect(ws).open_table(TABLE).to_arrow()
-    sealer = None if "vector" in table.column_names else RowSealer(key, workspace_id, dim)
+    sealer = RowSealer(key, workspace_id, dim) if mode == MODE_SEALED else None
     rows = []
-    for cid, fid, blob in zip(table.column("chunk_id").to_pylist(),
-                              table.column("fid").to_pylist(),
-                              table.column("meta").to_pylist(), strict=True):
+    for cid, fid, blob in found:
         meta = (sealer.open(cid, file_keys[fid], blob).meta if sealer is not None
                 else open_meta(key, workspace_id, cid, blob))
         rows.append((fid, meta.path, meta.start_line, meta.end_line, meta.symbol,

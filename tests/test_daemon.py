@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -51,6 +52,18 @@ def cv(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[st
         [sys.executable, "-X", "faulthandler", "-m", "retrieval.cli", *map(str, args)], env=_env(),
         capture_output=True, text=True, timeout=timeout, cwd="/",
     )
+
+
+def _stored_rows(tree: Path) -> int:
+    """The chunk rows in a sealed workspace's tree.sqlite (0 while it cannot be read)."""
+    try:
+        db = sqlite3.connect(f"file:{tree}?mode=ro", uri=True, timeout=5)
+        try:
+            return int(db.execute("SELECT count(*) FROM rows").fetchone()[0])
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return 0
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 120.0) -> Any:
@@ -237,12 +250,12 @@ def test_kill_9_mid_sync_then_restart_converges(tmp_path: Path, repos: list[Path
     repos.append(repo)
 
     pid = start(repo)
-    # Kill it once the first batches are in the store (LanceDB has written a data file),
-    # i.e. in the middle of the upload.
+    # Kill it once the first batches are in the store (its tree.sqlite holds rows), i.e.
+    # in the middle of the upload.
     store = repo / ".codeveil" / "store"
     wait_for("the first sync to write to the store", lambda: (
         status_of(repo).get("state") == "syncing"
-        and any(store.glob("workspaces/*/chunks.lance/data/*.lance"))
+        and any(_stored_rows(tree) for tree in store.glob("workspaces/*/tree.sqlite"))
     ))
     os.kill(pid, signal.SIGKILL)
     wait_for("the killed daemon to be gone", lambda: not alive(pid), timeout=10)

@@ -1,7 +1,8 @@
 """`codeveil doctor`: every file the client and the embedded store own is damaged in turn
 (real files, real SQLite and LanceDB); the doctor must name the file, `--repair` must
 bring back the same search results, and `codeveil index` must not report success over a
-store it cannot read."""
+store it cannot read. The repo is sealed (its rows in the store's tree.sqlite) but for
+the damages of a LanceDB table, which only a server-search workspace has."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
 from retrieval.doctor import doctor
+from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
 from sync.wire import StoreCorrupt
 from sync.workspace import load_config, store_path
 from tests.conftest import write_repo
@@ -39,11 +41,15 @@ def results(repo: Path) -> list[tuple[tuple[str, int, str], frozenset]]:
 
 
 @pytest.fixture
-def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+         ) -> Path:
+    """An indexed repo, sealed unless the test asks for a mode (indirect parameter)."""
     # A cache of its own: some tests damage it.
     monkeypatch.setenv("CODEVEIL_CACHE_DIR", str(tmp_path / "cache"))
     root = write_repo(tmp_path / "repo")
     with Index(root, embedder=HashingEmbedder()) as idx:
+        if getattr(request, "param", MODE_SEALED) == MODE_SERVER_SEARCH:
+            idx.init(server_search=True)
         idx.index()
     return root
 
@@ -60,6 +66,7 @@ def workspace_dir(repo: Path) -> Path:
 
 
 def lance_files(repo: Path, folder: str) -> list[Path]:
+    """The files of a server-search workspace's LanceDB table."""
     return sorted((workspace_dir(repo) / "chunks.lance" / folder).iterdir())
 
 
@@ -102,6 +109,30 @@ def truncate_lexical(repo: Path) -> Path:
     path = repo / ".codeveil/lexical/base.npz"
     path.write_bytes(path.read_bytes()[:100])
     return path.parent
+
+
+def _tree_sql(repo: Path, sql: str) -> Path:
+    db = sqlite3.connect(workspace_dir(repo) / "tree.sqlite")
+    db.executescript(sql)
+    db.close()
+    return workspace_dir(repo)
+
+
+def lose_rows(repo: Path) -> Path:  # the tree claims files whose rows are gone
+    return _tree_sql(repo, "DELETE FROM rows WHERE rid % 2 = 0")
+
+
+def drop_rows(repo: Path) -> Path:
+    return _tree_sql(repo, "DROP TABLE rows")
+
+
+def garble_rows(repo: Path) -> Path:  # intact pages, altered envelopes
+    return _tree_sql(repo, "UPDATE rows SET meta = randomblob(length(meta)) WHERE rid % 3 = 0")
+
+
+def orphan_rows(repo: Path) -> Path:  # rows of a file the tree does not have
+    return _tree_sql(repo, "INSERT INTO rows (fid, chunk_id, meta)"
+                           " SELECT fid + 1, chunk_id, meta FROM rows LIMIT 2")
 
 
 def delete_lance_data(repo: Path) -> Path:
@@ -160,12 +191,18 @@ def newer_cache(repo: Path) -> Path:
 
 DAMAGES: list[Callable[[Path], Path]] = [
     damage_state, delete_state, garble_cache, empty_cache, truncate_lexical,
-    delete_lance_data, truncate_lance_data, delete_manifests, garble_manifests,
+    lose_rows, drop_rows, garble_rows, orphan_rows,
     garble_tree, garble_registry, newer_state, newer_cache,
 ]
+LANCE_DAMAGES: list[Callable[[Path], Path]] = [
+    delete_lance_data, truncate_lance_data, delete_manifests, garble_manifests,
+]
+CASES = ([(MODE_SEALED, d) for d in DAMAGES]
+         + [(MODE_SERVER_SEARCH, d) for d in LANCE_DAMAGES])
 
 
-@pytest.mark.parametrize("damage", DAMAGES, ids=lambda d: d.__name__)
+@pytest.mark.parametrize(("repo", "damage"), CASES, indirect=["repo"],
+                         ids=[d.__name__ for _, d in CASES])
 def test_doctor_names_the_damaged_file_and_repair_restores_search(
     repo: Path, damage: Callable[[Path], Path]
 ) -> None:
@@ -188,14 +225,19 @@ def test_doctor_names_the_damaged_file_and_repair_restores_search(
         assert idx.index().files_changed == 0  # the repaired store agrees with the tree
 
 
-@pytest.mark.parametrize("damage", [delete_lance_data, delete_manifests],
-                         ids=lambda d: d.__name__)
+@pytest.mark.parametrize(
+    ("repo", "damage", "named"),
+    [(MODE_SEALED, drop_rows, r"tree\.sqlite"),
+     (MODE_SERVER_SEARCH, delete_lance_data, r"chunks\.lance"),
+     (MODE_SERVER_SEARCH, delete_manifests, r"chunks\.lance")],
+    indirect=["repo"], ids=["drop_rows", "delete_lance_data", "delete_manifests"],
+)
 def test_index_does_not_report_success_over_a_store_it_cannot_read(
-    repo: Path, damage: Callable[[Path], Path]
+    repo: Path, damage: Callable[[Path], Path], named: str
 ) -> None:
     damage(repo)
     with Index(repo, embedder=HashingEmbedder()) as idx, pytest.raises(
-        StoreCorrupt, match=r"chunks\.lance.*codeveil doctor --repair"
+        StoreCorrupt, match=f"{named}.*codeveil doctor --repair"
     ):
         idx.index()
 
@@ -235,16 +277,24 @@ def test_doctor_checks_a_server_data_dir(tmp_path: Path) -> None:
     from sync.records import ChunkRecord, FileUpdate
 
     data = tmp_path / "data"
-    for name in ("good", "bad"):
+    for name, mode in (("good", MODE_SERVER_SEARCH), ("bad", MODE_SERVER_SEARCH),
+                       ("sealed", MODE_SEALED), ("sealed-bad", MODE_SEALED)):
+        vector = np.ones(4, np.float32) if mode == MODE_SERVER_SEARCH else None
         with LocalClient.create_workspace(data, name, dim=4, model_id="m",
-                                          key_check=b"k") as client:
+                                          key_check=b"k", mode=mode) as client:
             client.apply([FileUpdate(b"f" * 16, (b"r" * 16,), b"v" * 16,
-                                     (ChunkRecord(b"c" * 16, np.ones(4, np.float32), b"m"),))],
+                                     (ChunkRecord(b"c" * 16, vector, b"m"),))],
                          [])
     assert check_data_dir(data).healthy
     for f in (data / "workspaces" / "bad" / "chunks.lance" / "data").iterdir():
         f.unlink()
+    db = sqlite3.connect(data / "workspaces" / "sealed-bad" / "tree.sqlite")
+    db.execute("UPDATE rows SET fid = fid + 1")  # rows no file of the tree owns
+    db.commit()
+    db.close()
     report = check_data_dir(data)
     problems = {f.path: f.problem for f in report.findings if f.problem}
-    assert list(problems) == [str(data / "workspaces" / "bad")]
+    assert list(problems) == [str(data / "workspaces" / n) for n in ("bad", "sealed-bad")]
     assert "chunks.lance" in problems[str(data / "workspaces" / "bad")]
+    assert "tree.sqlite holds 1 rows of files the tree does not have" in problems[
+        str(data / "workspaces" / "sealed-bad")]

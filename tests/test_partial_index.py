@@ -126,8 +126,10 @@ class _Interrupt(Exception):
 
 
 class _SearchThenStop(Progress):
-    """After the first batch reaches the store, search the index as a second client
-    would (its own `Index`), then stop the sync as a crash would."""
+    """After the first batch reaches the store, and once the chunker (which runs ahead of
+    the model) has written every file, search the index as a second client would (its
+    own `Index`), then stop the sync as a crash would. (Storing a sealed batch takes
+    milliseconds: the first one can land before the last file is chunked.)"""
 
     def __init__(self, repo: Path, model: HashingEmbedder) -> None:
         self.repo, self.model = repo, model

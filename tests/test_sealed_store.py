@@ -32,7 +32,7 @@ from sync.wire import (
     update_to_json,
 )
 from tests.server_fixtures import ServerProcess
-from tests.test_store import ancestors, key, set_dirs, value
+from tests.test_store import _crash_after, ancestors, key, set_dirs, value
 
 DIM = 8
 MODEL = "test-model"
@@ -237,6 +237,39 @@ def test_a_long_file_list_is_split_into_bounded_calls(tmp_path: Path) -> None:
     store.close()
 
 
+@pytest.mark.parametrize("steps", [1, 2])
+def test_a_sealed_apply_killed_after_a_step_leaves_pending_values(tmp_path: Path,
+                                                                  steps: int) -> None:
+    store = Store(tmp_path / "s")
+    client = LocalClient.create_workspace(store, "ws", dim=DIM, model_id=MODEL,
+                                          key_check=CHECK, mode=MODE_SEALED)
+    old, gone = sealed_update("a/x.py", 2), sealed_update("b.py", 1)
+    client.apply([old, gone], [])
+    set_dirs(client, [(key("a"), value("a")), (key(""), value("root"))])
+    new = sealed_update("a/x.py", 3, "2")
+    _crash_after(store.workspace("ws"), [new], [key("b.py")], steps)
+    store.close()  # the process died here; nothing else ran
+
+    store = Store(tmp_path / "s")
+    client = LocalClient(store, "ws")
+    root = client.root()
+    assert root is not None and root.value is None
+    kids = client.children([key(""), key("a")])
+    assert {n.key: n.value for n in kids[key("")]} == {key("a"): None, key("b.py"): None}
+    assert kids[key("a")][0].value is None
+    # Pending leaves hand out no rows, whichever rows are stored.
+    assert client.file_rows([key("a/x.py"), key("b.py")]) == {key("a/x.py"): [],
+                                                              key("b.py"): []}
+    stored = {c for _, cids in store.workspace("ws").rows_by_file().values() for c in cids}
+    assert stored == {c for c, _ in (rows_of(new) if steps == 2 else rows_of(old) + rows_of(gone))}
+
+    client.apply([new], [key("b.py")])
+    assert client.file_rows([key("a/x.py")]) == {key("a/x.py"): rows_of(new)}
+    assert client.info().chunks == 3
+    assert store.workspace("ws").check() == []
+    store.close()
+
+
 # -- refusals -------------------------------------------------------------------------------
 
 
@@ -348,20 +381,22 @@ def test_a_token_reads_its_own_workspace_rows_only(live_server: ServerProcess) -
 
 
 def test_a_sealed_workspace_stores_no_vector_and_no_index(tmp_path: Path) -> None:
-    import lancedb
-    import pyarrow as pa
-
     data = tmp_path / "s"
     with LocalClient.create_workspace(data, "ws", dim=DIM, model_id=MODEL, key_check=CHECK,
                                       mode=MODE_SEALED) as client:
-        client.apply([sealed_update("f.py", 3)], [])
+        u = sealed_update("f.py", 3)
+        client.apply([u], [])
         client.file_rows([key("f.py")])
     folder = data / "workspaces" / "ws"
-    schema = lancedb.connect(folder).open_table("chunks").schema
-    assert schema.names == ["rid", "chunk_id", "fid", "meta"]
-    assert not any(pa.types.is_floating(f.type) or pa.types.is_list(f.type)
-                   or pa.types.is_fixed_size_list(f.type) for f in schema)
-    assert not (folder / "search.index").exists()
+    # The rows are in tree.sqlite, beside the tree; there is no LanceDB table at all.
+    assert sorted(p.name for p in folder.iterdir()) == ["tree.sqlite", "writer.lock"]
+    db = sqlite3.connect(folder / "tree.sqlite")
+    columns = [(name, kind) for _, name, kind, *_ in db.execute("PRAGMA table_info(rows)")]
+    stored = db.execute("SELECT chunk_id, meta FROM rows ORDER BY rid").fetchall()
+    db.close()
+    assert columns == [("rid", "INTEGER"), ("fid", "INTEGER"), ("chunk_id", "BLOB"),
+                       ("meta", "BLOB")]
+    assert stored == rows_of(u)
     with Store(data) as store:
         problems = store.workspace("ws").check()
         store.workspace("ws").verify()
@@ -442,6 +477,11 @@ def test_superseded_rows_leave_the_data_dir(tmp_path: Path, mode: str) -> None:
     assert _files_holding(data, replaced) and _files_holding(data, deleted)  # not vacuous
     client.apply([make("f.py", 2, "2")], [])  # replaced: rows deleted and added
     client.apply([], [key("g.py")])  # deleted alone: no rows added
+    if mode == MODE_SEALED:  # gone at once, while the store is open (its log is cut)
+        # Not left to the build's default (SQLite's is off; this machine's is on).
+        assert store.workspace("ws")._wconn.execute("PRAGMA secure_delete").fetchone() == (1,)
+        assert _files_holding(data, replaced) == []
+        assert _files_holding(data, deleted) == []
     client.close()
     store.close()  # a server-search workspace's search snapshot is rewritten here
     assert _files_holding(data, replaced) == []
@@ -464,3 +504,112 @@ def test_purging_an_emptied_table(tmp_path: Path) -> None:
         client.apply([], [key("only.py")])
         assert client.info().chunks == 0
     assert _files_holding(data, marker) == []
+
+
+# -- rows written by store format 2 (in LanceDB) ---------------------------------------------
+
+
+def write_format_2(data: Path, workspace_id: str, superseded: list[FileUpdate]) -> None:
+    """Put a sealed workspace back in the layout of store format 2, as that codeveil left
+    it: its rows in a LanceDB table `chunks` (rid, chunk_id, fid, meta), added apply by
+    apply, `superseded`'s rows deleted there but not purged (their deletion files kept),
+    no rows in tree.sqlite, and both files stamped 2."""
+    import lancedb
+    import pyarrow as pa
+
+    from sync.store import fid_of
+    from sync.store_rows import table_schema
+
+    folder = data / "workspaces" / workspace_id
+    db = sqlite3.connect(folder / "tree.sqlite")
+    rows = db.execute("SELECT rid, chunk_id, fid, meta FROM rows ORDER BY rid").fetchall()
+    db.executescript("DROP TABLE rows; PRAGMA user_version = 2;")
+    db.close()
+    db = sqlite3.connect(data / "registry.sqlite")
+    db.execute("PRAGMA user_version = 2")
+    db.close()
+    schema = table_schema(DIM, MODE_SEALED)
+    stale = [(-1 - i, c.chunk_id, fid_of(u.file_key), c.meta)
+             for i, (u, c) in enumerate((u, c) for u in superseded for c in u.chunks)]
+    table = lancedb.connect(folder).create_table("chunks", schema=schema)
+    for batch in (stale, rows[: len(rows) // 2], rows[len(rows) // 2 :]):
+        table.add(pa.Table.from_arrays(
+            [pa.array([r[0] for r in batch], pa.int64()),
+             pa.array([bytes(r[1]) for r in batch], pa.binary()),
+             pa.array([r[2] for r in batch], pa.int64()),
+             pa.array([bytes(r[3]) for r in batch], pa.binary())], schema=schema))
+    table.delete("rid < 0")
+
+
+def _format_2_workspace(data: Path) -> dict[bytes, list[tuple[bytes, bytes]]]:
+    """A sealed workspace in format 2's layout; returns the rows `file_rows` must give."""
+    updates = [sealed_update(f"d{i % 3}/f{i}.py", i % 4) for i in range(9)]
+    with LocalClient.create_workspace(data, "ws", dim=DIM, model_id=MODEL, key_check=CHECK,
+                                      mode=MODE_SEALED) as client:
+        client.apply(updates, [])
+    write_format_2(data, "ws", [sealed_update("d0/f0.py", 2, "0")])
+    assert (data / "workspaces" / "ws" / "chunks.lance").is_dir()
+    return {u.file_key: rows_of(u) for u in updates}
+
+
+def _assert_moved(data: Path, expected: dict[bytes, list[tuple[bytes, bytes]]]) -> None:
+    folder = data / "workspaces" / "ws"
+    with Store(data) as store:
+        client = LocalClient(store, "ws")
+        assert client.file_rows(list(expected)) == expected
+        assert client.info().chunks == sum(len(r) for r in expected.values())
+        assert store.workspace("ws").check() == []
+        client.apply([sealed_update("new.py", 2)], [])  # rids go on from the counter
+        assert client.info().chunks == sum(len(r) for r in expected.values()) + 2
+    assert not (folder / "chunks.lance").exists()
+    for path in (data / "registry.sqlite", folder / "tree.sqlite"):
+        db = sqlite3.connect(path)
+        assert db.execute("PRAGMA user_version").fetchone()[0] == STORE_FORMAT == 3
+        db.close()
+
+
+def test_rows_of_a_format_2_sealed_workspace_move_into_the_tree(tmp_path: Path) -> None:
+    data = tmp_path / "s"
+    expected = _format_2_workspace(data)
+    _assert_moved(data, expected)
+
+
+_DIE_DURING_MOVE = """
+import contextlib, os, sys
+import sync.store as store
+
+@contextlib.contextmanager
+def dying(conn):
+    conn.execute("BEGIN IMMEDIATE")
+    yield conn
+    os._exit(9)  # killed with every row inserted, before the commit
+
+def die(*_args, **_kwargs):
+    os._exit(9)  # killed after the commit, before the table is removed
+
+if sys.argv[2] == "before-commit":
+    store._transaction = dying
+else:
+    store.shutil.rmtree = die
+store.Store(sys.argv[1]).workspace("ws")
+"""
+
+
+@pytest.mark.parametrize("when", ["before-commit", "before-removal"])
+def test_a_move_killed_midway_is_finished_by_the_next_open(tmp_path: Path, when: str) -> None:
+    import subprocess
+    import sys
+
+    data = tmp_path / "s"
+    expected = _format_2_workspace(data)
+    root = Path(__file__).resolve().parent.parent
+    killed = subprocess.run([sys.executable, "-c", _DIE_DURING_MOVE, str(data), when],
+                            cwd=root, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == 9, killed.stderr
+    folder = data / "workspaces" / "ws"
+    assert (folder / "chunks.lance").is_dir()  # the table is intact either way
+    db = sqlite3.connect(folder / "tree.sqlite")
+    tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    db.close()
+    assert ("rows" in tables) == (when == "before-removal")
+    _assert_moved(data, expected)  # moved once: no row twice, none lost

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -49,27 +50,50 @@ def test_index_and_search_paths_import_no_scipy() -> None:
     assert proc.stdout.strip() == "[]"
 
 
-def test_a_reindex_with_nothing_to_send_imports_no_index_stack(sample_repo: Path) -> None:
-    """Nothing changed: the walk and one root comparison, without faiss, pyarrow,
-    lancedb or the parsers (each tens of milliseconds to import, or seconds)."""
+def _first_index(repo: Path) -> dict[str, str]:
+    """Index `repo` (sealed, the default) in a process of its own; returns the
+    environment the next processes run in."""
     import os
 
     env = dict(os.environ, CODEVEIL_EMBEDDER="hashing", PYTHONPATH=str(ROOT))
     first = subprocess.run([sys.executable, "-m", "retrieval.cli", "index", "-q"],
-                           cwd=sample_repo, env=env, capture_output=True, text=True,
-                           timeout=120)
+                           cwd=repo, env=env, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
-    probe = textwrap.dedent("""
-        import runpy, sys
+    return env
+
+
+def _imported_by_an_index(repo: Path, env: dict[str, str], heavy: tuple[str, ...]
+                          ) -> list[str]:
+    """Which of `heavy` a fresh `codeveil index` process in `repo` imports."""
+    probe = textwrap.dedent(f"""
+        import json, runpy, sys
         sys.argv = ["codeveil", "index", "-q"]
         try:
             runpy.run_module("retrieval.cli", run_name="__main__")
         except SystemExit as exc:
             assert not exc.code, exc.code
-        heavy = ("faiss", "pyarrow", "lancedb", "tree_sitter", "torch", "onnxruntime")
-        print(sorted(m for m in heavy if m in sys.modules))
+        print(json.dumps(sorted(m for m in {list(heavy)!r} if m in sys.modules)))
     """)
-    again = subprocess.run([sys.executable, "-c", probe], cwd=sample_repo, env=env,
+    again = subprocess.run([sys.executable, "-c", probe], cwd=repo, env=env,
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
-    assert again.stdout.splitlines()[-1] == "[]", again.stdout
+    return json.loads(again.stdout.splitlines()[-1])
+
+
+def test_a_reindex_with_nothing_to_send_imports_no_index_stack(sample_repo: Path) -> None:
+    """Nothing changed: the walk and one root comparison, without faiss, pyarrow,
+    lancedb or the parsers (each tens of milliseconds to import, or seconds)."""
+    env = _first_index(sample_repo)
+    heavy = ("faiss", "pyarrow", "lancedb", "tree_sitter", "torch", "onnxruntime")
+    assert _imported_by_an_index(sample_repo, env, heavy) == []
+
+
+def test_a_sealed_one_file_reindex_imports_no_row_table_stack(sample_repo: Path) -> None:
+    """One file edited: its rows are replaced in tree.sqlite, without lancedb, pyarrow
+    or faiss (a second of import, for a handful of rows)."""
+    env = _first_index(sample_repo)
+    edited = sorted(sample_repo.rglob("*.py"))[0]
+    edited.write_text(edited.read_text() + "\n\ndef added_later():\n    return 1\n")
+    imported = _imported_by_an_index(sample_repo, env, ("faiss", "pyarrow", "lancedb",
+                                                       "tree_sitter"))
+    assert imported == ["tree_sitter"]  # it did chunk the edited file
