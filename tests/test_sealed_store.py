@@ -16,7 +16,7 @@ import pytest
 
 from sync.client import StoreClient
 from sync.http_client import HttpClient
-from sync.local_client import AnyStore, LocalClient
+from sync.local_client import LocalClient
 from sync.records import (
     MODE_SEALED,
     MODE_SERVER_SEARCH,
@@ -24,6 +24,7 @@ from sync.records import (
     FileUpdate,
 )
 from sync.store import STORE_FORMAT, Store
+from sync.store_backend import StoreBackend
 from sync.wire import (
     BadRequest,
     Limits,
@@ -85,7 +86,7 @@ class Backend:
         self.data_dir = data_dir
         self.server = server
         self.pg_url = pg_url
-        self.store: AnyStore | None = None
+        self.store: StoreBackend | None = None
         if pg_url is not None:
             from sync.pg_store import PgStore
 

@@ -15,9 +15,10 @@ import pytest
 
 from sync.client import StoreClient
 from sync.http_client import HttpClient
-from sync.local_client import AnyStore, LocalClient
+from sync.local_client import LocalClient
 from sync.records import ChunkRecord, DirValue, FileUpdate, NodeInfo, children_digest
 from sync.store import Store, WorkspaceStore
+from sync.store_backend import StoreBackend
 from sync.wire import BadRequest
 from tests.server_fixtures import ServerProcess
 
@@ -94,7 +95,7 @@ def set_dirs(client: StoreClient, pairs: list[tuple[bytes, bytes]]) -> None:
 class _InProcess:
     """A store run in this process, through `LocalClient`."""
 
-    store: AnyStore
+    store: StoreBackend
 
     def create(self, dim: int = DIM, workspace_id: str | None = None) -> StoreClient:
         return LocalClient.create_workspace(
