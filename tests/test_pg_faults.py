@@ -10,8 +10,6 @@ import os
 import random
 import secrets
 import shutil
-import subprocess
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,8 +23,8 @@ from sync.keys import export_key, load_key
 from sync.store_contents import Contents, pg_workspace_contents
 from sync.workspace import load_config
 from tests.conftest import write_repo
+from tests.pg_fixtures import kill_mid_write, other_database
 from tests.server_fixtures import ServerProcess, start_server
-from tests.test_pg_store import other_database
 from tests.test_sync import cli, many_files
 from tests.test_teammates import FILES, Interleaved, Team
 
@@ -71,29 +69,6 @@ def replicas(pg_url: str, tmp_path_factory: pytest.TempPathFactory
     finally:
         one.stop()
         two.stop()
-
-
-def writing(admin: psycopg.Connection, name: str) -> bool:
-    """Whether some connection to database `name` is inside a write transaction (one
-    that has been given a transaction id: it changed a row and has not committed)."""
-    row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
-                        " AND backend_xid IS NOT NULL", (name,)).fetchone()
-    return bool(row and row[0])
-
-
-def kill_mid_write(server: ServerProcess, proc: subprocess.Popen, admin: psycopg.Connection,
-                   name: str, timeout: float = 60.0) -> bool:
-    """SIGKILL the replica as soon as it is inside a write transaction; True if it was
-    (False: the client finished first, and the replica is killed anyway)."""
-    deadline = time.monotonic() + timeout
-    caught = False
-    while proc.poll() is None and time.monotonic() < deadline:
-        if writing(admin, name):
-            caught = True
-            break
-        time.sleep(0.002)
-    server.kill()
-    return caught
 
 
 def test_replica_killed_mid_sync_converges(
