@@ -1,6 +1,9 @@
-"""Store behaviour, run against both clients: `LocalClient` (the store in-process) and
-`HttpClient` against a real `python -m sync.server` on loopback. Crash tests drive the
-store's write steps one by one in-process, then look at the result through both."""
+"""The store contract (sync.store_backend), run against both backends over both
+interfaces: the embedded store and PostgreSQL, each through `LocalClient` (in-process)
+and through `HttpClient` against a real `python -m sync.server --data DIR | --store URL`
+on loopback. Crash tests drive the embedded store's write steps one by one in-process
+(and kill a PostgreSQL writer inside its transaction), then look at the result through
+each interface."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from sync.records import ChunkRecord, DirValue, FileUpdate, NodeInfo, children_d
 from sync.store import Store, WorkspaceStore
 from sync.store_backend import StoreBackend
 from sync.wire import BadRequest
+from tests.pg_fixtures import other_database
 from tests.server_fixtures import ServerProcess
 
 DIM = 8
@@ -137,10 +141,12 @@ class PgBackend(_InProcess):
 
 
 class HttpBackend:
-    kind = "http"
+    """A store behind a real server: `kind` "http" serves a data dir, "postgres-http" a
+    PostgreSQL database (the server's `store`)."""
 
     def __init__(self, server: ServerProcess) -> None:
         self.server = server
+        self.kind = "http" if server.store is None else "postgres-http"
         self.tokens: dict[str, str] = {}
         self.clients: list[HttpClient] = []
 
@@ -179,27 +185,33 @@ class HttpBackend:
 Backend = LocalBackend | HttpBackend | PgBackend
 
 
-@pytest.fixture(params=["local", "http", "postgres"])
+@pytest.fixture(params=["local", "http", "postgres", "postgres-http"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "local":
         b: Backend = LocalBackend(tmp_path / "store")
     elif request.param == "postgres":
         b = PgBackend(request.getfixturevalue("pg_url"))
+    elif request.param == "postgres-http":
+        b = HttpBackend(request.getfixturevalue("pg_live_server"))
     else:
         b = HttpBackend(request.getfixturevalue("live_server"))
     yield b
     b.close()
 
 
-@pytest.fixture(params=["local", "http"])
+@pytest.fixture(params=["local", "http", "postgres-http"])
 def restartable(
     request: pytest.FixtureRequest,
     tmp_path: Path,
     server_factory: Callable[..., ServerProcess],
 ) -> Iterator[Backend]:
-    """Like `backend`, with a server of the test's own, which it may stop and start."""
+    """Like `backend`, with a server of the test's own, which it may stop and start (on
+    PostgreSQL, a replica of its own on a database of its own)."""
     if request.param == "local":
         b: Backend = LocalBackend(tmp_path / "store")
+    elif request.param == "postgres-http":
+        url = other_database(request.getfixturevalue("pg_url"), "codeveil_restarted")
+        b = HttpBackend(server_factory(tmp_path / "replica", store=url))
     else:
         b = HttpBackend(server_factory(tmp_path / "server-data"))
     yield b
@@ -558,9 +570,46 @@ def test_failing_row_write_leaves_pending_values(
     store.close()
 
 
+def _pg_crash_mid_apply(url: str, workspace_id: str, updates: list[FileUpdate]) -> None:
+    """Run an apply's statements up to its row delete on a connection of its own, then
+    drop the connection uncommitted, as the socket of a killed replica closes. Meanwhile
+    every other reader sees the last committed state."""
+    import psycopg
+
+    from sync.pg_store import PgStore, W, _mark_pending
+
+    with PgStore(url) as store:
+        ws = store.workspace(workspace_id)
+        before = ws.root()
+        ups, dels = ws._validate_apply(updates, [])
+        conn = psycopg.connect(url)
+        try:
+            ws._lock_workspace(conn)
+            fids, _ = _mark_pending(conn, workspace_id, ups, dels)
+            conn.execute(f"DELETE FROM {W}.rows WHERE workspace = %s AND fid = ANY(%s)",
+                         (workspace_id, sorted(fids)))
+            assert ws.root() == before  # no reader sees half an apply
+        finally:
+            conn.close()  # no COMMIT: the database rolls it back
+
+
+def crash_mid_apply(backend: Backend, workspace_id: str, updates: list[FileUpdate]) -> bool:
+    """While the store is down, a writer dies partway through an apply of `updates`.
+    True if what it wrote stays (the embedded store's committed first step), False if the
+    store undid it (PostgreSQL rolls back the transaction of a dead connection)."""
+    if isinstance(backend, HttpBackend) and backend.server.store is not None:
+        _pg_crash_mid_apply(backend.server.store, workspace_id, updates)
+        return False
+    store = Store(backend.data_dir)
+    _crash_after(store.workspace(workspace_id), updates, [], steps=1)
+    store.close()
+    return True
+
+
 def test_restart_after_a_crash_mid_apply(restartable: Backend) -> None:
     """Data survives a restart; a crash state written while the store was down is served
-    as pending (None) values, through both clients; the next sync converges."""
+    as it must be: pending (None) values on the path of the embedded store's half-done
+    apply, the last committed state on PostgreSQL; the next sync converges."""
     client = restartable.create()
     client.apply([update(f"d{i % 3}/f{i}.py", rand(4, i)) for i in range(12)], [])
     set_dirs(client, [(key(f"d{i}"), value(f"d{i}")) for i in range(3)]
@@ -570,21 +619,22 @@ def test_restart_after_a_crash_mid_apply(restartable: Backend) -> None:
     hits_before = client.search(query, 10)
 
     restartable.stop()
-    # While it is down, a writer dies after step 1 of an apply adding d2/new.py.
-    store = Store(restartable.data_dir)
-    _crash_after(store.workspace(client.workspace_id), [update("d2/new.py", rand(2, 50))], [],
-                 steps=1)
-    store.close()
+    # While it is down, a writer dies partway through an apply adding d2/new.py.
+    kept = crash_mid_apply(restartable, client.workspace_id, [update("d2/new.py", rand(2, 50))])
     restartable.start()
 
     again = restartable.reopen(client)
-    assert again.root() == NodeInfo(key(""), None, True)
     kids = again.children([key(""), key("d1"), key("d2")])
     assert kids[key("d1")] == kids_before[key("d1")]  # untouched: values intact
-    assert {n.key: n.value for n in kids[key("")]} == {
-        key("d0"): value("d0"), key("d1"): value("d1"), key("d2"): None,
-    }
-    assert by_key(kids[key("d2")])[key("d2/new.py")].value is None
+    if kept:
+        assert again.root() == NodeInfo(key(""), None, True)
+        assert {n.key: n.value for n in kids[key("")]} == {
+            key("d0"): value("d0"), key("d1"): value("d1"), key("d2"): None,
+        }
+        assert by_key(kids[key("d2")])[key("d2/new.py")].value is None
+    else:
+        assert again.root() == NodeInfo(key(""), value("root"), True)
+        assert kids == kids_before
     assert again.search(query, 10) == hits_before
     assert again.info().chunks == 48
 
