@@ -77,7 +77,9 @@ class WorkspaceBackend(Protocol):
 
     def search(self, vector: object, k: int) -> list[SearchHit]:
         """The `k` rows nearest to `vector` by Euclidean (not squared) distance, nearest
-        first; fewer when the workspace holds fewer. SealedWorkspaceError in a sealed
+        first; fewer when the workspace holds fewer. Exact while the workspace is small;
+        a backend may rank a large one with an approximate index (IVF, HNSW) of measured
+        recall (docs/benchmarks.md). SealedWorkspaceError in a sealed
         workspace (its client searches). BadRequest for a vector that is not `dim`
         finite numbers of norm at most `Limits.max_vector_norm`, or a `k` that is not an
         integer from 1 to `Limits.max_k`."""
