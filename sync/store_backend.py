@@ -106,14 +106,18 @@ class WorkspaceBackend(Protocol):
 
     def set_dir_values(self, values: Sequence[DirValue | tuple[bytes, bytes, bytes]]) -> None:
         """Set directory values, each (key, value, children digest) a compare-and-set:
-        the value is taken only if the directory's children, as stored now, are none of
-        them pending and digest (`children_digest`) to the one given. A refused value
-        leaves the directory as it was (pending, or another writer's consistent value),
-        silently: the client's next diff descends there. Keys that are unknown or files
-        are ignored. Values set by the same call count as stored, so their order does
-        not matter. Under the same per-workspace serialisation as `apply`. BadRequest
-        for an item that is not a triple of 16-byte keys, or past
-        `Limits.max_dir_values` items."""
+        the value is taken only if the directory's children, as stored when it is
+        checked, are none of them pending and digest (`children_digest`) to the one
+        given. Checked bottom-up whatever the order given: a directory after the values
+        the same call gives its children, so a parent is never set over a child's old
+        value while the call replaces it. A refused value leaves the directory as it was
+        (pending, or another writer's consistent value), silently: the client's next
+        diff descends there. Keys that are unknown or files are ignored. Under the same
+        per-workspace serialisation as `apply`. BadRequest for an item that is not a
+        triple of 16-byte keys, or past `Limits.max_dir_values` items. (The embedded
+        store checks in the order given, which is the same for a client's bottom-up
+        values; tests/test_store.py marks where a request that lists a parent first
+        tells the two apart.)"""
         ...
 
     def verify(self, *, deep: bool = True) -> None:

@@ -302,6 +302,30 @@ def test_directory_values_are_set_only_over_the_children_they_came_from(
         client.set_dir_values([(key(""), value("root"))])  # type: ignore[list-item]
 
 
+@pytest.mark.parametrize("order", ["children first", "parent first"])
+def test_a_directory_value_is_checked_after_the_values_the_call_gives_its_children(
+    backend: Backend, order: str, request: pytest.FixtureRequest
+) -> None:
+    """A pending root, and a call that sets its child "a" anew and the root over a's
+    old value: the root is checked against a as the call leaves it, so it stays pending
+    rather than claim a child the store no longer holds."""
+    if order == "parent first" and backend.kind in ("local", "http"):
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "the embedded store checks values in the order given: a parent listed before"
+            " its child is checked against the child's value before the call")))
+    client = backend.create()
+    client.apply([update("a/x.py", rand(1, 1)), update("y.py", rand(1, 2))], [])
+    set_dirs(client, [(key("a"), value("a")), (key(""), value("root"))])
+    client.apply([update("y.py", rand(1, 3), "2")], [])  # the root is pending again
+    child = DirValue(key("a"), value("a, again"),
+                     children_digest([(key("a/x.py"), value("a/x.py@1"))]))
+    parent = DirValue(key(""), value("root over the old a"), children_digest(
+        [(key("a"), value("a")), (key("y.py"), value("y.py@2"))]))
+    client.set_dir_values([child, parent] if order == "children first" else [parent, child])
+    assert by_key(client.children([key("")])[key("")])[key("a")].value == value("a, again")
+    assert client.root().value is None
+
+
 def test_replacing_a_file_replaces_its_chunks(backend: Backend) -> None:
     client = backend.create()
     client.apply([update("f.py", rand(3, 1), "1"), update("g.py", rand(2, 2))], [])
@@ -706,3 +730,4 @@ def test_searches_run_during_applies(tmp_path: Path) -> None:
     assert not errors
     assert client.info().chunks == 5 + 12
     store.close()
+
