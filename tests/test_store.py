@@ -8,6 +8,7 @@ each interface."""
 from __future__ import annotations
 
 import hashlib
+import random
 import secrets
 import threading
 from collections.abc import Callable, Iterator
@@ -731,3 +732,67 @@ def test_searches_run_during_applies(tmp_path: Path) -> None:
     assert client.info().chunks == 5 + 12
     store.close()
 
+
+# -- both backends alike ----------------------------------------------------------------
+
+TREE_PATHS = ["a", "a/x", "a/x/y", "a/x/z", "a/b", "a/b/c", "a/b/d", "e", "e/f", "e/f/h", "g"]
+
+
+def observed(client: StoreClient) -> tuple:
+    """Everything a client can see of a workspace: the tree level by level, every file's
+    rows, the counts, and a search over all rows."""
+    root = client.root()
+    tree: dict[bytes, list[NodeInfo]] = {}
+    frontier = [] if root is None else [root.key]
+    while frontier:
+        tree.update(client.children(frontier))
+        frontier = [n.key for k in frontier for n in tree[k] if n.is_dir]
+    files = sorted({key(p) for p in TREE_PATHS} | {n.key for ns in tree.values() for n in ns})
+    info = client.info()
+    hits = client.search(np.full(DIM, 0.1, np.float32), 1000)
+    return (root, tree, client.file_rows(files), (info.chunks, info.nodes),
+            sorted((h.chunk_id, round(h.distance, 4), h.meta) for h in hits))
+
+
+def random_call(rng: random.Random, step: int, view: StoreClient) -> tuple[str, tuple]:
+    """An apply (files, some becoming folders or back; deletes) or directory values (over
+    the children `view` shows, now and then stale), as a client might send them."""
+    if rng.random() < 0.5:
+        ups = [update(p, rand(rng.randint(0, 3), step * 10 + i), str(step))
+               for i, p in enumerate(rng.sample(TREE_PATHS, rng.randint(0, 3)))]
+        gone = [key(p) for p in rng.sample([*TREE_PATHS, ""], rng.randint(0, 2))]
+        return "apply", (ups, gone if not ups or rng.random() < 0.3 else [])
+    dirs = sorted(rng.sample(["", *TREE_PATHS], rng.randint(2, 6)),
+                  key=lambda p: -(p.count("/") + (p != "")))  # bottom-up, as a client sends
+    kids = view.children([key(p) for p in dirs])
+    values = []
+    for p in dirs:
+        pairs = [(n.key, n.value or PENDING_HERE) for n in kids[key(p)]]
+        if pairs and rng.random() < 0.2:
+            pairs.pop()  # computed over other children
+        values.append(DirValue(key(p), value(f"dir {p}@{step}"), children_digest(pairs)))
+    return "set_dir_values", (values,)
+
+
+def test_random_calls_leave_both_backends_alike(tmp_path: Path, pg_url: str) -> None:
+    """The same random calls to the embedded store and to PostgreSQL: after each, both
+    answer every read alike, and a refused call is refused alike."""
+    embedded, postgres = LocalBackend(tmp_path / "store"), PgBackend(pg_url)
+    for seed in range(6):
+        rng = random.Random(seed)
+        workspace_id = f"alike-{secrets.token_hex(4)}"
+        one, two = embedded.create(workspace_id=workspace_id), postgres.create(
+            workspace_id=workspace_id)
+        for step in range(40):
+            name, args = random_call(rng, step, one)
+            outcomes = []
+            for client in (one, two):
+                try:
+                    getattr(client, name)(*args)
+                    outcomes.append(None)
+                except BadRequest as exc:
+                    outcomes.append(str(exc))
+            assert outcomes[0] == outcomes[1], (seed, step, name)
+            assert observed(one) == observed(two), (seed, step, name)
+    embedded.close()
+    postgres.close()
