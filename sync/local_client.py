@@ -1,15 +1,15 @@
 """`LocalClient`: the `StoreClient` of the embedded default, running the store in-process.
 
 The store lives under the repo's `.codeveil/store/`, laid out exactly as a server's data
-dir (see sync.store), so the code under test is the code a server runs. No tokens: the
-process that can open the folder owns it. Bad input raises the same `StoreError`
-subclasses (sync.wire) that `HttpClient` raises for a server's 4xx answers.
+dir (see sync.store), so the code under test is the code a server runs. Any other
+`StoreBackend` (sync.store_backend; a `PgStore`, say) can be passed in instead. No
+tokens: the process that can open the store owns it. Bad input raises the same
+`StoreError` subclasses (sync.wire) that `HttpClient` raises for a server's 4xx answers.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
@@ -23,29 +23,25 @@ from sync.records import (
     SearchHit,
     WorkspaceInfo,
 )
-from sync.store import Store, WorkspaceStore
+from sync.store import Store
+from sync.store_backend import StoreBackend, WorkspaceBackend
 from sync.wire import gather_rows
-
-if TYPE_CHECKING:  # psycopg is an optional dependency
-    from sync.pg_store import PgStore, PgWorkspace
-
-AnyStore: TypeAlias = "Store | PgStore"  # the embedded store, or one in PostgreSQL
 
 
 class LocalClient:
-    """Operations on one workspace of a `Store` in this process.
+    """Operations on one workspace of a store in this process.
 
-    Built on a path, the client owns the `Store` it opens and closes it; built on a
-    `Store`, it leaves the store open for its other users. `stats` counts calls; no byte
+    Built on a path, the client owns the `Store` it opens there and closes it; built on
+    a store, it leaves the store open for its other users. `stats` counts calls; no byte
     crosses a wire, so its byte counts stay 0.
     """
 
-    def __init__(self, store: AnyStore | str | os.PathLike[str], workspace_id: str) -> None:
+    def __init__(self, store: StoreBackend | str | os.PathLike[str], workspace_id: str) -> None:
         self._owns_store = isinstance(store, str | os.PathLike)
-        self._store: AnyStore = (Store(store) if isinstance(store, str | os.PathLike)
-                                 else store)
+        self._store: StoreBackend = (Store(store) if isinstance(store, str | os.PathLike)
+                                     else store)
         try:
-            self._ws: WorkspaceStore | PgWorkspace = self._store.workspace(workspace_id)
+            self._ws: WorkspaceBackend = self._store.workspace(workspace_id)
         except BaseException:
             if self._owns_store:
                 self._store.close()
@@ -54,14 +50,14 @@ class LocalClient:
         self.stats = TransferStats()
 
     @classmethod
-    def open(cls, store: AnyStore | str | os.PathLike[str], workspace_id: str) -> LocalClient:
+    def open(cls, store: StoreBackend | str | os.PathLike[str], workspace_id: str) -> LocalClient:
         """A client of an existing workspace; WorkspaceNotFound if there is none."""
         return cls(store, workspace_id)
 
     @classmethod
     def create_workspace(
         cls,
-        store: AnyStore | str | os.PathLike[str],
+        store: StoreBackend | str | os.PathLike[str],
         workspace_id: str | None = None,
         *,
         dim: int,
@@ -69,14 +65,14 @@ class LocalClient:
         key_check: bytes,
         mode: str = MODE_SERVER_SEARCH,
     ) -> LocalClient:
-        """Create a workspace of `mode` (in `store`, a Store or a data dir) and return
+        """Create a workspace of `mode` (in `store`, a store or a data dir) and return
         its client.
 
         WorkspaceExists if `workspace_id` is taken. The bearer token a server would hand
         out is not needed in-process and is dropped.
         """
         owned = isinstance(store, str | os.PathLike)
-        opened: AnyStore = Store(store) if isinstance(store, str | os.PathLike) else store
+        opened: StoreBackend = Store(store) if isinstance(store, str | os.PathLike) else store
         try:
             workspace_id, _token = opened.create_workspace(
                 dim, model_id, key_check, workspace_id=workspace_id, mode=mode
@@ -90,7 +86,7 @@ class LocalClient:
         return client
 
     @property
-    def store(self) -> AnyStore:
+    def store(self) -> StoreBackend:
         return self._store
 
     # -- StoreClient ------------------------------------------------------------------
@@ -130,11 +126,8 @@ class LocalClient:
         self._ws.verify()
 
     def check(self) -> list[str]:
-        """Every problem found in the workspace's files (`WorkspaceStore.check`)."""
+        """Every problem found in the workspace's storage (`WorkspaceBackend.check`)."""
         return self._ws.check()
-
-    def rows_by_file(self) -> dict[int, tuple[np.ndarray, list[bytes]]]:
-        return self._ws.rows_by_file()
 
     def close(self) -> None:
         if self._owns_store:

@@ -431,7 +431,8 @@ class PgWorkspace(ApplyChecks):
 
     def set_dir_values(self, values: Sequence[DirValue | tuple[bytes, bytes, bytes]]) -> None:
         """As `WorkspaceStore.set_dir_values`: each value only over the children it was
-        computed from (compare-and-set), in one transaction under the workspace lock."""
+        computed from (compare-and-set), in one transaction under the workspace lock;
+        checked bottom-up, each after the values the call gives its children."""
         self._check_open()
         pending = dir_value_checks(values, self.limits)
         ws = self.workspace_id
@@ -442,34 +443,42 @@ class PgWorkspace(ApplyChecks):
                 " AND key = ANY(%s::bytea[]) AND is_dir",
                 (ws, list(pending)))}
             pending = {k: v for k, v in pending.items() if k in dirs}  # others are ignored
-            # A pass sets every value whose children digest as given now; a value whose
-            # child was set in that pass is taken by the next, so order does not matter.
+            # Bottom-up, whatever the order given: a value is decided once every value
+            # this call gives one of its children is (a child's check never depends on its
+            # parent), against the children as they are then: set if none is pending and
+            # they digest as given, refused otherwise. Deciding a parent in the same pass
+            # as its child could set it over the child's old value while the child changes.
+            refused = 0
             while pending:
                 kids: dict[bytes, list[tuple[bytes, bytes | None]]] = {k: [] for k in pending}
                 for parent, key, value in conn.execute(
                     f"SELECT parent, key, value FROM {W}.nodes WHERE workspace = %s"
                     " AND parent = ANY(%s::bytea[])", (ws, list(pending))):
                     kids[parent].append((key, value))
+                decided = [k for k in pending if not any(c in pending for c, _ in kids[k])]
+                if not decided:  # parent links in a cycle (a damaged table): set none of it
+                    refused += len(pending)
+                    break
                 ready = [
-                    (key, value) for key, (value, expected) in pending.items()
+                    (key, pending[key][0]) for key in decided
                     if all(v is not None for _, v in kids[key])
                     and children_digest((k, v) for k, v in kids[key] if v is not None)
-                    == expected
+                    == pending[key][1]
                 ]
-                if not ready:
-                    break
-                conn.execute(
-                    f"UPDATE {W}.nodes n SET value = u.value"
-                    " FROM unnest(%s::bytea[], %s::bytea[]) AS u (key, value)"
-                    " WHERE n.workspace = %s AND n.key = u.key",
-                    ([k for k, _ in ready], [v for _, v in ready], ws),
-                )
-                for key, _ in ready:
+                if ready:
+                    conn.execute(
+                        f"UPDATE {W}.nodes n SET value = u.value"
+                        " FROM unnest(%s::bytea[], %s::bytea[]) AS u (key, value)"
+                        " WHERE n.workspace = %s AND n.key = u.key",
+                        ([k for k, _ in ready], [v for _, v in ready], ws),
+                    )
+                refused += len(decided) - len(ready)
+                for key in decided:
                     del pending[key]
-        if pending:
+        if refused:
             log.info(
                 "workspace %s: %d directory values refused: computed over other children"
-                " (another writer, or a pending node below)", ws, len(pending),
+                " (another writer, or a pending node below)", ws, refused,
             )
 
     # -- checks -------------------------------------------------------------------------

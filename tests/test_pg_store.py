@@ -28,6 +28,7 @@ from sync.wire import (
 )
 from sync.workspace import load_config, load_token
 from tests.conftest import codeveil_env
+from tests.pg_fixtures import other_database
 from tests.server_fixtures import PROJECT_ROOT, ServerProcess
 from tests.test_canary import CANARIES, needles, planted_repo
 from tests.test_store import CHECK, DIM, MODEL, key, rand, update
@@ -35,14 +36,6 @@ from tests.test_store import CHECK, DIM, MODEL, key, rand, update
 psycopg = pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
 
 from sync.pg_store import PgStore  # noqa: E402  (after the skip: it needs psycopg)
-
-
-def other_database(pg_url: str, name: str) -> str:
-    """The URL of a fresh database `name` on the test server."""
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return pg_url.replace("/postgres?", f"/{name}?", 1)
 
 
 def test_tokens_are_kept_apart_between_workspaces(pg_store: PgStore) -> None:

@@ -1,6 +1,7 @@
 """Sealed workspaces (rows of chunk id and envelope only, search on the client) and
-`file_rows`, run against both clients: `LocalClient` in-process and `HttpClient` against a
-real `python -m sync.server` on loopback."""
+`file_rows`, run against both backends over both interfaces: the embedded store and
+PostgreSQL, each through `LocalClient` in-process and through `HttpClient` against a real
+`python -m sync.server` on loopback."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 from sync.client import StoreClient
 from sync.http_client import HttpClient
-from sync.local_client import AnyStore, LocalClient
+from sync.local_client import LocalClient
 from sync.records import (
     MODE_SEALED,
     MODE_SERVER_SEARCH,
@@ -24,6 +25,7 @@ from sync.records import (
     FileUpdate,
 )
 from sync.store import STORE_FORMAT, Store
+from sync.store_backend import StoreBackend
 from sync.wire import (
     BadRequest,
     Limits,
@@ -31,6 +33,7 @@ from sync.wire import (
     SealedWorkspaceError,
     update_to_json,
 )
+from tests.pg_fixtures import other_database
 from tests.server_fixtures import ServerProcess
 from tests.test_store import _crash_after, ancestors, key, set_dirs, value
 
@@ -85,7 +88,7 @@ class Backend:
         self.data_dir = data_dir
         self.server = server
         self.pg_url = pg_url
-        self.store: AnyStore | None = None
+        self.store: StoreBackend | None = None
         if pg_url is not None:
             from sync.pg_store import PgStore
 
@@ -140,15 +143,16 @@ class Backend:
             self.store.close()
 
 
-@pytest.fixture(params=["local", "http", "postgres"])
+@pytest.fixture(params=["local", "http", "postgres", "postgres-http"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "local":
         b = Backend("local", tmp_path / "store")
     elif request.param == "postgres":
         b = Backend("postgres", tmp_path, pg_url=request.getfixturevalue("pg_url"))
     else:
-        server = request.getfixturevalue("live_server")
-        b = Backend("http", server.data_dir, server)
+        server = request.getfixturevalue(
+            "pg_live_server" if request.param == "postgres-http" else "live_server")
+        b = Backend(request.param, server.data_dir, server)
     yield b
     b.close()
 
@@ -403,27 +407,32 @@ def test_a_sealed_workspace_stores_no_vector_and_no_index(tmp_path: Path) -> Non
     assert problems == []
 
 
+@pytest.mark.parametrize("kind", ["local", "http", "postgres-http"])
 def test_the_mode_survives_a_restart(
-    tmp_path: Path, server_factory: Callable[..., ServerProcess]
+    request: pytest.FixtureRequest, tmp_path: Path,
+    server_factory: Callable[..., ServerProcess], kind: str,
 ) -> None:
-    for kind in ("local", "http"):
-        server = server_factory(tmp_path / f"{kind}-server") if kind == "http" else None
-        b = Backend(kind, tmp_path / f"{kind}-data" if server is None else server.data_dir,
-                    server)
-        sealed, searched = b.create(MODE_SEALED, "s1"), b.create(MODE_SERVER_SEARCH, "s2")
-        u = sealed_update("f.py", 2)
-        sealed.apply([u], [])
-        searched.apply([vector_update("f.py", 2)], [])
-        for c in (sealed, searched):
-            c.close()
-        b.clients.clear()
-        b.restart()
-        assert b.reopen("s1").info().mode == MODE_SEALED
-        assert b.reopen("s2").info().mode == MODE_SERVER_SEARCH
-        assert b.reopen("s1").file_rows([key("f.py")]) == {key("f.py"): rows_of(u)}
-        with pytest.raises(SealedWorkspaceError):
-            b.reopen("s1").search(np.zeros(DIM, np.float32), 1)
-        b.close()
+    server = None
+    if kind == "http":
+        server = server_factory(tmp_path / "server-data")
+    elif kind == "postgres-http":
+        url = other_database(request.getfixturevalue("pg_url"), "codeveil_modes")
+        server = server_factory(tmp_path / "replica", store=url)
+    b = Backend(kind, tmp_path / "data" if server is None else server.data_dir, server)
+    sealed, searched = b.create(MODE_SEALED, "s1"), b.create(MODE_SERVER_SEARCH, "s2")
+    u = sealed_update("f.py", 2)
+    sealed.apply([u], [])
+    searched.apply([vector_update("f.py", 2)], [])
+    for c in (sealed, searched):
+        c.close()
+    b.clients.clear()
+    b.restart()
+    assert b.reopen("s1").info().mode == MODE_SEALED
+    assert b.reopen("s2").info().mode == MODE_SERVER_SEARCH
+    assert b.reopen("s1").file_rows([key("f.py")]) == {key("f.py"): rows_of(u)}
+    with pytest.raises(SealedWorkspaceError):
+        b.reopen("s1").search(np.zeros(DIM, np.float32), 1)
+    b.close()
 
 
 def test_a_registry_from_before_modes_opens_as_server_search(tmp_path: Path) -> None:

@@ -1,6 +1,8 @@
 """The HTTP server as an attacker or a buggy client meets it: authentication, a table of
 malformed requests, oversized bodies, and `HttpClient`'s mapping of what goes wrong.
-Everything runs against a real `python -m sync.server` on loopback."""
+Everything runs against a real `python -m sync.server` on loopback; what the store
+answers (tokens, workspaces, invalid requests, the quota) against one on a data dir and
+one on PostgreSQL alike."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from sync.wire import (
     WorkspaceExists,
     WorkspaceNotFound,
 )
+from tests.pg_fixtures import other_database
 from tests.server_fixtures import ServerProcess, free_port
 
 DIM = 8
@@ -78,6 +81,18 @@ def new_workspace(url: str, dim: int = DIM) -> Workspace:
     ws = secrets.token_hex(8)
     token = HttpClient.create_workspace(url, ws, dim=dim, model_id="m", key_check=b"check")
     return Workspace(url, ws, token)
+
+
+@pytest.fixture(params=["data", "postgres"])
+def any_server(request: pytest.FixtureRequest) -> ServerProcess:
+    """The run's server on a data dir, and its server on PostgreSQL."""
+    return request.getfixturevalue(
+        "pg_live_server" if request.param == "postgres" else "live_server")
+
+
+@pytest.fixture
+def server_url(any_server: ServerProcess) -> str:
+    return any_server.url
 
 
 @pytest.fixture
@@ -237,9 +252,9 @@ def _send(http: httpx.Client, url: str, body: Any, headers: dict[str, str]) -> h
 
 
 def test_bad_requests_get_a_4xx_with_a_clear_message(
-    live_server: ServerProcess, http: httpx.Client
+    any_server: ServerProcess, http: httpx.Client
 ) -> None:
-    ws = new_workspace(live_server.url)
+    ws = new_workspace(any_server.url)
     with ws.client() as c:  # a root exists, so a wrong root is refused below
         c.apply([FileUpdate(k("x"), (k("root"),), k("v"))], [])
     cases = [(name, ws.path(route), body, status, words)
@@ -260,14 +275,14 @@ def test_bad_requests_get_a_4xx_with_a_clear_message(
     assert not failures, "\n".join(failures)
 
     # Still healthy, nothing half-written, and it still works.
-    assert live_server.running
+    assert any_server.running
     assert http.get(f"{ws.url}/v1/health").status_code == 200
     with ws.client() as c:
         assert c.info().nodes == 2
         c.apply([FileUpdate(k("y"), (k("root"),), k("v"),
                             (ChunkRecord(k("c"), np.ones(DIM), b"m"),))], [])
         assert len(c.search(np.ones(DIM), 5)) == 1
-    assert "Traceback" not in live_server.log_text()
+    assert "Traceback" not in any_server.log_text()
 
 
 def test_unknown_routes_and_methods_answer_json(server_url: str, http: httpx.Client) -> None:
@@ -463,11 +478,17 @@ def test_openapi_describes_path_parameters_and_request_bodies(live_server: Serve
     assert "base64url" in schemas["UpdateBody"]["properties"]["file_key"]["description"]
 
 
+@pytest.mark.parametrize("kind", ["data", "postgres"])
 def test_workspace_creation_needs_the_admin_token_and_keeps_to_the_quota(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    kind: str,
 ) -> None:
+    store = None
+    if kind == "postgres":
+        store = other_database(request.getfixturevalue("pg_url"), "codeveil_quota")
     monkeypatch.setenv("CODEVEIL_ADMIN_TOKEN", "s3cret-admin")
-    server = ServerProcess(tmp_path / "data", args=("--max-workspaces", "2")).start()
+    server = ServerProcess(tmp_path / "data", args=("--max-workspaces", "2"),
+                           store=store).start()
     try:
         def create(name: str) -> str:
             return HttpClient.create_workspace(server.url, name, dim=DIM, model_id="m",

@@ -1,5 +1,7 @@
-"""Sync against both stores (in-process and a real server on loopback): incremental
-updates, deletes, a teammate joining by diff, and convergence after crashes.
+"""Sync against every store: the embedded one in-process, a real server on loopback
+serving a data dir ("http"), and one serving a PostgreSQL database ("postgres"):
+incremental updates, deletes, a teammate joining by diff, and convergence after crashes.
+Every test that runs against a server runs against both servers.
 
 These tests use the hashing embedder: what they measure is the sync, not the model
 (the real model runs in test_index_e2e, test_canary and test_cli).
@@ -7,6 +9,7 @@ These tests use the hashing embedder: what they measure is the sync, not the mod
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -14,6 +17,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,23 +26,73 @@ import pytest
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
 from sync.keys import WorkspaceKey, export_key, import_key, load_key
-from sync.store_contents import Contents, workspace_contents
+from sync.store_contents import Contents, pg_workspace_contents, workspace_contents
 from sync.workspace import load_config, load_token, store_path
 from tests.conftest import write_repo
+from tests.pg_fixtures import kill_mid_write, other_database
+from tests.server_fixtures import ServerProcess
 
-BACKENDS = ["embedded", "http"]
+SERVERS = ["http", "postgres"]  # a server process on a data dir, on a PostgreSQL database
+BACKENDS = ["embedded", *SERVERS]
+
+
+def cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "retrieval.cli", *args], cwd=cwd, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def snapshot(data_dir: Path, workspace_id: str, key: WorkspaceKey | None = None) -> Contents:
+    """What a workspace of a data dir holds, opened (row ids are fresh on every send)."""
+    return workspace_contents(data_dir, workspace_id, key or load_key(workspace_id))
+
+
+@dataclass
+class Backend:
+    """Where a test's workspaces live: the embedded store under each repo's `.codeveil/`
+    (no server), or the workspaces of a server process."""
+
+    kind: str  # one of BACKENDS
+    server: ServerProcess | None = None
+
+    def open_index(self, repo: Path) -> Index:
+        idx = Index(repo, embedder=HashingEmbedder())
+        if self.server is not None:
+            idx.init(server=self.server.url)
+        return idx
+
+    def init(self, repo: Path, env: dict[str, str]) -> None:
+        """`codeveil init --server URL` in `repo`; nothing for the embedded store."""
+        if self.server is not None:
+            assert cli(["init", ".", "--server", self.server.url], repo, env).wait(60) == 0
+
+    def contents(self, repo: Path, workspace_id: str,
+                 key: WorkspaceKey | None = None) -> Contents:
+        """What the workspace of `repo` holds, opened with its key."""
+        key = key or load_key(workspace_id)
+        if self.server is None:
+            return workspace_contents(store_path(repo), workspace_id, key)
+        if self.server.store is not None:
+            return pg_workspace_contents(self.server.store, workspace_id, key)
+        return workspace_contents(self.server.data_dir, workspace_id, key)
+
+
+def _server(request: pytest.FixtureRequest, kind: str) -> ServerProcess:
+    return request.getfixturevalue("pg_live_server" if kind == "postgres" else "live_server")
 
 
 @pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    return request.param
+def backend(request: pytest.FixtureRequest) -> Backend:
+    if request.param == "embedded":
+        return Backend("embedded")
+    return Backend(request.param, _server(request, request.param))
 
 
-def open_index(repo: Path, backend: str, server_url: str | None) -> Index:
-    idx = Index(repo, embedder=HashingEmbedder())
-    if backend == "http":
-        idx.init(server=server_url)
-    return idx
+@pytest.fixture(params=SERVERS)
+def served(request: pytest.FixtureRequest) -> Backend:
+    """A `Backend` of each kind of server."""
+    return Backend(request.param, _server(request, request.param))
 
 
 def many_files(root: Path, count: int, *, seed: int = 0) -> Path:
@@ -53,33 +108,23 @@ def many_files(root: Path, count: int, *, seed: int = 0) -> Path:
     return write_repo(root, files)
 
 
-def snapshot(data_dir: Path, workspace_id: str, key: WorkspaceKey | None = None) -> Contents:
-    """What the workspace holds, opened (row ids are fresh on every send)."""
-    return workspace_contents(data_dir, workspace_id, key or load_key(workspace_id))
-
-
-def data_dir_of(repo: Path, backend: str, live_server) -> Path:
-    return store_path(repo) if backend == "embedded" else live_server.data_dir
-
-
-def test_nothing_changed_is_one_request(tmp_path: Path, backend: str, live_server) -> None:
+def test_nothing_changed_is_one_request(tmp_path: Path, backend: Backend) -> None:
     repo = many_files(tmp_path / "repo", 60)
-    idx = open_index(repo, backend, live_server.url)
+    idx = backend.open_index(repo)
     first = idx.index()
     assert first.files_changed == 60
     assert first.chunks_embedded + first.chunks_from_cache == first.chunks_total > 0
     again = idx.index()
     assert (again.files_changed, again.files_deleted, again.chunks_embedded) == (0, 0, 0)
     assert again.requests == 1
-    if backend == "http":
+    if backend.server is not None:
         assert again.bytes_sent < 200 and again.bytes_received < 500
     idx.close()
 
 
-def test_one_change_costs_its_depth_not_the_repo(tmp_path: Path, backend: str,
-                                                 live_server) -> None:
+def test_one_change_costs_its_depth_not_the_repo(tmp_path: Path, backend: Backend) -> None:
     repo = many_files(tmp_path / "repo", 200)
-    idx = open_index(repo, backend, live_server.url)
+    idx = backend.open_index(repo)
     idx.index()
     target = repo / "pkg3/sub2/mod_38.py"
     target.write_text(target.read_text() + "\ndef freshly_added_helper():\n    return 1\n")
@@ -87,17 +132,16 @@ def test_one_change_costs_its_depth_not_the_repo(tmp_path: Path, backend: str,
     assert report.files_changed == 1 and report.files_deleted == 0
     # root + one children request per level (root, pkg3, pkg3/sub2) + apply + dirs.
     assert report.requests <= 6
-    if backend == "http":
+    if backend.server is not None:
         assert report.bytes_sent < 20_000  # one file's chunks, not the repo's 200
     hits = idx.search("freshly_added_helper", k=3)
     assert hits[0].path == "pkg3/sub2/mod_38.py"
     idx.close()
 
 
-def test_deletes_remove_files_and_whole_directories(tmp_path: Path, backend: str,
-                                                    live_server) -> None:
+def test_deletes_remove_files_and_whole_directories(tmp_path: Path, backend: Backend) -> None:
     repo = many_files(tmp_path / "repo", 80)
-    idx = open_index(repo, backend, live_server.url)
+    idx = backend.open_index(repo)
     idx.index()
     before = idx.status()["server_chunks"]
     (repo / "pkg1/mod_15.py").unlink()
@@ -113,10 +157,10 @@ def test_deletes_remove_files_and_whole_directories(tmp_path: Path, backend: str
     idx.close()
 
 
-def test_store_equals_a_clean_sync_after_many_edits(tmp_path: Path, backend: str,
-                                                   live_server, monkeypatch) -> None:
+def test_store_equals_a_clean_sync_after_many_edits(tmp_path: Path, backend: Backend,
+                                                   monkeypatch) -> None:
     repo = many_files(tmp_path / "repo", 120)
-    idx = open_index(repo, backend, live_server.url)
+    idx = backend.open_index(repo)
     idx.index()
     rng = random.Random(7)
     files = sorted(p for p in repo.rglob("*.py"))
@@ -127,26 +171,28 @@ def test_store_equals_a_clean_sync_after_many_edits(tmp_path: Path, backend: str
     write_repo(repo, {"newdir/deep/er/fresh.py": "def fresh():\n    return 'new'\n"})
     idx.index()
     ws = load_config(repo).workspace_id
-    state = snapshot(data_dir_of(repo, backend, live_server), ws)
+    state = backend.contents(repo, ws)
     idx.close()
 
     # A clean sync of the same files under the same key lands on the same store.
     clean_repo = tmp_path / "clean"
     shutil.copytree(repo, clean_repo, ignore=shutil.ignore_patterns(".codeveil"))
     monkeypatch.setenv("CODEVEIL_KEY", export_key(load_key(ws)))
-    clean = open_index(clean_repo, backend, live_server.url)
+    clean = backend.open_index(clean_repo)
     clean.index()
     clean_ws = load_config(clean_repo).workspace_id
-    clean_state = snapshot(data_dir_of(clean_repo, backend, live_server), clean_ws)
+    clean_state = backend.contents(clean_repo, clean_ws)
     clean.close()
     assert state[0] is not None and state[0] == clean_state[0]
     assert state[1] == clean_state[1]
     assert state[2] == clean_state[2]
 
 
-def test_teammate_joins_by_diff_not_reupload(tmp_path: Path, live_server, monkeypatch) -> None:
+def test_teammate_joins_by_diff_not_reupload(tmp_path: Path, served: Backend,
+                                             monkeypatch) -> None:
+    assert served.server is not None
     repo = many_files(tmp_path / "repo", 100)
-    idx = open_index(repo, "http", live_server.url)
+    idx = served.open_index(repo)
     idx.index()
     ws = load_config(repo).workspace_id
     shared_key, token = export_key(load_key(ws)), load_token(ws)
@@ -159,7 +205,7 @@ def test_teammate_joins_by_diff_not_reupload(tmp_path: Path, live_server, monkey
     monkeypatch.setenv("CODEVEIL_CONFIG_DIR", str(tmp_path / "mate-config"))
     import_key(ws, shared_key)
     mate_idx = Index(mate, embedder=HashingEmbedder())
-    mate_idx.init(server=live_server.url, workspace_id=ws, token=token)
+    mate_idx.init(server=served.server.url, workspace_id=ws, token=token)
     report = mate_idx.index()
     assert report.files_changed == 1
     assert report.chunks_embedded <= 2
@@ -171,18 +217,10 @@ def test_teammate_joins_by_diff_not_reupload(tmp_path: Path, live_server, monkey
 # -- crashes ------------------------------------------------------------------------
 
 
-def cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "retrieval.cli", *args], cwd=cwd, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-
-
-def test_client_killed_mid_sync_converges(tmp_path: Path, backend: str, live_server) -> None:
+def test_client_killed_mid_sync_converges(tmp_path: Path, backend: Backend) -> None:
     repo = many_files(tmp_path / "repo", 1500, seed=3)
     env = dict(os.environ, CODEVEIL_EMBEDDER="hashing")
-    if backend == "http":
-        assert cli(["init", ".", "--server", live_server.url], repo, env).wait(60) == 0
+    backend.init(repo, env)
     rng = random.Random(11)
     kills = 0
     for _ in range(4):
@@ -201,46 +239,69 @@ def test_client_killed_mid_sync_converges(tmp_path: Path, backend: str, live_ser
     final = cli(["index", "-q"], repo, env)
     assert final.wait(300) == 0, final.stderr.read().decode()
     ws = load_config(repo).workspace_id
-    state = snapshot(data_dir_of(repo, backend, live_server), ws)
+    state = backend.contents(repo, ws)
 
     clean_repo = tmp_path / "clean"
     shutil.copytree(repo, clean_repo, ignore=shutil.ignore_patterns(".codeveil"))
     clean_env = dict(env, CODEVEIL_KEY=export_key(load_key(ws)))
-    if backend == "http":
-        assert cli(["init", ".", "--server", live_server.url], clean_repo, clean_env).wait(60) == 0
+    backend.init(clean_repo, clean_env)
     assert cli(["index", "-q"], clean_repo, clean_env).wait(300) == 0
-    clean_ws = load_config(clean_repo).workspace_id
-    clean_state = snapshot(data_dir_of(clean_repo, backend, live_server), clean_ws,
-                           load_key(ws))
+    clean_state = backend.contents(clean_repo, load_config(clean_repo).workspace_id,
+                                   load_key(ws))
     assert state[0] == clean_state[0] and state[1] == clean_state[1]
     assert state[2] == clean_state[2]
 
 
-def test_server_killed_mid_sync_converges(tmp_path: Path, server_factory) -> None:
-    server = server_factory(tmp_path / "server-data")
+@pytest.mark.parametrize("kind", SERVERS)
+def test_server_killed_mid_sync_converges(
+    tmp_path: Path, request: pytest.FixtureRequest,
+    server_factory: Callable[..., ServerProcess], kind: str,
+) -> None:
+    """A server of the test's own killed -9 three times while a first index runs. The
+    data-dir server dies at a random moment; the PostgreSQL replica the moment it is
+    inside a write transaction (the database keeps what committed and drops the rest)."""
+    admin = None
+    if kind == "postgres":
+        import psycopg
+
+        pg_url, name = request.getfixturevalue("pg_url"), "codeveil_sync_killed"
+        server = server_factory(tmp_path / "replica", store=other_database(pg_url, name))
+        admin = psycopg.connect(pg_url, autocommit=True)
+    else:
+        server = server_factory(tmp_path / "server-data")
+    backend = Backend(kind, server)
     repo = many_files(tmp_path / "repo", 1500, seed=5)
     env = dict(os.environ, CODEVEIL_EMBEDDER="hashing")
-    assert cli(["init", ".", "--server", server.url], repo, env).wait(60) == 0
+    backend.init(repo, env)
     rng = random.Random(13)
-    for _ in range(3):
-        proc = cli(["index", "-q"], repo, env)
-        time.sleep(rng.uniform(1.0, 4.0))
-        server.kill()
-        proc.wait(120)  # the client fails with a clear error, or had finished
-        assert "Traceback" not in proc.stderr.read().decode()
-        server.restart()
+    caught = 0
+    with admin or contextlib.nullcontext():
+        for _ in range(3):
+            proc = cli(["index", "-q"], repo, env)
+            if admin is not None:
+                caught += kill_mid_write(server, proc, admin, name)
+            else:
+                time.sleep(rng.uniform(1.0, 4.0))
+                server.kill()
+            proc.wait(120)  # the client fails with a clear error, or had finished
+            assert "Traceback" not in proc.stderr.read().decode()
+            server.start()
+            # Change things between attempts, as a user would.
+            victim = repo / f"pkg{rng.randrange(7)}/mod_{rng.randrange(7, 1500, 7)}.py"
+            victim.unlink(missing_ok=True)
+    assert admin is None or caught >= 1  # at least one kill landed inside a write
     final = cli(["index", "-q"], repo, env)
     assert final.wait(300) == 0, final.stderr.read().decode()
     ws = load_config(repo).workspace_id
-    state = snapshot(server.data_dir, ws)
+    state = backend.contents(repo, ws)
 
     clean_repo = tmp_path / "clean"
     shutil.copytree(repo, clean_repo, ignore=shutil.ignore_patterns(".codeveil"))
     clean_env = dict(env, CODEVEIL_KEY=export_key(load_key(ws)))
-    assert cli(["init", ".", "--server", server.url], clean_repo, clean_env).wait(60) == 0
+    backend.init(clean_repo, clean_env)
     assert cli(["index", "-q"], clean_repo, clean_env).wait(300) == 0
-    clean_state = snapshot(server.data_dir, load_config(clean_repo).workspace_id,
-                           load_key(ws))
+    clean_state = backend.contents(clean_repo, load_config(clean_repo).workspace_id,
+                                   load_key(ws))
     assert state[0] == clean_state[0] and state[1] == clean_state[1]
     assert state[2] == clean_state[2]
 
@@ -286,14 +347,14 @@ def test_a_link_flipped_outside_during_indexing_never_gets_indexed(tmp_path: Pat
 
 
 def test_a_file_nested_too_deep_is_skipped_and_the_rest_indexed(
-    tmp_path: Path, backend: str, live_server
+    tmp_path: Path, backend: Backend
 ) -> None:
     repo = many_files(tmp_path / "repo", 10)
     deepest_ok = "/".join(["d"] * 255)  # 255 directories above the file: the limit
     too_deep = "/".join(["e"] * 300)
     write_repo(repo, {f"{deepest_ok}/ok.py": "def deepest_allowed():\n    return 1\n",
                       f"{too_deep}/deep.py": "def far_too_deep():\n    return 2\n"})
-    idx = open_index(repo, backend, live_server.url)
+    idx = backend.open_index(repo)
     report = idx.index()
     skipped = dict(report.skipped)
     assert skipped["/".join(["e"] * 256)].startswith("nested too deep")
