@@ -902,32 +902,35 @@ class WorkspaceStore(ApplyChecks):
         its children, as stored now, digest to the one given (`children_digest`): a
         pending (NULL) child never does, and neither does a child another writer changed
         after this value was computed (two teammates syncing at once). The last writer
-        therefore cannot make the tree claim its own files over another's rows. Values
-        are applied repeatedly until no more can be, so their order does not matter
-        (bottom-up needs a single pass).
+        therefore cannot make the tree claim its own files over another's rows. A
+        directory is checked only once the values this call gives its children are set
+        or refused, against the children as they are then, so the order of the values
+        does not matter.
         """
         self._check_open()
         pending = dir_value_checks(values, self.limits)
         with self._write_lock, self._flock(), _transaction(self._wconn) as conn:
-            progress = True
-            while pending and progress:
-                progress = False
-                for key, (value, expected) in list(pending.items()):
-                    row = conn.execute("SELECT is_dir FROM nodes WHERE key = ?", (key,)).fetchone()
-                    if row is None or not row[0]:
-                        del pending[key]
-                        continue
-                    kids = conn.execute(
-                        "SELECT key, value FROM nodes WHERE parent = ?", (key,)
-                    ).fetchall()
-                    if any(v is None for _, v in kids):
-                        continue  # may be set by a later value of this call
-                    if children_digest((bytes(k), bytes(v)) for k, v in kids) != expected:
-                        continue
-                    conn.execute("UPDATE nodes SET value = ? WHERE key = ?", (value, key))
-                    del pending[key]
-                    progress = True
-            refused = len(pending)
+            pending = {k: v for k, v in pending.items() if (row := conn.execute(
+                "SELECT is_dir FROM nodes WHERE key = ?", (k,)).fetchone()) and row[0]}
+            refused = 0
+            # Bottom-up, whatever the order given (as PgWorkspace.set_dir_values): a value
+            # is decided once every value this call gives one of its children is, against
+            # the children as they are then: set if none is pending and they digest as
+            # given, refused otherwise.
+            while pending:
+                kids = {k: [(bytes(c), v) for c, v in conn.execute(
+                    "SELECT key, value FROM nodes WHERE parent = ?", (k,))] for k in pending}
+                decided = [k for k in pending if not any(c in pending for c, _ in kids[k])]
+                if not decided:  # parent links in a cycle (a damaged table): set none of it
+                    refused += len(pending)
+                    break
+                for key in decided:
+                    value, expected = pending.pop(key)
+                    if (all(v is not None for _, v in kids[key]) and children_digest(
+                            (c, bytes(v)) for c, v in kids[key]) == expected):
+                        conn.execute("UPDATE nodes SET value = ? WHERE key = ?", (value, key))
+                    else:
+                        refused += 1
         if refused:
             log.info(
                 "workspace %s: %d directory values refused: computed over other children"
