@@ -103,7 +103,10 @@ def main() -> None:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["CODEVEIL_CONFIG_DIR"] = str(base / name / "config")
         env["CODEVEIL_CACHE_DIR"] = str(base / name / "cache")
-        env["CODEVEIL_EMBEDDER"] = "minilm"
+        # The default model, chosen as a user's install chooses it: by the workspace's
+        # model id, not by CODEVEIL_EMBEDDER, whose explicit choice probes the backends
+        # (onnx, onnxruntime's providers) on every call, work a user's call never does.
+        env.pop("CODEVEIL_EMBEDDER", None)
         repo = copy_tree(src, base / name / "repo")
         wall, peak, _ = run(code, repo, env, "index", "-q", ".")
         results[name] = {"env": env, "repo": repo, "cold": {"seconds": wall, **peak}}
