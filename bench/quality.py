@@ -320,18 +320,14 @@ def mirror_recency(mirrors: Path | None, repo: str, commit: str) -> dict[str, in
     mirror (the benchmark's trees are exported without their history)."""
     if mirrors is None:
         return {}
+    from indexer.priority import GIT_COMMITS, parse_recency
+
     git = mirrors / repo.replace("/", "+") / "repo"
     proc = subprocess.run(
-        ["git", "--git-dir", str(git), "log", "-n1000", "--no-renames", "--name-only",
-         "--format=%x00%ct", commit], capture_output=True, text=True, check=False)
-    seen: dict[str, int] = {}
-    when = 0
-    for line in proc.stdout.splitlines():
-        if line.startswith("\0"):
-            when = int(line[1:] or 0)
-        elif line:
-            seen.setdefault(line, when)
-    return seen
+        ["git", "--git-dir", str(git), "log", f"-n{GIT_COMMITS}", "--no-renames",
+         "--name-only", "--format=%x00%ct", commit], capture_output=True, text=True,
+        check=False)
+    return parse_recency(proc.stdout)
 
 
 PARTIAL_SHARE = 0.5

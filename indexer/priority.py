@@ -58,9 +58,14 @@ def git_recency(root: Path) -> dict[str, int]:
         return {}
     if proc.returncode != 0:
         return {}
+    return parse_recency(proc.stdout)
+
+
+def parse_recency(log_output: str) -> dict[str, int]:
+    """path -> latest commit time, from `git log --name-only --format=%x00%ct`."""
     seen: dict[str, int] = {}
     when = 0
-    for line in proc.stdout.splitlines():
+    for line in log_output.splitlines():
         if line.startswith("\0"):
             when = int(line[1:] or 0)
         elif line:
@@ -78,4 +83,4 @@ def embed_order(paths: Iterable[str], root: Path | None = None) -> list[str]:
     return sorted(paths, key=lambda p: (category(p), -recency.get(p, 0)))
 
 
-__all__ = ["OTHER", "SOURCE", "TESTS", "category", "embed_order", "git_recency"]
+__all__ = ["OTHER", "SOURCE", "TESTS", "category", "embed_order", "git_recency", "parse_recency"]

@@ -110,16 +110,9 @@ class Index:
 
     def init(self, *, server: str | None = None, workspace_id: str | None = None,
              token: str | None = None, server_search: bool = False) -> RepoConfig:
-        """Create `.codeveil/` here and its workspace (in-process, or on `server`).
-
-        A new workspace is sealed: the store keeps one envelope per chunk that it cannot
-        compare, and search runs on this machine. `server_search` instead lets the
-        server rank encrypted vectors (for repos too big for a client's memory), at the
-        leakage measured in docs/threat-model.md; the mode is the workspace's for good.
-
-        With `workspace_id` (and the key imported with `codeveil key import`), join an
-        existing workspace on `server` instead of creating one; it keeps its own mode.
-        """
+        """Create `.codeveil/` here and its workspace (in-process, or on `server`); with
+        `workspace_id`, join that workspace on `server` instead. Sealed unless
+        `server_search`. See `sync.repo.Workspace.init`."""
         return self._ws.init(server=server, workspace_id=workspace_id, token=token,
                              server_search=server_search)
 
