@@ -296,6 +296,7 @@ class Workspace:
         }
 
     def close(self) -> None:
+        """Close the client (a later call opens it again)."""
         if self._client is not None:
             self._client.close()
             self._client = None
