@@ -64,15 +64,16 @@ from sync.records import (
     NodeInfo,
     SearchHit,
     WorkspaceInfo,
-    children_digest,
 )
 from sync.store import _Record, fid_of
 from sync.store_checks import (
     WORKSPACE_ID_RE,
     ApplyChecks,
+    Children,
     _key,
     _Update,
     _vector,
+    decide_dir_values,
     dir_value_checks,
     new_workspace_id,
 )
@@ -447,38 +448,24 @@ class PgWorkspace(ApplyChecks):
                 " AND key = ANY(%s::bytea[]) AND is_dir",
                 (ws, list(pending)))}
             pending = {k: v for k, v in pending.items() if k in dirs}  # others are ignored
-            # Bottom-up, whatever the order given: a value is decided once every value
-            # this call gives one of its children is (a child's check never depends on its
-            # parent), against the children as they are then: set if none is pending and
-            # they digest as given, refused otherwise. Deciding a parent in the same pass
-            # as its child could set it over the child's old value while the child changes.
-            refused = 0
-            while pending:
-                kids: dict[bytes, list[tuple[bytes, bytes | None]]] = {k: [] for k in pending}
+
+            def children_of(keys: list[bytes]) -> Children:
+                kids: Children = {k: [] for k in keys}
                 for parent, key, value in conn.execute(
                     f"SELECT parent, key, value FROM {W}.nodes WHERE workspace = %s"
-                    " AND parent = ANY(%s::bytea[])", (ws, list(pending))):
-                    kids[parent].append((key, value))
-                decided = [k for k in pending if not any(c in pending for c, _ in kids[k])]
-                if not decided:  # parent links in a cycle (a damaged table): set none of it
-                    refused += len(pending)
-                    break
-                ready = [
-                    (key, pending[key][0]) for key in decided
-                    if all(v is not None for _, v in kids[key])
-                    and children_digest((k, v) for k, v in kids[key] if v is not None)
-                    == pending[key][1]
-                ]
-                if ready:
-                    conn.execute(
-                        f"UPDATE {W}.nodes n SET value = u.value"
-                        " FROM unnest(%s::bytea[], %s::bytea[]) AS u (key, value)"
-                        " WHERE n.workspace = %s AND n.key = u.key",
-                        ([k for k, _ in ready], [v for _, v in ready], ws),
-                    )
-                refused += len(decided) - len(ready)
-                for key in decided:
-                    del pending[key]
+                    " AND parent = ANY(%s::bytea[])", (ws, keys)):
+                    kids[bytes(parent)].append((bytes(key), value))
+                return kids
+
+            def write(items: list[tuple[bytes, bytes]]) -> None:
+                conn.execute(
+                    f"UPDATE {W}.nodes n SET value = u.value"
+                    " FROM unnest(%s::bytea[], %s::bytea[]) AS u (key, value)"
+                    " WHERE n.workspace = %s AND n.key = u.key",
+                    ([k for k, _ in items], [v for _, v in items], ws),
+                )
+
+            refused = decide_dir_values(pending, children_of, write)  # sync.store_checks
         if refused:
             log.info(
                 "workspace %s: %d directory values refused: computed over other children"

@@ -103,14 +103,15 @@ from sync.records import (
     NodeInfo,
     SearchHit,
     WorkspaceInfo,
-    children_digest,
 )
 from sync.store_checks import (
     WORKSPACE_ID_RE,
     ApplyChecks,
+    Children,
     _key,
     _Update,
     _vector,
+    decide_dir_values,
     dir_value_checks,
     new_workspace_id,
 )
@@ -912,25 +913,16 @@ class WorkspaceStore(ApplyChecks):
         with self._write_lock, self._flock(), _transaction(self._wconn) as conn:
             pending = {k: v for k, v in pending.items() if (row := conn.execute(
                 "SELECT is_dir FROM nodes WHERE key = ?", (k,)).fetchone()) and row[0]}
-            refused = 0
-            # Bottom-up, whatever the order given (as PgWorkspace.set_dir_values): a value
-            # is decided once every value this call gives one of its children is, against
-            # the children as they are then: set if none is pending and they digest as
-            # given, refused otherwise.
-            while pending:
-                kids = {k: [(bytes(c), v) for c, v in conn.execute(
-                    "SELECT key, value FROM nodes WHERE parent = ?", (k,))] for k in pending}
-                decided = [k for k in pending if not any(c in pending for c, _ in kids[k])]
-                if not decided:  # parent links in a cycle (a damaged table): set none of it
-                    refused += len(pending)
-                    break
-                for key in decided:
-                    value, expected = pending.pop(key)
-                    if (all(v is not None for _, v in kids[key]) and children_digest(
-                            (c, bytes(v)) for c, v in kids[key]) == expected):
-                        conn.execute("UPDATE nodes SET value = ? WHERE key = ?", (value, key))
-                    else:
-                        refused += 1
+
+            def children_of(keys: list[bytes]) -> Children:
+                return {k: [(bytes(c), None if v is None else bytes(v)) for c, v in conn.execute(
+                    "SELECT key, value FROM nodes WHERE parent = ?", (k,))] for k in keys}
+
+            def write(items: list[tuple[bytes, bytes]]) -> None:
+                conn.executemany("UPDATE nodes SET value = ? WHERE key = ?",
+                                 [(v, k) for k, v in items])
+
+            refused = decide_dir_values(pending, children_of, write)  # sync.store_checks
         if refused:
             log.info(
                 "workspace %s: %d directory values refused: computed over other children"

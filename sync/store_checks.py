@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from sync.records import KEY_BYTES, MODE_SERVER_SEARCH, MODES, FileUpdate
+from sync.records import KEY_BYTES, MODE_SERVER_SEARCH, MODES, FileUpdate, children_digest
 from sync.wire import LIMITS, BadRequest, Limits
 
 WORKSPACE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
@@ -119,6 +119,45 @@ def dir_value_checks(values: object, limits: Limits) -> dict[bytes, tuple[bytes,
             _key(item[1], f"values[{i}][1]"), _key(item[2], f"values[{i}][2]")
         )
     return pending
+
+
+Children = dict[bytes, list[tuple[bytes, bytes | None]]]  # directory -> (child, value)
+
+
+def decide_dir_values(
+    pending: dict[bytes, tuple[bytes, bytes]],
+    children_of: Callable[[list[bytes]], Children],
+    write: Callable[[list[tuple[bytes, bytes]]], None],
+) -> int:
+    """The compare-and-set of `set_dir_values`, for either backend; returns how many
+    values were refused.
+
+    `pending`: existing directories' (value, children digest), `children_of(keys)`: their
+    children as stored now, `write(items)`: set those (key, value) pairs. Bottom-up,
+    whatever the order given: a value is decided once every value this call gives one
+    of its children is, against the children as they are then: set if none is pending
+    (NULL) and they digest as given, refused otherwise. Deciding a parent in the same
+    round as its child could set it over the child's old value while the child changes.
+    """
+    pending = dict(pending)
+    refused = 0
+    while pending:
+        kids = children_of(list(pending))
+        decided = [k for k in pending if not any(c in pending for c, _ in kids.get(k, []))]
+        if not decided:  # parent links in a cycle (a damaged table): set none of it
+            return refused + len(pending)
+        ready = []
+        for key in decided:
+            value, expected = pending.pop(key)
+            mine = kids.get(key, [])
+            if all(v is not None for _, v in mine) and children_digest(
+                    (c, v) for c, v in mine if v is not None) == expected:
+                ready.append((key, value))
+            else:
+                refused += 1
+        if ready:
+            write(ready)
+    return refused
 
 
 class ApplyChecks:
