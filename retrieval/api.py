@@ -122,14 +122,10 @@ class Index:
               embed_on: str | None = None) -> SyncReport:
         """Bring the index up to date with the folder; creates it on first use.
 
-        `reupload` sends every file again, whatever the store's tree says: the repair of
-        a store that lost rows (`codeveil doctor --repair`). `embed_on` (or the
-        CODEVEIL_EMBED_ON setting) sends the embedding to a Ray cluster,
-        `ray://HOST:PORT[?actors=N]`: the cluster sees the chunks' plain text, so it must
-        be one you trust; vectors come back here and are encrypted here.
-
-        An index that sends many files also leaves the search side built
-        (retrieval.search_ready), so that the first search after it does not build it.
+        `reupload` (send every file again) and `embed_on` (a Ray cluster,
+        `ray://HOST:PORT[?actors=N]`, which sees the chunks' plain text: one you trust)
+        as `sync.repo.Workspace.sync`. An index that sends many files also leaves the
+        search side built (retrieval.search_ready), so the first search does not build it.
         """
         from retrieval.search_ready import SearchReady, StartsSearchReady
 
