@@ -34,6 +34,7 @@ from sync.progress import Progress
 from sync.workspace import RepoConfig, codeveil_dir, load_config, state_path
 
 if TYPE_CHECKING:
+    from retrieval.lexical import LexicalStore
     from sync.repo import Workspace
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class SearchReady:
         self.refreshes = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lexical: LexicalStore | None = None  # used by one thread at a time
 
     @property
     def started(self) -> bool:
@@ -91,9 +93,13 @@ class SearchReady:
 
         root = self.workspace.root  # the sync created the workspace before it planned
         try:
+            if self._lexical is None:
+                # One store for every refresh: it keeps the index it built in memory and
+                # only counts the chunks written since, rather than reloading it each time.
+                self._lexical = LexicalStore(codeveil_dir(root) / "lexical")
             db = open_state_db(state_path(root))
             try:
-                LexicalStore(codeveil_dir(root) / "lexical").current(db)
+                self._lexical.current(db)
                 config = load_config(root)
                 if with_vectors and config.sealed:
                     self.vectors(root, db, config)
