@@ -127,18 +127,10 @@ class Index:
         as `sync.repo.Workspace.sync`. An index that sends many files also leaves the
         search side built (retrieval.search_ready), so the first search does not build it.
         """
-        from retrieval.search_ready import SearchReady, StartsSearchReady
+        from retrieval.search_ready import SearchReady
 
-        ready = SearchReady(self._ws, self._vector_index)
-        report = None
-        try:
-            report = self._ws.sync(progress=StartsSearchReady(progress, ready),
-                                   reupload=reupload, embed_on=embed_on)
-        finally:
-            took = ready.finish(completed=report is not None)
-        report.seconds_search_ready = took
-        report.seconds += took
-        return report
+        return self._ws.sync(progress=progress, reupload=reupload, embed_on=embed_on,
+                             follower=SearchReady(self._ws, self._vector_index))
 
     # -- search ---------------------------------------------------------------------
 

@@ -437,13 +437,12 @@ def mcp(repo: Path) -> None:
 
 
 # -- daemon -------------------------------------------------------------------------
-# `codeveil daemon start|stop|status|run`. The machinery lives in sync.daemon; this
-# section builds the sync it runs (`Index.index()`) and reports. See docs/daemon.md.
+# `codeveil daemon start|stop|status|run`. The machinery lives in sync.daemon (what it
+# syncs: sync.daemon.target); this section checks the folder, calls it and reports.
+# See docs/daemon.md.
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    from sync.daemon import DaemonState
 
 
 def _daemon_options(func: Callable[..., None]) -> Callable[..., None]:
@@ -469,66 +468,9 @@ def _daemon_root(path: Path) -> Path:
     """The folder a daemon serves: the indexed folder around PATH, else PATH itself."""
     if not path.is_dir():
         raise CodeveilError(f"no such folder: {path}")
-    return _index(path).root
+    from sync.repo import Workspace
 
-
-class _DaemonSync:
-    """The daemon's sync: one `Index` for the daemon's lifetime, so the model is loaded
-    once and the store stays open between syncs (reopening it would rebuild its search
-    index from disk before every write)."""
-
-    def __init__(self, root: Path) -> None:
-        from indexer.embedder_registry import default_embedder
-
-        self.model = default_embedder()
-        self.index = _index(root, embedder=self.model)
-        self.warm = False
-
-    def __call__(self) -> dict:
-        if not self.warm:
-            # Load the model with the start-up sync, which usually has nothing to embed,
-            # rather than with the first edit, which would then wait for it.
-            self.model.embed(["warm up"])
-            self.warm = True
-        try:
-            return self.index.index().to_dict()
-        except BaseException:
-            # Never reuse a client after a failure (a restarted server has dropped its
-            # connections; an abandoned sync may have left it mid-request).
-            self.index.close()
-            raise
-
-    def close(self) -> None:
-        self.index.close()
-
-
-def _daemon_unreachable() -> tuple[type[BaseException], ...]:
-    """Errors meaning "the server could not be reached" (anywhere in the cause chain)."""
-    from sync.http_client import ServerUnavailable
-
-    return (ServerUnavailable, ConnectionError, TimeoutError)
-
-
-def _daemon_server(root: Path) -> str:
-    from sync.workspace import load_config
-
-    try:
-        return load_config(root).server or "embedded"
-    except CodeveilError:
-        return "embedded"  # not indexed yet: the first sync creates an embedded index
-
-
-def _daemon_child_env() -> dict[str, str]:
-    """The detached daemon's environment: ours, plus the folder this codeveil was imported
-    from when it is not an installed package, so the daemon runs this same code."""
-    import sysconfig
-
-    env = dict(os.environ)
-    source = str(Path(__file__).resolve().parent.parent)
-    installed = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    if source not in installed:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
-    return env
+    return Workspace(path).root
 
 
 @main.group()
@@ -559,7 +501,7 @@ def daemon_start(path: Path, interval: float, debounce: float, max_backoff: floa
             "--interval", repr(interval), "--debounce", repr(debounce),
             "--max-backoff", repr(max_backoff), "--detached"]
     try:
-        pid = spawn(root, argv, env=_daemon_child_env(), timeout=timeout)
+        pid = spawn(root, argv, timeout=timeout)
     except AlreadyRunningError as exc:
         click.echo(f"codeveil daemon: already running (pid {exc.pid or '?'}) for {root}")
         return
@@ -578,23 +520,24 @@ def daemon_run(path: Path, interval: float, debounce: float, max_backoff: float,
 
     Logs to stderr and .codeveil/daemon.log; SIGTERM or Ctrl-C stop it cleanly.
     """
-    from sync.daemon import Daemon, DaemonFiles, DaemonLock, setup_logging
+    from retrieval.search_ready import SearchReady
+    from sync.daemon import Daemon, DaemonFiles, DaemonLock, WorkspaceSync, setup_logging
+    from sync.repo import Workspace
 
     root = _daemon_root(path)
     files = DaemonFiles.for_root(root)
     lock = DaemonLock.acquire(files)
     try:
         setup_logging(files, to_stderr=not detached, capture_std=detached)
-        sync_once = _DaemonSync(root)
-        runner = Daemon(
-            root, sync_once, full_interval=interval, debounce=debounce,
-            backoff_max=max_backoff, unreachable=_daemon_unreachable(),
-            status_extra={"server": _daemon_server(root)},
-        )
+        workspace = Workspace(root)
+        # A large sync (a branch switch) also leaves the search side built.
+        target = WorkspaceSync(workspace, follower=lambda: SearchReady(workspace))
+        runner = Daemon(root, target, full_interval=interval, debounce=debounce,
+                        backoff_max=max_backoff)
         try:
             code = runner.run(lock)
         finally:
-            sync_once.close()
+            target.close()
     finally:
         lock.release()
     if code:
@@ -629,6 +572,7 @@ def daemon_status(path: Path, as_json: bool) -> None:
     Exit status: 0 if it runs, 3 if not.
     """
     from sync.daemon import EXIT_NOT_RUNNING, DaemonFiles, probe
+    from sync.daemon.report import status_lines
 
     root = _daemon_root(path)
     state = probe(root)
@@ -638,74 +582,10 @@ def daemon_status(path: Path, as_json: bool) -> None:
             "stale_pid_cleared": state.stale_pid, "status": state.status,
         }, indent=2))
     else:
-        _print_daemon_status(state, DaemonFiles.for_root(root).log)
+        for line in status_lines(state, DaemonFiles.for_root(root).log):
+            click.echo(line)
     if not state.running:
         sys.exit(EXIT_NOT_RUNNING)
-
-
-def _print_daemon_status(state: DaemonState, log_path: Path) -> None:
-    import time
-
-    s = state.status or {}
-    if state.running:
-        click.echo(f"codeveil daemon: running (pid {state.pid or '?'}) for {state.root}")
-    else:
-        click.echo(f"codeveil daemon: not running for {state.root}")
-        if state.stale_pid:
-            click.echo(f"  pid {state.stale_pid} died without stopping cleanly;"
-                       " its pid file was cleared")
-        if not s:
-            return
-    rows: list[tuple[str, str]] = [
-        ("state" if state.running else "last state", str(s.get("state"))),
-        ("started", _when(s.get("started"))),
-    ]
-    if s.get("last_sync_finished"):
-        result = s.get("last_result") or {}
-        if s.get("last_sync_ok"):
-            outcome = (f"ok: {result.get('files_changed', 0)} changed,"
-                       f" {result.get('files_deleted', 0)} deleted,"
-                       f" {result.get('chunks_total', '?')} chunks in the index,"
-                       f" {result.get('seconds', 0):.1f} s")
-        else:
-            outcome = "failed"
-        rows.append(("last sync", f"{_when(s.get('last_sync_finished'))}, {outcome}"))
-    elif s.get("last_sync_started"):
-        rows.append(("last sync", f"first sync running since {_when(s['last_sync_started'])}"))
-    rows.append(("pending", f"{s.get('pending_changes', 0)} changed paths"))
-    server = s.get("server", "embedded")
-    if server != "embedded":
-        reach = {True: "reachable", False: "UNREACHABLE", None: "not contacted yet"}
-        rows.append(("server", f"{server} ({reach.get(s.get('server_reachable'), '?')})"))
-    if s.get("consecutive_errors"):
-        retry = s.get("next_retry_at")
-        wait = (f"; next retry in {max(0.0, retry - time.time()):.0f} s"
-                if retry and state.running else "")
-        rows.append(("errors", f"{s['consecutive_errors']} failed syncs in a row{wait}"))
-        rows.append(("last error", str(s.get("last_error"))))
-    if s.get("watching"):
-        rows.append(("watching", f"yes ({s.get('watched_dirs', 0)} top-level folders)"))
-    else:
-        rows.append(("watching", f"no{': ' + s['watch_error'] if s.get('watch_error') else ''}"))
-    rows.append(("log", str(log_path)))
-    for name, value in rows:
-        click.echo(f"  {name:>10}: {value}")
-
-
-def _when(ts: object) -> str:
-    """A timestamp as local time and how long ago it was."""
-    import time
-
-    if not isinstance(ts, int | float):
-        return "never"
-    ago = max(0.0, time.time() - ts)
-    if ago < 120:
-        rel = f"{ago:.0f} s ago"
-    elif ago < 7200:
-        rel = f"{ago / 60:.0f} min ago"
-    else:
-        rel = f"{ago / 3600:.1f} h ago"
-    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ts))} ({rel})"
 
 
 # -- end of daemon ------------------------------------------------------------------

@@ -35,6 +35,7 @@ from sync.workspace import RepoConfig, codeveil_dir, load_config, state_path
 
 if TYPE_CHECKING:
     from retrieval.lexical import LexicalStore
+    from retrieval.local_vectors import LocalVectorStore
     from sync.repo import Workspace
 
 log = logging.getLogger(__name__)
@@ -47,19 +48,28 @@ FOLLOW_INTERVAL_S = 2.0
 
 class SearchReady:
     """Refreshes the lexical index while `workspace` syncs (`start`), and the lexical and
-    vector indexes at its end (`finish`). `vectors(root, state db, config)` brings the
-    vector index of a sealed workspace in step (a server-search one has none here)."""
+    vector indexes at its end (`finish`): a `sync.progress.SyncFollower`.
+
+    `vectors(root, state db, config)` brings the vector index of a sealed workspace in
+    step (a server-search one has none here); `Index.index` passes its own, so that its
+    next search finds them in memory. Without one, a store of its own does it (the
+    daemon's case: its searches run in other processes, which load them from disk)."""
 
     def __init__(self, workspace: Workspace,
-                 vectors: Callable[[Path, sqlite3.Connection, RepoConfig], object],
+                 vectors: Callable[[Path, sqlite3.Connection, RepoConfig], object] | None = None,
                  interval: float = FOLLOW_INTERVAL_S) -> None:
         self.workspace = workspace
-        self.vectors = vectors
+        self.vectors = vectors or self._own_vectors
         self.interval = interval
         self.refreshes = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lexical: LexicalStore | None = None  # used by one thread at a time
+        self._vector_store: LocalVectorStore | None = None
+
+    def watch(self, progress: Progress | None) -> Progress:
+        """`progress`, starting the refreshes once the sync plans `FOLLOW_FILES` files."""
+        return StartsSearchReady(progress, self)
 
     @property
     def started(self) -> bool:
@@ -83,6 +93,14 @@ class SearchReady:
         started = time.perf_counter()
         self._refresh(with_vectors=True)
         return time.perf_counter() - started
+
+    def _own_vectors(self, root: Path, db: sqlite3.Connection, config: RepoConfig) -> None:
+        from retrieval.local_vectors import LocalVectorStore
+
+        if self._vector_store is None:
+            self._vector_store = LocalVectorStore(codeveil_dir(root) / "vectors")
+        self._vector_store.current(db, self.workspace.embedder.cache, config.model_id,
+                                   config.dim)
 
     def _follow(self) -> None:
         while not self._stop.wait(self.interval):

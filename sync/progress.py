@@ -3,6 +3,8 @@ importing the indexing machinery (and numpy, tree-sitter, the store) just to sta
 
 from __future__ import annotations
 
+from typing import Protocol
+
 
 class Progress:
     """Receives progress of a sync; the CLI draws it, the library never prints."""
@@ -22,3 +24,18 @@ class Progress:
     def stages(self, seconds: dict[str, float], embed_chunks_per_s: float) -> None:
         """Seconds spent so far per stage (walk, chunk, embed, encrypt, sync), and the
         embed stage's chunks per second; sent after each batch."""
+
+
+class SyncFollower(Protocol):
+    """Work that runs beside one sync and ends with it (retrieval.search_ready keeps the
+    search side built during a large index). `Workspace.sync` hands it the sync's
+    progress and finishes it however the sync ends."""
+
+    def watch(self, progress: Progress | None) -> Progress:
+        """The progress the sync reports to: `progress` as given, seen by the follower."""
+        ...
+
+    def finish(self, *, completed: bool) -> float:
+        """The sync is over (`completed`: it succeeded); returns the seconds the last
+        step took, reported as the sync's `seconds_search_ready`."""
+        ...

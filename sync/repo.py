@@ -29,7 +29,7 @@ from sync import crypto
 from sync.client import StoreClient
 from sync.errors import KeyMismatchError
 from sync.keys import ENV_KEY, WorkspaceKey, create_key, load_key
-from sync.progress import Progress
+from sync.progress import Progress, SyncFollower
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
 from sync.syncer import Syncer, SyncReport
 from sync.workspace import (
@@ -230,15 +230,29 @@ class Workspace:
             )
 
     def sync(self, *, progress: Progress | None = None, reupload: bool = False,
-             embed_on: str | None = None) -> SyncReport:
+             embed_on: str | None = None, follower: SyncFollower | None = None) -> SyncReport:
         """Bring the workspace up to date with the folder; creates it on first use.
 
         `reupload` sends every file again, whatever the store's tree says: the repair of
         a store that lost rows (`codeveil doctor --repair`). `embed_on` (or the
         CODEVEIL_EMBED_ON setting) sends the embedding to a Ray cluster,
         `ray://HOST:PORT[?actors=N]`: the cluster sees the chunks' plain text, so it must
-        be one you trust; vectors come back here and are encrypted here.
+        be one you trust; vectors come back here and are encrypted here. `follower`
+        runs beside the sync and is finished with it (its time is in the report).
         """
+        if follower is None:
+            return self._sync(progress, reupload, embed_on)
+        report = None
+        try:
+            report = self._sync(follower.watch(progress), reupload, embed_on)
+        finally:
+            took = follower.finish(completed=report is not None)
+        report.seconds_search_ready = took
+        report.seconds += took
+        return report
+
+    def _sync(self, progress: Progress | None, reupload: bool,
+              embed_on: str | None) -> SyncReport:
         remote = self._remote_embedder(embed_on or os.environ.get(ENV_EMBED_ON))
         self.ensure()
         root, config, key, client = self.open()

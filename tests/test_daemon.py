@@ -332,14 +332,22 @@ def test_server_outage_retries_then_catches_up(
 SLOW_DAEMON = """
 import sys, time
 from pathlib import Path
-from sync.daemon import Daemon
+from sync.daemon import NETWORK_ERRORS, Daemon
+from sync.syncer import SyncReport
 
-def sync_once():
-    if Path(sys.argv[2]).exists():
-        time.sleep(60)  # a sync that will not finish by itself in time
-    return {"files_changed": 0}
+class SlowTarget:  # a stand-in sync whose slowness the test controls
+    server = "embedded"
+    unreachable = NETWORK_ERRORS
 
-sys.exit(Daemon(Path(sys.argv[1]), sync_once, stop_grace=float(sys.argv[3])).run())
+    def sync(self):
+        if Path(sys.argv[2]).exists():
+            time.sleep(60)  # a sync that will not finish by itself in time
+        return SyncReport()
+
+    def close(self):
+        pass
+
+sys.exit(Daemon(Path(sys.argv[1]), SlowTarget(), stop_grace=float(sys.argv[3])).run())
 """
 
 

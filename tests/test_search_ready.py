@@ -10,7 +10,7 @@ import pytest
 
 from indexer.embedder import HashingEmbedder
 from retrieval.api import Index
-from retrieval.search_ready import FOLLOW_FILES
+from retrieval.search_ready import FOLLOW_FILES, SearchReady
 from tests.conftest import write_repo
 
 
@@ -49,3 +49,28 @@ def test_a_small_reindex_leaves_it_to_the_search(tmp_path: Path,
         assert idx.search("handler_3", k=1)[0].path == "pkg/mod_003.py"
         assert idx._lexical_store is not None
         assert idx._lexical_store.last_refresh["mode"] == "rebuild"
+
+
+def test_the_daemons_large_sync_leaves_the_search_side_built(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon's target (a branch switch is one large sync) with the follower the CLI
+    gives it, which keeps vectors of its own rather than an Index's."""
+    from sync.daemon import WorkspaceSync
+    from sync.repo import Workspace
+
+    monkeypatch.setenv("CODEVEIL_CACHE_DIR", str(tmp_path / "cache"))
+    repo = _repo(tmp_path / "repo", FOLLOW_FILES + 20)
+    workspace = Workspace(repo, embedder=HashingEmbedder())
+    target = WorkspaceSync(workspace, follower=lambda: SearchReady(workspace))
+    try:
+        assert target.server == "embedded"
+        report = target.sync()
+    finally:
+        target.close()
+    assert report.files_changed == FOLLOW_FILES + 20
+    assert 0 < report.seconds_search_ready < report.seconds
+    with Index(repo, embedder=HashingEmbedder()) as idx:
+        assert idx.search("handler_7", k=1)[0].path == "pkg/mod_007.py"
+        lexical, vectors = idx._lexical_store, idx._vector_store
+        assert lexical is not None and vectors is not None
+        assert lexical.last_refresh == {} and vectors.last_refresh == {}

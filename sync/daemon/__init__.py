@@ -1,10 +1,13 @@
 """The index daemon: keeps one repo's index in step with its working tree within seconds.
 
     lock = DaemonLock.acquire(DaemonFiles.for_root(root))
-    Daemon(root, sync_once).run(lock)        # until SIGTERM / SIGINT / request_stop()
+    target = WorkspaceSync(Workspace(root))
+    Daemon(root, target).run(lock)           # until SIGTERM / SIGINT / request_stop()
 
-The sync itself is injected (`sync_once() -> report dict`): this module sits in the sync
-layer and must not import retrieval. Every sync re-walks the whole tree by stat (cheap:
+The daemon runs a `SyncTarget` (`target.sync() -> SyncReport`); in production a
+`WorkspaceSync`, the repo's typed `Workspace.sync()`. This package sits in the sync layer
+and must not import retrieval: what retrieval adds to a sync (the search side kept built)
+comes in as the workspace sync's `follower`. Every sync re-walks the whole tree by stat (cheap:
 only stat-changed files are read), so the watcher only has to say *when* to sync, never
 *what*: a missed, merged or reordered event costs at most a delay, never a wrong index.
 
@@ -40,7 +43,8 @@ because a sync killed at any point is resumed by the next (docs/architecture.md,
 
 Modules, one job each: `control` (the files, the lock, probing, starting and stopping
 from another process), `logs` (the rotating log), `watch` (which events matter, and the
-watcher thread), `loop` (the `Daemon` itself: when to sync, retries, status, shutdown).
+watcher thread), `loop` (the `Daemon` itself: when to sync, retries, status, shutdown),
+`target` (what it syncs), `report` (the status as lines for people).
 """
 
 from __future__ import annotations
@@ -58,11 +62,13 @@ from sync.daemon.control import (
     stop,
 )
 from sync.daemon.logs import setup_logging
-from sync.daemon.loop import Daemon, SyncOnce
+from sync.daemon.loop import Daemon
+from sync.daemon.target import NETWORK_ERRORS, SyncTarget, WorkspaceSync
 from sync.daemon.watch import EventFilter
 
 __all__ = [
     "EXIT_NOT_RUNNING",
+    "NETWORK_ERRORS",
     "AlreadyRunningError",
     "Daemon",
     "DaemonError",
@@ -70,7 +76,8 @@ __all__ = [
     "DaemonLock",
     "DaemonState",
     "EventFilter",
-    "SyncOnce",
+    "SyncTarget",
+    "WorkspaceSync",
     "probe",
     "read_status",
     "setup_logging",

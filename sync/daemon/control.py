@@ -225,8 +225,9 @@ def spawn(root: Path, argv: Sequence[str], *, env: Mapping[str, str] | None = No
 
     The child gets its own session (no controlling terminal, no SIGHUP when the shell
     exits), stdin from /dev/null and stdout/stderr appended to the daemon log, and runs
-    in `/` so that it pins no directory. Returns the daemon's pid once it holds the lock
-    and has written its status; raises AlreadyRunningError or DaemonError otherwise.
+    in `/` so that it pins no directory. Its environment is `env`, by default ours as
+    `child_env` extends it. Returns the daemon's pid once it holds the lock and has
+    written its status; raises AlreadyRunningError or DaemonError otherwise.
     """
     files = DaemonFiles.for_root(root)
     state = probe(files.root)
@@ -236,7 +237,7 @@ def spawn(root: Path, argv: Sequence[str], *, env: Mapping[str, str] | None = No
     with open(files.log, "ab") as out:
         child = subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd="/",
-            env=dict(env) if env is not None else None, start_new_session=True,
+            env=dict(env) if env is not None else child_env(), start_new_session=True,
         )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -256,6 +257,19 @@ def spawn(root: Path, argv: Sequence[str], *, env: Mapping[str, str] | None = No
     raise DaemonError(
         f"the daemon (pid {child.pid}) did not report within {timeout:.0f} s; see {files.log}"
     )
+
+
+def child_env() -> dict[str, str]:
+    """Our environment, plus the folder this codeveil was imported from when it is not an
+    installed package: the detached daemon runs from `/`, and must run this same code."""
+    import sysconfig
+
+    env = dict(os.environ)
+    source = str(Path(__file__).resolve().parents[2])
+    installed = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    if source not in installed:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def _tail(path: Path, lines: int = 10) -> str:

@@ -13,7 +13,7 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -21,11 +21,10 @@ from typing import Any
 from indexer.errors import CodeveilError
 from indexer.private_files import write_atomic
 from sync.daemon.control import DaemonFiles, DaemonLock, read_pid
+from sync.daemon.target import SyncTarget
 from sync.daemon.watch import EventFilter, _Watch
 
 log = logging.getLogger(__name__)
-
-SyncOnce = Callable[[], Mapping[str, Any]]
 
 DEFAULT_FULL_INTERVAL = 300.0  # seconds between syncs when no event arrives
 DEFAULT_DEBOUNCE = 0.5  # quiet time before a sync starts
@@ -78,19 +77,19 @@ def _caused_by(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bo
 
 
 class Daemon:
-    """Watches one repo and runs `sync_once` whenever its indexable files change.
+    """Watches one repo and syncs `target` whenever its indexable files change.
 
-    `sync_once` does one whole sync and returns its report as a dict (it is stored in
-    the status file as `last_result`); any exception it raises counts as a failed sync
-    and is retried with backoff. Exceptions of the `unreachable` kinds (anywhere in the
-    cause chain) mean "the server could not be reached" and show as
-    `server_reachable: false` in the status.
+    Each `target.sync()` is one whole sync; its report is stored in the status file as
+    `last_result`, and any exception it raises counts as a failed sync and is retried
+    with backoff. Exceptions of the target's `unreachable` kinds (anywhere in the cause
+    chain) mean "the server could not be reached" and show as `server_reachable: false`
+    in the status, beside the target's `server`. The caller closes the target.
     """
 
     def __init__(
         self,
         root: Path,
-        sync_once: SyncOnce,
+        target: SyncTarget,
         *,
         full_interval: float = DEFAULT_FULL_INTERVAL,
         debounce: float = DEFAULT_DEBOUNCE,
@@ -98,20 +97,18 @@ class Daemon:
         backoff_base: float = DEFAULT_BACKOFF_BASE,
         backoff_max: float = DEFAULT_BACKOFF_MAX,
         stop_grace: float = DEFAULT_STOP_GRACE,
-        unreachable: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError),
-        status_extra: Mapping[str, Any] | None = None,
         watch: bool = True,
     ) -> None:
         self.files = DaemonFiles.for_root(root)
         self.root = self.files.root
-        self._sync_once = sync_once
+        self._target = target
         self.full_interval = full_interval
         self.debounce = debounce
         self.max_wait = max(max_wait, debounce)
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
         self.stop_grace = stop_grace
-        self.unreachable = unreachable
+        self.unreachable = target.unreachable
         self._watch_enabled = watch
         self._filter = EventFilter(self.root)
 
@@ -140,7 +137,7 @@ class Daemon:
         self._watch_retry_at: float | None = None
 
         self._status: dict[str, Any] = {
-            **(status_extra or {}),
+            "server": target.server,
             "pid": os.getpid(),
             "root": str(self.root),
             "started": None,
@@ -409,7 +406,7 @@ class Daemon:
             self._write_status()
             log.debug("sync started (%s)", reason)
             try:
-                result = self._sync_once()
+                result = self._target.sync().to_dict()
             except Exception as exc:
                 self._syncing = False
                 self._sync_failed(exc, taken)
