@@ -25,7 +25,7 @@ from sync.records import (
     FileUpdate,
 )
 from sync.store import STORE_FORMAT, Store
-from sync.store_backend import StoreBackend
+from sync.store.backend import StoreBackend
 from sync.wire import (
     BadRequest,
     Limits,
@@ -90,7 +90,7 @@ class Backend:
         self.pg_url = pg_url
         self.store: StoreBackend | None = None
         if pg_url is not None:
-            from sync.pg_store import PgStore
+            from sync.store.postgres import PgStore
 
             self.store = PgStore(pg_url)
         elif server is None:
@@ -128,7 +128,7 @@ class Backend:
             assert self.store is not None
             self.store.close()
             if self.pg_url is not None:
-                from sync.pg_store import PgStore
+                from sync.store.postgres import PgStore
 
                 self.store = PgStore(self.pg_url)
             else:
@@ -527,7 +527,7 @@ def write_format_2(data: Path, workspace_id: str, superseded: list[FileUpdate]) 
     import pyarrow as pa
 
     from sync.store import fid_of
-    from sync.store_rows import table_schema
+    from sync.store.rows import table_schema
 
     folder = data / "workspaces" / workspace_id
     db = sqlite3.connect(folder / "tree.sqlite")

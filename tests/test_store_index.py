@@ -24,7 +24,7 @@ from sync.keys import WorkspaceKey
 from sync.local_client import LocalClient
 from sync.records import ChunkRecord, FileUpdate
 from sync.store import SNAPSHOT, IndexPolicy, Store, WorkspaceStore
-from sync.vector_index import RowTable, VectorIndex, chunk_id_array, pack, read_snapshot_info
+from sync.store.vector_index import RowTable, VectorIndex, chunk_id_array, pack, read_snapshot_info
 from tests.server_fixtures import ServerProcess
 
 DIM = 32
@@ -384,7 +384,7 @@ import sys
 import numpy as np
 from sync.local_client import LocalClient
 from sync.store import Store
-from sync.vector_index import IndexPolicy
+from sync.store.vector_index import IndexPolicy
 store = Store({str(tmp_path / "data")!r}, index_policy=IndexPolicy(exact_max_rows=1000))
 client = LocalClient(store, "ws")
 info = client.info()

@@ -1,6 +1,6 @@
 """The store backend interface: what the server (sync.server) and `LocalClient` need from
 a store, written down once. `sync.store` (SQLite + LanceDB in a data dir) and
-`sync.pg_store` (PostgreSQL + pgvector) implement it; mypy holds both to it (the end of
+`sync.store.postgres` (PostgreSQL + pgvector) implement it; mypy holds both to it (the end of
 this module), and tests/test_store.py, tests/test_sealed_store.py and tests/test_sync.py
 run the same contract against each, in-process and behind `codeveil serve`.
 
@@ -24,7 +24,7 @@ must keep both (docs/architecture.md, "Write order"):
 
 Writes to one workspace are serialised by the backend across every process that opens
 it (an flock; a row lock in the database). Requests are checked by the same code in
-both (sync.store_checks), so the same input is refused with the same `StoreError`
+both (sync.store.checks), so the same input is refused with the same `StoreError`
 (sync.wire) and message; the server maps each to its HTTP status.
 """
 
@@ -185,8 +185,8 @@ class StoreBackend(Protocol):
 
 
 if TYPE_CHECKING:  # mypy checks that both backends keep the interface; nothing runs here
-    from sync.pg_store import PgStore, PgWorkspace
     from sync.store import Store, WorkspaceStore
+    from sync.store.postgres import PgStore, PgWorkspace
 
     _embedded: type[StoreBackend] = Store
     _embedded_workspace: type[WorkspaceBackend] = WorkspaceStore

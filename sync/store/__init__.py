@@ -16,7 +16,7 @@ Layout::
                                              rows: rid, chunk_id, fid, vector, meta
     DATA/workspaces/<id>/writer.lock         empty; flock'ed by the writing process
     DATA/workspaces/<id>/search.index        server-search only: snapshot of the search
-                                             index and its rows (sync.vector_index), and
+                                             index and its rows (sync.store.vector_index), and
                                              its generation
 
 Crash safety. `apply` writes in three steps (see `WorkspaceStore.apply`) so that a node's
@@ -36,13 +36,13 @@ A workspace is of one of two modes (sync.records.MODES). A sealed workspace's ro
 no vector and it has no search index: its rows are only stored and read back
 (`file_rows`), and the client searches; they live in tree.sqlite, and LanceDB, pyarrow
 and faiss are never imported for it. A server-search workspace ranks vectors here.
-Row layout, reading rows back and removing superseded rows' bytes: sync.store_rows.
+Row layout, reading rows back and removing superseded rows' bytes: sync.store.rows.
 A sealed workspace written by store format 2 or before keeps its rows in LanceDB; its
 first open copies them into tree.sqlite in one transaction and then removes the table
 (`WorkspaceStore._move_sealed_rows`; a crash before the commit leaves the table as it
 was, and the next open starts again; after it, the next open only removes the table).
 
-Search runs on one faiss index per workspace (sync.vector_index): exact L2 while the
+Search runs on one faiss index per workspace (sync.store.vector_index): exact L2 while the
 workspace is small, IVF beyond `IndexPolicy.exact_max_rows` rows, retrained as it grows.
 `apply` keeps it in step. Chunk rows get their faiss ids (`rid`) from a counter in
 tree.sqlite, not from their chunk ids, so two rows with the same chunk id (a client bug,
@@ -104,7 +104,7 @@ from sync.records import (
     SearchHit,
     WorkspaceInfo,
 )
-from sync.store_checks import (
+from sync.store.checks import (
     WORKSPACE_ID_RE,
     ApplyChecks,
     Children,
@@ -115,7 +115,7 @@ from sync.store_checks import (
     dir_value_checks,
     new_workspace_id,
 )
-from sync.store_rows import (
+from sync.store.rows import (
     SEALED_SCHEMA,
     bounded_answer,
     checkpoint_superseded,
@@ -128,7 +128,7 @@ from sync.store_rows import (
     sealed_rows_scan,
     table_schema,
 )
-from sync.vector_index import (
+from sync.store.vector_index import (
     IndexPolicy,
     RowTable,
     SnapshotError,
@@ -469,7 +469,7 @@ class _RWLock:
                 self._cond.notify_all()
 
 
-# -- plans and records (validation: sync.store_checks) ----------------------------------
+# -- plans and records (validation: sync.store.checks) ----------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -502,7 +502,7 @@ class WorkspaceStore(ApplyChecks):
     searches run concurrently with them and with each other. Implements the operations
     of `sync.client.StoreClient`.
 
-    `index_policy` picks and tunes the search index (sync.vector_index.IndexPolicy).
+    `index_policy` picks and tunes the search index (sync.store.vector_index.IndexPolicy).
     `index_save_interval` bounds how often applies snapshot it; a snapshot never takes
     more than a tenth of the time either, however large the index. `build_threads` is
     the OpenMP thread count of index builds (None: all cores), which unlike a single
@@ -536,7 +536,7 @@ class WorkspaceStore(ApplyChecks):
         self._record = record
         self._tree_path = path / "tree.sqlite"
         self._wconn = _connect(self._tree_path)  # used under _write_lock only
-        # Deleted rows' bytes are overwritten, not left in free space (sync.store_rows).
+        # Deleted rows' bytes are overwritten, not left in free space (sync.store.rows).
         self._wconn.execute("PRAGMA secure_delete = ON")
         _init_tree_db(self._wconn)
         self._rconn = _connect(self._tree_path)  # reads; WAL lets them run during writes
@@ -695,7 +695,7 @@ class WorkspaceStore(ApplyChecks):
     def _count_rows(self) -> int:
         """The table's rows, from a fresh handle (it sees the latest version whoever
         wrote it). Read without the flock, so a writer may remove the version being read
-        (sync.store_rows); then it is read again under the flock, where a failure is
+        (sync.store.rows); then it is read again under the flock, where a failure is
         damage."""
         def count() -> int:
             with _lance_reads(self.path / f"{TABLE}.lance"):
@@ -865,7 +865,7 @@ class WorkspaceStore(ApplyChecks):
            faiss is brought into step.
         3. One SQLite transaction: set the leaf values; delete the nodes of deleted
            subtrees.
-        4. If rows were deleted, their bytes leave the data dir (sync.store_rows): the
+        4. If rows were deleted, their bytes leave the data dir (sync.store.rows): the
            write-ahead log is checkpointed and cut (sealed), or the table compacted and
            its older versions removed (server-search).
 
@@ -922,7 +922,7 @@ class WorkspaceStore(ApplyChecks):
                 conn.executemany("UPDATE nodes SET value = ? WHERE key = ?",
                                  [(v, k) for k, v in items])
 
-            refused = decide_dir_values(pending, children_of, write)  # sync.store_checks
+            refused = decide_dir_values(pending, children_of, write)  # sync.store.checks
         if refused:
             log.info(
                 "workspace %s: %d directory values refused: computed over other children"
@@ -1217,7 +1217,7 @@ class WorkspaceStore(ApplyChecks):
 
     def _checkpoint(self) -> None:
         """After a sealed apply that deleted rows: the write-ahead log, which may hold
-        their old page images, is copied into tree.sqlite and cut (sync.store_rows). If a
+        their old page images, is copied into tree.sqlite and cut (sync.store.rows). If a
         reader keeps it from finishing, the next apply tries again."""
         started = time.perf_counter()
         try:
@@ -1234,7 +1234,7 @@ class WorkspaceStore(ApplyChecks):
 
     def _purge(self, added: int) -> None:
         """After an apply that deleted rows: their bytes leave the data dir now
-        (sync.store_rows). It compacts the table too, so the count towards the next
+        (sync.store.rows). It compacts the table too, so the count towards the next
         compaction starts again. A failure is logged: the rows are gone from the table
         already, and the next apply that deletes rows purges them too."""
         self._applies_since_compact = 0
@@ -1288,7 +1288,7 @@ class WorkspaceStore(ApplyChecks):
                     if held:
                         raise
             # Read while another process wrote: it may have removed the table version
-            # being read (sync.store_rows). Read again once it is done; a failure now is
+            # being read (sync.store.rows). Read again once it is done; a failure now is
             # damage.
             with self._flock():
                 self._reload_if_needed(locked=True)

@@ -1,6 +1,6 @@
 """The store on PostgreSQL with pgvector: what many stateless `codeveil serve` replicas
 share. Same operations, limits, errors and answers as the embedded store (sync.store);
-the tables are in sync.pg_schema.
+the tables are in sync.store.pg_schema.
 
 Write order. The embedded store's `apply` writes in three steps (mark pending, replace
 rows, commit values) because SQLite and LanceDB cannot commit together (a sealed
@@ -29,7 +29,7 @@ written that way (see `_hnsw_search`). The indexes are not part of the fixed lay
 replica that finds one uses it, one that does not searches exactly, and every insert
 keeps it in step whoever writes.
 
-Connections and the binary COPY of new rows: sync.pg_conn. A database that cannot be
+Connections and the binary COPY of new rows: sync.store.pg_conn. A database that cannot be
 reached is a `StoreUnavailable` (503) naming it with its password masked.
 """
 
@@ -52,8 +52,6 @@ import psycopg
 from psycopg import sql
 
 from sync.db_url import is_database_url, mask_url
-from sync.pg_conn import DEFAULT_POOL_SIZE, Pool, copy_rows, vector_text
-from sync.pg_schema import CREATE_LOCK, SCHEMA, ensure_schema
 from sync.records import (
     MODE_SEALED,
     MODE_SERVER_SEARCH,
@@ -66,7 +64,7 @@ from sync.records import (
     WorkspaceInfo,
 )
 from sync.store import _Record, fid_of
-from sync.store_checks import (
+from sync.store.checks import (
     WORKSPACE_ID_RE,
     ApplyChecks,
     Children,
@@ -77,7 +75,9 @@ from sync.store_checks import (
     dir_value_checks,
     new_workspace_id,
 )
-from sync.store_rows import bounded_answer, file_keys
+from sync.store.pg_conn import DEFAULT_POOL_SIZE, Pool, copy_rows, vector_text
+from sync.store.pg_schema import CREATE_LOCK, SCHEMA, ensure_schema
+from sync.store.rows import bounded_answer, file_keys
 from sync.wire import (
     LIMITS,
     AuthError,
@@ -465,7 +465,7 @@ class PgWorkspace(ApplyChecks):
                     ([k for k, _ in items], [v for _, v in items], ws),
                 )
 
-            refused = decide_dir_values(pending, children_of, write)  # sync.store_checks
+            refused = decide_dir_values(pending, children_of, write)  # sync.store.checks
         if refused:
             log.info(
                 "workspace %s: %d directory values refused: computed over other children"

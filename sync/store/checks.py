@@ -1,4 +1,4 @@
-"""Validation shared by the store backends (sync.store, sync.pg_store): what a request
+"""Validation shared by the store backends (sync.store, sync.store.postgres): what a request
 must be before any backend touches it, so both refuse the same input with the same
 message and status."""
 
