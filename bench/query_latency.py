@@ -55,8 +55,7 @@ from sync.http_client import HttpClient
 from sync.keys import WorkspaceKey
 from sync.local_client import LocalClient
 from sync.records import ChunkRecord, FileUpdate
-from sync.store import SNAPSHOT, Store
-from sync.store.vector_index import IndexPolicy
+from sync.store import SNAPSHOT, IndexPolicy, Store
 
 DIM = 384
 PER_FILE = 10

@@ -455,8 +455,8 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
         if closes:
-            # Closing snapshots changed search indexes (sync.store), which can take
-            # seconds for a large workspace: off the event loop.
+            # Closing snapshots changed search indexes (sync.store.search_index), which
+            # can take seconds for a large workspace: off the event loop.
             await run_in_threadpool(the_store.close)
 
     app = FastAPI(

@@ -21,7 +21,7 @@ from sync.client import StoreClient
 from sync.http_client import HttpClient
 from sync.local_client import LocalClient
 from sync.records import ChunkRecord, DirValue, FileUpdate, NodeInfo, children_digest
-from sync.store import Store, WorkspaceStore
+from sync.store import Store, StoreOptions, WorkspaceStore
 from sync.store.backend import StoreBackend
 from sync.wire import BadRequest
 from tests.pg_fixtures import other_database
@@ -687,7 +687,7 @@ def test_two_stores_on_one_dir_see_each_others_writes(tmp_path: Path) -> None:
 
 
 def test_compaction_keeps_results(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s", compact_every=3)
+    store = Store(tmp_path / "s", options=StoreOptions(compact_every=3))
     client = LocalClient.create_workspace(store, "ws", dim=DIM, model_id=MODEL, key_check=CHECK)
     for i in range(10):
         client.apply([update(f"f{i % 4}.py", rand(3, i), str(i))], [])

@@ -16,7 +16,8 @@ from sync.crypto import open_meta
 from sync.keys import WorkspaceKey
 from sync.records import MODE_SEALED
 from sync.sealed_rows import RowSealer
-from sync.store import TABLE, fid_of
+from sync.store.lance_table import TABLE
+from sync.store.rows import fid_of
 
 #: (root value, sorted rows, sorted nodes); a row is (fid, path, start line, end line,
 #: symbol, language, chunk hash), a node (key, parent, value, is_dir).

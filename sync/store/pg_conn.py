@@ -18,8 +18,8 @@ import psycopg
 from psycopg import conninfo
 
 from sync.db_url import mask_url
-from sync.store import fid_of
 from sync.store.checks import _Update
+from sync.store.rows import fid_of
 from sync.wire import StoreError, StoreUnavailable
 
 CONNECT_TIMEOUT = 10  # seconds; a replica answers 503 rather than hang on a dead database

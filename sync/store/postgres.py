@@ -63,7 +63,7 @@ from sync.records import (
     SearchHit,
     WorkspaceInfo,
 )
-from sync.store import _Record, fid_of
+from sync.store.backend import WorkspaceRecord
 from sync.store.checks import (
     WORKSPACE_ID_RE,
     ApplyChecks,
@@ -77,7 +77,7 @@ from sync.store.checks import (
 )
 from sync.store.pg_conn import DEFAULT_POOL_SIZE, Pool, copy_rows, vector_text
 from sync.store.pg_schema import CREATE_LOCK, SCHEMA, ensure_schema
-from sync.store.rows import bounded_answer, file_keys
+from sync.store.rows import bounded_answer, fid_of, file_keys
 from sync.wire import (
     LIMITS,
     AuthError,
@@ -156,9 +156,9 @@ def hnsw_build_memory_mb(rows: int, dim: int, m: int = HNSW_M) -> int:
 
 class PgWorkspace(ApplyChecks):
     """The Merkle tree and chunk rows of one workspace in the database; the operations
-    of `sync.store.WorkspaceStore`. Thread-safe: every call takes its own connection."""
+    of `WorkspaceStore` (sync.store.workspace). Thread-safe: every call takes its own connection."""
 
-    def __init__(self, pool: Pool, record: _Record, *, limits: Limits = LIMITS,
+    def __init__(self, pool: Pool, record: WorkspaceRecord, *, limits: Limits = LIMITS,
                  hnsw_threshold: int = HNSW_THRESHOLD) -> None:
         self._pool = pool
         self._record = record
@@ -732,7 +732,7 @@ class PgStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _record(self, workspace_id: str) -> _Record:
+    def _record(self, workspace_id: str) -> WorkspaceRecord:
         if not isinstance(workspace_id, str) or not WORKSPACE_ID_RE.match(workspace_id):
             raise WorkspaceNotFound(f"no workspace {str(workspace_id)[:80]!r}")
         with self._pool.connection() as conn:
@@ -745,7 +745,7 @@ class PgStore:
         if row[5] not in MODES:
             raise StoreCorrupt(f"workspace {workspace_id} has the unknown mode {row[5]!r} in"
                                f" the database {self.where}")
-        return _Record(row[0], int(row[1]), row[2], bytes(row[3]), float(row[4]), row[5])
+        return WorkspaceRecord(row[0], int(row[1]), row[2], bytes(row[3]), float(row[4]), row[5])
 
     def _owner(self, digest: bytes) -> str | None:
         with self._lock:
