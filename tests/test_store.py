@@ -597,7 +597,8 @@ def _pg_crash_mid_apply(url: str, workspace_id: str, updates: list[FileUpdate]) 
     every other reader sees the last committed state."""
     import psycopg
 
-    from sync.store.postgres import PgStore, W, _mark_pending
+    from sync.store.pg_workspace import W, _mark_pending
+    from sync.store.postgres import PgStore
 
     with PgStore(url) as store:
         ws = store.workspace(workspace_id)

@@ -60,8 +60,9 @@ Modules, one job each::
     rows.py             each mode's row layout, reading rows back, purging superseded rows
     checks.py           request validation and the directory-value compare-and-set
     backend.py          the interface both backends keep (Protocols), WorkspaceRecord
-    postgres.py         PgStore: the store in PostgreSQL (+ pgvector); pg_schema.py its
-                        tables, pg_conn.py its connections
+    postgres.py         PgStore and PgOptions: the store in PostgreSQL (+ pgvector);
+                        pg_workspace.py its workspaces, pg_schema.py its tables,
+                        pg_conn.py its connections
     contents.py         what a workspace holds, opened with its key (convergence checks)
 
 The names below are imported on first use (indexer.lazy): importing the package loads

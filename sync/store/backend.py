@@ -201,7 +201,8 @@ class StoreBackend(Protocol):
 
 
 if TYPE_CHECKING:  # mypy checks that both backends keep the interface; nothing runs here
-    from sync.store.postgres import PgStore, PgWorkspace
+    from sync.store.pg_workspace import PgWorkspace
+    from sync.store.postgres import PgStore
     from sync.store.registry import Store
     from sync.store.workspace import WorkspaceStore
 

@@ -1,5 +1,6 @@
 """How the embedded store is tuned: one `StoreOptions`, given to `Store` and handed as it
-is to each `WorkspaceStore` it opens."""
+is to each `WorkspaceStore` it opens. (The PostgreSQL store has its own,
+sync.store.postgres.PgOptions.)"""
 
 from __future__ import annotations
 
