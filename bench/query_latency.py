@@ -55,8 +55,7 @@ from sync.http_client import HttpClient
 from sync.keys import WorkspaceKey
 from sync.local_client import LocalClient
 from sync.records import ChunkRecord, FileUpdate
-from sync.store import SNAPSHOT, Store
-from sync.vector_index import IndexPolicy
+from sync.store import SNAPSHOT, IndexPolicy, Store
 
 DIM = 384
 PER_FILE = 10
@@ -336,7 +335,7 @@ def crossover(sizes: list[int], queries: int, k: int) -> list[dict[str, Any]]:
     query by query: where exact search stops being cheap, i.e. the threshold."""
     import faiss
 
-    from sync.vector_index import VectorIndex
+    from sync.store.vector_index import VectorIndex
 
     cipher = VectorCipher(WorkspaceKey.generate(), DIM)
     policy = IndexPolicy(exact_max_rows=1)  # IVF at every size

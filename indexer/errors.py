@@ -31,7 +31,7 @@ hangs under another parent than drawn::
     │   │   ├── SealedWorkspaceError              search asked of a sealed workspace (409)
     │   │   └── AuthError                         no or wrong token (401)
     │   │       └── PermissionDenied              a token of another workspace (403)
-    │   ├── SnapshotError       (sync.vector_index)  a search snapshot that cannot be used
+    │   ├── SnapshotError       (sync.store.vector_index)  a search snapshot that cannot be used
     │   ├── DaemonError         (sync.daemon)     the daemon cannot start or be reached
     │   │   └── AlreadyRunningError               another daemon holds the repo's lock
     │   └── ClientError         (sync.http_client)  the server could not answer

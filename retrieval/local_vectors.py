@@ -44,7 +44,7 @@ more than half of the chunks rebuild from scratch.
 
 Beyond about 1M chunks exact search costs ~170 ms and 1.5 GB of mapped vectors per
 query; the next step is an approximate faiss index over the base (HNSW for recall at
-low latency, or IVF-Flat, which `sync.vector_index` already trains and which supports
+low latency, or IVF-Flat, which `sync.store.vector_index` already trains and which supports
 removal), with the delta still searched exactly and masked base rows filtered out.
 """
 

@@ -2,7 +2,7 @@
 
 The store lives under the repo's `.codeveil/store/`, laid out exactly as a server's data
 dir (see sync.store), so the code under test is the code a server runs. Any other
-`StoreBackend` (sync.store_backend; a `PgStore`, say) can be passed in instead. No
+`StoreBackend` (sync.store.backend; a `PgStore`, say) can be passed in instead. No
 tokens: the process that can open the store owns it. Bad input raises the same
 `StoreError` subclasses (sync.wire) that `HttpClient` raises for a server's 4xx answers.
 """
@@ -24,7 +24,7 @@ from sync.records import (
     WorkspaceInfo,
 )
 from sync.store import Store
-from sync.store_backend import StoreBackend, WorkspaceBackend
+from sync.store.backend import StoreBackend, WorkspaceBackend
 from sync.wire import gather_rows
 
 

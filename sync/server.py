@@ -1,4 +1,4 @@
-"""The codeveil server: the store (sync.store, or sync.pg_store on PostgreSQL) behind an
+"""The codeveil server: the store (sync.store, or sync.store.postgres on PostgreSQL) behind an
 HTTP API under /v1. On PostgreSQL the server keeps no state of its own: any number of
 replicas may serve one database behind a load balancer.
 
@@ -63,7 +63,7 @@ from indexer.sqlite_files import CorruptFileError
 from sync.db_url import is_database_url, mask_url
 from sync.records import KEY_BYTES, MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
 from sync.store import Store
-from sync.store_backend import StoreBackend, WorkspaceBackend
+from sync.store.backend import StoreBackend, WorkspaceBackend
 from sync.wire import (
     API_PREFIX,
     LIMITS,
@@ -101,7 +101,7 @@ def open_store(spec: str | os.PathLike[str]) -> StoreBackend:
     if not is_database_url(spec):
         return Store(spec)
     try:
-        from sync.pg_store import PgStore
+        from sync.store.postgres import PgStore
     except ImportError as exc:
         raise StoreError(
             f"serving {describe_store(spec)} needs psycopg ({exc}); install it with"
@@ -455,8 +455,8 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
         if closes:
-            # Closing snapshots changed search indexes (sync.store), which can take
-            # seconds for a large workspace: off the event loop.
+            # Closing snapshots changed search indexes (sync.store.search_index), which
+            # can take seconds for a large workspace: off the event loop.
             await run_in_threadpool(the_store.close)
 
     app = FastAPI(

@@ -1,4 +1,4 @@
-"""The PostgreSQL store (sync.pg_store) beyond the shared store contract, which
+"""The PostgreSQL store (sync.store.postgres) beyond the shared store contract, which
 tests/test_store.py and tests/test_sealed_store.py run on it too: tokens and rows kept
 apart between workspaces, the schema version, an unreachable database, no plaintext in
 any table, and two `python -m sync.server --store URL` replicas serving one database."""
@@ -35,7 +35,8 @@ from tests.test_store import CHECK, DIM, MODEL, key, rand, update
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
 
-from sync.pg_store import PgStore  # noqa: E402  (after the skip: it needs psycopg)
+# After the skip: it needs psycopg.
+from sync.store.postgres import PgOptions, PgStore  # noqa: E402
 
 
 def test_tokens_are_kept_apart_between_workspaces(pg_store: PgStore) -> None:
@@ -295,7 +296,7 @@ def wait_for_index(store: PgStore, ws: str) -> None:
 
 
 def test_a_large_workspace_gets_an_hnsw_index_with_high_recall(pg_url: str) -> None:
-    store = PgStore(pg_url, hnsw_threshold=2000)
+    store = PgStore(pg_url, options=PgOptions(hnsw_threshold=2000))
     dim = 32
     big = LocalClient.create_workspace(store, dim=dim, model_id=MODEL, key_check=CHECK)
     small = LocalClient.create_workspace(store, dim=dim, model_id=MODEL, key_check=CHECK)
@@ -342,7 +343,7 @@ def test_a_large_workspace_gets_an_hnsw_index_with_high_recall(pg_url: str) -> N
 def test_hnsw_build_memory_grows_with_the_rows_within_bounds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from sync.pg_store import BUILD_MEMORY_ENV, hnsw_build_memory_mb
+    from sync.store.pg_workspace import BUILD_MEMORY_ENV, hnsw_build_memory_mb
 
     small, large = hnsw_build_memory_mb(30_000, 384), hnsw_build_memory_mb(1_000_000, 384)
     assert 64 <= small < large
@@ -355,7 +356,7 @@ def test_hnsw_build_memory_grows_with_the_rows_within_bounds(
 
 
 def test_ef_search_grows_with_the_graph() -> None:
-    from sync.pg_store import EF_SEARCH, MAX_EF_SEARCH, ef_search_for
+    from sync.store.pg_workspace import EF_SEARCH, MAX_EF_SEARCH, ef_search_for
 
     assert ef_search_for(4000, 10) == ef_search_for(100_000, 10) == EF_SEARCH
     assert EF_SEARCH < ef_search_for(300_000, 10) < ef_search_for(600_000, 10) < MAX_EF_SEARCH

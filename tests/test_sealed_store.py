@@ -24,8 +24,8 @@ from sync.records import (
     ChunkRecord,
     FileUpdate,
 )
-from sync.store import STORE_FORMAT, Store
-from sync.store_backend import StoreBackend
+from sync.store import STORE_FORMAT, Store, StoreOptions
+from sync.store.backend import StoreBackend
 from sync.wire import (
     BadRequest,
     Limits,
@@ -90,7 +90,7 @@ class Backend:
         self.pg_url = pg_url
         self.store: StoreBackend | None = None
         if pg_url is not None:
-            from sync.pg_store import PgStore
+            from sync.store.postgres import PgStore
 
             self.store = PgStore(pg_url)
         elif server is None:
@@ -128,7 +128,7 @@ class Backend:
             assert self.store is not None
             self.store.close()
             if self.pg_url is not None:
-                from sync.pg_store import PgStore
+                from sync.store.postgres import PgStore
 
                 self.store = PgStore(self.pg_url)
             else:
@@ -224,7 +224,7 @@ def test_file_rows_of_a_pending_leaf_are_empty(tmp_path: Path) -> None:
 
 def test_a_long_file_list_is_split_into_bounded_calls(tmp_path: Path) -> None:
     limits = Limits(max_row_files=3, max_row_bytes=600)
-    store = Store(tmp_path / "s", limits=limits)
+    store = Store(tmp_path / "s", options=StoreOptions(limits=limits))
     client = LocalClient.create_workspace(store, "ws", dim=DIM, model_id=MODEL,
                                           key_check=CHECK, mode=MODE_SEALED)
     updates = [sealed_update(f"f{i}.py", 2) for i in range(7)]  # ~600 bytes a file
@@ -527,7 +527,7 @@ def write_format_2(data: Path, workspace_id: str, superseded: list[FileUpdate]) 
     import pyarrow as pa
 
     from sync.store import fid_of
-    from sync.store_rows import table_schema
+    from sync.store.rows import table_schema
 
     folder = data / "workspaces" / workspace_id
     db = sqlite3.connect(folder / "tree.sqlite")
@@ -585,7 +585,8 @@ def test_rows_of_a_format_2_sealed_workspace_move_into_the_tree(tmp_path: Path) 
 
 _DIE_DURING_MOVE = """
 import contextlib, os, sys
-import sync.store as store
+import sync.store.workspace_files as files
+from sync.store import Store
 
 @contextlib.contextmanager
 def dying(conn):
@@ -597,10 +598,10 @@ def die(*_args, **_kwargs):
     os._exit(9)  # killed after the commit, before the table is removed
 
 if sys.argv[2] == "before-commit":
-    store._transaction = dying
+    files.transaction = dying
 else:
-    store.shutil.rmtree = die
-store.Store(sys.argv[1]).workspace("ws")
+    files.shutil.rmtree = die
+Store(sys.argv[1]).workspace("ws")
 """
 
 

@@ -1,4 +1,4 @@
-"""The store contract (sync.store_backend), run against both backends over both
+"""The store contract (sync.store.backend), run against both backends over both
 interfaces: the embedded store and PostgreSQL, each through `LocalClient` (in-process)
 and through `HttpClient` against a real `python -m sync.server --data DIR | --store URL`
 on loopback. Crash tests drive the embedded store's write steps one by one in-process
@@ -21,8 +21,8 @@ from sync.client import StoreClient
 from sync.http_client import HttpClient
 from sync.local_client import LocalClient
 from sync.records import ChunkRecord, DirValue, FileUpdate, NodeInfo, children_digest
-from sync.store import Store, WorkspaceStore
-from sync.store_backend import StoreBackend
+from sync.store import Store, StoreOptions, WorkspaceStore
+from sync.store.backend import StoreBackend
 from sync.wire import BadRequest
 from tests.pg_fixtures import other_database
 from tests.server_fixtures import ServerProcess
@@ -130,12 +130,12 @@ class LocalBackend(_InProcess):
 
 
 class PgBackend(_InProcess):
-    """The store in PostgreSQL (sync.pg_store)."""
+    """The store in PostgreSQL (sync.store.postgres)."""
 
     kind = "postgres"
 
     def __init__(self, url: str) -> None:
-        from sync.pg_store import PgStore
+        from sync.store.postgres import PgStore
 
         self.url = url
         self.store = PgStore(url)
@@ -597,7 +597,8 @@ def _pg_crash_mid_apply(url: str, workspace_id: str, updates: list[FileUpdate]) 
     every other reader sees the last committed state."""
     import psycopg
 
-    from sync.pg_store import PgStore, W, _mark_pending
+    from sync.store.pg_workspace import W, _mark_pending
+    from sync.store.postgres import PgStore
 
     with PgStore(url) as store:
         ws = store.workspace(workspace_id)
@@ -687,7 +688,7 @@ def test_two_stores_on_one_dir_see_each_others_writes(tmp_path: Path) -> None:
 
 
 def test_compaction_keeps_results(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s", compact_every=3)
+    store = Store(tmp_path / "s", options=StoreOptions(compact_every=3))
     client = LocalClient.create_workspace(store, "ws", dim=DIM, model_id=MODEL, key_check=CHECK)
     for i in range(10):
         client.apply([update(f"f{i % 4}.py", rand(3, i), str(i))], [])

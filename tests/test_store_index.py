@@ -23,8 +23,8 @@ from sync.crypto import VectorCipher
 from sync.keys import WorkspaceKey
 from sync.local_client import LocalClient
 from sync.records import ChunkRecord, FileUpdate
-from sync.store import SNAPSHOT, IndexPolicy, Store, WorkspaceStore
-from sync.vector_index import RowTable, VectorIndex, chunk_id_array, pack, read_snapshot_info
+from sync.store import SNAPSHOT, IndexPolicy, Store, StoreOptions, WorkspaceStore
+from sync.store.vector_index import RowTable, VectorIndex, chunk_id_array, pack, read_snapshot_info
 from tests.server_fixtures import ServerProcess
 
 DIM = 32
@@ -53,7 +53,7 @@ class Workspace:
         self.data_dir = data_dir
         self.policy = policy
         self.store_args = store_args
-        self.store = Store(data_dir, index_policy=policy, **store_args)
+        self.store = Store(data_dir, options=StoreOptions(index_policy=policy, **store_args))
         self.client = LocalClient.create_workspace(
             self.store, "ws", dim=DIM, model_id="m", key_check=b"check"
         )
@@ -92,7 +92,8 @@ class Workspace:
     def reopen(self, **store_args: Any) -> None:
         self.store.close()
         args = {**self.store_args, **store_args}
-        self.store = Store(self.data_dir, index_policy=self.policy, **args)
+        self.store = Store(self.data_dir,
+                           options=StoreOptions(index_policy=self.policy, **args))
         self.client = LocalClient(self.store, "ws")
 
     def exact(self, query: np.ndarray, k: int) -> list[bytes]:
@@ -253,7 +254,7 @@ def test_crash_after_step_two_is_caught_up(tmp_path: Path) -> None:
     w = Workspace(tmp_path / "store")
     w.put(names(0, 120), seed=13, batch=120)
     w.store.close()
-    store = Store(w.data_dir, index_policy=POLICY, index_save_interval=1e9)
+    store = Store(w.data_dir, options=StoreOptions(index_policy=POLICY, index_save_interval=1e9))
     ws = store.workspace("ws")
     plain = clustered(PER_FILE, 14)
     ids = [key(f"crash#{j}") for j in range(PER_FILE)]
@@ -268,7 +269,7 @@ def test_crash_after_step_two_is_caught_up(tmp_path: Path) -> None:
     ws._saved_generation = ws._loaded_generation  # died: nothing more is written
     store.close()
 
-    store = Store(w.data_dir, index_policy=POLICY)
+    store = Store(w.data_dir, options=StoreOptions(index_policy=POLICY))
     client = LocalClient(store, "ws")
     assert client.search(vectors[0], 1)[0].chunk_id == ids[0]
     assert store.workspace("ws").index_events["caught_up"] == 1
@@ -279,7 +280,7 @@ def test_another_process_change_is_caught_up(tmp_path: Path) -> None:
     w = Workspace(tmp_path / "store")
     w.put(names(0, 150), seed=15, batch=150)
     assert w.kind() == "ivf"
-    other = Store(w.data_dir, index_policy=POLICY)  # the CLI next to the daemon
+    other = Store(w.data_dir, options=StoreOptions(index_policy=POLICY))  # the CLI, by the daemon
     other_client = LocalClient(other, "ws")
     assert other_client.search(np.zeros(DIM, np.float32), 5)
     assert other.workspace("ws").index_events["loaded"] + other.workspace(
@@ -383,9 +384,9 @@ def test_a_reopened_store_answers_from_its_snapshot_without_lancedb(tmp_path: Pa
 import sys
 import numpy as np
 from sync.local_client import LocalClient
-from sync.store import Store
-from sync.vector_index import IndexPolicy
-store = Store({str(tmp_path / "data")!r}, index_policy=IndexPolicy(exact_max_rows=1000))
+from sync.store import IndexPolicy, Store, StoreOptions
+options = StoreOptions(index_policy=IndexPolicy(exact_max_rows=1000))
+store = Store({str(tmp_path / "data")!r}, options=options)
 client = LocalClient(store, "ws")
 info = client.info()
 query = np.array({query.tolist()!r}, dtype=np.float32)

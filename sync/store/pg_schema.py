@@ -1,4 +1,4 @@
-"""The tables of the PostgreSQL store (sync.pg_store), their version, and migrations.
+"""The tables of the PostgreSQL store (sync.store.postgres), their version, and migrations.
 
 Everything lives in the schema `codeveil`, so the database may hold other applications'
 tables too::

@@ -1,6 +1,6 @@
-"""The store on PostgreSQL with pgvector: what many stateless `codeveil serve` replicas
-share. Same operations, limits, errors and answers as the embedded store (sync.store);
-the tables are in sync.pg_schema.
+"""One workspace of the store on PostgreSQL with pgvector (sync.store.postgres): the same
+operations, limits, errors and answers as the embedded store's (sync.store.workspace);
+the tables are in sync.store.pg_schema.
 
 Write order. The embedded store's `apply` writes in three steps (mark pending, replace
 rows, commit values) because SQLite and LanceDB cannot commit together (a sealed
@@ -19,45 +19,38 @@ sees one committed state.
 Search (server-search workspaces). A small workspace is searched exactly: `ORDER BY
 vector <-> q LIMIT k` over its rows (found by the (workspace, fid) index), which below
 some tens of thousands of rows is both cheaper than a graph and exact. Once a workspace
-holds `hnsw_threshold` rows it gets a partial HNSW index of its own (`CREATE INDEX ...
-USING hnsw ((vector::vector(dim)) vector_l2_ops) WHERE workspace = '<id>'`): partial,
-because one index over all workspaces would rank candidates from every workspace and
-filter afterwards, leaving a workspace with fewer than k hits; an expression, because
-the column has no dimension and HNSW needs one. The planner uses it only for a query
-with the same expression and the same literal filter, so the approximate query is
-written that way (see `_hnsw_search`). The indexes are not part of the fixed layout: a
-replica that finds one uses it, one that does not searches exactly, and every insert
-keeps it in step whoever writes.
+holds `PgOptions.hnsw_threshold` rows it gets a partial HNSW index of its own (`CREATE
+INDEX ... USING hnsw ((vector::vector(dim)) vector_l2_ops) WHERE workspace = '<id>'`):
+partial, because one index over all workspaces would rank candidates from every
+workspace and filter afterwards, leaving a workspace with fewer than k hits; an
+expression, because the column has no dimension and HNSW needs one. The planner uses it
+only for a query with the same expression and the same literal filter, so the
+approximate query is written that way (see `_hnsw_search`). The indexes are not part of
+the fixed layout: a replica that finds one uses it, one that does not searches exactly,
+and every insert keeps it in step whoever writes.
 
-Connections and the binary COPY of new rows: sync.pg_conn. A database that cannot be
-reached is a `StoreUnavailable` (503) naming it with its password masked.
+Connections and the binary COPY of new rows: sync.store.pg_conn. A database that cannot
+be reached is a `StoreUnavailable` (503) naming it with its password masked.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import logging
 import math
 import operator
 import os
-import secrets
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psycopg
 from psycopg import sql
 
-from sync.db_url import is_database_url, mask_url
-from sync.pg_conn import DEFAULT_POOL_SIZE, Pool, copy_rows, vector_text
-from sync.pg_schema import CREATE_LOCK, SCHEMA, ensure_schema
 from sync.records import (
     MODE_SEALED,
-    MODE_SERVER_SEARCH,
-    MODES,
     DirValue,
     FileRows,
     FileUpdate,
@@ -65,9 +58,8 @@ from sync.records import (
     SearchHit,
     WorkspaceInfo,
 )
-from sync.store import _Record, fid_of
-from sync.store_checks import (
-    WORKSPACE_ID_RE,
+from sync.store.backend import WorkspaceRecord
+from sync.store.checks import (
     ApplyChecks,
     Children,
     _key,
@@ -75,23 +67,22 @@ from sync.store_checks import (
     _vector,
     decide_dir_values,
     dir_value_checks,
-    new_workspace_id,
 )
-from sync.store_rows import bounded_answer, file_keys
+from sync.store.pg_conn import Pool, copy_rows, vector_text
+from sync.store.pg_schema import SCHEMA
+from sync.store.rows import bounded_answer, fid_of, file_keys
 from sync.wire import (
-    LIMITS,
-    AuthError,
     BadRequest,
-    Limits,
-    PermissionDenied,
     SealedWorkspaceError,
     StoreCorrupt,
     StoreError,
-    WorkspaceExists,
     WorkspaceNotFound,
 )
 
-__all__ = ["PgStore", "PgWorkspace", "is_database_url", "mask_url"]
+if TYPE_CHECKING:
+    from sync.store.postgres import PgOptions
+
+__all__ = ["PgWorkspace"]
 
 log = logging.getLogger(__name__)
 
@@ -156,18 +147,17 @@ def hnsw_build_memory_mb(rows: int, dim: int, m: int = HNSW_M) -> int:
 
 class PgWorkspace(ApplyChecks):
     """The Merkle tree and chunk rows of one workspace in the database; the operations
-    of `sync.store.WorkspaceStore`. Thread-safe: every call takes its own connection."""
+    of `WorkspaceStore` (sync.store.workspace). Thread-safe: every call takes its own connection."""
 
-    def __init__(self, pool: Pool, record: _Record, *, limits: Limits = LIMITS,
-                 hnsw_threshold: int = HNSW_THRESHOLD) -> None:
+    def __init__(self, pool: Pool, record: WorkspaceRecord, options: PgOptions) -> None:
         self._pool = pool
         self._record = record
+        self.options = options
         self.workspace_id = record.workspace_id
         self.dim = record.dim
         self.mode = record.mode
         self.sealed = record.mode == MODE_SEALED
-        self.limits = limits
-        self.hnsw_threshold = hnsw_threshold
+        self.limits = options.limits
         # Names are at most 63 bytes; a workspace id may be longer.
         digest = hashlib.sha256(record.workspace_id.encode()).hexdigest()
         self.index_name = f"rows_hnsw_{digest[:16]}"
@@ -383,9 +373,9 @@ class PgWorkspace(ApplyChecks):
         with self._pool.connection() as conn:
             row = conn.execute(  # stops counting at the threshold
                 f"SELECT count(*) FROM (SELECT 1 FROM {W}.rows WHERE workspace = %s"
-                " LIMIT %s) s", (self.workspace_id, self.hnsw_threshold),
+                " LIMIT %s) s", (self.workspace_id, self.options.hnsw_threshold),
             ).fetchone()
-        return row is not None and row[0] >= self.hnsw_threshold
+        return row is not None and row[0] >= self.options.hnsw_threshold
 
     def _build_quietly(self) -> None:
         try:
@@ -465,7 +455,7 @@ class PgWorkspace(ApplyChecks):
                     ([k for k, _ in items], [v for _, v in items], ws),
                 )
 
-            refused = decide_dir_values(pending, children_of, write)  # sync.store_checks
+            refused = decide_dir_values(pending, children_of, write)  # sync.store.checks
         if refused:
             log.info(
                 "workspace %s: %d directory values refused: computed over other children"
@@ -620,154 +610,3 @@ def _subtree(conn: psycopg.Connection, ws: str, roots: Sequence[bytes]) -> dict[
         f" SELECT n.key, n.is_dir FROM {W}.nodes n JOIN sub ON n.workspace = %s"
         "  AND n.key = sub.k",
         (list(roots), ws, ws))}
-
-
-# -- the database ---------------------------------------------------------------------------
-
-
-class PgStore:
-    """All workspaces in one PostgreSQL database, and their bearer tokens (kept as
-    SHA-256 only); the operations of `sync.store.Store`. Any number of processes may
-    open the same database at once."""
-
-    def __init__(self, url: str, *, limits: Limits = LIMITS,
-                 pool_size: int = DEFAULT_POOL_SIZE,
-                 hnsw_threshold: int = HNSW_THRESHOLD) -> None:
-        if not is_database_url(url):
-            raise StoreError(f"{mask_url(url)} is not a PostgreSQL URL (postgresql://...)")
-        self.url = url
-        self.where = mask_url(url)
-        self.limits = limits
-        self.hnsw_threshold = hnsw_threshold
-        self._pool = Pool(url, pool_size)
-        with self._pool.connection() as conn:
-            ensure_schema(conn, self.where)
-        self._lock = threading.Lock()
-        self._open: dict[str, PgWorkspace] = {}
-        self._owners: dict[bytes, str] = {}  # sha256(token) -> workspace id, once seen
-        self._closed = False
-
-    def create_workspace(
-        self,
-        dim: int,
-        model_id: str,
-        key_check: bytes,
-        workspace_id: str | None = None,
-        *,
-        mode: str = MODE_SERVER_SEARCH,
-        max_workspaces: int | None = None,
-    ) -> tuple[str, str]:
-        """As `Store.create_workspace`: returns (workspace_id, bearer token)."""
-        self._check_open()
-        workspace_id = new_workspace_id(self.limits, dim, model_id, key_check, workspace_id,
-                                        mode)
-        token = secrets.token_urlsafe(32)
-        with self._pool.connection() as conn, conn.transaction():
-            # Held to the commit: the count and the insert of concurrent creators, on
-            # any replica, do not interleave.
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (CREATE_LOCK,))
-            if conn.execute(f"SELECT 1 FROM {W}.workspaces WHERE id = %s",
-                            (workspace_id,)).fetchone():
-                raise WorkspaceExists(f"workspace {workspace_id} already exists")
-            if max_workspaces is not None:
-                row = conn.execute(f"SELECT count(*) FROM {W}.workspaces").fetchone()
-                assert row is not None
-                if row[0] >= max_workspaces:
-                    raise PermissionDenied(
-                        f"this server holds its limit of {max_workspaces} workspaces;"
-                        " ask its operator for room"
-                    )
-            conn.execute(
-                f"INSERT INTO {W}.workspaces (id, token_sha256, dim, model_id, key_check,"
-                " created_at, mode) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                (workspace_id, _token_hash(token), dim, model_id, key_check, time.time(),
-                 mode),
-            )
-        log.info("created workspace %s (dim %d, %s)", workspace_id, dim, mode)
-        return workspace_id, token
-
-    def authenticate(self, workspace_id: str, token: str | None) -> None:
-        """As `Store.authenticate`: 401 without a valid token, 404 for an unknown
-        workspace (only then), 403 for the token of another workspace."""
-        if not token:
-            raise AuthError("missing bearer token (send 'Authorization: Bearer <token>')")
-        self._check_open()
-        owner = self._owner(_token_hash(token))
-        if owner is None:
-            raise AuthError("invalid bearer token")
-        record = self._record(workspace_id)  # raises WorkspaceNotFound
-        if not hmac.compare_digest(owner.encode(), record.workspace_id.encode()):
-            raise PermissionDenied("this token belongs to another workspace")
-
-    def workspace(self, workspace_id: str) -> PgWorkspace:
-        """The store of a workspace (made on first use, then shared)."""
-        self._check_open()
-        with self._lock:
-            ws = self._open.get(workspace_id)
-        if ws is None:
-            ws = PgWorkspace(self._pool, self._record(workspace_id), limits=self.limits,
-                             hnsw_threshold=self.hnsw_threshold)
-            with self._lock:
-                ws = self._open.setdefault(workspace_id, ws)
-        return ws
-
-    def workspace_ids(self) -> list[str]:
-        self._check_open()
-        with self._pool.connection() as conn:
-            return [r for (r,) in conn.execute(f"SELECT id FROM {W}.workspaces ORDER BY id")]
-
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            for ws in self._open.values():
-                ws.close()
-            self._open.clear()
-        self._pool.close()
-
-    def __enter__(self) -> PgStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _record(self, workspace_id: str) -> _Record:
-        if not isinstance(workspace_id, str) or not WORKSPACE_ID_RE.match(workspace_id):
-            raise WorkspaceNotFound(f"no workspace {str(workspace_id)[:80]!r}")
-        with self._pool.connection() as conn:
-            row = conn.execute(
-                f"SELECT id, dim, model_id, key_check, created_at, mode FROM {W}.workspaces"
-                " WHERE id = %s", (workspace_id,),
-            ).fetchone()
-        if row is None:
-            raise WorkspaceNotFound(f"no workspace {workspace_id!r}")
-        if row[5] not in MODES:
-            raise StoreCorrupt(f"workspace {workspace_id} has the unknown mode {row[5]!r} in"
-                               f" the database {self.where}")
-        return _Record(row[0], int(row[1]), row[2], bytes(row[3]), float(row[4]), row[5])
-
-    def _owner(self, digest: bytes) -> str | None:
-        with self._lock:
-            owner = self._owners.get(digest)
-        if owner is not None:
-            return owner
-        # Not cached: a workspace created since, possibly by another replica.
-        with self._pool.connection() as conn:
-            row = conn.execute(
-                f"SELECT id, token_sha256 FROM {W}.workspaces WHERE token_sha256 = %s",
-                (digest,),
-            ).fetchone()
-        if row is None or not hmac.compare_digest(bytes(row[1]), digest):
-            return None
-        with self._lock:
-            self._owners[digest] = row[0]
-        return str(row[0])
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreError(f"the store at {self.where} is closed")
-
-
-def _token_hash(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8")).digest()

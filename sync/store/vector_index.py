@@ -26,7 +26,7 @@ fsynced and renamed into place, so a reader sees a whole snapshot or the previou
     || u64 trailer length || magic "CVSNAP01"
 
 Arrays are little-endian and C-ordered. The trailer records the store generation the
-snapshot reflects; the store decides whether to trust it (see sync.store).
+snapshot reflects; the store decides whether to trust it (see sync.store.search_index).
 """
 
 from __future__ import annotations

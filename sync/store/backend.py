@@ -1,8 +1,10 @@
 """The store backend interface: what the server (sync.server) and `LocalClient` need from
-a store, written down once. `sync.store` (SQLite + LanceDB in a data dir) and
-`sync.pg_store` (PostgreSQL + pgvector) implement it; mypy holds both to it (the end of
-this module), and tests/test_store.py, tests/test_sealed_store.py and tests/test_sync.py
-run the same contract against each, in-process and behind `codeveil serve`.
+a store, written down once. The embedded store (sync.store.registry and
+sync.store.workspace: SQLite + LanceDB in a data dir) and sync.store.postgres
+(PostgreSQL + pgvector) implement it; mypy holds both to it (the end of this module),
+and tests/test_store.py, tests/test_sealed_store.py and tests/test_sync.py run the same
+contract against each, in-process and behind `codeveil serve`. Both open a workspace
+from its `WorkspaceRecord`.
 
 `StoreBackend` is a set of workspaces and their tokens; `WorkspaceBackend` is one
 workspace: its Merkle tree (nodes of key, parent, value, is_dir; a NULL value is
@@ -24,13 +26,14 @@ must keep both (docs/architecture.md, "Write order"):
 
 Writes to one workspace are serialised by the backend across every process that opens
 it (an flock; a row lock in the database). Requests are checked by the same code in
-both (sync.store_checks), so the same input is refused with the same `StoreError`
+both (sync.store.checks), so the same input is refused with the same `StoreError`
 (sync.wire) and message; the server maps each to its HTTP status.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from sync.records import (
@@ -43,6 +46,19 @@ from sync.records import (
     WorkspaceInfo,
 )
 from sync.wire import Limits
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceRecord:
+    """A workspace as its store's registry holds it (either backend's): what a
+    `WorkspaceBackend` is opened from."""
+
+    workspace_id: str
+    dim: int
+    model_id: str
+    key_check: bytes
+    created_at: float
+    mode: str = MODE_SERVER_SEARCH
 
 
 class WorkspaceBackend(Protocol):
@@ -185,8 +201,10 @@ class StoreBackend(Protocol):
 
 
 if TYPE_CHECKING:  # mypy checks that both backends keep the interface; nothing runs here
-    from sync.pg_store import PgStore, PgWorkspace
-    from sync.store import Store, WorkspaceStore
+    from sync.store.pg_workspace import PgWorkspace
+    from sync.store.postgres import PgStore
+    from sync.store.registry import Store
+    from sync.store.workspace import WorkspaceStore
 
     _embedded: type[StoreBackend] = Store
     _embedded_workspace: type[WorkspaceBackend] = WorkspaceStore

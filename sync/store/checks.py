@@ -1,6 +1,7 @@
-"""Validation shared by the store backends (sync.store, sync.pg_store): what a request
-must be before any backend touches it, so both refuse the same input with the same
-message and status."""
+"""Validation shared by the store backends (sync.store.workspace and
+sync.store.pg_workspace, their registries sync.store.registry and sync.store.postgres):
+what a request must be before any backend touches it, so both refuse the same input with
+the same message and status."""
 
 from __future__ import annotations
 

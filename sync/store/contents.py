@@ -16,7 +16,8 @@ from sync.crypto import open_meta
 from sync.keys import WorkspaceKey
 from sync.records import MODE_SEALED
 from sync.sealed_rows import RowSealer
-from sync.store import TABLE, fid_of
+from sync.store.lance_table import TABLE
+from sync.store.rows import fid_of
 
 #: (root value, sorted rows, sorted nodes); a row is (fid, path, start line, end line,
 #: symbol, language, chunk hash), a node (key, parent, value, is_dir).
@@ -31,7 +32,7 @@ def workspace_contents(data_dir: Path, workspace_id: str, key: WorkspaceKey) -> 
     with sqlite3.connect(ws / "tree.sqlite") as db:
         nodes = sorted(db.execute("SELECT key, parent, value, is_dir FROM nodes"))
         root = db.execute("SELECT value FROM nodes WHERE parent IS NULL").fetchone()
-        # A sealed workspace's rows are in its tree.sqlite (sync.store_rows).
+        # A sealed workspace's rows are in its tree.sqlite (sync.store.rows).
         found = (db.execute("SELECT chunk_id, fid, meta FROM rows").fetchall()
                  if mode == MODE_SEALED else None)
     if found is None:
@@ -52,12 +53,12 @@ def workspace_contents(data_dir: Path, workspace_id: str, key: WorkspaceKey) -> 
 
 
 def pg_workspace_contents(url: str, workspace_id: str, key: WorkspaceKey) -> Contents:
-    """`workspace_contents` of a workspace in a PostgreSQL store (sync.pg_store): the
+    """`workspace_contents` of a workspace in a PostgreSQL store (sync.store.postgres): the
     same shape, so convergence is compared the same way on either backend. Reads in one
     REPEATABLE READ transaction, so it sees one committed state even with writers."""
     import psycopg
 
-    from sync.pg_schema import SCHEMA as S
+    from sync.store.pg_schema import SCHEMA as S
 
     with psycopg.connect(url) as conn:
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ

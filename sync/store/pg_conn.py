@@ -1,5 +1,5 @@
 """Connections to the PostgreSQL store's database, and rows in PostgreSQL's binary COPY
-format: the plumbing under sync.pg_store.
+format: the plumbing under sync.store.postgres.
 
 Connections are kept per process in a lock-protected list (autocommit; callers open
 explicit transactions). A database that cannot be reached, or that drops a connection,
@@ -18,8 +18,8 @@ import psycopg
 from psycopg import conninfo
 
 from sync.db_url import mask_url
-from sync.store import fid_of
-from sync.store_checks import _Update
+from sync.store.checks import _Update
+from sync.store.rows import fid_of
 from sync.wire import StoreError, StoreUnavailable
 
 CONNECT_TIMEOUT = 10  # seconds; a replica answers 503 rather than hang on a dead database

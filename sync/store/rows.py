@@ -41,12 +41,12 @@ deletions is left as it is until they pass 10%.) Below a million rows the table 
 fragment, so a purge rewrites all of it, once per apply that deleted rows (a first index
 deletes none and pays nothing): at dim 384, one file of 10 chunks replaced, 39 ms at
 10,000 rows and 146 ms at 50,000. A server-search workspace's search snapshot holds its
-rows' metadata too; it is rewritten on its own schedule (sync.store), at the latest when
-the store closes.
+rows' metadata too; it is rewritten on its own schedule (sync.store.search_index), at
+the latest when the store closes.
 
 The LanceDB removal runs under the writer's flock. A reader in another process that
 reads the table without it (a search catching its index up while a writer is busy) may
-find a version gone; it reads again under the flock (sync.store).
+find a version gone; it reads again under the flock (sync.store.search_index).
 """
 
 from __future__ import annotations
@@ -80,6 +80,11 @@ _SQL_BATCH = 500  # bound on parameters per statement
 
 #: A sealed row as stored: (rid, fid, chunk id, meta).
 SealedRow = tuple[int, int, bytes, bytes]
+
+
+def fid_of(file_key: bytes) -> int:
+    """The column that groups a file's chunk rows: its key's first 8 bytes."""
+    return int.from_bytes(file_key[:8], "big", signed=True)
 
 
 def has_sealed_rows(conn: sqlite3.Connection) -> bool:
@@ -218,7 +223,7 @@ def purge_superseded(table: Any, added_rows: int) -> float:
             table.update(where=f"rid = {rid}", values_sql={"rid": "rid"})
     with warnings.catch_warnings():
         # LanceDB warns that readers of older versions will fail: ours read under the
-        # flock held here, or read again under it (sync.store).
+        # flock held here, or read again under it (sync.store.search_index).
         warnings.simplefilter("ignore", UserWarning)
         table.optimize(cleanup_older_than=timedelta(0))
     with contextlib.suppress(AttributeError):

@@ -1,0 +1,130 @@
+"""The store: what a server keeps, and what the embedded default keeps under a repo's
+`.codeveil/store/`. The embedded store (below) keeps one data dir holding many
+workspaces; the PostgreSQL store (sync.store.postgres) keeps them in a database; both
+keep the interface of sync.store.backend.
+
+Everything stored is a keyed hash or ciphertext (the client never sends anything else);
+the only cleartext is each workspace's dim, model id and creation time.
+
+Layout::
+
+    DATA/registry.sqlite                     workspaces: id, sha256(token), dim, model id,
+                                             key check, created_at, mode
+    DATA/workspaces/<id>/tree.sqlite         the Merkle tree: nodes(key, parent, value,
+                                             is_dir), and counters (generation, next_rid);
+                                             a sealed workspace's chunk rows too:
+                                             rows(rid, fid, chunk_id, meta)
+    DATA/workspaces/<id>/chunks.lance/       server-search only: LanceDB table of chunk
+                                             rows: rid, chunk_id, fid, vector, meta
+    DATA/workspaces/<id>/writer.lock         empty; flock'ed by the writing process
+    DATA/workspaces/<id>/search.index        server-search only: snapshot of the search
+                                             index and its rows (sync.store.vector_index),
+                                             and its generation
+
+Crash safety. `apply` writes in three steps (see `WorkspaceStore.apply`) so that a node's
+value is only ever set after the chunks it stands for are stored, and every node above
+a change is pending (value NULL) before any chunk row moves. NULL never equals a client's
+value, so whatever point a writer dies at, the next diff descends into what it touched.
+In a sealed workspace each step is a transaction of tree.sqlite; in a server-search one
+step 2 writes LanceDB.
+
+SQLite runs in WAL mode with synchronous=FULL: each commit is fsynced before the next
+step starts. With NORMAL a power cut could lose the step-1 commit (the pending marks)
+while step 2's rows were kept, and an old leaf value would then claim content the store
+no longer has. FULL costs one fsync per step, i.e. three per apply batch. (LanceDB's own
+durability on power loss is LanceDB's; a process crash is covered fully.)
+
+A workspace is of one of two modes (sync.records.MODES). A sealed workspace's rows hold
+no vector and it has no search index: its rows are only stored and read back
+(`file_rows`), and the client searches; they live in tree.sqlite, and LanceDB, pyarrow
+and faiss are never imported for it. A server-search workspace ranks vectors here.
+Row layout, reading rows back and removing superseded rows' bytes: sync.store.rows.
+A sealed workspace written by store format 2 or before keeps its rows in LanceDB; its
+first open copies them into tree.sqlite in one transaction and then removes the table
+(`WorkspaceFiles._move_sealed_rows`; a crash before the commit leaves the table as it
+was, and the next open starts again; after it, the next open only removes the table).
+
+A server-search workspace's search index, its snapshot and how it is kept in step with
+LanceDB, also across processes: sync.store.search_index.
+
+Modules, one job each::
+
+    options.py          StoreOptions: the tuning of a store and its workspaces
+    registry.py         Store: registry.sqlite; create, authenticate and open workspaces
+    workspace.py        WorkspaceStore: tree reads, apply's steps, verify/check, close
+    workspace_files.py  a workspace's files and locks (tree.sqlite, LanceDB, writer.lock)
+    search_index.py     the search index's lifecycle: refresh, load, catch up, build, save
+    vector_index.py     the faiss index, its rows and its snapshot file
+    sqlite_tree.py      SQLite connections, formats and migrations; the tree's SQL
+    lance_table.py      the LanceDB table: lazy import, read errors, scans, new rows
+    rows.py             each mode's row layout, reading rows back, purging superseded rows
+    checks.py           request validation and the directory-value compare-and-set
+    backend.py          the interface both backends keep (Protocols), WorkspaceRecord
+    postgres.py         PgStore and PgOptions: the store in PostgreSQL (+ pgvector);
+                        pg_workspace.py its workspaces, pg_schema.py its tables,
+                        pg_conn.py its connections
+    contents.py         what a workspace holds, opened with its key (convergence checks)
+
+The names below are imported on first use (indexer.lazy): importing the package loads
+neither the store's modules nor LanceDB, pyarrow, faiss or psycopg.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from indexer.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from sync.store.options import StoreOptions
+    from sync.store.registry import Store
+    from sync.store.rows import fid_of
+    from sync.store.search_index import SNAPSHOT
+    from sync.store.sqlite_tree import STORE_FORMAT
+    from sync.store.vector_index import IndexPolicy
+    from sync.store.workspace import WorkspaceStore
+    from sync.wire import (
+        AuthError,
+        BadRequest,
+        PermissionDenied,
+        StoreCorrupt,
+        StoreError,
+        WorkspaceExists,
+        WorkspaceNotFound,
+    )
+
+__all__ = [
+    "SNAPSHOT",
+    "STORE_FORMAT",
+    "AuthError",
+    "BadRequest",
+    "IndexPolicy",
+    "PermissionDenied",
+    "Store",
+    "StoreCorrupt",
+    "StoreError",
+    "StoreOptions",
+    "WorkspaceExists",
+    "WorkspaceNotFound",
+    "WorkspaceStore",
+    "fid_of",
+]
+
+_HOMES = {
+    "SNAPSHOT": "sync.store.search_index",
+    "STORE_FORMAT": "sync.store.sqlite_tree",
+    "AuthError": "sync.wire",
+    "BadRequest": "sync.wire",
+    "IndexPolicy": "sync.store.vector_index",
+    "PermissionDenied": "sync.wire",
+    "Store": "sync.store.registry",
+    "StoreCorrupt": "sync.wire",
+    "StoreError": "sync.wire",
+    "StoreOptions": "sync.store.options",
+    "WorkspaceExists": "sync.wire",
+    "WorkspaceNotFound": "sync.wire",
+    "WorkspaceStore": "sync.store.workspace",
+    "fid_of": "sync.store.rows",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES, globals())

@@ -1,0 +1,42 @@
+"""How the embedded store is tuned: one `StoreOptions`, given to `Store` and handed as it
+is to each `WorkspaceStore` it opens. (The PostgreSQL store has its own,
+sync.store.postgres.PgOptions.)"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sync.store.vector_index import IndexPolicy
+from sync.wire import LIMITS, Limits
+
+# Seconds between index snapshots while applies keep coming (`index_save_interval`).
+DEFAULT_SAVE_INTERVAL = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOptions:
+    """The tuning of a data dir's store and of every workspace in it; the defaults are
+    what `codeveil serve` and the embedded store run with."""
+
+    #: The bounds every request to the store's workspaces is held to (sync.wire.Limits).
+    limits: Limits = LIMITS
+    #: Applies between compactions of a server-search workspace's LanceDB table. Each
+    #: apply adds a fragment and a version; merging them now and then keeps reads (index
+    #: builds) fast and the folder small. An apply that deletes rows compacts at once
+    #: (sync.store.rows), and the count starts again.
+    compact_every: int = 32
+    #: The OpenMP thread count faiss uses in the store's calls (None leaves faiss's
+    #: default): a single exact query gets slower, not faster, with more threads on a
+    #: small machine (measured 34 ms with 2 threads vs 15 ms with 1 at 100k x 384 on 2
+    #: cores, far worse when the cores are busy), and the server runs concurrent searches
+    #: on threads of its own anyway.
+    faiss_threads: int | None = 1
+    #: Picks and tunes the search index (sync.store.vector_index.IndexPolicy).
+    index_policy: IndexPolicy = field(default_factory=IndexPolicy)
+    #: Bounds how often applies snapshot the search index, in seconds; a snapshot never
+    #: takes more than a tenth of the time either, however large the index
+    #: (sync.store.search_index).
+    index_save_interval: float = DEFAULT_SAVE_INTERVAL
+    #: The OpenMP thread count of index builds (None: all cores), which unlike a single
+    #: search do gain from threads.
+    build_threads: int | None = None

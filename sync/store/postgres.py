@@ -1,0 +1,196 @@
+"""The store on PostgreSQL with pgvector: what many stateless `codeveil serve` replicas
+share. Same operations, limits, errors and answers as the embedded store (sync.store):
+`PgStore` is its registry of workspaces and tokens, tuned by one `PgOptions`; a
+workspace's tree, rows and search: sync.store.pg_workspace; the tables:
+sync.store.pg_schema; connections: sync.store.pg_conn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+
+from sync.db_url import is_database_url, mask_url
+from sync.records import MODE_SERVER_SEARCH, MODES
+from sync.store.backend import WorkspaceRecord
+from sync.store.checks import WORKSPACE_ID_RE, new_workspace_id
+from sync.store.pg_conn import DEFAULT_POOL_SIZE, Pool
+from sync.store.pg_schema import CREATE_LOCK, ensure_schema
+from sync.store.pg_workspace import HNSW_THRESHOLD, PgWorkspace, W
+from sync.wire import (
+    LIMITS,
+    AuthError,
+    Limits,
+    PermissionDenied,
+    StoreCorrupt,
+    StoreError,
+    WorkspaceExists,
+    WorkspaceNotFound,
+)
+
+__all__ = ["PgOptions", "PgStore"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PgOptions:
+    """The tuning of a PostgreSQL store and of every workspace in it."""
+
+    #: The bounds every request to the store's workspaces is held to (sync.wire.Limits).
+    limits: Limits = LIMITS
+    #: Connections kept idle per process (sync.store.pg_conn.Pool); more may be open.
+    pool_size: int = DEFAULT_POOL_SIZE
+    #: Rows from which a workspace gets its HNSW index (sync.store.pg_workspace).
+    hnsw_threshold: int = HNSW_THRESHOLD
+
+
+class PgStore:
+    """All workspaces in one PostgreSQL database, and their bearer tokens (kept as
+    SHA-256 only); the operations of `sync.store.Store`. Any number of processes may
+    open the same database at once. `options` tunes the store and every workspace it
+    opens (`PgOptions`)."""
+
+    def __init__(self, url: str, *, options: PgOptions | None = None) -> None:
+        if not is_database_url(url):
+            raise StoreError(f"{mask_url(url)} is not a PostgreSQL URL (postgresql://...)")
+        self.url = url
+        self.where = mask_url(url)
+        self.options = PgOptions() if options is None else options
+        self.limits = self.options.limits
+        self._pool = Pool(url, self.options.pool_size)
+        with self._pool.connection() as conn:
+            ensure_schema(conn, self.where)
+        self._lock = threading.Lock()
+        self._open: dict[str, PgWorkspace] = {}
+        self._owners: dict[bytes, str] = {}  # sha256(token) -> workspace id, once seen
+        self._closed = False
+
+    def create_workspace(
+        self,
+        dim: int,
+        model_id: str,
+        key_check: bytes,
+        workspace_id: str | None = None,
+        *,
+        mode: str = MODE_SERVER_SEARCH,
+        max_workspaces: int | None = None,
+    ) -> tuple[str, str]:
+        """As `Store.create_workspace`: returns (workspace_id, bearer token)."""
+        self._check_open()
+        workspace_id = new_workspace_id(self.limits, dim, model_id, key_check, workspace_id,
+                                        mode)
+        token = secrets.token_urlsafe(32)
+        with self._pool.connection() as conn, conn.transaction():
+            # Held to the commit: the count and the insert of concurrent creators, on
+            # any replica, do not interleave.
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (CREATE_LOCK,))
+            if conn.execute(f"SELECT 1 FROM {W}.workspaces WHERE id = %s",
+                            (workspace_id,)).fetchone():
+                raise WorkspaceExists(f"workspace {workspace_id} already exists")
+            if max_workspaces is not None:
+                row = conn.execute(f"SELECT count(*) FROM {W}.workspaces").fetchone()
+                assert row is not None
+                if row[0] >= max_workspaces:
+                    raise PermissionDenied(
+                        f"this server holds its limit of {max_workspaces} workspaces;"
+                        " ask its operator for room"
+                    )
+            conn.execute(
+                f"INSERT INTO {W}.workspaces (id, token_sha256, dim, model_id, key_check,"
+                " created_at, mode) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                (workspace_id, _token_hash(token), dim, model_id, key_check, time.time(),
+                 mode),
+            )
+        log.info("created workspace %s (dim %d, %s)", workspace_id, dim, mode)
+        return workspace_id, token
+
+    def authenticate(self, workspace_id: str, token: str | None) -> None:
+        """As `Store.authenticate`: 401 without a valid token, 404 for an unknown
+        workspace (only then), 403 for the token of another workspace."""
+        if not token:
+            raise AuthError("missing bearer token (send 'Authorization: Bearer <token>')")
+        self._check_open()
+        owner = self._owner(_token_hash(token))
+        if owner is None:
+            raise AuthError("invalid bearer token")
+        record = self._record(workspace_id)  # raises WorkspaceNotFound
+        if not hmac.compare_digest(owner.encode(), record.workspace_id.encode()):
+            raise PermissionDenied("this token belongs to another workspace")
+
+    def workspace(self, workspace_id: str) -> PgWorkspace:
+        """The store of a workspace (made on first use, then shared)."""
+        self._check_open()
+        with self._lock:
+            ws = self._open.get(workspace_id)
+        if ws is None:
+            ws = PgWorkspace(self._pool, self._record(workspace_id), self.options)
+            with self._lock:
+                ws = self._open.setdefault(workspace_id, ws)
+        return ws
+
+    def workspace_ids(self) -> list[str]:
+        self._check_open()
+        with self._pool.connection() as conn:
+            return [r for (r,) in conn.execute(f"SELECT id FROM {W}.workspaces ORDER BY id")]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for ws in self._open.values():
+                ws.close()
+            self._open.clear()
+        self._pool.close()
+
+    def __enter__(self) -> PgStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _record(self, workspace_id: str) -> WorkspaceRecord:
+        if not isinstance(workspace_id, str) or not WORKSPACE_ID_RE.match(workspace_id):
+            raise WorkspaceNotFound(f"no workspace {str(workspace_id)[:80]!r}")
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                f"SELECT id, dim, model_id, key_check, created_at, mode FROM {W}.workspaces"
+                " WHERE id = %s", (workspace_id,),
+            ).fetchone()
+        if row is None:
+            raise WorkspaceNotFound(f"no workspace {workspace_id!r}")
+        if row[5] not in MODES:
+            raise StoreCorrupt(f"workspace {workspace_id} has the unknown mode {row[5]!r} in"
+                               f" the database {self.where}")
+        return WorkspaceRecord(row[0], int(row[1]), row[2], bytes(row[3]), float(row[4]), row[5])
+
+    def _owner(self, digest: bytes) -> str | None:
+        with self._lock:
+            owner = self._owners.get(digest)
+        if owner is not None:
+            return owner
+        # Not cached: a workspace created since, possibly by another replica.
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                f"SELECT id, token_sha256 FROM {W}.workspaces WHERE token_sha256 = %s",
+                (digest,),
+            ).fetchone()
+        if row is None or not hmac.compare_digest(bytes(row[1]), digest):
+            return None
+        with self._lock:
+            self._owners[digest] = row[0]
+        return str(row[0])
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"the store at {self.where} is closed")
+
+
+def _token_hash(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()

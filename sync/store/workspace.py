@@ -1,0 +1,619 @@
+"""One workspace of the embedded store: its Merkle tree, chunk rows and search index,
+read and written (sync.store, "Crash safety"). Its files and locks are
+sync.store.workspace_files; its search index sync.store.search_index; the tree's SQL
+sync.store.sqlite_tree; the rows' layout sync.store.rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import operator
+import sqlite3
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from indexer import sqlite_files
+from sync.records import (
+    DirValue,
+    FileRows,
+    FileUpdate,
+    NodeInfo,
+    SearchHit,
+    WorkspaceInfo,
+)
+from sync.store.backend import WorkspaceRecord
+from sync.store.checks import (
+    ApplyChecks,
+    Children,
+    _key,
+    _Update,
+    _vector,
+    decide_dir_values,
+    dir_value_checks,
+)
+from sync.store.lance_table import (
+    CLEANUP_AFTER,
+    LANCE_ADVICE,
+    LANCE_IN_BATCH,
+    TABLE,
+    arrow_rows,
+    lance_reads,
+)
+from sync.store.options import StoreOptions
+from sync.store.rows import (
+    bounded_answer,
+    checkpoint_superseded,
+    fid_of,
+    file_keys,
+    group_rows,
+    purge_superseded,
+    replace_sealed_rows,
+    sealed_rows_of,
+    sealed_rows_scan,
+)
+from sync.store.search_index import SNAPSHOT, SearchIndexLifecycle
+from sync.store.sqlite_tree import (
+    SQL_BATCH,
+    TREE_ADVICE,
+    Plan,
+    batched,
+    commit_values,
+    mark_pending,
+    sealed_reads,
+    transaction,
+)
+from sync.store.vector_index import (
+    RowTable,
+    SnapshotError,
+    chunk_id_array,
+    pack,
+    read_snapshot,
+    read_snapshot_info,
+)
+from sync.wire import BadRequest, SealedWorkspaceError, StoreCorrupt
+
+log = logging.getLogger(__name__)
+
+
+class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
+    """The Merkle tree, chunk rows and search index of one workspace.
+
+    Thread-safe: applies (and directory updates) are serialised by a lock, across
+    processes by an flock; reads of the tree (and of a sealed workspace's rows) and
+    searches run concurrently with them and with each other. Implements the operations
+    of `sync.client.StoreClient`. Tuned by its store's `StoreOptions`.
+    """
+
+    def __init__(self, path: Path, record: WorkspaceRecord, options: StoreOptions) -> None:
+        super().__init__(path, record, options)
+        self._checkpoint_due = False  # the log may hold deleted rows: cut it (sealed)
+        self._applies_since_compact = 0
+        if self.sealed:
+            try:
+                self._move_sealed_rows()
+            except BaseException:
+                self._rconn.close()
+                self._wconn.close()
+                raise
+
+    # -- reads --------------------------------------------------------------------------
+
+    def info(self) -> WorkspaceInfo:
+        self._check_open()
+        with self._rlock:
+            (nodes,) = self._rconn.execute("SELECT COUNT(*) FROM nodes").fetchone()
+        index: dict[str, Any] | None = None
+        chunks: int | None
+        if self.sealed:
+            chunks = self._sealed_row_count()
+        elif self._current():
+            with self._index_lock.read():
+                chunks = len(self._rows)
+                if self._index is not None:
+                    index = self._index.describe()
+        else:
+            # Counting must not build the index (`codeveil status` never searches). The
+            # snapshot's trailer counts its rows; if it is of the current generation that
+            # is the count, and LanceDB (seconds to import) is not needed.
+            chunks = self._snapshot_rows()
+            if chunks is None:
+                chunks = self._counted_rows()
+            if chunks is None:
+                chunks = self._count_rows()
+        assert chunks is not None
+        r = self._record
+        extra: dict[str, Any] = {"created_at": r.created_at, "limits": self.limits.as_dict()}
+        if not self.sealed:
+            extra["distance"] = "l2"
+        if index is not None:
+            extra["index"] = index
+        return WorkspaceInfo(
+            workspace_id=r.workspace_id,
+            dim=r.dim,
+            model_id=r.model_id,
+            key_check=r.key_check,
+            chunks=chunks,
+            nodes=nodes,
+            extra=extra,
+            mode=r.mode,
+        )
+
+    def file_rows(self, keys: Sequence[bytes]) -> FileRows:
+        """(chunk id, meta) of every row of each file of `keys`, in the order they were
+        sent. A key that is not a committed leaf (unknown, pending or a directory) maps to
+        []. The answer is bounded by `limits.max_row_bytes`: the keys after the bound are
+        left out of it, and the caller asks for them again.
+
+        Read so that no apply is halfway: a leaf's value and its rows are the ones one
+        apply committed together. A sealed workspace's are read in one read transaction
+        of tree.sqlite, concurrently with writers: an apply sets the leaves it touches
+        pending before it moves their rows and their values only after, so any committed
+        state pairs a value with its own rows. A server-search workspace's are read under
+        the write locks."""
+        self._check_open()
+        wanted = file_keys(keys, self.limits)
+        if not wanted:
+            return {}
+        if self.sealed:
+            return bounded_answer(wanted, self._sealed_file_rows(wanted),
+                                  self.limits.max_row_bytes)
+        with self._write_lock, self._flock():
+            committed = [k for k, (value, is_dir) in self._leaf_values(wanted).items()
+                         if value is not None and not is_dir]
+            fid_keys: dict[int, list[bytes]] = {}
+            for k in committed:
+                fid_keys.setdefault(fid_of(k), []).append(k)
+            found = {}
+            if fid_keys:
+                with lance_reads(self.path / f"{TABLE}.lance"):
+                    self._table.checkout_latest()
+                batches = (
+                    b
+                    for part in batched(sorted(fid_keys), LANCE_IN_BATCH)
+                    for b in self._scan(["rid", "fid", "chunk_id", "meta"],
+                                        where=f"fid IN ({','.join(map(str, part))})")
+                )
+                found = group_rows(batches, fid_keys)
+        return bounded_answer(wanted, found, self.limits.max_row_bytes)
+
+    def _sealed_file_rows(self, wanted: list[bytes]
+                          ) -> dict[bytes, list[tuple[int, bytes, bytes]]]:
+        """The rows of the committed leaves of `wanted`, read in one snapshot."""
+        with self._rlock, sealed_reads(self._tree_path):
+            self._rconn.execute("BEGIN")
+            try:
+                values = self._leaf_values(wanted, self._rconn)
+                fid_keys: dict[int, list[bytes]] = {}
+                for k, (value, is_dir) in values.items():
+                    if value is not None and not is_dir:
+                        fid_keys.setdefault(fid_of(k), []).append(k)
+                return sealed_rows_of(self._rconn, fid_keys) if fid_keys else {}
+            finally:
+                self._rconn.execute("COMMIT")
+
+    def _leaf_values(self, keys: list[bytes], conn: sqlite3.Connection | None = None
+                     ) -> dict[bytes, tuple[bytes | None, bool]]:
+        """key -> (value, is_dir) of those of `keys` in the tree. Caller holds
+        _write_lock (this reads on the writer's connection), or passes `conn` and holds
+        what guards it."""
+        out: dict[bytes, tuple[bytes | None, bool]] = {}
+        for part in batched(keys, SQL_BATCH):
+            marks = ",".join("?" * len(part))
+            for k, v, is_dir in (conn or self._wconn).execute(
+                f"SELECT key, value, is_dir FROM nodes WHERE key IN ({marks})", part
+            ):
+                out[bytes(k)] = (None if v is None else bytes(v), bool(is_dir))
+        return out
+
+    def root(self) -> NodeInfo | None:
+        self._check_open()
+        with self._rlock:
+            rows = self._rconn.execute(
+                "SELECT key, value, is_dir FROM nodes WHERE parent IS NULL ORDER BY key"
+            ).fetchall()
+        if len(rows) > 1:  # apply() refuses a second root; this would be a bug
+            log.error("workspace %s has %d root nodes", self.workspace_id, len(rows))
+        return NodeInfo(rows[0][0], rows[0][1], bool(rows[0][2])) if rows else None
+
+    def children(self, keys: Sequence[bytes]) -> dict[bytes, list[NodeInfo]]:
+        self._check_open()
+        if not isinstance(keys, Sequence) or isinstance(keys, bytes | str):
+            raise BadRequest("keys must be a list of keys")
+        if len(keys) > self.limits.max_keys:
+            raise BadRequest(
+                f"too many keys: {len(keys)} > {self.limits.max_keys} per children call"
+            )
+        wanted = [_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
+        out: dict[bytes, list[NodeInfo]] = {k: [] for k in wanted}
+        unique = list(out)
+        with self._rlock:
+            # One read transaction: every batch sees the same snapshot.
+            self._rconn.execute("BEGIN")
+            try:
+                for part in batched(unique, SQL_BATCH):
+                    marks = ",".join("?" * len(part))
+                    for parent, key, value, is_dir in self._rconn.execute(
+                        "SELECT parent, key, value, is_dir FROM nodes"
+                        f" WHERE parent IN ({marks}) ORDER BY parent, key",
+                        part,
+                    ):
+                        out[parent].append(NodeInfo(key, value, bool(is_dir)))
+            finally:
+                self._rconn.execute("COMMIT")
+        return out
+
+    def search(self, vector: object, k: int) -> list[SearchHit]:
+        """The `k` rows nearest to `vector` by Euclidean distance (not squared)."""
+        self._check_open()
+        if self.sealed:
+            raise SealedWorkspaceError(
+                f"workspace {self.workspace_id} is sealed: search runs on the client"
+            )
+        query = _vector(vector, self.dim, "vector")[None, :]
+        try:
+            if isinstance(k, bool):
+                raise TypeError
+            k = operator.index(k)
+        except TypeError:
+            raise BadRequest(f"k must be an integer, got {type(k).__name__}") from None
+        if not 1 <= k <= self.limits.max_k:
+            raise BadRequest(f"k must be between 1 and {self.limits.max_k}, got {k}")
+        self._refresh()
+        self._set_faiss_threads()
+        with self._index_lock.read():
+            index = self._index
+            if index is None or index.ntotal == 0:
+                return []
+            dist, ids = index.search(query, min(k, index.ntotal))
+            found = [
+                (d, rid) for d, rid in zip(dist[0].tolist(), ids[0].tolist(), strict=True)
+                if rid >= 0
+            ]
+            rows = self._rows.lookup([rid for _, rid in found])
+        return [
+            SearchHit(chunk_id, max(d, 0.0) ** 0.5, meta)
+            for (d, _), (chunk_id, meta) in zip(found, rows, strict=True)
+        ]
+
+    # -- writes -------------------------------------------------------------------------
+
+    def apply(self, updates: Sequence[FileUpdate], deletes: Sequence[bytes]) -> None:
+        """Replace the chunks and leaves of `updates`; remove the subtrees of `deletes`.
+
+        Deletes take effect before updates, so one call can turn a file into a directory
+        of the same key (delete it, upload what is now below it) or the other way round.
+        A key that changes kind without being deleted is handled the same way.
+
+        Write order, the crash-safety invariant:
+
+        1. One SQLite transaction: create missing ancestors (`ancestors[0]` is the root),
+           upsert each leaf with value NULL, set NULL the value of every node in a
+           deleted subtree and of every ancestor of a touched leaf or deleted node;
+           reserve rids for the new rows.
+        2. Delete the rows of the updated files and of every leaf in a deleted subtree
+           (`fid IN (...)`), then add the new rows. Sealed: one SQLite transaction on
+           the rows table. Server-search: LanceDB, the new rows in one `add`; then
+           faiss is brought into step.
+        3. One SQLite transaction: set the leaf values; delete the nodes of deleted
+           subtrees.
+        4. If rows were deleted, their bytes leave the data dir (sync.store.rows): the
+           write-ahead log is checkpointed and cut (sealed), or the table compacted and
+           its older versions removed (server-search).
+
+        A crash anywhere leaves NULL values on every path it touched, which never match
+        a client value, so the next sync re-sends them; no value ever claims chunks the
+        store lacks. Re-applying the same batch is harmless (rows are replaced per file).
+        """
+        self._check_open()
+        ups, dels = self._validate_apply(updates, deletes)
+        if not ups and not dels:
+            return
+        with self._write_lock, self._flock():
+            self._prepare_write()
+            plan = self._step1_mark_pending(ups, dels)
+            deleted = self._step2_replace_rows(plan, ups)
+            self._step3_commit(plan, ups)
+            if self.sealed:
+                if deleted or self._checkpoint_due:
+                    self._checkpoint()
+                return
+            if deleted:
+                self._purge(added=sum(len(u.chunk_ids) for u in ups))
+            else:
+                self._maybe_compact()
+            self._record_row_count()
+            self._maybe_rebuild()
+            if self._save_due():
+                self._save_index()
+
+    def set_dir_values(self, values: Sequence[DirValue | tuple[bytes, bytes, bytes]]) -> None:
+        """Set the values of existing directories, each only over the children it was
+        computed from (compare-and-set); other keys are ignored.
+
+        Each item is (key, value, children digest). A directory keeps its value unless
+        its children, as stored now, digest to the one given (`children_digest`): a
+        pending (NULL) child never does, and neither does a child another writer changed
+        after this value was computed (two teammates syncing at once). The last writer
+        therefore cannot make the tree claim its own files over another's rows. A
+        directory is checked only once the values this call gives its children are set
+        or refused, against the children as they are then, so the order of the values
+        does not matter.
+        """
+        self._check_open()
+        pending = dir_value_checks(values, self.limits)
+        with self._write_lock, self._flock(), transaction(self._wconn) as conn:
+            pending = {k: v for k, v in pending.items() if (row := conn.execute(
+                "SELECT is_dir FROM nodes WHERE key = ?", (k,)).fetchone()) and row[0]}
+
+            def children_of(keys: list[bytes]) -> Children:
+                return {k: [(bytes(c), None if v is None else bytes(v)) for c, v in conn.execute(
+                    "SELECT key, value FROM nodes WHERE parent = ?", (k,))] for k in keys}
+
+            def write(items: list[tuple[bytes, bytes]]) -> None:
+                conn.executemany("UPDATE nodes SET value = ? WHERE key = ?",
+                                 [(v, k) for k, v in items])
+
+            refused = decide_dir_values(pending, children_of, write)  # sync.store.checks
+        if refused:
+            log.info(
+                "workspace %s: %d directory values refused: computed over other children"
+                " (another writer, or a pending node below)",
+                self.workspace_id,
+                refused,
+            )
+
+    # -- checks (`codeveil doctor`, and `codeveil index` before it reports success) -----
+
+    def verify(self, *, deep: bool = True) -> None:
+        """Raise StoreCorrupt if the chunk rows plainly cannot be read. Cheap. Sealed: the
+        rows table of tree.sqlite is read (counted, through its index on fid, if `deep`);
+        a damaged file is named by its connection. Server-search: with the table open
+        (this process wrote or read it) and `deep`, its rows are counted and compared
+        with the index's; otherwise only its files are looked at, so an index with
+        nothing to send does not pay LanceDB's import (nor a server's root request the
+        write lock)."""
+        self._check_open()
+        if self.sealed:
+            if deep:
+                self._sealed_row_count()
+            else:
+                with self._rlock, sealed_reads(self._tree_path):
+                    self._rconn.execute("SELECT rid FROM rows LIMIT 1").fetchall()
+            return
+        table_dir = self.path / f"{TABLE}.lance"
+        with self._write_lock if deep else contextlib.nullcontext():
+            if (deep and self._table_handle is not None and self._current()
+                    and self._index_clean):
+                with lance_reads(table_dir):
+                    self._table.checkout_latest()
+                    stored = self._table.count_rows()
+                if stored != len(self._rows):
+                    raise StoreCorrupt(
+                        f"the chunk table {table_dir} holds {stored} rows where the search"
+                        f" index holds {len(self._rows)}; {LANCE_ADVICE}"
+                    )
+                return
+        manifests = list((table_dir / "_versions").glob("*.manifest"))
+        if not manifests or not any(m.stat().st_size for m in manifests):
+            raise StoreCorrupt(f"the chunk table {table_dir} has no version manifest;"
+                               f" {LANCE_ADVICE}")
+        rows = self._snapshot_rows()
+        if rows is None:
+            rows = self._counted_rows()
+        data = list((table_dir / "data").glob("*.lance"))
+        if (rows and not data) or any(d.stat().st_size == 0 for d in data):
+            raise StoreCorrupt(f"the chunk table {table_dir} lost its data files;"
+                               f" {LANCE_ADVICE}")
+
+    def check(self) -> list[str]:
+        """Every problem found in this workspace's files, one line each (empty: none).
+
+        tree.sqlite's integrity; the chunk rows read in full (every row's rid, file and
+        chunk id); rids unique; every row belonging to a file of the tree; the search
+        snapshot, when of the current generation, holding exactly the table's rows (a
+        sealed workspace, whose rows are in tree.sqlite, has none)."""
+        self._check_open()
+        problems: list[str] = []
+        tree = self.path / "tree.sqlite"
+        bad = sqlite_files.integrity_problem(tree)
+        if bad is not None:
+            return [f"{tree} is corrupt ({bad}); {TREE_ADVICE}"]
+        with self._rlock:
+            leaves = {fid_of(bytes(k)) for (k,) in self._rconn.execute(
+                "SELECT key FROM nodes WHERE is_dir = 0")}
+        try:
+            by_file = self.rows_by_file()
+        except StoreCorrupt as exc:
+            return [str(exc)]
+        rids = np.concatenate([r for r, _ in by_file.values()] or [np.empty(0, np.int64)])
+        if self.sealed:
+            table, advice = f"the chunk table of {tree}", TREE_ADVICE
+        else:
+            table, advice = f"the chunk table {self.path / f'{TABLE}.lance'}", LANCE_ADVICE
+        if len(np.unique(rids)) != len(rids):
+            problems.append(f"{table} holds a row twice; {advice}")
+        orphans = sum(len(r) for fid, (r, _) in by_file.items() if fid not in leaves)
+        if orphans:
+            problems.append(f"{table} holds {orphans} rows of files the tree does not have;"
+                            f" {advice}")
+        if self.sealed:
+            return problems
+        snapshot = self.path / SNAPSHOT
+        try:
+            info = read_snapshot_info(snapshot)
+        except FileNotFoundError:
+            info = None
+        except (SnapshotError, OSError) as exc:
+            problems.append(f"the search snapshot {snapshot} is unreadable ({exc}); it is"
+                            " rebuilt from the chunk table (delete it to stop this message)")
+            info = None
+        if info is not None and info.get("generation") == self._generation():
+            try:
+                _index, rows, _ = read_snapshot(snapshot, self.options.index_policy)
+                same = np.array_equal(np.sort(rows.rids()), np.sort(rids))
+            except (SnapshotError, OSError, ValueError) as exc:
+                same, rows = False, None
+                problems.append(f"the search snapshot {snapshot} is unreadable ({exc})")
+            if rows is not None and not same:
+                problems.append(f"the search snapshot {snapshot} does not hold the chunk"
+                                " table's rows; delete it (it is rebuilt from the table)")
+        return problems
+
+    def rows_by_file(self) -> dict[int, tuple[np.ndarray, list[bytes]]]:
+        """fid -> (rids, chunk ids) of every chunk row, read in full."""
+        out: dict[int, tuple[list[int], list[bytes]]] = {}
+        if self.sealed:
+            with self._rlock, sealed_reads(self._tree_path):
+                for rid, fid, cid in sealed_rows_scan(self._rconn):
+                    entry = out.setdefault(fid, ([], []))
+                    entry[0].append(rid)
+                    entry[1].append(cid)
+            return {f: (np.array(r, np.int64), c) for f, (r, c) in out.items()}
+        with self._write_lock, lance_reads(self.path / f"{TABLE}.lance"):
+            self._table.checkout_latest()
+            for b in self._scan(["rid", "fid", "chunk_id"]):
+                for rid, fid, cid in zip(b.column("rid").to_pylist(), b.column("fid").to_pylist(),
+                                         b.column("chunk_id").to_pylist(), strict=True):
+                    entry = out.setdefault(fid, ([], []))
+                    entry[0].append(rid)
+                    entry[1].append(cid)
+        return {f: (np.array(r, np.int64), c) for f, (r, c) in out.items()}
+
+    def close(self) -> None:
+        """Snapshot the index if it changed since the last snapshot, then close."""
+        if self._closed:
+            return
+        with self._write_lock:
+            if self._index is not None and self._loaded_generation != self._saved_generation:
+                with self._flock():
+                    self._save_index()
+            self._closed = True
+            with self._index_lock.write():
+                self._index = None
+                self._rows = RowTable()
+            with self._rlock:
+                self._rconn.close()
+            self._wconn.close()
+
+    # -- apply, step by step (also called one by one by the crash tests) ------------------
+
+    def _step1_mark_pending(self, updates: list[_Update], deletes: list[bytes]) -> Plan:
+        with transaction(self._wconn) as conn:
+            plan, generation = mark_pending(conn, updates, deletes)
+        self._loaded_generation = generation  # our own change: the index follows it
+        return plan
+
+    def _step2_replace_rows(self, plan: Plan, updates: list[_Update]) -> int:
+        """Returns how many rows were deleted (their bytes are purged after step 3)."""
+        if self.sealed:
+            return self._step2_replace_sealed_rows(plan, updates)
+        # Only files that have rows: a new file costs LanceDB nothing. (_prepare_write
+        # made the index equal LanceDB's rows, so the row table knows every file's rows.)
+        old = sorted(f for f in plan.fids if self._rows.has_file(f))
+        n = sum(len(u.chunk_ids) for u in updates)
+        rids = np.arange(plan.first_rid, plan.first_rid + n, dtype=np.int64)
+        fids = np.repeat(
+            np.array([fid_of(u.file_key) for u in updates], dtype=np.int64),
+            [len(u.chunk_ids) for u in updates],
+        )
+        chunk_ids = [c for u in updates for c in u.chunk_ids]
+        metas = [m for u in updates for m in u.metas]
+        vectors = (
+            np.concatenate([u.vectors for u in updates])
+            if n
+            else np.empty((0, self.dim), np.float32)
+        )
+        try:
+            for part in batched(old, LANCE_IN_BATCH):
+                self._table.delete(f"fid IN ({','.join(map(str, part))})")
+            if n:
+                self._table.add(arrow_rows(self.dim, rids, chunk_ids, fids, vectors, metas))
+        except BaseException:
+            # LanceDB may hold part of the change; the index still agrees with its own
+            # rows, so the next user catches it up to whatever LanceDB holds.
+            self._index_behind = True
+            raise
+        try:
+            with self._index_lock.write():
+                index = self._index
+                assert index is not None  # _prepare_write built it
+                removed = self._rows.remove_files(old)
+                index.remove(removed)
+                index.add(vectors, rids)
+                self._rows.append(rids, fids, chunk_id_array(chunk_ids), *pack(metas))
+        except BaseException:
+            self._index_stale = True  # the index and its rows may disagree now
+            raise
+        return len(removed)
+
+    def _step2_replace_sealed_rows(self, plan: Plan, updates: list[_Update]) -> int:
+        # One transaction: a crash keeps all the old rows or none of them. Every touched
+        # file's rows are deleted (the index on fid finds none for a new file).
+        rid = plan.first_rid
+        rows = []
+        for u in updates:
+            fid = fid_of(u.file_key)
+            for cid, meta in zip(u.chunk_ids, u.metas, strict=True):
+                rows.append((rid, fid, cid, meta))
+                rid += 1
+        with sealed_reads(self._tree_path), transaction(self._wconn) as conn:
+            return replace_sealed_rows(conn, plan.fids, rows)
+
+    def _step3_commit(self, plan: Plan, updates: list[_Update]) -> None:
+        with transaction(self._wconn) as conn:
+            generation = commit_values(conn, plan, updates)
+        self._loaded_generation = generation
+
+    def _maybe_compact(self) -> None:
+        # Each apply adds a LanceDB fragment and version; merging them now and then keeps
+        # reads (index builds) fast and the folder small. Rows keep their rids, so the
+        # faiss index is unaffected.
+        self._applies_since_compact += 1
+        if self._applies_since_compact < self.options.compact_every:
+            return
+        self._applies_since_compact = 0
+        started = time.perf_counter()
+        try:
+            self._table.optimize(cleanup_older_than=CLEANUP_AFTER)
+        except Exception:  # compaction is an optimisation: never fail an apply for it
+            log.warning("workspace %s: compaction failed", self.workspace_id, exc_info=True)
+            return
+        log.debug("workspace %s: compacted in %.2fs", self.workspace_id,
+                  time.perf_counter() - started)
+
+    def _checkpoint(self) -> None:
+        """After a sealed apply that deleted rows: the write-ahead log, which may hold
+        their old page images, is copied into tree.sqlite and cut (sync.store.rows). If a
+        reader keeps it from finishing, the next apply tries again."""
+        started = time.perf_counter()
+        try:
+            done = checkpoint_superseded(self._wconn)
+        except sqlite3.OperationalError:
+            log.warning("workspace %s: checkpointing %s failed", self.workspace_id,
+                        self._tree_path, exc_info=True)
+            done = False
+        self._checkpoint_due = not done
+        if done:
+            self.index_events["purged"] += 1
+        log.debug("workspace %s: log checkpointed (%s) in %.3fs", self.workspace_id,
+                  "done" if done else "readers left", time.perf_counter() - started)
+
+    def _purge(self, added: int) -> None:
+        """After an apply that deleted rows: their bytes leave the data dir now
+        (sync.store.rows). It compacts the table too, so the count towards the next
+        compaction starts again. A failure is logged: the rows are gone from the table
+        already, and the next apply that deletes rows purges them too."""
+        self._applies_since_compact = 0
+        try:
+            took = purge_superseded(self._table, added)
+        except Exception:
+            log.warning("workspace %s: removing superseded rows failed", self.workspace_id,
+                        exc_info=True)
+            return
+        self.index_events["purged"] += 1
+        log.debug("workspace %s: superseded rows removed in %.3fs", self.workspace_id, took)
