@@ -518,7 +518,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         ("BM25 chunks only", fmt, {"w_vector": 0.0, "evidence": False,
                                    "w_file_lexical": 0.0}, agg),
         *((f"defaults + imports of top {top}, weight {w}", fmt, {IMPORTS_OPTION: (top, w)}, agg)
-          for top in (1, 3) for w in (0.25, 0.5, 1.0)),
+          for top in (1, 3) for w in (0.1, 0.25)),
     ]
     rows += [(f"defaults, no header, header vector {w}", o, {"w_header_vector": w}, agg)
              for o in other for w in (0.25, 0.5, 1.0)]
