@@ -1,7 +1,7 @@
 """Search quality: codeveil against BM25 and plain MiniLM, with an ablation, in one run.
 
     python bench/quality.py --data DIR --mirrors DIR [--datasets swebench,cosqa]
-        [--repos requests,flask,...] [--split FILE] [--per-half N] [--per-repo N]
+        [--repos requests,flask,...] [--split FILE] [--per-half N[,REPO=M]] [--per-repo N]
         [--ids FILE] [--cosqa-limit N] [--stage warm|eval|all] [--header-ablation LIST]
         [--threads N] [--e2e N] [--latency CHUNKS] [--embedder NAME] [--no-plot]
 
@@ -616,12 +616,12 @@ def with_imports(files: list[str], imports: Callable[[str], list[str]], top: int
 
 def swebench_instances(paths: Sequence[Path], repos: Sequence[str], per_repo: int | None,
                        ids: Path | None = None, split: Path | None = None,
-                       per_half: int | None = None) -> list[dict]:
+                       per_half: dict[str, int] | None = None) -> list[dict]:
     """The instances of `repos` (at most `per_repo` each), only those listed in the file
     `ids` (one instance id per line, `#` comments) if given. With `split` (the file of
     bench/swebench_split.py: id, repo, half), only the instances it lists, each tagged
     with its half, in the file's order; `per_half` keeps the first that many of each
-    repo's half."""
+    repo's half (key "": every repo not named; see `parse_per_half`)."""
     rows = [json.loads(line) for path in paths for line in path.open()]
     if ids is not None:
         keep = {line.split("#")[0].strip() for line in ids.read_text().splitlines()}
@@ -639,7 +639,8 @@ def swebench_instances(paths: Sequence[Path], repos: Sequence[str], per_repo: in
             taken: dict[tuple[str, str], int] = defaultdict(int)
             kept = []
             for r in rows:
-                if taken[(r["repo"], r["half"])] < per_half:
+                limit = per_half.get(r["repo"], per_half.get("", 0))
+                if taken[(r["repo"], r["half"])] < limit:
                     taken[(r["repo"], r["half"])] += 1
                     kept.append(r)
             rows = kept
@@ -648,6 +649,20 @@ def swebench_instances(paths: Sequence[Path], repos: Sequence[str], per_repo: in
     for repo in wanted:
         mine = [r for r in rows if r["repo"] == repo]
         out += mine[:per_repo] if per_repo else mine
+    return out
+
+
+def parse_per_half(spec: str | None) -> dict[str, int] | None:
+    """`--per-half`: "N" (every repo), or "N,REPO=M,..." where a named repo keeps M
+    (e.g. "3,xarray=1": three a half from each repo, one from xarray's)."""
+    if not spec:
+        return None
+    out: dict[str, int] = {}
+    for item in spec.split(","):
+        name, _, n = item.rpartition("=")
+        if not n.strip().isdigit():
+            raise SystemExit(f"--per-half: {item!r} is not N or REPO=N")
+        out[REPO_NAMES.get(name.strip(), name.strip())] = int(n)
     return out
 
 
@@ -990,9 +1005,9 @@ def main() -> None:
                         " bench/swebench_ids.txt); default '': every instance of --repos.")
     parser.add_argument("--split", default=str(Path(__file__).with_name("swebench_split.tsv")),
                         help="The tune/report split (bench/swebench_split.py); '' for none.")
-    parser.add_argument("--per-half", type=int, default=None,
-                        help="At most this many instances of each repo's half, the first in"
-                        " the split file's (id-hash) order.")
+    parser.add_argument("--per-half", type=parse_per_half, default=None, metavar="N[,REPO=M]",
+                        help="At most N instances of each repo's half (M of a named repo's),"
+                        " the first in the split file's (id-hash) order.")
     parser.add_argument("--threads", type=int, default=None,
                         help="Model threads (default: all cores).")
     parser.add_argument("--cosqa-limit", type=int, default=None)
