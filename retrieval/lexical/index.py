@@ -59,7 +59,8 @@ from indexer.local_chunks import change_stamp
 from indexer.location import ChunkLocation
 from indexer.private_files import write_atomic
 
-log = logging.getLogger(__name__)
+# Log lines name the package ("retrieval.lexical"), whichever of its modules writes them.
+log = logging.getLogger("retrieval.lexical")
 
 FORMAT_VERSION: Final = 3
 K1: Final = 1.2
