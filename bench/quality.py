@@ -245,7 +245,8 @@ class Memo:
 
 def lexical_index(docs: Sequence, texts: Sequence[str], memo: Memo):
     """A LexicalIndex over (LexDoc, text) pairs, tokenizing through `memo`."""
-    from retrieval.lexical import LexicalIndex, _Counts, _Segment
+    from retrieval.lexical import LexicalIndex
+    from retrieval.lexical.segments import _Counts, _Segment
 
     counts = _Counts()
     for d, t in zip(docs, texts, strict=True):

@@ -1,5 +1,5 @@
-"""The faces of the three packages and of the store: exactly these names, each importable,
-none eager."""
+"""The faces of the three packages, of the store and of the lexical index: exactly these
+names, each importable, none eager."""
 
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ EXPORTED = {
     "retrieval": [
         "Hit", "Index", "ModelMismatchError", "SearchError", "SyncReport", "WrongKeyError",
     ],
+    "retrieval.lexical": [
+        "LexDoc", "LexicalIndex", "LexicalStore", "Tokenizer", "lexical_text",
+    ],
 }
 PACKAGES = {package.split(".")[0] for package in EXPORTED}
 
@@ -53,7 +56,7 @@ def test_every_exported_name_resolves_to_its_home(package: str) -> None:
 
 def test_importing_the_faces_loads_no_heavy_stack() -> None:
     """A fresh interpreter imports all the faces without torch, LanceDB or faiss."""
-    probe = ("import sys, indexer, sync, sync.store, retrieval; "
+    probe = ("import sys, indexer, sync, sync.store, retrieval, retrieval.lexical; "
              "print(sorted(m for m in ('torch', 'lancedb', 'faiss', 'onnxruntime')"
              " if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
