@@ -13,7 +13,8 @@ first N instances of each repo's half in the split file's order (a fixed subset)
 SWE-bench Verified and Lite (dev): issue text -> the files its fix edited; file-level Acc@1/3/5/10
 (share of issues with a gold file among the top k distinct files). CoSQA (dev): web query
 -> one function of a 6,267-function corpus (each function a file `corpus/<id>.py`);
-MRR (rank cut at 100) and Recall@1/10.
+MRR (rank cut at 100) and Recall@1/10, for each half of its dev queries (the same rule as the
+SWE-bench split, over the query ids: `cosqa_halves`).
 
 Systems, all over the same files (the ones `indexer.walk` keeps):
 
@@ -797,7 +798,20 @@ def run_cosqa(args, enc, plain, memo: Memo) -> dict:
             results[v[0]] = rank_files(prep, q, v)
         for s, files in results.items():
             ranks[s].append(first_gold(files[:100], gold))
-    return {"queries": len(rows), "systems": mrr_summary(ranks)}
+    halves = cosqa_halves([r["id"] for r in rows])
+    return {"queries": len(rows), "systems": mrr_summary(ranks),
+            "halves": {h: {"queries": sum(x == h for x in halves),
+                           "systems": mrr_summary({s: [x for x, hx in zip(r, halves, strict=True)
+                                                       if hx == h] for s, r in ranks.items()})}
+                       for h in HALVES}}
+
+
+def cosqa_halves(ids: Sequence[str]) -> list[str]:
+    """The half of each CoSQA dev query, by the rule of bench/swebench_split.py: sorted by
+    the SHA-256 of the id, the 1st, 3rd, ... are tune and the 2nd, 4th, ... report."""
+    order = sorted(ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())
+    half = {i: HALVES[n % 2] for n, i in enumerate(order)}
+    return [half[i] for i in ids]
 
 
 def mrr_summary(ranks: dict[str, list[int | None]]) -> dict[str, dict[str, float]]:
@@ -975,8 +989,9 @@ def plot(results: dict, path: Path) -> None:
         panels.append((f"SWE-bench dev, {half} half: file Acc@5",
                         {s: v["acc@5"] for s, v in halves[half]["systems"].items()}))
     if results.get("cosqa"):
-        panels.append(("CoSQA dev: MRR",
-                       {s: v["mrr"] for s, v in results["cosqa"]["systems"].items()}))
+        panels.append(("CoSQA dev, report half: MRR",
+                       {s: v["mrr"]
+                        for s, v in results["cosqa"]["halves"]["report"]["systems"].items()}))
     if not panels:
         return
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 7), squeeze=False)
@@ -1088,10 +1103,11 @@ def main() -> None:
                          for s in (*BASELINES, SHIPPED)]))
     if results.get("cosqa"):
         cq = results["cosqa"]
-        print(f"\nCoSQA dev, {cq['queries']} queries")
-        print(table(["system", "MRR", "R@1", "R@10"],
-                    [[s, v["mrr"], v["recall@1"], v["recall@10"]]
-                     for s, v in cq["systems"].items()]))
+        for half, h in cq["halves"].items():
+            print(f"\nCoSQA dev, {half} half, {h['queries']} of {cq['queries']} queries")
+            print(table(["system", "MRR", "R@1", "R@10"],
+                        [[s, v["mrr"], v["recall@1"], v["recall@10"]]
+                         for s, v in h["systems"].items()]))
     if results.get("e2e"):
         e2e = results["e2e"]
         rows = [["Index.search, sealed (search here)", *(e2e[f"acc@{k}"] for k in ACC_KS)],
