@@ -6,6 +6,7 @@ the same message and status."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 import secrets
 from collections.abc import Callable, Sequence
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sync.records import KEY_BYTES, MODE_SERVER_SEARCH, MODES, FileUpdate, children_digest
-from sync.wire import LIMITS, BadRequest, Limits
+from sync.wire import LIMITS, BadRequest, Limits, PermissionDenied
 
 WORKSPACE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
 
@@ -104,6 +105,20 @@ def new_workspace_id(
             " starting with a letter or digit"
         )
     return workspace_id
+
+
+def token_hash(token: str) -> bytes:
+    """What a store keeps of a bearer token: its SHA-256, never the token."""
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+def quota_check(count: int, max_workspaces: int | None) -> None:
+    """Refuse a new workspace (PermissionDenied) once the store holds `max_workspaces`."""
+    if max_workspaces is not None and count >= max_workspaces:
+        raise PermissionDenied(
+            f"this server holds its limit of {max_workspaces} workspaces;"
+            " ask its operator for room"
+        )
 
 
 def dir_value_checks(values: object, limits: Limits) -> dict[bytes, tuple[bytes, bytes]]:

@@ -7,7 +7,6 @@ sync.store.pg_schema; connections: sync.store.pg_conn.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import secrets
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from sync.db_url import is_database_url, mask_url
 from sync.records import MODE_SERVER_SEARCH, MODES
 from sync.store.backend import WorkspaceRecord
-from sync.store.checks import WORKSPACE_ID_RE, new_workspace_id
+from sync.store.checks import WORKSPACE_ID_RE, new_workspace_id, quota_check, token_hash
 from sync.store.pg_conn import DEFAULT_POOL_SIZE, Pool
 from sync.store.pg_schema import CREATE_LOCK, ensure_schema
 from sync.store.pg_workspace import HNSW_THRESHOLD, PgWorkspace, W
@@ -96,15 +95,11 @@ class PgStore:
             if max_workspaces is not None:
                 row = conn.execute(f"SELECT count(*) FROM {W}.workspaces").fetchone()
                 assert row is not None
-                if row[0] >= max_workspaces:
-                    raise PermissionDenied(
-                        f"this server holds its limit of {max_workspaces} workspaces;"
-                        " ask its operator for room"
-                    )
+                quota_check(row[0], max_workspaces)
             conn.execute(
                 f"INSERT INTO {W}.workspaces (id, token_sha256, dim, model_id, key_check,"
                 " created_at, mode) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                (workspace_id, _token_hash(token), dim, model_id, key_check, time.time(),
+                (workspace_id, token_hash(token), dim, model_id, key_check, time.time(),
                  mode),
             )
         log.info("created workspace %s (dim %d, %s)", workspace_id, dim, mode)
@@ -116,7 +111,7 @@ class PgStore:
         if not token:
             raise AuthError("missing bearer token (send 'Authorization: Bearer <token>')")
         self._check_open()
-        owner = self._owner(_token_hash(token))
+        owner = self._owner(token_hash(token))
         if owner is None:
             raise AuthError("invalid bearer token")
         record = self._record(workspace_id)  # raises WorkspaceNotFound
@@ -190,7 +185,3 @@ class PgStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError(f"the store at {self.where} is closed")
-
-
-def _token_hash(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8")).digest()

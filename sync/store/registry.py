@@ -5,7 +5,6 @@ their tokens and opening them (sync.store.workspace).
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import os
@@ -17,7 +16,7 @@ from pathlib import Path
 
 from sync.records import MODE_SERVER_SEARCH, MODES
 from sync.store.backend import WorkspaceRecord
-from sync.store.checks import WORKSPACE_ID_RE, new_workspace_id
+from sync.store.checks import WORKSPACE_ID_RE, new_workspace_id, quota_check, token_hash
 from sync.store.options import StoreOptions
 from sync.store.sqlite_tree import REGISTRY_ADVICE, REGISTRY_MIGRATIONS, connect, transaction
 from sync.store.workspace import WorkspaceStore
@@ -32,9 +31,6 @@ from sync.wire import (
 
 log = logging.getLogger(__name__)
 
-
-def _token_hash(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8")).digest()
 
 
 class Store:
@@ -96,18 +92,14 @@ class Store:
                     raise WorkspaceExists(f"workspace {workspace_id} already exists")
                 if max_workspaces is not None:
                     (count,) = conn.execute("SELECT count(*) FROM workspaces").fetchone()
-                    if count >= max_workspaces:
-                        raise PermissionDenied(
-                            f"this server holds its limit of {max_workspaces} workspaces;"
-                            " ask its operator for room"
-                        )
+                    quota_check(count, max_workspaces)
                 if path.exists():  # left by a create that died before registering it
                     shutil.rmtree(path)
                 WorkspaceStore.initialize(path, dim, mode)
                 conn.execute(
                     "INSERT INTO workspaces (id, token_sha256, dim, model_id, key_check,"
                     " created_at, mode) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (workspace_id, _token_hash(token), dim, model_id, key_check, time.time(),
+                    (workspace_id, token_hash(token), dim, model_id, key_check, time.time(),
                      mode),
                 )
         log.info("created workspace %s (dim %d, %s)", workspace_id, dim, mode)
@@ -123,7 +115,7 @@ class Store:
         """
         if not token:
             raise AuthError("missing bearer token (send 'Authorization: Bearer <token>')")
-        digest = _token_hash(token)
+        digest = token_hash(token)
         with self._lock:
             self._check_open()
             owner = self._owner(digest)
