@@ -458,7 +458,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
 
     agg = DEFAULT_AGG["file"]
     step = {"hybrid": False, "evidence": False, "split": "first", "w_file_lexical": 0.0,
-            "w_lexical_prose": None}
+            "w_lexical_prose": None, "max_query_terms": None}
     ladder = [
         ("chunks+header, vector, query cut", {}, "max"),
         ("+ whole query (windows averaged)", {"split": "none"}, "max"),
@@ -499,6 +499,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         ("defaults, depth 200", fmt, {"depth": 200}, agg),
         ("defaults, BM25 all repeats", fmt, {"dedupe_terms": False}, agg),
         ("defaults, BM25 rarest 32 terms", fmt, {"max_query_terms": 32}, agg),
+        ("defaults, BM25 every query term", fmt, {"max_query_terms": None}, agg),
         ("defaults, BM25 stop words", fmt, {"stopwords": True}, agg),
         ("defaults, file BM25 weight 0.25", fmt, {"w_file_lexical": 0.25}, agg),
         ("defaults, stop words, file BM25 0.25", fmt,
