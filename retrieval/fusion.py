@@ -101,7 +101,10 @@ class SearchOptions:
     w_evidence: float = 1.0
     depth: int = DEPTH  # chunks taken from each ranking
     dedupe_terms: bool = True  # BM25: a query term counts once
-    max_query_terms: int | None = None  # BM25: only the query's rarest terms
+    # BM25: only the query's 32 rarest terms (None: every term). An issue text has
+    # a hundred or more distinct words; its rarest are the names in it, and its common
+    # ones match most files a little. Chosen on the SWE-bench tune half (docs/benchmarks.md).
+    max_query_terms: int | None = 32
     w_file_lexical: float = 0.0  # file level: fuse whole-file BM25 with this weight
     # The same for a query in plain words (measured on CoSQA: a file there is one
     # function, and whole-file BM25 only repeats the chunk-level one, worse).
