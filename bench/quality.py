@@ -467,6 +467,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         ("+ BM25 weight 0.25 for prose queries", {"w_lexical_prose": 0.25}, "max"),
         ("+ evidence", {"evidence": True}, "max"),
         (f"+ file agg {agg}", {}, agg),
+        ("+ BM25 over the 32 rarest query terms", {"max_query_terms": 32}, agg),
     ]
     fmt, *other = renderings(ablation)
     rows: list[tuple[str, str, dict, str]] = []
