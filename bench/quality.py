@@ -458,7 +458,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
 
     agg = DEFAULT_AGG["file"]
     step = {"hybrid": False, "evidence": False, "split": "first", "w_file_lexical": 0.0,
-            "w_lexical_prose": None, "max_query_terms": None}
+            "w_lexical_prose": None, "max_query_terms": None, "w_lexical": 0.5}
     ladder = [
         ("chunks+header, vector, query cut", {}, "max"),
         ("+ whole query (windows averaged)", {"split": "none"}, "max"),
@@ -468,6 +468,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         ("+ evidence", {"evidence": True}, "max"),
         (f"+ file agg {agg}", {}, agg),
         ("+ BM25 over the 32 rarest query terms", {"max_query_terms": 32}, agg),
+        ("+ BM25 weight 1", {"w_lexical": 1.0}, agg),
     ]
     fmt, *other = renderings(ablation)
     rows: list[tuple[str, str, dict, str]] = []
@@ -489,6 +490,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         ("defaults, rrf k=60", fmt, {"rrf_k": 60.0}, agg),
         ("defaults, BM25 weight 0.25", fmt, {"w_lexical": 0.25}, agg),
         ("defaults, BM25 weight 1", fmt, {"w_lexical": 1.0}, agg),
+        ("defaults, BM25 weight 0.5", fmt, {"w_lexical": 0.5}, agg),
         ("defaults, prose queries' BM25 weight 0.5", fmt, {"w_lexical_prose": None}, agg),
         ("defaults, prose queries' BM25 weight 0.1", fmt, {"w_lexical_prose": 0.1}, agg),
         ("defaults, prose queries' BM25 weight 0", fmt, {"w_lexical_prose": 0.0}, agg),

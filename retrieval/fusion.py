@@ -89,9 +89,11 @@ class SearchOptions:
     evidence: bool = True  # rank chunks that the query names (paths, symbols, frames)
     rrf_k: float = RRF_K
     w_vector: float = 1.0
-    # Half a vote: BM25 over chunks is the weaker ranker on both benchmarks; at half a
-    # vote it adds what it finds without outvoting the vectors (docs/benchmarks.md).
-    w_lexical: float = 0.5
+    # BM25's vote for a query that names code (an issue text, an identifier lookup). A
+    # full vote once BM25 scores only the rarest terms (max_query_terms): then what it
+    # matches are the names in the query. Chosen on the SWE-bench tune half; half a vote
+    # was the choice while BM25 scored every term (docs/benchmarks.md).
+    w_lexical: float = 1.0
     # BM25's weight for a query in plain words, one that names no path, module, symbol
     # or frame ("check if a file exists"): such a query finds code by what it means,
     # and its words rarely appear in the code, so BM25 ranks it poorly (CoSQA: BM25
