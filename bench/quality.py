@@ -458,7 +458,8 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
 
     agg = DEFAULT_AGG["file"]
     step = {"hybrid": False, "evidence": False, "split": "first", "w_file_lexical": 0.0,
-            "w_lexical_prose": None, "max_query_terms": None, "w_lexical": 0.5}
+            "w_lexical_prose": None, "max_query_terms": None, "w_lexical": 0.5,
+            "stopwords": False, "code_term_weight": 1}
     ladder = [
         ("chunks+header, vector, query cut", {}, "max"),
         ("+ whole query (windows averaged)", {"split": "none"}, "max"),
@@ -469,6 +470,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         (f"+ file agg {agg}", {}, agg),
         ("+ BM25 over the 32 rarest query terms", {"max_query_terms": 32}, agg),
         ("+ BM25 weight 1", {"w_lexical": 1.0}, agg),
+        ("+ BM25 stop words, code words x2", {"stopwords": True, "code_term_weight": 2}, agg),
     ]
     fmt, *other = renderings(ablation)
     rows: list[tuple[str, str, dict, str]] = []
@@ -504,6 +506,8 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         ("defaults, BM25 rarest 32 terms", fmt, {"max_query_terms": 32}, agg),
         ("defaults, BM25 every query term", fmt, {"max_query_terms": None}, agg),
         ("defaults, BM25 stop words", fmt, {"stopwords": True}, agg),
+        ("defaults, BM25 without stop words or code x2", fmt,
+         {"stopwords": False, "code_term_weight": 1}, agg),
         ("defaults, file BM25 weight 0.25", fmt, {"w_file_lexical": 0.25}, agg),
         ("defaults, stop words, file BM25 0.25", fmt,
          {"stopwords": True, "w_file_lexical": 0.25}, agg),

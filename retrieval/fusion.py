@@ -114,14 +114,15 @@ class SearchOptions:
     w_first_part: float = 1.0  # weight of a long query's first part (title, opening)
     # BM25 (chunks and files) for a query that names code: leave English stop words out.
     # An issue text is mostly prose; "the", "is", "to" match nearly every file a little.
-    stopwords: bool = False
+    # Chosen on the SWE-bench tune half, with code_term_weight 2 (docs/benchmarks.md).
+    stopwords: bool = True
     # Weight of a second vector ranking: the query's parts against vectors of each chunk's
     # `path > symbol` header alone, where the ranker was given them (0: not used).
     w_header_vector: float = 0.0
     # BM25 for a query that names code: the terms of words that look like code
     # (identifiers, code lines, traceback frames) count this many times, prose words
-    # once (1: all alike).
-    code_term_weight: int = 1
+    # once (1: all alike). Chosen with stopwords on the SWE-bench tune half.
+    code_term_weight: int = 2
 
 
 @dataclass

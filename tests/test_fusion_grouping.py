@@ -237,7 +237,7 @@ def test_index_search_levels(sample_repo, hashing_embedder) -> None:
 
 
 def test_stop_words_leave_bm25_for_queries_that_name_code(ranker: HybridRanker) -> None:
-    only_bm25 = SearchOptions(w_vector=0.0, evidence=False)
+    only_bm25 = SearchOptions(w_vector=0.0, evidence=False, stopwords=False)
     stop = replace(only_bm25, stopwords=True)
 
     def paths(q: str, o: SearchOptions) -> set[str]:
