@@ -467,10 +467,12 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         ("+ BM25 fusion", {"hybrid": True}, "max"),
         ("+ BM25 weight 0.25 for prose queries", {"w_lexical_prose": 0.25}, "max"),
         ("+ evidence", {"evidence": True}, "max"),
+        ("+ file agg topm", {}, "topm"),
+        ("+ BM25 over the 32 rarest query terms", {"max_query_terms": 32}, "topm"),
+        ("+ BM25 weight 1", {"w_lexical": 1.0}, "topm"),
+        ("+ BM25 stop words, code words x2", {"stopwords": True, "code_term_weight": 2},
+         "topm"),
         (f"+ file agg {agg}", {}, agg),
-        ("+ BM25 over the 32 rarest query terms", {"max_query_terms": 32}, agg),
-        ("+ BM25 weight 1", {"w_lexical": 1.0}, agg),
-        ("+ BM25 stop words, code words x2", {"stopwords": True, "code_term_weight": 2}, agg),
     ]
     fmt, *other = renderings(ablation)
     rows: list[tuple[str, str, dict, str]] = []

@@ -275,9 +275,9 @@ def test_header_vectors_are_a_second_vector_ranking() -> None:
     assert both.chunks[0][1] > plain.chunks[0][1]
 
 
-def test_default_file_aggregation_counts_a_files_best_symbols_alike() -> None:
+def test_default_file_aggregation_lets_a_files_best_chunk_dominate() -> None:
     ranking = [(_doc("b.py", "one", 1), 1.0), (_doc("a.py", "f", 1), 0.5),
                (_doc("a.py", "g", 20), 0.5), (_doc("a.py", "h", 40), 0.5)]
-    # topm: a.py 1.5 against b.py 1.0; decay would rank b.py (1.0) over a.py (0.875).
-    assert [g.key[0] for g in group(ranking, "file")] == ["a.py", "b.py"]
-    assert [g.key[0] for g in group(ranking, "file", "decay")] == ["b.py", "a.py"]
+    # decay: b.py 1.0 against a.py 0.875; topm would rank a.py (1.5) over b.py (1.0).
+    assert [g.key[0] for g in group(ranking, "file")] == ["b.py", "a.py"]
+    assert [g.key[0] for g in group(ranking, "file", "topm")] == ["a.py", "b.py"]
