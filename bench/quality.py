@@ -459,7 +459,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
     agg = DEFAULT_AGG["file"]
     step = {"hybrid": False, "evidence": False, "split": "first", "w_file_lexical": 0.0,
             "w_lexical_prose": None, "max_query_terms": None, "w_lexical": 0.5,
-            "stopwords": False, "code_term_weight": 1}
+            "stopwords": False, "code_term_weight": 1, "w_first_part": 1.0}
     ladder = [
         ("chunks+header, vector, query cut", {}, "max"),
         ("+ whole query (windows averaged)", {"split": "none"}, "max"),
@@ -473,6 +473,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         ("+ BM25 stop words, code words x2", {"stopwords": True, "code_term_weight": 2},
          "topm"),
         (f"+ file agg {agg}", {}, agg),
+        ("+ first part weight 2", {"w_first_part": 2.0}, agg),
     ]
     fmt, *other = renderings(ablation)
     rows: list[tuple[str, str, dict, str]] = []
@@ -490,7 +491,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         ("defaults, split max", fmt, {"split": "max"}, agg),
         ("defaults, split mean", fmt, {"split": "mean"}, agg),
         ("defaults, split none", fmt, {"split": "none"}, agg),
-        ("defaults, first part weight 2", fmt, {"w_first_part": 2.0}, agg),
+        ("defaults, first part weight 1", fmt, {"w_first_part": 1.0}, agg),
         ("defaults, rrf k=60", fmt, {"rrf_k": 60.0}, agg),
         ("defaults, BM25 weight 0.25", fmt, {"w_lexical": 0.25}, agg),
         ("defaults, BM25 weight 1", fmt, {"w_lexical": 1.0}, agg),

@@ -111,7 +111,9 @@ class SearchOptions:
     # The same for a query in plain words (measured on CoSQA: a file there is one
     # function, and whole-file BM25 only repeats the chunk-level one, worse).
     w_file_lexical_prose: float = 0.0
-    w_first_part: float = 1.0  # weight of a long query's first part (title, opening)
+    # Weight of a long query's first part (an issue's title and opening), which names
+    # what is wrong; chosen on the SWE-bench tune half.
+    w_first_part: float = 2.0
     # BM25 (chunks and files) for a query that names code: leave English stop words out.
     # An issue text is mostly prose; "the", "is", "to" match nearly every file a little.
     # Chosen on the SWE-bench tune half, with code_term_weight 2 (docs/benchmarks.md).
