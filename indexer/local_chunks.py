@@ -218,3 +218,28 @@ def _row(r: Sequence) -> Chunk:
     return Chunk(
         path=path, start_line=start, end_line=end, language=language, symbol=symbol, text=text
     )
+
+
+#: SQLite's host parameters per statement, with a margin.
+SQL_BATCH = 900
+
+
+def count_chunks(db: sqlite3.Connection, paths: Sequence[str]) -> int:
+    """How many chunks the chunk table holds for `paths` (the local indexes weigh an
+    update against a rebuild by it)."""
+    total = 0
+    for start in range(0, len(paths), SQL_BATCH):
+        part = list(paths[start : start + SQL_BATCH])
+        marks = ",".join("?" * len(part))
+        total += db.execute(f"SELECT count(*) FROM chunks WHERE path IN ({marks})",
+                            part).fetchone()[0]
+    return total
+
+
+def snapshot_reader(db: sqlite3.Connection) -> sqlite3.Connection:
+    """A connection of its own to the state database, so that a refresh reads one
+    snapshot whatever transaction the caller's connection is in."""
+    for _seq, name, file in db.execute("PRAGMA database_list"):
+        if name == "main" and file:
+            return sqlite3.connect(file, timeout=30, isolation_level=None)
+    raise sqlite3.DatabaseError("the state database has no file to read a snapshot of")

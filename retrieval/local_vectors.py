@@ -68,9 +68,10 @@ import xxhash
 
 from indexer.chunk import Chunk
 from indexer.embed_cache import EmbeddingCache, cache_key
-from indexer.local_chunks import change_stamp
+from indexer.local_chunks import SQL_BATCH, change_stamp, count_chunks, snapshot_reader
 from indexer.private_files import private_dir, write_atomic
 from retrieval.lexical import LexDoc
+from retrieval.lexical.segments import digest_rows, gather
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,6 @@ REBUILD_SHARE: Final = 0.5
 # base another process has just written, and is about to point to, is left alone.
 _ORPHAN_AGE_S: Final = 3600.0
 
-_SQL_BATCH: Final = 900  # SQLite's host parameters per statement, with a margin
 _READ_BATCH: Final = 4096  # chunks whose vectors are looked up at once
 _BASE_NAME = re.compile(r"^base-([0-9a-f]{16})\.(npy|npz)$")
 
@@ -198,7 +198,7 @@ class _Docs:
             cols["hashes"].append(docs.hashes[rows])
             starts, ends = docs.sym_ptr[rows], docs.sym_ptr[rows + 1]
             cols["sym_len"].append(ends - starts)
-            cols["blob"].append(_gather(docs.sym_blob, starts, ends))
+            cols["blob"].append(gather(docs.sym_blob, starts, ends))
         if not parts:
             return _Docs.of([])
         sym_len = np.concatenate(cols["sym_len"])
@@ -219,16 +219,6 @@ def _remap(ids: np.ndarray, names: list[str], into: dict[str, int],
     table = np.zeros(int(used[-1]) + 1, dtype=dtype)
     table[used] = [into.setdefault(names[i], len(into)) for i in used.tolist()]
     return table[ids]
-
-
-def _gather(blob: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """blob[starts[0]:ends[0]] + blob[starts[1]:ends[1]] + ... without a Python loop."""
-    lens = ends - starts
-    total = int(lens.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.uint8)
-    offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(lens)[:-1])), lens)
-    return blob[np.arange(total) + offsets]
 
 
 def _empty_docs() -> _Docs:
@@ -499,7 +489,7 @@ class LocalVectorStore:
             "delta": index.delta,
             **index.delta_docs.arrays("d_"),
             "file_paths": _pack(paths),
-            "file_digests": _digest_rows([saved.files[p] for p in paths]),
+            "file_digests": digest_rows([saved.files[p] for p in paths]),
             "incomplete_paths": _pack(inc),
             "incomplete_counts": np.array([saved.incomplete[p] for p in inc], dtype=np.int64),
         }))
@@ -523,7 +513,7 @@ class LocalVectorStore:
                  old: _Saved | None) -> _Saved:
         """Bring the index in line with the chunk table, read in one snapshot."""
         t0 = time.perf_counter()
-        reader = _snapshot_reader(db)
+        reader = snapshot_reader(db)
         try:
             reader.execute("BEGIN")  # one WAL snapshot: stamp, file list and rows agree
             stamp = read_stamp(reader)
@@ -535,7 +525,7 @@ class LocalVectorStore:
                            if old.files.get(p) != d or p in old.incomplete]
                 dropped = {p for p in old.files if p not in files}
                 total = reader.execute("SELECT count(*) FROM chunks").fetchone()[0]
-                rebuild = _count_chunks(reader, changed) > REBUILD_SHARE * max(total, 1)
+                rebuild = count_chunks(reader, changed) > REBUILD_SHARE * max(total, 1)
             else:
                 # No index, or a recreated database, whose rows may be cut differently
                 # from the same files: start over.
@@ -619,8 +609,8 @@ def _read_rows(db: sqlite3.Connection,
             " ORDER BY path, ordinal", [])]
     else:
         queries = []
-        for start in range(0, len(paths), _SQL_BATCH):
-            part = list(paths[start : start + _SQL_BATCH])
+        for start in range(0, len(paths), SQL_BATCH):
+            part = list(paths[start : start + SQL_BATCH])
             marks = ",".join("?" * len(part))
             queries.append((f"SELECT {cols} FROM chunks WHERE path IN ({marks})"
                             " ORDER BY path, ordinal", part))
@@ -629,37 +619,12 @@ def _read_rows(db: sqlite3.Connection,
             yield Chunk(p, s, e, lang, sym, text), bytes(h)
 
 
-def _count_chunks(db: sqlite3.Connection, paths: Sequence[str]) -> int:
-    total = 0
-    for start in range(0, len(paths), _SQL_BATCH):
-        part = list(paths[start : start + _SQL_BATCH])
-        marks = ",".join("?" * len(part))
-        total += db.execute(f"SELECT count(*) FROM chunks WHERE path IN ({marks})",
-                            part).fetchone()[0]
-    return total
-
-
-def _snapshot_reader(db: sqlite3.Connection) -> sqlite3.Connection:
-    """A connection of its own to the state database, so that a refresh reads one
-    snapshot whatever transaction the caller's connection is in."""
-    for _seq, name, file in db.execute("PRAGMA database_list"):
-        if name == "main" and file:
-            return sqlite3.connect(file, timeout=30, isolation_level=None)
-    raise sqlite3.DatabaseError("the state database has no file to read a snapshot of")
-
-
 def _checksum(vectors: np.ndarray) -> int:
     return xxhash.xxh3_64_intdigest(np.ascontiguousarray(vectors).reshape(-1).view(np.uint8).data)
 
 
 def _savez(f: IO[bytes], arrays: dict[str, np.ndarray]) -> None:
     np.savez(f, **arrays)  # type: ignore[arg-type]
-
-
-def _digest_rows(digests: Sequence[bytes]) -> np.ndarray:
-    """Content digests (xxh3-128, 16 bytes each) as a uint8 [n, 16] array."""
-    return np.frombuffer(b"".join(d.ljust(16, b"\0")[:16] for d in digests),
-                         dtype=np.uint8).reshape(-1, 16).copy()
 
 
 def _pack(items: Sequence[str]) -> np.ndarray:

@@ -166,7 +166,7 @@ class _DocCols:
             {"path_id": pid, "lines": lines.reshape(-1, 2), "lang_id": lid,
              "sym_ptr": sym_ptr,
              "sym_blob": np.frombuffer(b"".join(syms), dtype=np.uint8).copy(),
-             "hashes": _digest_rows([d.chunk_hash for d in docs])},
+             "hashes": digest_rows([d.chunk_hash for d in docs])},
             list(path_ids), list(lang_ids),
         )
 
@@ -187,7 +187,7 @@ class _DocCols:
             hashes.append(seg.hashes[rows])
             starts, ends = seg.sym_ptr[rows], seg.sym_ptr[rows + 1]
             sym_lens.append(ends - starts)
-            blobs.append(_gather(seg.sym_blob, starts, ends))
+            blobs.append(gather(seg.sym_blob, starts, ends))
         sym_len = np.concatenate(sym_lens)
         sym_ptr = np.zeros(len(sym_len) + 1, dtype=np.int64)
         np.cumsum(sym_len, out=sym_ptr[1:])
@@ -224,7 +224,7 @@ class _Stats:
         return idf, max(avg, 1e-9)
 
 
-def _gather(blob: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+def gather(blob: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """blob[starts[0]:ends[0]] + blob[starts[1]:ends[1]] + ... without a Python loop."""
     lens = ends - starts
     total = int(lens.sum())
@@ -285,7 +285,7 @@ def _drop_terms(seg: _Segment, used: np.ndarray) -> _Segment:
     return _Segment(a, seg.paths, seg.languages)
 
 
-def _digest_rows(digests: Sequence[bytes]) -> np.ndarray:
+def digest_rows(digests: Sequence[bytes]) -> np.ndarray:
     """Content digests (xxh3-128, 16 bytes each) as a uint8 [n, 16] array."""
     return np.frombuffer(b"".join(d.ljust(16, b"\0")[:16] for d in digests),
                          dtype=np.uint8).reshape(-1, 16).copy()

@@ -30,16 +30,16 @@ from typing import Final
 import numpy as np
 
 from indexer.chunk import Chunk
-from indexer.local_chunks import change_stamp
+from indexer.local_chunks import SQL_BATCH, change_stamp, count_chunks, snapshot_reader
 from retrieval.lexical.index import K1, B, LexicalIndex
 from retrieval.lexical.segments import (
     _Counts,
-    _digest_rows,
     _doc,
     _pack,
     _save_npz,
     _Segment,
     _unpack,
+    digest_rows,
 )
 from retrieval.lexical.tokens import Tokenizer, _counts_of, lexical_text
 
@@ -53,7 +53,6 @@ DELTA_FILE: Final = "delta.npz"
 REBUILD_SHARE: Final = 0.5
 
 # SQLite's limit on host parameters per statement; stay well below it.
-_SQL_BATCH: Final = 900
 
 Stamp = tuple[int, int, bytes]  # (change counter, chunk count, database epoch)
 
@@ -156,7 +155,7 @@ class LexicalStore:
             "stamp": np.array(saved.stamp[:2], dtype=np.int64),
             "epoch": np.frombuffer(saved.stamp[2], dtype=np.uint8),
             "file_paths": _pack(paths),
-            "file_digests": _digest_rows([saved.files[p] for p in paths]),
+            "file_digests": digest_rows([saved.files[p] for p in paths]),
         }
         if index.delta is not None:
             index.delta.save(self.directory / DELTA_FILE, delta_extra)
@@ -168,7 +167,7 @@ class LexicalStore:
     def _refresh(self, db: sqlite3.Connection, old: _Saved | None) -> _Saved:
         """Bring the index in line with the chunk table, read in one snapshot."""
         t0 = time.perf_counter()
-        reader = sqlite3.connect(_db_file(db), timeout=30, isolation_level=None)
+        reader = snapshot_reader(db)
         try:
             reader.execute("BEGIN")  # one WAL snapshot: stamp, file list and rows agree
             stamp = read_stamp(reader)
@@ -177,7 +176,7 @@ class LexicalStore:
             if old is not None:
                 changed = [p for p, d in files.items() if old.files.get(p) != d]
                 dropped = [p for p in old.files if p not in files]
-                n_changed = _count_chunks(reader, changed)
+                n_changed = count_chunks(reader, changed)
             if old is None or n_changed > REBUILD_SHARE * max(stamp[1], 1):
                 rows = _read_chunks(reader, None)
                 mode = "rebuild"
@@ -217,23 +216,6 @@ class LexicalStore:
         return saved
 
 
-def _db_file(db: sqlite3.Connection) -> str:
-    for _seq, name, file in db.execute("PRAGMA database_list"):
-        if name == "main":
-            return file
-    raise sqlite3.DatabaseError("the state database has no main file")
-
-
-def _count_chunks(db: sqlite3.Connection, paths: Sequence[str]) -> int:
-    total = 0
-    for start in range(0, len(paths), _SQL_BATCH):
-        part = list(paths[start : start + _SQL_BATCH])
-        marks = ",".join("?" * len(part))
-        total += db.execute(f"SELECT count(*) FROM chunks WHERE path IN ({marks})",
-                            part).fetchone()[0]
-    return total
-
-
 def _read_chunks(db: sqlite3.Connection, paths: Sequence[str] | None) -> list[Chunk]:
     """Chunks of `paths` (all chunks if None), in table order."""
     cols = "path, start_line, end_line, language, symbol, text"
@@ -242,8 +224,8 @@ def _read_chunks(db: sqlite3.Connection, paths: Sequence[str] | None) -> list[Ch
         query = [(f"SELECT {cols} FROM chunks ORDER BY rowid", [])]
     else:
         query = []
-        for start in range(0, len(paths), _SQL_BATCH):
-            part = list(paths[start : start + _SQL_BATCH])
+        for start in range(0, len(paths), SQL_BATCH):
+            part = list(paths[start : start + SQL_BATCH])
             marks = ",".join("?" * len(part))
             query.append((f"SELECT {cols} FROM chunks WHERE path IN ({marks}) ORDER BY rowid",
                           part))
