@@ -2,7 +2,7 @@
 
     python bench/quality.py --data DIR --mirrors DIR [--datasets swebench,cosqa]
         [--repos requests,flask,...] [--split FILE] [--per-half N[,REPO=M]] [--per-repo N]
-        [--ids FILE] [--cosqa-limit N] [--stage warm|eval|all] [--header-ablation LIST]
+        [--ids FILE] [--cosqa-limit N] [--stage plan|warm|eval|all] [--header-ablation LIST]
         [--threads N] [--e2e N] [--latency CHUNKS] [--embedder NAME] [--no-plot]
 
 SWE-bench instances come from the tune/report split `bench/swebench_split.tsv` (rule in
@@ -133,6 +133,104 @@ def embed_all(embedder, texts: Sequence[str], what: str) -> np.ndarray:
                  time.perf_counter() - t0)
     dim = embedder.dim
     return np.concatenate(parts) if parts else np.zeros((0, dim), dtype=np.float32)
+
+
+class EmbedPlan:
+    """What a run would embed, counted before it does: per repo the distinct texts (each
+    counted where the run first meets it, as the cache will), those the cache lacks, and
+    their word pieces; then a random sample of the lacking texts embedded and timed, so
+    that the hours a warm run takes are measured, not guessed."""
+
+    SAMPLE = 320
+
+    def __init__(self, enc, plain) -> None:
+        from indexer.tokens import default_counter
+
+        self.enc, self.plain = enc, plain
+        self.counter = default_counter()
+        self.seen: set[bytes] = set()
+        self.repos: dict[str, dict[str, int]] = {}
+        self.sample: list[tuple[str, str, int]] = []  # (embedder, text, word pieces)
+        self.lacking = 0
+        self.rng = random.Random(0)
+
+    def add(self, repo: str, corpus: Corpus, queries: Sequence[str], *,
+            formats: Sequence[str], instances: int) -> None:
+        from indexer.embed_cache import cache_key
+
+        row = self.repos.setdefault(repo, dict.fromkeys(
+            ("instances", "versions", "texts", "pieces", "lacking_texts", "lacking_pieces"), 0))
+        row["instances"] += instances
+        row["versions"] += 1
+        work = embedding_work(corpus, queries, formats, self.counter,
+                              self.enc.embedder.max_tokens)
+        new: list[tuple[str, bytes, str]] = []
+        for what, texts in work.items():
+            which = "plain" if what.startswith("plain") else "codeveil"
+            model_id = (self.plain if which == "plain" else self.enc).model_id
+            for t in texts:
+                key = cache_key(model_id, t)
+                if key not in self.seen:
+                    self.seen.add(key)
+                    new.append((which, key, t))
+        known = self.enc.cache.known([k for _, k, _ in new])
+        cost = self.pieces(new)
+        row["texts"] += len(new)
+        row["pieces"] += sum(cost)
+        for (which, key, text), n in zip(new, cost, strict=True):
+            if key in known:
+                continue
+            row["lacking_texts"] += 1
+            row["lacking_pieces"] += n
+            # Reservoir sampling: every lacking text of the run equally likely.
+            self.lacking += 1
+            if len(self.sample) < self.SAMPLE:
+                self.sample.append((which, text, n))
+            elif (j := self.rng.randrange(self.lacking)) < self.SAMPLE:
+                self.sample[j] = (which, text, n)
+
+    def pieces(self, items: Sequence[tuple[str, bytes, str]]) -> list[int]:
+        """Word pieces the model runs over for each text, [CLS]/[SEP] included: the plain
+        baseline truncates at the window; codeveil embeds every window of a long text."""
+        window = self.enc.embedder.max_tokens
+        counts = self.counter.count_batch([t for _, _, t in items])
+        return [min(n, window) + 2 if which == "plain" else n + 2 * max(1, -(-n // window))
+                for (which, _, _), n in zip(items, counts, strict=True)]
+
+    def report(self, threads: int | None) -> dict:
+        """The counts, and the embedding rate measured on the sample (word pieces per
+        second), hence the hours each repo's lacking texts take."""
+        rate = None
+        if self.sample:
+            for which in ("codeveil", "plain"):  # load each model before the clock starts
+                (self.plain if which == "plain" else self.enc).embedder.embed(["warm up"])
+            t0 = time.perf_counter()
+            for which in ("codeveil", "plain"):
+                texts = [t for w, t, _ in self.sample if w == which]
+                if texts:
+                    embed_all(self.plain if which == "plain" else self.enc, texts,
+                              f"timed sample ({which})")
+            rate = sum(n for *_, n in self.sample) / (time.perf_counter() - t0)
+        total = {k: sum(r[k] for r in self.repos.values())
+                 for k in ("instances", "versions", "texts", "pieces", "lacking_texts",
+                           "lacking_pieces")}
+        for row in [*self.repos.values(), total]:
+            row["hours"] = row["lacking_pieces"] / rate / 3600 if rate else 0.0
+        return {"threads": threads, "pieces_per_second": rate, "sample": len(self.sample),
+                "repos": self.repos, "total": total}
+
+    @staticmethod
+    def table(report: dict) -> str:
+        rate = report["pieces_per_second"]
+        head = (f"\nWhat the run embeds: distinct texts, those the cache lacks, and the hours "
+                f"they take at {rate or 0:,.0f} word pieces/s (measured on {report['sample']} "
+                f"lacking texts, {report['threads'] or 'default'} thread(s))")
+        rows = [[repo, r["instances"], r["versions"], f"{r['texts']:,}",
+                 f"{r['lacking_texts']:,}", f"{r['lacking_pieces'] / 1e6:.1f}",
+                 f"{r['hours']:.2f}"]
+                for repo, r in [*report["repos"].items(), ("total", report["total"])]]
+        return head + "\n" + table(["repo", "queries", "versions", "texts", "lacking",
+                                     "lacking M pieces", "hours"], rows)
 
 
 # -- corpora -------------------------------------------------------------------------
@@ -342,6 +440,27 @@ def partial_key(fmt: str, order: str) -> str:
     return f"{fmt}@{order}"
 
 
+def embedding_work(corpus: Corpus, query_texts: Sequence[str], formats: Sequence[str],
+                   counter, max_tokens: int) -> dict[str, list[str]]:
+    """Every text `prepare` embeds for a corpus, by what it is (the key says which
+    embedder: "plain ..." is the plain baseline's, the rest codeveil's)."""
+    from retrieval.query import split_query
+
+    parts = [p for q in query_texts
+             for p in split_query(q, counter.count, max_tokens, count_many=counter.count_batch)]
+    work = {
+        "plain queries": list(query_texts),
+        "queries": [*parts, *query_texts],
+        "plain windows": [t for _, t in corpus.windows()],
+        # Vectors of each chunk's header alone (`path > symbol`: a few tokens each), the
+        # second vector a chunk may carry.
+        "chunk headers": [c.header for c in corpus.chunks],
+    }
+    for fmt in formats:
+        work[f"chunks ({fmt})"] = [RENDERINGS[fmt](c) for c in corpus.chunks]
+    return work
+
+
 def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
             query_texts: Sequence[str], recency: dict[str, int] | None = None) -> Prepared:
     import bm25s
@@ -349,16 +468,13 @@ def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
     from indexer.tokens import default_counter
     from retrieval.fusion import HybridRanker
     from retrieval.lexical import LexDoc, lexical_text
-    from retrieval.query import split_query
 
     counter = default_counter()
+    work = embedding_work(corpus, query_texts, formats, counter, enc.embedder.max_tokens)
     # Embed every query (its parts, the whole for split "none", the plain truncation) in
     # a few batches rather than one call per query.
-    embed_all(plain, query_texts, "plain queries")
-    parts = [p for q in query_texts
-             for p in split_query(q, counter.count, enc.embedder.max_tokens,
-                                  count_many=counter.count_batch)]
-    embed_all(enc, [*parts, *query_texts], "queries")
+    embed_all(plain, work["plain queries"], "plain queries")
+    embed_all(enc, work["queries"], "queries")
 
     paths = list(corpus.files)
     # BM25 over whole files, the library's defaults.
@@ -384,7 +500,7 @@ def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
 
     # Plain MiniLM over 40-line windows.
     wins = corpus.windows()
-    wvec = embed_all(plain, [t for _, t in wins], "plain windows")
+    wvec = embed_all(plain, work["plain windows"], "plain windows")
     wpaths = [p for p, _ in wins]
 
     def windows(q: str) -> list[str]:
@@ -400,13 +516,11 @@ def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
     def embed_parts(parts: Sequence[str]) -> np.ndarray:
         return embed_all(enc, parts, "query parts")
 
-    # Vectors of each chunk's header alone (`path > symbol`: a few tokens each), the
-    # second vector a chunk may carry.
-    hvec = embed_all(enc, [c.header for c in chunks], "chunk headers")
+    hvec = embed_all(enc, work["chunk headers"], "chunk headers")
     nearest_header = VectorIndex(docs, hvec).nearest
     rankers = {}
     for fmt in formats:
-        vectors = embed_all(enc, [RENDERINGS[fmt](c) for c in chunks], f"chunks ({fmt})")
+        vectors = embed_all(enc, work[f"chunks ({fmt})"], f"chunks ({fmt})")
         rankers[fmt] = HybridRanker(lex, embed_parts, VectorIndex(docs, vectors).nearest,
                                     counter.count, enc.embedder.max_tokens,
                                     count_many=counter.count_batch,
@@ -712,7 +826,7 @@ def first_gold(files: Sequence[str], gold: set[str]) -> int | None:
     return None
 
 
-def run_swebench(args, enc, plain, memo: Memo) -> dict:
+def run_swebench(args, enc, plain, memo: Memo, plan: EmbedPlan | None = None) -> dict:
     instances = swebench_instances(args.swebench, args.repos, args.per_repo, args.ids,
                                    args.split, args.per_half)
     by_version: dict[tuple[str, str], list[dict]] = defaultdict(list)
@@ -734,6 +848,9 @@ def run_swebench(args, enc, plain, memo: Memo) -> dict:
         log.info("[%d/%d] %s@%s: %d files, %d chunks", n, len(by_version), repo, commit[:12],
                  len(corpus.files), len(corpus.chunks))
         queries = [i["query"] for i in insts]
+        if plan is not None:
+            plan.add(repo, corpus, queries, formats=renderings(ablation), instances=len(insts))
+            continue
         recency = mirror_recency(args.mirrors, repo, commit) if args.partial else None
         prep = prepare(corpus, enc, plain, memo, formats=renderings(ablation),
                        query_texts=queries, recency=recency)
@@ -755,7 +872,7 @@ def run_swebench(args, enc, plain, memo: Memo) -> dict:
                 row[s] = first_gold(files, gold)
             details.append(row)
         log.info("  done in %.0fs", time.perf_counter() - t0)
-    if args.stage == "warm":
+    if args.stage in ("warm", "plan"):
         return {}
     out: dict = {"instances": len(details), "versions": len(by_version), "halves": {}}
     for half in sorted({d["half"] for d in details}, key=lambda h: (h != "tune", h)):
@@ -776,7 +893,7 @@ def run_swebench(args, enc, plain, memo: Memo) -> dict:
 # -- CoSQA ---------------------------------------------------------------------------------
 
 
-def run_cosqa(args, enc, plain, memo: Memo) -> dict:
+def run_cosqa(args, enc, plain, memo: Memo, plan: EmbedPlan | None = None) -> dict:
     rows = [json.loads(line) for line in (args.cosqa / "dev.jsonl").open()]
     if args.cosqa_limit:
         rows = rows[: args.cosqa_limit]
@@ -784,6 +901,10 @@ def run_cosqa(args, enc, plain, memo: Memo) -> dict:
     log.info("cosqa: %d queries, %d functions, %d chunks", len(rows), len(corpus.files),
              len(corpus.chunks))
     ablation = "cosqa" in args.header_ablation
+    if plan is not None:
+        plan.add("cosqa", corpus, [r["query"] for r in rows], formats=renderings(ablation),
+                 instances=len(rows))
+        return {}
     prep = prepare(corpus, enc, plain, memo, formats=renderings(ablation),
                    query_texts=[r["query"] for r in rows])
     # One window per function (functions are short): the plain baseline is the whole
@@ -1046,8 +1167,10 @@ def main() -> None:
     parser.add_argument("--include", default="*.py",
                         help="Glob of the SWE-bench files every system indexes (default: "
                         "Python files, where all gold files are; '*' for all files).")
-    parser.add_argument("--stage", choices=("warm", "eval", "all"), default="all",
-                        help="warm: only embed (fill the cache); eval/all: measure.")
+    parser.add_argument("--stage", choices=("plan", "warm", "eval", "all"), default="all",
+                        help="plan: count what the run would embed, what the cache lacks "
+                        "and how long that takes (a sample embedded and timed); warm: only "
+                        "embed (fill the cache); eval/all: measure.")
     parser.add_argument("--header-ablation", default="swebench,cosqa",
                         help="Datasets that also get the rows of chunks embedded without "
                         "their `path > symbol` header (it embeds every chunk a second "
@@ -1087,10 +1210,19 @@ def main() -> None:
         else [str(x) for x in v] if isinstance(v, list) else v
         for k, v in vars(args).items()}}
     datasets = args.datasets.split(",")
+    plan = EmbedPlan(enc, plain) if args.stage == "plan" else None
     if "cosqa" in datasets:
-        results["cosqa"] = run_cosqa(args, enc, plain, memo)
+        results["cosqa"] = run_cosqa(args, enc, plain, memo, plan)
     if "swebench" in datasets:
-        results["swebench"] = run_swebench(args, enc, plain, memo)
+        results["swebench"] = run_swebench(args, enc, plain, memo, plan)
+    if plan is not None:
+        report = plan.report(args.threads)
+        report["seconds"] = time.perf_counter() - started
+        print(plan.table(report))
+        print(f"\nplanned in {report['seconds']:.0f} s (exports, chunking, counting, the "
+              "timed sample)")
+        print(f"wrote {write_json(args.out + '_plan', {**results, 'plan': report})}")
+        return
     if args.e2e:
         results["e2e"] = run_e2e(args, args.e2e)
     if args.latency:

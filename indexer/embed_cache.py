@@ -72,6 +72,16 @@ class EmbeddingCache:
                     found[key] = vec
         return found
 
+    def known(self, keys: Sequence[bytes]) -> set[bytes]:
+        """The keys of `keys` that have a vector (without reading the vectors)."""
+        found: set[bytes] = set()
+        for start in range(0, len(keys), _LOOKUP_BATCH):
+            part = list(keys[start : start + _LOOKUP_BATCH])
+            marks = ",".join("?" * len(part))
+            found.update(key for (key,) in self._db.execute(
+                f"SELECT key FROM embeddings WHERE key IN ({marks})", part))
+        return found
+
     def put_many(self, items: Sequence[tuple[bytes, np.ndarray]]) -> None:
         with self._db:
             self._db.executemany(

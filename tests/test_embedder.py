@@ -66,6 +66,15 @@ def test_cache_hit_skips_the_model_and_persists(tmp_path: Path) -> None:
     assert np.allclose(again.vectors[0], first.vectors[1])
 
 
+def test_cache_knows_which_keys_it_holds_across_lookup_batches(tmp_path: Path) -> None:
+    cache = EmbeddingCache(tmp_path / "emb.sqlite")
+    stored = [cache_key("m", f"text {i}") for i in range(1000)]  # more than one lookup batch
+    cache.put_many([(k, np.ones(4, dtype=np.float32)) for k in stored])
+    absent = [cache_key("m", f"other {i}") for i in range(500)]
+    assert cache.known(absent + stored[::2]) == set(stored[::2])
+    assert cache.known([]) == set()
+
+
 def test_cache_key_depends_on_model_and_text() -> None:
     assert cache_key("m1", "t") != cache_key("m2", "t")
     assert cache_key("m1", "t") != cache_key("m1", "t ")
