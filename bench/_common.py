@@ -41,10 +41,29 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
+# The installed versions that can move a benchmark's numbers (the int8 model is exported
+# and quantized on this machine; BM25 and tokenizing come from libraries), kept with them.
+VERSIONED = ("torch", "onnx", "onnxruntime", "sentence-transformers", "transformers",
+             "tokenizers", "numpy", "faiss-cpu", "bm25s", "lancedb")
+
+
+def package_versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in VERSIONED:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 def write_json(name: str, payload: dict) -> Path:
     RESULTS.mkdir(exist_ok=True)
     payload = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "packages": package_versions()},
         "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
         **payload,
     }
