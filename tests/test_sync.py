@@ -220,13 +220,21 @@ def test_teammate_joins_by_diff_not_reupload(tmp_path: Path, served: Backend,
 def test_client_killed_mid_sync_converges(tmp_path: Path, backend: Backend) -> None:
     repo = many_files(tmp_path / "repo", 1500, seed=3)
     env = dict(os.environ, CODEVEIL_EMBEDDER="hashing")
+    # How long a whole first index takes here, on a copy: the kills below land inside
+    # that time, whatever the machine's speed or load (a fixed sleep was sometimes longer
+    # than the whole index on a fast, idle machine).
+    timing = tmp_path / "timing"
+    shutil.copytree(repo, timing)
+    backend.init(timing, env)
+    started = time.monotonic()
+    assert cli(["index", "-q"], timing, env).wait(300) == 0
+    whole = time.monotonic() - started
     backend.init(repo, env)
     rng = random.Random(11)
     kills = 0
     for _ in range(4):
         proc = cli(["index", "-q"], repo, env)
-        # Short enough that a first index of 1,500 files is still running when killed.
-        time.sleep(rng.uniform(0.5, 2.0))
+        time.sleep(rng.uniform(0.3, 0.8) * whole)
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1
