@@ -150,8 +150,10 @@ class SentenceTransformerEmbedder(Embedder):
         return self._tokenizer
 
     def windows(self, text: str) -> list[str]:
-        enc = self._get_tokenizer().encode(text, add_special_tokens=False)
-        return token_windows(text, enc.offsets, self.max_tokens)
+        tokenizer = self._get_tokenizer()
+        return fitting_windows(
+            text, lambda t: tokenizer.encode(t, add_special_tokens=False).offsets,
+            self.max_tokens)
 
     def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
         model = self._load()
@@ -163,6 +165,24 @@ class SentenceTransformerEmbedder(Embedder):
             show_progress_bar=False,
         )
         return np.asarray(vecs, dtype=np.float32)
+
+
+def fitting_windows(text: str, offsets_of: Callable[[str], Sequence[tuple[int, int]]],
+                    size: int) -> list[str]:
+    """`token_windows` of `text`, each window at most `size` tokens when tokenized on its
+    own (`offsets_of(text)`: the token offsets of a text). A cut inside a line longer than
+    the window can split a word, and the word's tail, now a word of its own, can take more
+    word pieces than it did inside the whole: such a window is cut again."""
+    out: list[str] = []
+    todo = [text]
+    while todo:
+        piece = todo.pop()
+        offsets = offsets_of(piece)
+        if len(offsets) <= size:
+            out.append(piece)
+        else:  # at least two strictly shorter pieces, so this ends
+            todo.extend(reversed(token_windows(piece, offsets, size)))
+    return out
 
 
 def token_windows(text: str, offsets: Sequence[tuple[int, int]], size: int) -> list[str]:

@@ -44,7 +44,7 @@ from indexer.embedder import (
     MINILM_DIM,
     MINILM_MAX_TOKENS,
     Embedder,
-    token_windows,
+    fitting_windows,
 )
 from indexer.errors import EmbedderError
 from indexer.paths import cache_dir
@@ -617,8 +617,10 @@ class OnnxEmbedder(Embedder):
         return get_tokenizer()
 
     def windows(self, text: str) -> list[str]:
-        enc = self._tokenizer().encode(_printable(text), add_special_tokens=False)
-        return token_windows(text, enc.offsets, self.max_tokens)
+        tokenizer = self._tokenizer()
+        return fitting_windows(
+            text, lambda t: tokenizer.encode(_printable(t), add_special_tokens=False).offsets,
+            self.max_tokens)
 
     def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:

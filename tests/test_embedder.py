@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from indexer.embed_cache import CachedEmbedder, EmbeddingCache, cache_key
-from indexer.embedder import Embedder, HashingEmbedder
+from indexer.embedder import (
+    MINILM_MAX_TOKENS,
+    Embedder,
+    HashingEmbedder,
+    SentenceTransformerEmbedder,
+    token_windows,
+)
 from indexer.embedder_registry import default_embedder
 from indexer.errors import EmbedderError
 
@@ -52,6 +58,32 @@ def test_long_text_is_windowed_and_pooled_not_truncated() -> None:
     pieces = model.inner.embed_batch(model.windows(long_text))
     expected = pieces.sum(axis=0)
     assert np.allclose(vec, expected / np.linalg.norm(expected), atol=1e-5)
+
+
+def test_windows_of_a_long_line_fit_the_model_once_tokenized_alone() -> None:
+    # A regex of unit names on one line, as astropy has: a window cut inside a word leaves
+    # the word's tail to be tokenized as a word of its own, which can take more pieces.
+    from indexer.embedder_registry import minilm_embedder
+    from indexer.tokens import get_tokenizer
+
+    units = [p + u for p in ("mega", "micro", "milli", "nano", "peta", "pico", "kilo",
+                             "giga", "tera", "femto")
+             for u in ("arcminute", "arcsecond", "degree", "radian")]
+    units += ["narcmin", "narcsec", "ndeg", "nrad", "parcmin", "parcsec", "pdeg"]
+    text = "def f():\n    x = '" + "|".join(f"(?:{u})" for u in units * 6) + "'\n"
+    tok = get_tokenizer()
+
+    def pieces(t: str) -> int:
+        return len(tok.encode(t, add_special_tokens=False).ids)
+
+    cut = token_windows(text, tok.encode(text, add_special_tokens=False).offsets,
+                        MINILM_MAX_TOKENS)
+    assert max(pieces(w) for w in cut) > MINILM_MAX_TOKENS  # the case is really here
+    for model in (minilm_embedder("int8"), SentenceTransformerEmbedder()):
+        windows = model.windows(text)
+        assert max(pieces(w) for w in windows) <= MINILM_MAX_TOKENS
+        assert sum(pieces(w) for w in windows) >= pieces(text)  # nothing dropped
+        assert windows[-1].endswith("(?:pdeg)'")
 
 
 def test_cache_hit_skips_the_model_and_persists(tmp_path: Path) -> None:
