@@ -142,11 +142,13 @@ class EmbedPlan:
     that the hours a warm run takes are measured, not guessed."""
 
     SAMPLE = 320
+    COUNTS = ("instances", "versions", "texts", "pieces", "lacking_texts", "lacking_pieces")
 
     def __init__(self, enc, plain) -> None:
         from indexer.tokens import default_counter
 
-        self.enc, self.plain = enc, plain
+        self.enc = enc
+        self.embedders = {"codeveil": enc, "plain": plain}
         self.counter = default_counter()
         self.seen: set[bytes] = set()
         self.repos: dict[str, dict[str, int]] = {}
@@ -158,8 +160,7 @@ class EmbedPlan:
             formats: Sequence[str], instances: int) -> None:
         from indexer.embed_cache import cache_key
 
-        row = self.repos.setdefault(repo, dict.fromkeys(
-            ("instances", "versions", "texts", "pieces", "lacking_texts", "lacking_pieces"), 0))
+        row = self.repos.setdefault(repo, dict.fromkeys(self.COUNTS, 0))
         row["instances"] += instances
         row["versions"] += 1
         work = embedding_work(corpus, queries, formats, self.counter,
@@ -167,7 +168,7 @@ class EmbedPlan:
         new: list[tuple[str, bytes, str]] = []
         for what, texts in work.items():
             which = "plain" if what.startswith("plain") else "codeveil"
-            model_id = (self.plain if which == "plain" else self.enc).model_id
+            model_id = self.embedders[which].model_id
             for t in texts:
                 key = cache_key(model_id, t)
                 if key not in self.seen:
@@ -202,18 +203,15 @@ class EmbedPlan:
         second), hence the hours each repo's lacking texts take."""
         rate = None
         if self.sample:
-            for which in ("codeveil", "plain"):  # load each model before the clock starts
-                (self.plain if which == "plain" else self.enc).embedder.embed(["warm up"])
+            for embedder in self.embedders.values():  # load the model before the clock starts
+                embedder.embedder.embed(["warm up"])
             t0 = time.perf_counter()
-            for which in ("codeveil", "plain"):
+            for which, embedder in self.embedders.items():
                 texts = [t for w, t, _ in self.sample if w == which]
                 if texts:
-                    embed_all(self.plain if which == "plain" else self.enc, texts,
-                              f"timed sample ({which})")
+                    embed_all(embedder, texts, f"timed sample ({which})")
             rate = sum(n for *_, n in self.sample) / (time.perf_counter() - t0)
-        total = {k: sum(r[k] for r in self.repos.values())
-                 for k in ("instances", "versions", "texts", "pieces", "lacking_texts",
-                           "lacking_pieces")}
+        total = {k: sum(r[k] for r in self.repos.values()) for k in self.COUNTS}
         for row in [*self.repos.values(), total]:
             row["hours"] = row["lacking_pieces"] / rate / 3600 if rate else 0.0
         return {"threads": threads, "pieces_per_second": rate, "sample": len(self.sample),
@@ -243,9 +241,13 @@ class Corpus:
     name: str
     files: dict[str, str]  # path -> text
     chunks: list = field(default_factory=list)  # indexer.chunk.Chunk
+    _windows: list[tuple[str, str]] | None = field(default=None, repr=False)
 
     def windows(self) -> list[tuple[str, str]]:
-        """(path, text) of 40-line windows of every file (the plain baseline's unit)."""
+        """(path, text) of 40-line windows of every file (the plain baseline's unit),
+        cut once per corpus."""
+        if self._windows is not None:
+            return self._windows
         out = []
         for path, text in self.files.items():
             lines = text.splitlines(keepends=True)
@@ -253,6 +255,7 @@ class Corpus:
                 body = "".join(lines[start : start + WINDOW_LINES])
                 if body.strip():
                     out.append((path, body))
+        self._windows = out
         return out
 
 

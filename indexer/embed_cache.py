@@ -61,26 +61,23 @@ class EmbeddingCache:
 
     def get_many(self, keys: Sequence[bytes], dim: int) -> dict[bytes, np.ndarray]:
         found: dict[bytes, np.ndarray] = {}
-        for start in range(0, len(keys), _LOOKUP_BATCH):
-            part = list(keys[start : start + _LOOKUP_BATCH])
-            marks = ",".join("?" * len(part))
-            for key, blob in self._db.execute(
-                f"SELECT key, vector FROM embeddings WHERE key IN ({marks})", part
-            ):
-                vec = np.frombuffer(blob, dtype="<f4")
-                if vec.shape == (dim,):
-                    found[key] = vec
+        for key, blob in self._select("key, vector", keys):
+            vec = np.frombuffer(blob, dtype="<f4")
+            if vec.shape == (dim,):
+                found[key] = vec
         return found
 
     def known(self, keys: Sequence[bytes]) -> set[bytes]:
         """The keys of `keys` that have a vector (without reading the vectors)."""
-        found: set[bytes] = set()
+        return {key for (key,) in self._select("key", keys)}
+
+    def _select(self, columns: str, keys: Sequence[bytes]) -> Iterator[tuple]:
+        """`columns` of the rows of `keys`, as many keys a statement as SQLite allows."""
         for start in range(0, len(keys), _LOOKUP_BATCH):
             part = list(keys[start : start + _LOOKUP_BATCH])
             marks = ",".join("?" * len(part))
-            found.update(key for (key,) in self._db.execute(
-                f"SELECT key FROM embeddings WHERE key IN ({marks})", part))
-        return found
+            yield from self._db.execute(
+                f"SELECT {columns} FROM embeddings WHERE key IN ({marks})", part)
 
     def put_many(self, items: Sequence[tuple[bytes, np.ndarray]]) -> None:
         with self._db:
