@@ -5,9 +5,10 @@ keeping it current, side by side at several sizes.
 
 For each size, a real `.codeveil/state.sqlite` with that many chunks (files of 10
 chunks, written through `LocalChunks.replace_files`) and a real embedding cache holding
-one vector per chunk. The vectors are synthetic (`bench.query_latency.synthetic`:
-clustered unit vectors of dim 384 shaped like all-MiniLM-L6-v2 embeddings of code): the
-latency of exact search depends on the count and the dim, not on what the vectors mean.
+two vectors per chunk (its body's and its header's). The vectors are synthetic
+(`bench.query_latency.synthetic`: clustered unit vectors of dim 384 shaped like
+all-MiniLM-L6-v2 embeddings of code): the latency of exact search depends on the count
+and the dim, not on what the vectors mean.
 Then, all in one run:
 
 - cold_build_s: `current()` with no saved index (every chunk and vector read, saved);
@@ -16,7 +17,8 @@ Then, all in one run:
 - one_file_ms: `current()` after one file of 10 chunks is rewritten (p50 of 10 edits:
   the file's chunks and vectors read, the delta saved, the base untouched);
 - nearest p50/p95 for each n, without and with a filter that keeps 1% of the files
-  (`keep` on the path: the search widens until n kept hits are found);
+  (`keep` on the path: the search widens until n kept hits are found), and by the
+  header vectors (`header=True`, the second vector ranking a search makes);
 - f16_max_cos_err: how far float16 storage would move a cosine (why it is float32).
 
 Prints a table; writes bench/results/local_vectors.json.
@@ -55,13 +57,23 @@ def _file_chunks(f: int, version: int = 0) -> list[Chunk]:
             for i in range(PER_FILE)]
 
 
+def put_vectors(cache: EmbeddingCache, corpus: np.ndarray, f: int, chunks: list[Chunk]) -> None:
+    """The body and header vectors of file `f`'s chunks (a header's: another row of the
+    corpus, so the two rankings differ)."""
+    rows = [f * PER_FILE + i for i in range(len(chunks))]
+    pairs = list(zip(chunks, rows, strict=True))
+    cache.put_many([(cache_key(MODEL, c.embed_text), corpus[r]) for c, r in pairs]
+                   + [(cache_key(MODEL, c.header), corpus[(r + 7) % len(corpus)])
+                      for c, r in pairs])
+
+
 def fill(lc: LocalChunks, cache: EmbeddingCache, corpus: np.ndarray) -> None:
     """Write the chunks (10 a file) and their vectors, a thousand files a transaction."""
     files = len(corpus) // PER_FILE
     for start in range(0, files, FILES_PER_WRITE):
         batch = [(f, _file_chunks(f)) for f in range(start, min(files, start + FILES_PER_WRITE))]
-        cache.put_many([(cache_key(MODEL, c.embed_text), corpus[f * PER_FILE + i])
-                        for f, cs in batch for i, c in enumerate(cs)])
+        for f, cs in batch:
+            put_vectors(cache, corpus, f, cs)
         lc.replace_files([(cs[0].path, f"{f}:0".encode(), cs) for f, cs in batch])
 
 
@@ -99,8 +111,7 @@ def run_size(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     for edit in range(10):
         f = int(rng.integers(0, n // PER_FILE))
         cs = _file_chunks(f, version=edit + 1)
-        cache.put_many([(cache_key(MODEL, c.embed_text), corpus[f * PER_FILE + i])
-                        for i, c in enumerate(cs)])
+        put_vectors(cache, corpus, f, cs)
         lc.replace_files([(cs[0].path, f"{f}:{edit + 1}".encode(), cs)])
         t0 = time.perf_counter()
         index = store.current(db, cache, MODEL, DIM)
@@ -110,15 +121,17 @@ def run_size(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     def one_percent(d: LexDoc) -> bool:  # one file in a hundred
         return d.path.endswith("00.py")
 
+    assert index.header_count == n, (index.header_count, n)
     searches: dict[str, float] = {}
     for k in args.n:
-        for label, keep in (("", None), ("_keep1%", one_percent)):
+        for label, keep, header in (("", None, False), ("_keep1%", one_percent, False),
+                                    ("_header", None, True)):
             for q in queries[: args.warmup]:
-                index.nearest(q, k, keep=keep)
+                index.nearest(q, k, keep=keep, header=header)
             times = []
             for q in queries:
                 t0 = time.perf_counter()
-                hits = index.nearest(q, k, keep=keep)
+                hits = index.nearest(q, k, keep=keep, header=header)
                 times.append((time.perf_counter() - t0) * 1000)
             assert len(hits) == min(k, index.count if keep is None else n // 100)
             searches[f"nearest{label}_n{k}_p50_ms"] = round(pct(times, 50), 2)
@@ -161,11 +174,12 @@ def main() -> None:
     k = args.n[0]
     print(table(
         ["chunks", "cold build s", "open s", "unchanged ms", "one file ms",
-         f"n={k} p50/p95 ms", f"n={k} keep 1% p50/p95", "disk MB"],
+         f"n={k} p50/p95 ms", f"n={k} keep 1% p50/p95", f"n={k} header p50/p95", "disk MB"],
         [[r["chunks"], r["cold_build_s"], r["open_s"], r["unchanged_p50_ms"],
           r["one_file_p50_ms"],
           f"{r[f'nearest_n{k}_p50_ms']:.1f}/{r[f'nearest_n{k}_p95_ms']:.1f}",
           f"{r[f'nearest_keep1%_n{k}_p50_ms']:.1f}/{r[f'nearest_keep1%_n{k}_p95_ms']:.1f}",
+          f"{r[f'nearest_header_n{k}_p50_ms']:.1f}/{r[f'nearest_header_n{k}_p95_ms']:.1f}",
           r["disk_mb"]] for r in rows]))
     path = write_json("local_vectors", {"queries": args.queries, "dim": DIM,
                                         "vectors": "synthetic (bench.query_latency)",

@@ -533,9 +533,11 @@ def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
         # A first index half way: every chunk searchable by words, these by meaning too.
         for order in PARTIAL_ORDERS:
             have = sorted(embedded_first(corpus, order, PARTIAL_SHARE, recency))
+            some = [docs[i] for i in have]
             rankers[partial_key(fmt, order)] = HybridRanker(
-                lex, embed_parts, VectorIndex([docs[i] for i in have], vectors[have]).nearest,
-                counter.count, enc.embedder.max_tokens, count_many=counter.count_batch)
+                lex, embed_parts, VectorIndex(some, vectors[have]).nearest,
+                counter.count, enc.embedder.max_tokens, count_many=counter.count_batch,
+                nearest_header=VectorIndex(some, hvec[have]).nearest)
     modules = module_files(corpus.files)
     import_memo: dict[str, list[str]] = {}
 
@@ -576,7 +578,8 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
     agg = DEFAULT_AGG["file"]
     step = {"hybrid": False, "evidence": False, "split": "first", "w_file_lexical": 0.0,
             "w_lexical_prose": None, "max_query_terms": None, "w_lexical": 0.5,
-            "stopwords": False, "code_term_weight": 1, "w_first_part": 1.0}
+            "stopwords": False, "code_term_weight": 1, "w_first_part": 1.0,
+            "w_header_vector": 0.0}
     ladder = [
         ("chunks+header, vector, query cut", {}, "max"),
         ("+ whole query (windows averaged)", {"split": "none"}, "max"),
@@ -591,6 +594,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
          "topm"),
         (f"+ file agg {agg}", {}, agg),
         ("+ first part weight 2", {"w_first_part": 2.0}, agg),
+        ("+ header vector 0.5", {"w_header_vector": 0.5}, agg),
     ]
     fmt, *other = renderings(ablation)
     rows: list[tuple[str, str, dict, str]] = []
@@ -643,28 +647,33 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         ("defaults, file agg decay, file BM25 0.25", fmt, {"w_file_lexical": 0.25}, "decay"),
         ("defaults, BM25 weight 1, file BM25 0.25", fmt,
          {"w_lexical": 1.0, "w_file_lexical": 0.25}, agg),
+        ("defaults, no header vector", fmt, {"w_header_vector": 0.0}, agg),
         ("defaults, header vector 0.25", fmt, {"w_header_vector": 0.25}, agg),
-        ("defaults, header vector 0.5", fmt, {"w_header_vector": 0.5}, agg),
+        ("defaults, header vector 1", fmt, {"w_header_vector": 1.0}, agg),
         ("BM25 chunks only", fmt, {"w_vector": 0.0, "evidence": False,
                                    "w_file_lexical": 0.0}, agg),
         *((f"defaults + imports of top {top}, weight {w}", fmt, {IMPORTS_OPTION: (top, w)}, agg)
           for top in (1, 3) for w in (0.1, 0.25)),
     ]
     rows += [(f"defaults, no header, header vector {w}", o, {"w_header_vector": w}, agg)
-             for o in other for w in (0.25, 0.5, 1.0)]
+             for o in other for w in (0.0, 0.25, 1.0)]
     return rows
 
 
 def partial_variants() -> list[tuple[str, str, dict, str]]:
     """The shipped defaults while a first index runs: the vector ranking's vote scaled
     by the share of chunks it covers, as retrieval.api does (none: no vote at all)."""
+    from retrieval.fusion import SearchOptions
     from retrieval.grouping import DEFAULT_AGG
 
     agg = DEFAULT_AGG["file"]
+    header = SearchOptions().w_header_vector
     return [
-        ("first index, no vectors yet", SHIPPED_RENDERING, {"w_vector": 0.0}, agg),
+        ("first index, no vectors yet", SHIPPED_RENDERING,
+         {"w_vector": 0.0, "w_header_vector": 0.0}, agg),
         *((f"first index, half the vectors, {order} order",
-           partial_key(SHIPPED_RENDERING, order), {"w_vector": PARTIAL_SHARE}, agg)
+           partial_key(SHIPPED_RENDERING, order),
+           {"w_vector": PARTIAL_SHARE, "w_header_vector": header * PARTIAL_SHARE}, agg)
           for order in PARTIAL_ORDERS),
     ]
 

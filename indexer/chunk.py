@@ -29,10 +29,16 @@ class Chunk:
 
     @property
     def header(self) -> str:
-        """The first line of the embedded text: where the chunk lives."""
-        return f"{self.path} > {self.symbol}" if self.symbol else self.path
+        """The first line of the embedded text: where the chunk lives. Embedded on its
+        own too, as the chunk's second vector."""
+        return chunk_header(self.path, self.symbol)
 
     @property
     def embed_text(self) -> str:
         """What the model sees: a short location header, then the code."""
         return f"{self.header}\n{self.text}"
+
+
+def chunk_header(path: str, symbol: str) -> str:
+    """`path > symbol` (the path alone at module level): a chunk's location as text."""
+    return f"{path} > {symbol}" if symbol else path

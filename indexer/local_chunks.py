@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from indexer import sqlite_files
-from indexer.chunk import Chunk
+from indexer.chunk import Chunk, chunk_header
 from indexer.formats import check_sqlite_format
 
 # The format of state.sqlite as a whole (this table, the stat cache's and the lexical
@@ -98,6 +98,17 @@ def change_stamp(db: sqlite3.Connection) -> tuple[int, bytes]:
         LocalChunks(db)
         n, epoch = db.execute(query).fetchone()
     return int(n), bytes(epoch)
+
+
+def headers_embedded(db: sqlite3.Connection, model_id: str) -> bool:
+    """Whether every chunk's header vector under `model_id` was checked to be in the
+    embedding cache (`LocalChunks.mark_headers_embedded`); from then on each sync embeds
+    the headers of the files it writes."""
+    try:
+        return db.execute("SELECT 1 FROM embedded_headers WHERE model_id = ?",
+                          (model_id,)).fetchone() is not None
+    except sqlite3.OperationalError:  # made before chunks had header vectors
+        return False
 
 
 class LocalChunks:
@@ -200,6 +211,23 @@ class LocalChunks:
 
     def count(self) -> int:
         return self._db.execute("SELECT count(*) FROM chunks").fetchone()[0]
+
+    def headers(self) -> set[str]:
+        """The distinct `path > symbol` headers of the chunks (`Chunk.header`)."""
+        return {chunk_header(p, s) for p, s in self._db.execute(
+            "SELECT DISTINCT path, symbol FROM chunks")}
+
+    def headers_embedded(self, model_id: str) -> bool:
+        return headers_embedded(self._db, model_id)
+
+    def mark_headers_embedded(self, model_id: str) -> None:
+        """Record `headers_embedded(model_id)`, and bump the change counter so that the
+        indexes built from this table re-read the chunks that lacked one."""
+        with self._db:
+            self._db.execute("CREATE TABLE IF NOT EXISTS embedded_headers"
+                             " (model_id TEXT PRIMARY KEY) WITHOUT ROWID")
+            self._db.execute("INSERT OR IGNORE INTO embedded_headers VALUES (?)", (model_id,))
+            self._db.execute("UPDATE chunk_generation SET n = n + 1 WHERE id = 0")
 
     def count_files(self) -> int:
         return self._db.execute("SELECT count(*) FROM chunk_files").fetchone()[0]

@@ -190,6 +190,11 @@ class Index:
                 # the share it covers, so a hundred early vectors do not outvote BM25
                 # and the evidence over the whole repo.
                 options = replace(options, w_vector=options.w_vector * with_vectors / total)
+            if self._vectors is not None and config.sealed and total:
+                # The header vectors' vote, likewise: a workspace indexed before chunks
+                # carried them has none until `codeveil index` embeds them.
+                share = min(self._vectors.header_count / total, 1.0)
+                options = replace(options, w_header_vector=options.w_header_vector * share)
             ranking = ranker.rank(query, options, mask=lexical.mask(path=path, language=language),
                                   keep=keep)
             groups = group_ranking(ranking, cast("Level", group))  # checked above
@@ -247,9 +252,14 @@ class Index:
                 assert self._vectors is not None  # set by `search` before it ranks
                 return self._vectors.nearest(vector, n)
 
+            def nearest_header(vector: np.ndarray, n: int) -> list[tuple[LexDoc, float]]:
+                assert self._vectors is not None
+                return self._vectors.nearest(vector, n, header=True)
+
             self._ranker = HybridRanker(lexical, self._query_vectors, nearest_here,
                                         counter.count, embedder.max_tokens,
-                                        count_many=counter.count_batch)
+                                        count_many=counter.count_batch,
+                                        nearest_header=nearest_header)
             return self._ranker
         from sync.server_search import ServerSearch
 

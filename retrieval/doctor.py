@@ -132,7 +132,7 @@ def _check(root: Path, embedder: Embedder | None) -> tuple[DoctorReport, _Plan]:
     idx = Index(root, embedder=embedder)
     try:
         _check_state(root, report, plan)
-        _check_cache(root, idx, report, plan)
+        _check_cache(root, idx, report, plan, sealed=config.sealed)
         _check_lexical(root, report, plan)
         if config.server is None:
             _check_embedded_store(root, config, key, report, plan)
@@ -167,7 +167,8 @@ def _check_state(root: Path, report: DoctorReport, plan: _Plan) -> None:
             plan.index.append(f)
 
 
-def _check_cache(root: Path, idx: Index, report: DoctorReport, plan: _Plan) -> None:
+def _check_cache(root: Path, idx: Index, report: DoctorReport, plan: _Plan, *,
+                 sealed: bool) -> None:
     path = cache_dir() / "embeddings.sqlite"  # checked before the cache opens it
     f = Finding(str(path))
     report.findings.append(f)
@@ -196,12 +197,22 @@ def _check_cache(root: Path, idx: Index, report: DoctorReport, plan: _Plan) -> N
         return
     with _state(root) as local:
         texts = [c.embed_text for _rowid, c in local.iter_all()]
+        # Only a sealed workspace's search ranks the header vectors.
+        headers = sorted(local.headers()) if sealed else []
     keys = [cache_key(cached.model_id, t) for t in texts]
-    missing = len(keys) - len(cache.get_many(keys, dim))
+    missing = len(keys) - len(cache.known(keys))
+    header_keys = [cache_key(cached.model_id, h) for h in headers]
+    missing_headers = len(header_keys) - len(cache.known(header_keys))
     if missing:
         f.problem = (f"lacks the vectors of {missing} of {len(keys)} local chunks: their"
                      " scores are the server's approximate ones (normal for a teammate's"
                      " chunks; --repair embeds them)")
+        f.advisory = True
+        plan.embed.append(f)
+    elif missing_headers:
+        f.problem = (f"lacks the header vectors of {missing_headers} of {len(header_keys)}"
+                     " chunk headers: search ranks those chunks by their code only"
+                     " (--repair, or the next `codeveil index`, embeds them)")
         f.advisory = True
         plan.embed.append(f)
 
@@ -373,10 +384,17 @@ def _repair(root: Path, plan: _Plan, embedder: Embedder | None, report: DoctorRe
     # moved cache (by embedding), and sends every file again if the store lost rows.
     with Index(root, embedder=embedder) as idx:
         report.index = idx.index(reupload=reupload)
-        missing = [c.embed_text for c in _all_chunks(root)]
+        chunks = _all_chunks(root)
+        sealed = load_config(root).sealed
+        missing = [c.embed_text for c in chunks]
+        missing += sorted({c.header for c in chunks}) if sealed else []
         idx.embedder.embed(missing)  # fills what the cache lacks; a no-op when it is full
         db = open_state_db(state_path(root))
         try:
+            if sealed:
+                # Recorded, and the change stamp bumped: the next search re-reads the
+                # chunks its vector index holds without a header vector.
+                LocalChunks(db).mark_headers_embedded(idx.embedder.model_id)
             LexicalStore(codeveil_dir(root) / "lexical").current(db)  # rebuilt and saved
         finally:
             db.close()

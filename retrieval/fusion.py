@@ -119,8 +119,10 @@ class SearchOptions:
     # Chosen on the SWE-bench tune half, with code_term_weight 2 (docs/benchmarks.md).
     stopwords: bool = True
     # Weight of a second vector ranking: the query's parts against vectors of each chunk's
-    # `path > symbol` header alone, where the ranker was given them (0: not used).
-    w_header_vector: float = 0.0
+    # `path > symbol` header alone, where the ranker was given them (0: not used). An
+    # issue text names the module or function it is about in words the body's vector
+    # dilutes among a chunk's lines. Chosen on the SWE-bench tune half (docs/benchmarks.md).
+    w_header_vector: float = 0.5
     # BM25 for a query that names code: the terms of words that look like code
     # (identifiers, code lines, traceback frames) count this many times, prose words
     # once (1: all alike). Chosen with stopwords on the SWE-bench tune half.

@@ -1,16 +1,20 @@
 """Exact search by meaning on the client: the vectors of the client's own chunk table.
 
 The index covers the chunks of every file of `indexer.local_chunks` that is not pending
-(a pending file's vectors are not ready yet), each with the vector the embedding cache
-holds for its embedded text under the caller's model. A chunk whose vector the cache
-lacks is left out and counted (`LocalVectorIndex.missing`). Search is exact: the cosine
-of the query with every live vector (all vectors are L2-normalised, so a dot product),
-best first. The vectors approximate the code, so they live only under
-`.codeveil/vectors/` (0700) and never go to a server.
+(a pending file's vectors are not ready yet), each with two vectors the embedding cache
+holds under the caller's model: the one of its embedded text (`Chunk.embed_text`, the
+body) and the one of its `path > symbol` header alone (`Chunk.header`), which a search
+ranks on its own as a second vote (`retrieval.fusion`, `w_header_vector`). A chunk whose
+body vector the cache lacks is left out and counted (`LocalVectorIndex.missing`); one
+whose header vector it lacks is kept, searched by its body only, and re-read by the
+next refresh. Search is exact: the cosine of the query with every live vector (all
+vectors are L2-normalised, so a dot product), best first. The vectors approximate the
+code, so they live only under `.codeveil/vectors/` (0700) and never go to a server.
 
 Layout on disk. A large immutable *base* and a small *delta*, as in `retrieval.lexical`:
 
-    base-<id>.npy   float32 [n, dim] vectors of the base, a plain .npy (memory-mapped)
+    base-<id>.npy   float32 [n, 2 * dim] vectors of the base, a plain .npy (memory-mapped):
+                    each row the body vector, then the header vector (zeros if none)
     base-<id>.npz   the base's chunk metadata, its vectors' xxh3-64 checksum, format
     delta.npz       the pointer: format, model id, dim, base id, the state database's
                     stamp, the deleted base rows, the delta's vectors and metadata, and
@@ -68,14 +72,21 @@ import xxhash
 
 from indexer.chunk import Chunk
 from indexer.embed_cache import EmbeddingCache, cache_key
-from indexer.local_chunks import SQL_BATCH, change_stamp, count_chunks, snapshot_reader
+from indexer.local_chunks import (
+    SQL_BATCH,
+    change_stamp,
+    count_chunks,
+    headers_embedded,
+    snapshot_reader,
+)
 from indexer.private_files import private_dir, write_atomic
 from retrieval.lexical import LexDoc
 from retrieval.lexical.segments import digest_rows, gather
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION: Final = 1
+# 2: each row holds a chunk's header vector after its body vector.
+FORMAT_VERSION: Final = 2
 DELTA_FILE: Final = "delta.npz"
 # Merge the delta into the base once it (with the masked base rows) passes this share.
 MERGE_SHARE: Final = 0.1
@@ -108,6 +119,7 @@ class _Docs:
     sym_ptr: np.ndarray  # int64 [n + 1]
     sym_blob: np.ndarray  # uint8, utf-8 symbols back to back
     hashes: np.ndarray  # uint8 [n, 16], chunk hashes from the chunk table
+    has_header: np.ndarray  # bool [n], the row holds a header vector
     paths: list[str]
     languages: list[str]
 
@@ -115,7 +127,7 @@ class _Docs:
         return len(self.path_id)
 
     @classmethod
-    def of(cls, docs: Sequence[LexDoc]) -> _Docs:
+    def of(cls, docs: Sequence[LexDoc], has_header: Sequence[bool] | None = None) -> _Docs:
         path_ids: dict[str, int] = {}
         lang_ids: dict[str, int] = {}
         syms = [d.symbol.encode("utf-8") for d in docs]
@@ -131,6 +143,8 @@ class _Docs:
             np.frombuffer(b"".join(syms), dtype=np.uint8).copy(),
             np.frombuffer(b"".join(d.chunk_hash.ljust(16, b"\0")[:16] for d in docs),
                           dtype=np.uint8).reshape(-1, 16).copy(),
+            np.ones(len(docs), dtype=bool) if has_header is None
+            else np.array(has_header, dtype=bool).reshape(-1),
             list(path_ids), list(lang_ids),
         )
 
@@ -166,17 +180,20 @@ class _Docs:
         return {f"{prefix}{k}": v for k, v in (
             ("path_id", self.path_id), ("lines", self.lines), ("lang_id", self.lang_id),
             ("sym_ptr", self.sym_ptr), ("sym_blob", self.sym_blob), ("hashes", self.hashes),
-            ("paths", _pack(self.paths)), ("languages", _pack(self.languages)))}
+            ("has_header", self.has_header), ("paths", _pack(self.paths)),
+            ("languages", _pack(self.languages)))}
 
     @classmethod
     def load(cls, z: dict[str, np.ndarray], prefix: str) -> _Docs:
         docs = cls(z[f"{prefix}path_id"], z[f"{prefix}lines"], z[f"{prefix}lang_id"],
                    z[f"{prefix}sym_ptr"], z[f"{prefix}sym_blob"], z[f"{prefix}hashes"],
-                   _unpack(z[f"{prefix}paths"]), _unpack(z[f"{prefix}languages"]))
+                   z[f"{prefix}has_header"].astype(bool), _unpack(z[f"{prefix}paths"]),
+                   _unpack(z[f"{prefix}languages"]))
         n = len(docs)
         # Garbage that still parses must not index out of range at search time.
         if (docs.lines.shape != (n, 2) or docs.hashes.shape != (n, 16)
-                or len(docs.lang_id) != n or len(docs.sym_ptr) != n + 1
+                or docs.has_header.shape != (n,) or len(docs.lang_id) != n
+                or len(docs.sym_ptr) != n + 1
                 or (n and (int(docs.path_id.max()) >= len(docs.paths)
                            or int(docs.lang_id.max()) >= len(docs.languages)
                            or int(docs.sym_ptr[-1]) > len(docs.sym_blob)))):
@@ -190,12 +207,13 @@ class _Docs:
         paths: dict[str, int] = {}
         langs: dict[str, int] = {}
         cols: dict[str, list[np.ndarray]] = {k: [] for k in ("pid", "lid", "lines", "hashes",
-                                                             "sym_len", "blob")}
+                                                             "has_header", "sym_len", "blob")}
         for docs, rows in parts:
             cols["pid"].append(_remap(docs.path_id[rows], docs.paths, paths, np.int32))
             cols["lid"].append(_remap(docs.lang_id[rows], docs.languages, langs, np.int16))
             cols["lines"].append(docs.lines[rows])
             cols["hashes"].append(docs.hashes[rows])
+            cols["has_header"].append(docs.has_header[rows])
             starts, ends = docs.sym_ptr[rows], docs.sym_ptr[rows + 1]
             cols["sym_len"].append(ends - starts)
             cols["blob"].append(gather(docs.sym_blob, starts, ends))
@@ -207,7 +225,8 @@ class _Docs:
         return cls(np.concatenate(cols["pid"]), np.concatenate(cols["lines"]).reshape(-1, 2),
                    np.concatenate(cols["lid"]), sym_ptr,
                    np.concatenate(cols["blob"]).astype(np.uint8),
-                   np.concatenate(cols["hashes"]).reshape(-1, 16), list(paths), list(langs))
+                   np.concatenate(cols["hashes"]).reshape(-1, 16),
+                   np.concatenate(cols["has_header"]).astype(bool), list(paths), list(langs))
 
 
 def _remap(ids: np.ndarray, names: list[str], into: dict[str, int],
@@ -231,7 +250,8 @@ def _empty_docs() -> _Docs:
 class LocalVectorIndex:
     """Vectors of chunks: a base (often memory-mapped), its masked rows, and a delta.
 
-    Rows run over the base, then the delta. Immutable: an update makes a new index.
+    Rows run over the base, then the delta; each row is a chunk's body vector, then its
+    header vector. Immutable: an update makes a new index.
     """
 
     def __init__(self, base: np.ndarray, base_docs: _Docs, deleted: np.ndarray,
@@ -241,29 +261,36 @@ class LocalVectorIndex:
         self.deleted = deleted
         self.delta = delta
         self.delta_docs = delta_docs
-        self.dim = int(base.shape[1])
+        self.dim = int(base.shape[1]) // 2
         #: Chunks of non-pending files left out because the cache lacks their vector.
         self.missing = missing
         #: Chunks the index holds a vector for (live base rows and the delta).
         self.count = len(base) - int(deleted.sum()) + len(delta)
+        #: Of those, the chunks that also have a header vector.
+        self.header_count = (int((base_docs.has_header & ~deleted).sum())
+                             + int(delta_docs.has_header.sum()))
 
     def nearest(self, query: np.ndarray, n: int, *,
-                keep: Callable[[LexDoc], bool] | None = None) -> list[tuple[LexDoc, float]]:
-        """The `n` chunks of highest cosine with `query`, best first (ties by row).
+                keep: Callable[[LexDoc], bool] | None = None,
+                header: bool = False) -> list[tuple[LexDoc, float]]:
+        """The `n` chunks of highest cosine with `query`, best first (ties by row): by
+        their body vectors, or with `header` by their header vectors (chunks without
+        one are not ranked).
 
         `keep` filters hits; the search widens until `n` kept hits are found or every
         chunk has been looked at, so a filter that keeps few still gets `n`.
         """
         q = self._query(query)
-        if n <= 0 or self.count == 0:
+        count = self.header_count if header else self.count
+        if n <= 0 or count == 0:
             return []
-        scores = self.scores(q)
+        scores = self.scores(q, header=header)
         if keep is None:
-            best = _best(scores, min(n, self.count))
+            best = _best(scores, min(n, count))
             return list(zip(self.docs(best), scores[best].tolist(), strict=True))
         out: list[tuple[LexDoc, float]] = []
         seen = 0
-        width = min(self.count, max(4 * n, 64))
+        width = min(count, max(4 * n, 64))
         while True:
             order = _best(scores, width)
             for i, doc in zip(order[seen:].tolist(), self.docs(order[seen:]), strict=True):
@@ -272,22 +299,28 @@ class LocalVectorIndex:
                     if len(out) == n:
                         return out
             seen = len(order)
-            if width >= self.count:
+            if width >= count:
                 return out
             # Widen by what the share kept so far says is needed, with a margin; each
             # look costs a LexDoc and a call, so overshooting by 4x is what hurts.
             need = (n - len(out)) * seen / max(len(out), 1)
-            width = min(self.count, max(2 * width, seen + int(1.5 * need)))
+            width = min(count, max(2 * width, seen + int(1.5 * need)))
 
-    def scores(self, query: np.ndarray) -> np.ndarray:
-        """float32 [rows]: the cosine of each row with a unit `query`; masked rows -inf."""
+    def scores(self, query: np.ndarray, *, header: bool = False) -> np.ndarray:
+        """float32 [rows]: the cosine of each row's body (or `header`) vector with a unit
+        `query`; masked rows (and with `header`, rows without one) -inf."""
         out = np.empty(len(self.base) + len(self.delta), dtype=np.float32)
         nb = len(self.base)
+        cols = slice(self.dim, None) if header else slice(0, self.dim)
         if nb:
-            np.matmul(self.base, query, out=out[:nb])
+            np.matmul(self.base[:, cols], query, out=out[:nb])
             out[:nb][self.deleted] = -np.inf
+            if header:
+                out[:nb][~self.base_docs.has_header] = -np.inf
         if len(self.delta):
-            np.matmul(self.delta, query, out=out[nb:])
+            np.matmul(self.delta[:, cols], query, out=out[nb:])
+            if header:
+                out[nb:][~self.delta_docs.has_header] = -np.inf
         return out
 
     def doc(self, i: int) -> LexDoc:
@@ -334,6 +367,16 @@ class LocalVectorIndex:
         delta_docs = _Docs.concat([(self.delta_docs, kept), (docs, np.arange(len(docs)))])
         return LocalVectorIndex(self.base, self.base_docs, deleted, delta, delta_docs, missing)
 
+    def paths_without_headers(self) -> set[str]:
+        """Paths with a live chunk that lacks its header vector (a refresh re-reads
+        them: the cache may hold it by now)."""
+        out: set[str] = set()
+        for docs, live in ((self.base_docs, ~self.deleted),
+                           (self.delta_docs, np.ones(len(self.delta_docs), dtype=bool))):
+            ids = np.unique(docs.path_id[live & ~docs.has_header])
+            out.update(docs.paths[i] for i in ids.tolist())
+        return out
+
     def needs_merge(self) -> bool:
         return int(self.deleted.sum()) + len(self.delta) > MERGE_SHARE * max(len(self.base), 1)
 
@@ -344,7 +387,7 @@ class LocalVectorIndex:
         docs = _Docs.concat([(self.base_docs, live),
                              (self.delta_docs, np.arange(len(self.delta_docs)))])
         return LocalVectorIndex(base, docs, np.zeros(len(base), dtype=bool),
-                                np.zeros((0, self.dim), dtype=np.float32), _empty_docs(),
+                                np.zeros((0, 2 * self.dim), dtype=np.float32), _empty_docs(),
                                 self.missing)
 
 
@@ -427,7 +470,7 @@ class LocalVectorStore:
             delta = zd["delta"]
             delta_docs = _Docs.load(zd, "d_")
             deleted = zd["deleted"].astype(bool)
-            if (delta.shape != (len(delta_docs), model[1]) or delta.dtype != np.float32
+            if (delta.shape != (len(delta_docs), 2 * model[1]) or delta.dtype != np.float32
                     or deleted.shape != (len(base_docs),)):
                 raise ValueError("the delta does not fit its base")
             files = dict(zip(_unpack(zd["file_paths"]),
@@ -458,7 +501,7 @@ class LocalVectorStore:
         docs = _Docs.load(zb, "b_")
         # Mapped, not read: a new process pays for the pages its searches touch, once.
         vectors = np.load(stem.with_suffix(".npy"), mmap_mode="r", allow_pickle=False)
-        if vectors.shape != (len(docs), dim) or vectors.dtype != np.float32:
+        if vectors.shape != (len(docs), 2 * dim) or vectors.dtype != np.float32:
             raise ValueError(f"base vectors of shape {vectors.shape} for {len(docs)} chunks")
         if _checksum(vectors) != int(zb["checksum"][0]):
             raise ValueError("the base vectors fail their checksum")
@@ -521,8 +564,12 @@ class LocalVectorStore:
                 "SELECT path, digest FROM chunk_files"
                 " WHERE path NOT IN (SELECT path FROM pending_files)")}
             if old is not None and old.stamp[1] == stamp[1]:
+                # Chunks without a header vector are re-read once the cache holds
+                # them all (the sync records that), not on every refresh before.
+                headless = (old.index.paths_without_headers()
+                            if headers_embedded(reader, model[0]) else set())
                 changed = [p for p, d in files.items()
-                           if old.files.get(p) != d or p in old.incomplete]
+                           if old.files.get(p) != d or p in old.incomplete or p in headless]
                 dropped = {p for p in old.files if p not in files}
                 total = reader.execute("SELECT count(*) FROM chunks").fetchone()[0]
                 rebuild = count_chunks(reader, changed) > REBUILD_SHARE * max(total, 1)
@@ -538,7 +585,7 @@ class LocalVectorStore:
         t1 = time.perf_counter()
         if rebuild or old is None:
             index = LocalVectorIndex(vectors, docs, np.zeros(len(docs), dtype=bool),
-                                     np.zeros((0, model[1]), dtype=np.float32), _empty_docs(),
+                                     np.zeros((0, 2 * model[1]), dtype=np.float32), _empty_docs(),
                                      sum(incomplete.values()))
             mode = "rebuild"
         else:
@@ -571,24 +618,35 @@ class LocalVectorStore:
 
 def _vectors_of(rows: Iterator[tuple[Chunk, bytes]], cache: EmbeddingCache,
                 model: Model) -> tuple[np.ndarray, _Docs, dict[str, int]]:
-    """(vectors, metadata, path -> chunks without a vector) of the chunks `rows`."""
+    """(rows of body and header vectors, metadata, path -> chunks without a body
+    vector) of the chunks `rows`."""
     model_id, dim = model
     parts: list[np.ndarray] = []
     docs: list[LexDoc] = []
+    has_header: list[bool] = []
     incomplete: dict[str, int] = {}
+    no_header = np.zeros(dim, dtype=np.float32)
     while batch := list(_take(rows, _READ_BATCH)):
         keys = [cache_key(model_id, c.embed_text) for c, _ in batch]
-        found = cache.get_many(keys, dim)
-        have = [(c, h, found[k]) for (c, h), k in zip(batch, keys, strict=True) if k in found]
-        for (c, _), k in zip(batch, keys, strict=True):
+        header_keys = [cache_key(model_id, c.header) for c, _ in batch]
+        found = cache.get_many([*keys, *header_keys], dim)
+        have = []
+        for (c, h), k, hk in zip(batch, keys, header_keys, strict=True):
             if k not in found:
                 incomplete[c.path] = incomplete.get(c.path, 0) + 1
+                continue
+            head = found.get(hk)
+            have.append((c, h, found[k], no_header if head is None else head))
+            has_header.append(head is not None)
         if have:
-            parts.append(np.stack([v for _, _, v in have]).astype(np.float32, copy=False))
+            part = np.empty((len(have), 2 * dim), dtype=np.float32)
+            part[:, :dim] = np.stack([v for _, _, v, _ in have])
+            part[:, dim:] = np.stack([hv for _, _, _, hv in have])
+            parts.append(part)
             docs.extend(LexDoc(c.path, c.start_line, c.end_line, c.symbol, c.language, h)
-                        for c, h, _ in have)
-    vectors = np.concatenate(parts) if parts else np.zeros((0, dim), dtype=np.float32)
-    return vectors, _Docs.of(docs), incomplete
+                        for c, h, _, _ in have)
+    vectors = np.concatenate(parts) if parts else np.zeros((0, 2 * dim), dtype=np.float32)
+    return vectors, _Docs.of(docs, has_header), incomplete
 
 
 def _take(it: Iterator[tuple[Chunk, bytes]], n: int) -> Iterator[tuple[Chunk, bytes]]:

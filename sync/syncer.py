@@ -81,6 +81,9 @@ class SyncReport:
     chunks_from_cache: int = 0
     #: Chunks whose vectors came from the workspace's sealed rows instead of the model.
     chunks_pulled: int = 0
+    #: Chunk headers (`path > symbol`) the model embedded for the chunks' second vector
+    #: (a sealed workspace's search ranks them); a file's chunks often share one.
+    headers_embedded: int = 0
     seconds: float = 0.0
     seconds_walk: float = 0.0
     seconds_chunk: float = 0.0
@@ -241,6 +244,8 @@ class Syncer:
         self.progress.planned(len(todo), 0)
 
         complete = self._send(todo, upload, files, plan, report)
+        if complete and self.sealed:
+            self._embed_missing_headers(report)
         if complete and (plan.dirs or plan.delete):
             t0 = time.perf_counter()
             values = dir_values(tree, self.key, plan.dirs)
@@ -394,9 +399,15 @@ class Syncer:
             report.seconds_sync += time.perf_counter() - t0
         t0 = time.perf_counter()
         result = self.embedder.embed(texts, progress=self.progress.chunks_done)
-        report.seconds_embed += time.perf_counter() - t0
         report.chunks_embedded += result.embedded
         report.chunks_from_cache += result.from_cache
+        if self.sealed:
+            # The second vector of every chunk this machine searches: a few word pieces
+            # each, so about a tenth of a chunk's cost, and shared along a file.
+            headers = list(dict.fromkeys(c.header for _, chunks in sending + pulling
+                                         for c in chunks))
+            report.headers_embedded += self.embedder.embed(headers).embedded
+        report.seconds_embed += time.perf_counter() - t0
 
         t0 = time.perf_counter()
         updates = self._updates(sending, result.vectors[:n_sending])
@@ -414,6 +425,26 @@ class Syncer:
         report._rate()
         self.progress.files_done(len(batch))
         self.progress.stages(report.stages(), report.embed_chunks_per_s)
+
+    def _embed_missing_headers(self, report: SyncReport) -> None:
+        """Once per state database and model: embed the header of every chunk whose
+        header vector the cache lacks. Each sync embeds the headers of the files it
+        writes; this fills in the chunks written before chunks had header vectors."""
+        model_id = self.embedder.model_id
+        if self.local.headers_embedded(model_id):
+            return
+        t0 = time.perf_counter()
+        headers = sorted(self.local.headers())
+        known = self.embedder.cache.known([cache_key(model_id, h) for h in headers])
+        lacking = [h for h in headers if cache_key(model_id, h) not in known]
+        if lacking:
+            log.info("embedding the headers of %d chunks indexed before chunks had"
+                     " header vectors", len(lacking))
+            report.headers_embedded += self.embedder.embed(lacking).embedded
+            report.seconds_embed += time.perf_counter() - t0
+            report._rate()
+            self.progress.stages(report.stages(), report.embed_chunks_per_s)
+        self.local.mark_headers_embedded(model_id)
 
     def _pull(self, pulling: list[tuple[_Pending, list[Chunk]]]) -> _Pulled:
         """Fill the embedding cache from the store's sealed rows of files it already

@@ -265,7 +265,8 @@ def test_header_vectors_are_a_second_vector_ranking() -> None:
     r = HybridRanker(LexicalIndex.from_chunks(CHUNKS), model.embed,
                      _Vectors(CHUNKS, model).nearest, default_counter().count, 40,
                      nearest_header=_Headers().nearest)
-    plain = r.rank("cart total", SearchOptions(hybrid=False, evidence=False))
+    plain = r.rank("cart total", SearchOptions(hybrid=False, evidence=False,
+                                               w_header_vector=0.0))
     assert set(plain.sources) == {"vector"}
     both = r.rank("cart total", SearchOptions(hybrid=False, evidence=False,
                                               w_header_vector=0.5))

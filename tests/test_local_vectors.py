@@ -39,13 +39,15 @@ class Repo:
     # path -> its chunks with their vectors (None: the cache lacks it), and pending paths
     files: dict[str, list[tuple[Chunk, np.ndarray | None]]] = field(default_factory=dict)
     pending: set[str] = field(default_factory=set)
+    headers: dict[str, np.ndarray] = field(default_factory=dict)  # header -> its vector
 
     @property
     def folder(self) -> Path:
         return self.root / ".codeveil" / "vectors"
 
     def write(self, path: str, n: int, version: str = "v1", *, pending: bool = False,
-              without_vector: int | None = None) -> list[Chunk]:
+              without_vector: int | None = None,
+              without_header: int | None = None) -> list[Chunk]:
         chunks = [Chunk(path, 1 + 3 * i, 3 + 3 * i, "python" if path.endswith(".py") else "text",
                         f"f{i}", f"def f{i}_{version}():  # {path}\n    return {i}\n\n")
                   for i in range(n)]
@@ -53,11 +55,21 @@ class Repo:
                 for i, c in enumerate(chunks)]
         self.cache.put_many([(cache_key(MODEL, c.embed_text), v) for c, v in rows
                              if v is not None])
+        for i, c in enumerate(chunks):
+            if i != without_header:
+                self.put_header(c)
         self.chunks.replace_files([(path, f"{path}:{version}".encode(), chunks)],
                                   pending=pending)
         self.files[path] = rows
         (self.pending.add if pending else self.pending.discard)(path)
         return chunks
+
+    def put_header(self, c: Chunk) -> np.ndarray:
+        """The header vector of `c` (one per distinct header), put in the cache."""
+        if c.header not in self.headers:
+            self.headers[c.header] = _unit(self.rng)
+            self.cache.put_many([(cache_key(MODEL, c.header), self.headers[c.header])])
+        return self.headers[c.header]
 
     def remove(self, path: str) -> None:
         self.chunks.remove_files([path])
@@ -232,6 +244,52 @@ def test_a_chunk_without_a_vector_is_counted_and_left_out(repo: Repo) -> None:
     index = repo.current(store)
     assert index.count == 54 and index.missing == 0
     assert index.nearest(vec, 1)[0][0].chunk_hash == chunks[2].chunk_hash
+
+
+def test_header_vectors_are_ranked_on_their_own(repo: Repo) -> None:
+    _fill(repo, files=20, per_file=4)
+    index = repo.current(repo.store())
+    assert index.header_count == index.count == 80
+    for _ in range(5):
+        q = repo.query()
+        want = sorted(((c.path, c.start_line, c.end_line), float(repo.headers[c.header] @ q))
+                      for rs in repo.files.values() for c, _ in rs)
+        want.sort(key=lambda r: -r[1])
+        got = index.nearest(q, 10, header=True)
+        assert _keys(got) == [k for k, _ in want[:10]]
+        np.testing.assert_allclose([s for _, s in got], [s for _, s in want[:10]],
+                                   rtol=1e-5, atol=1e-6)
+    # A chunk's header vector is its header's, not its body's: the two rankings differ.
+    q = repo.query()
+    assert _keys(index.nearest(q, 10)) != _keys(index.nearest(q, 10, header=True))
+
+
+def test_a_chunk_without_a_header_vector_is_ranked_by_its_body_only(repo: Repo) -> None:
+    _fill(repo, files=10)
+    store = repo.store()
+    repo.current(store)
+    chunks = repo.write("pkg/headless.py", 3, without_header=1)
+    index = repo.current(store)
+    assert index.count == 53 and index.header_count == 52 and index.missing == 0
+    lacking = chunks[1].chunk_hash
+    assert lacking in {d.chunk_hash for d, _ in index.nearest(repo.query(), 53)}
+    assert lacking not in {d.chunk_hash for d, _ in index.nearest(repo.query(), 53,
+                                                                      header=True)}
+    # Later changes do not re-read it while the sync has not recorded that the cache
+    # holds every header: an index made before chunks had header vectors would be
+    # re-read on every refresh.
+    repo.write("pkg/mod0.py", 5, "v2")
+    repo.current(store)
+    assert store.last_refresh["read"] == 5
+    # Once it has (the header embedded, the sync's mark), the next refresh reads it.
+    vec = repo.put_header(chunks[1])
+    repo.chunks.mark_headers_embedded(MODEL)
+    index = repo.current(store)
+    assert store.last_refresh["mode"] != "rebuild" and store.last_refresh["read"] == 3
+    assert index.header_count == 53
+    assert index.nearest(vec, 1, header=True)[0][0].chunk_hash == lacking
+    # And it is saved with its header vector.
+    assert repo.current(repo.store()).header_count == 53
 
 
 def test_keep_still_returns_n_when_it_filters_most_hits(repo: Repo) -> None:
