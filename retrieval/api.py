@@ -15,6 +15,7 @@ import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -248,18 +249,12 @@ class Index:
         embedder = self._ws.embedder.embedder
         counter = default_counter()
         if config.sealed:
-            def nearest_here(vector: np.ndarray, n: int) -> list[tuple[LexDoc, float]]:
-                assert self._vectors is not None  # set by `search` before it ranks
-                return self._vectors.nearest(vector, n)
-
-            def nearest_header(vector: np.ndarray, n: int) -> list[tuple[LexDoc, float]]:
-                assert self._vectors is not None
-                return self._vectors.nearest(vector, n, header=True)
-
-            self._ranker = HybridRanker(lexical, self._query_vectors, nearest_here,
-                                        counter.count, embedder.max_tokens,
-                                        count_many=counter.count_batch,
-                                        nearest_header=nearest_header)
+            self._ranker = HybridRanker(
+                lexical, self._query_vectors, self._nearest_here, counter.count,
+                embedder.max_tokens, count_many=counter.count_batch,
+                nearest_header=partial(self._nearest_here, header=True),
+                nearest_each=self._nearest_each,
+                nearest_header_each=partial(self._nearest_each, header=True))
             return self._ranker
         from sync.server_search import ServerSearch
 
@@ -279,6 +274,17 @@ class Index:
         self._ranker = HybridRanker(lexical, self._query_vectors, nearest, counter.count,
                                     embedder.max_tokens, count_many=counter.count_batch)
         return self._ranker
+
+    def _nearest_here(self, vector: np.ndarray, n: int, *,
+                      header: bool = False) -> list[tuple[LexDoc, float]]:
+        """This machine's vector index (sealed), as `search` last brought it in step."""
+        assert self._vectors is not None  # set by `search` before it ranks
+        return self._vectors.nearest(vector, n, header=header)
+
+    def _nearest_each(self, vectors: np.ndarray, n: int, *,
+                      header: bool = False) -> list[list[tuple[LexDoc, float]]]:
+        assert self._vectors is not None
+        return self._vectors.nearest_each(vectors, n, header=header)
 
     def _plain_reranker(self, config: RepoConfig) -> PlainReranker:
         from retrieval.rerank import PlainReranker

@@ -51,6 +51,8 @@ SplitMode = Literal["rrf", "max", "mean", "none", "first"]
 Embed = Callable[[Sequence[str]], np.ndarray]
 # The `n` chunks nearest to a query vector: (doc, cosine), best first.
 Nearest = Callable[[np.ndarray, int], list[tuple[LexDoc, float]]]
+# `Nearest` of each row of a matrix of query vectors, at once (one pass over the vectors).
+NearestEach = Callable[[np.ndarray, int], list[list[tuple[LexDoc, float]]]]
 
 
 def rrf(rankings: Sequence[Sequence[K]], *, k: float = RRF_K,
@@ -174,11 +176,18 @@ class HybridRanker:
     def __init__(self, lexical: LexicalIndex, embed: Embed, nearest: Nearest,
                  count_tokens: Callable[[str], int], max_tokens: int, *,
                  count_many: Callable[[Sequence[str]], list[int]] | None = None,
-                 nearest_header: Nearest | None = None) -> None:
+                 nearest_header: Nearest | None = None,
+                 nearest_each: NearestEach | None = None,
+                 nearest_header_each: NearestEach | None = None) -> None:
+        """`nearest` (and `nearest_header`, the header vectors') ranks chunks for one
+        query vector; `nearest_each` (`nearest_header_each`), where given, for all the
+        parts of a query at once, and is used when no filter applies."""
         self.lexical = lexical
         self.embed = embed
         self.nearest = nearest
         self.nearest_header = nearest_header
+        self.nearest_each = nearest_each
+        self.nearest_header_each = nearest_header_each
         self.count_tokens = count_tokens
         self.count_many = count_many
         self.max_tokens = max_tokens
@@ -231,11 +240,12 @@ class HybridRanker:
         # so such a search neither loads the model nor waits for its graph.
         if o.w_vector or header:
             vectors = self.embed(parts)
-            vec = self._vector_ranking(vectors, o, keep, self.nearest)
+            vec = self._vector_ranking(vectors, o, keep, self.nearest, self.nearest_each)
             vote("vector", (d for d, _ in vec), o.w_vector)
             if header:
                 assert self.nearest_header is not None
-                hv = self._vector_ranking(vectors, o, keep, self.nearest_header)
+                hv = self._vector_ranking(vectors, o, keep, self.nearest_header,
+                                          self.nearest_header_each)
                 vote("header_vector", (d for d, _ in hv), o.w_header_vector)
 
         refs = extract_refs(query)
@@ -292,14 +302,17 @@ class HybridRanker:
         return best
 
     def _vector_ranking(self, vectors: np.ndarray, o: SearchOptions,
-                        keep: Callable[[LexDoc], bool] | None,
-                        nearest: Nearest) -> list[tuple[LexDoc, float]]:
+                        keep: Callable[[LexDoc], bool] | None, nearest: Nearest,
+                        each: NearestEach | None) -> list[tuple[LexDoc, float]]:
         """One vector ranking for the query (one vector per part), however many parts."""
         if len(vectors) == 1 or o.split == "mean":
             v = vectors.mean(axis=0)
             v /= max(float(np.linalg.norm(v)), 1e-12)
             return self._nearest(nearest, v, o.depth, keep)
-        per_part = [self._nearest(nearest, v, o.depth, keep) for v in vectors]
+        if each is not None and keep is None:
+            per_part = each(vectors, o.depth)
+        else:
+            per_part = [self._nearest(nearest, v, o.depth, keep) for v in vectors]
         docs: dict[tuple[str, int, int], LexDoc] = {}
         for hits in per_part:
             for d, _ in hits:

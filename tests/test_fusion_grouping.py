@@ -184,6 +184,30 @@ def test_long_query_is_split_and_every_part_searched(ranker: HybridRanker) -> No
     assert ranker.rank(long, SearchOptions(split="none")).parts == 1
 
 
+def test_a_long_querys_parts_can_be_searched_at_once() -> None:
+    model = HashingEmbedder()
+    vectors = _Vectors(CHUNKS, model)
+    calls: list[int] = []
+
+    def each(vs: np.ndarray, n: int) -> list[list[tuple[LexDoc, float]]]:
+        calls.append(len(vs))
+        return [vectors.nearest(v, n) for v in vs]
+
+    lexical = LexicalIndex.from_chunks(CHUNKS)
+    one_by_one = HybridRanker(lexical, model.embed, vectors.nearest, default_counter().count, 40)
+    at_once = HybridRanker(lexical, model.embed, vectors.nearest, default_counter().count, 40,
+                           nearest_each=each)
+    long = ("cart total of items price with tax rate. " * 8 + "\n\n"
+            + "upload retries client put after connection error. " * 8)
+    want = one_by_one.rank(long)
+    got = at_once.rank(long)
+    assert calls == [got.parts] and got.parts >= 2
+    assert [d.key for d, _ in got.chunks] == [d.key for d, _ in want.chunks]
+    # A filter asks each part on its own (its search widens until enough are kept).
+    at_once.rank(long, keep=lambda d: d.path.endswith(".py"))
+    assert calls == [got.parts]
+
+
 def test_prose_query_gives_bm25_a_smaller_vote(ranker: HybridRanker) -> None:
     only_bm25 = SearchOptions(w_vector=0.0, evidence=False, w_lexical=1.0,
                               w_lexical_prose=0.25)

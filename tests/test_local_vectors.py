@@ -264,6 +264,23 @@ def test_header_vectors_are_ranked_on_their_own(repo: Repo) -> None:
     assert _keys(index.nearest(q, 10)) != _keys(index.nearest(q, 10, header=True))
 
 
+def test_nearest_each_is_nearest_of_each_query(repo: Repo) -> None:
+    _fill(repo, files=20, per_file=4)
+    store = repo.store()
+    repo.current(store)
+    repo.write("pkg/late.py", 3, without_header=0)  # a delta, one row without a header
+    repo.remove("pkg/mod3.py")  # masked base rows
+    index = repo.current(store)
+    assert index.delta.shape[1] and index.deleted.any()
+    queries = np.stack([repo.query() for _ in range(4)])
+    for header in (False, True):
+        each = index.nearest_each(queries, 12, header=header)
+        assert [_keys(hits) for hits in each] == [_keys(index.nearest(q, 12, header=header))
+                                                  for q in queries]
+    with pytest.raises(ValueError, match="dim"):
+        index.nearest_each(np.ones((2, DIM + 1), dtype=np.float32), 3)
+
+
 def test_a_chunk_without_a_header_vector_is_ranked_by_its_body_only(repo: Repo) -> None:
     _fill(repo, files=10)
     store = repo.store()
@@ -363,7 +380,7 @@ def test_a_large_delta_is_merged_into_a_new_base(repo: Repo) -> None:
         repo.write(f"pkg/mod{i}.py", 6, "v2")
     index = repo.current(store)
     assert store.last_refresh["mode"] == "merge"
-    assert len(index.delta) == 0 and not index.deleted.any()
+    assert index.delta.shape[1] == 0 and not index.deleted.any()
     assert not old_base.exists() and _base_vectors(repo.folder) != old_base
     _assert_exact(repo, index, 30)
     _assert_exact(repo, repo.current(repo.store()), 30)
