@@ -199,20 +199,19 @@ def _check_cache(root: Path, idx: Index, report: DoctorReport, plan: _Plan, *,
         texts = [c.embed_text for _rowid, c in local.iter_all()]
         # Only a sealed workspace's search ranks the header vectors.
         headers = sorted(local.headers()) if sealed else []
+    lacking = []
     keys = [cache_key(cached.model_id, t) for t in texts]
     missing = len(keys) - len(cache.known(keys))
-    header_keys = [cache_key(cached.model_id, h) for h in headers]
-    missing_headers = len(header_keys) - len(cache.known(header_keys))
     if missing:
-        f.problem = (f"lacks the vectors of {missing} of {len(keys)} local chunks: their"
-                     " scores are the server's approximate ones (normal for a teammate's"
-                     " chunks; --repair embeds them)")
-        f.advisory = True
-        plan.embed.append(f)
-    elif missing_headers:
-        f.problem = (f"lacks the header vectors of {missing_headers} of {len(header_keys)}"
-                     " chunk headers: search ranks those chunks by their code only"
-                     " (--repair, or the next `codeveil index`, embeds them)")
+        lacking.append(f"the vectors of {missing} of {len(keys)} local chunks (their scores"
+                       " are the server's approximate ones; normal for a teammate's chunks)")
+    header_keys = [cache_key(cached.model_id, h) for h in headers]
+    missing = len(header_keys) - len(cache.known(header_keys))
+    if missing:
+        lacking.append(f"the header vectors of {missing} of {len(header_keys)} chunk headers"
+                       " (search ranks their chunks by the code only)")
+    if lacking:
+        f.problem = f"lacks {' and '.join(lacking)}: --repair embeds them"
         f.advisory = True
         plan.embed.append(f)
 

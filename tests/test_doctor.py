@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from indexer.embed_cache import cache_key
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
 from retrieval.doctor import doctor
@@ -105,6 +106,24 @@ def empty_cache(repo: Path) -> Path:
     return path
 
 
+def lose_header_vectors(repo: Path) -> Path:
+    """The cache keeps the chunks' vectors but loses their headers' (the second vector
+    a sealed workspace's search ranks)."""
+    path = Path(os.environ["CODEVEIL_CACHE_DIR"]) / "embeddings.sqlite"
+    state = sqlite3.connect(repo / ".codeveil/state.sqlite")
+    headers = {f"{p} > {s}" if s else p
+               for p, s in state.execute("SELECT DISTINCT path, symbol FROM chunks")}
+    state.close()
+    model = HashingEmbedder().model_id
+    db = sqlite3.connect(path)
+    with db:
+        gone = db.executemany("DELETE FROM embeddings WHERE key = ?",
+                              [(cache_key(model, h),) for h in headers]).rowcount
+    db.close()
+    assert gone == len(headers)
+    return path
+
+
 def truncate_lexical(repo: Path) -> Path:
     path = repo / ".codeveil/lexical/base.npz"
     path.write_bytes(path.read_bytes()[:100])
@@ -190,7 +209,8 @@ def newer_cache(repo: Path) -> Path:
 
 
 DAMAGES: list[Callable[[Path], Path]] = [
-    damage_state, delete_state, garble_cache, empty_cache, truncate_lexical,
+    damage_state, delete_state, garble_cache, empty_cache, lose_header_vectors,
+    truncate_lexical,
     lose_rows, drop_rows, garble_rows, orphan_rows,
     garble_tree, garble_registry, newer_state, newer_cache,
 ]
@@ -214,7 +234,8 @@ def test_doctor_names_the_damaged_file_and_repair_restores_search(
     problems = [f for f in found.findings if f.problem is not None]
     assert [f.path for f in problems] == [str(target)], found.lines()
     # A cache lacking vectors is a note (a teammate's is so too); the rest is wrong.
-    assert found.healthy == (damage is empty_cache) == problems[0].advisory
+    advisory = damage in (empty_cache, lose_header_vectors)
+    assert found.healthy == advisory == problems[0].advisory
 
     fixed = doctor(repo, repair=True, embedder=HashingEmbedder())
     assert fixed.healthy, fixed.lines()
