@@ -434,9 +434,9 @@ class Syncer:
         if self.local.headers_embedded(model_id):
             return
         t0 = time.perf_counter()
-        headers = sorted(self.local.headers())
-        known = self.embedder.cache.known([cache_key(model_id, h) for h in headers])
-        lacking = [h for h in headers if cache_key(model_id, h) not in known]
+        keys = {h: cache_key(model_id, h) for h in sorted(self.local.headers())}
+        known = self.embedder.cache.known(list(keys.values()))
+        lacking = [h for h, k in keys.items() if k not in known]
         if lacking:
             log.info("embedding the headers of %d chunks indexed before chunks had"
                      " header vectors", len(lacking))
