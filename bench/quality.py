@@ -579,7 +579,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
     step = {"hybrid": False, "evidence": False, "split": "first", "w_file_lexical": 0.0,
             "w_lexical_prose": None, "max_query_terms": None, "w_lexical": 0.5,
             "stopwords": False, "code_term_weight": 1, "w_first_part": 1.0,
-            "w_header_vector": 0.0}
+            "w_header_vector": 0.0, "w_header_vector_prose": 0.0}
     ladder = [
         ("chunks+header, vector, query cut", {}, "max"),
         ("+ whole query (windows averaged)", {"split": "none"}, "max"),
@@ -647,15 +647,21 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         ("defaults, file agg decay, file BM25 0.25", fmt, {"w_file_lexical": 0.25}, "decay"),
         ("defaults, BM25 weight 1, file BM25 0.25", fmt,
          {"w_lexical": 1.0, "w_file_lexical": 0.25}, agg),
-        ("defaults, no header vector", fmt, {"w_header_vector": 0.0}, agg),
+        ("defaults, no header vector", fmt,
+         {"w_header_vector": 0.0, "w_header_vector_prose": 0.0}, agg),
         ("defaults, header vector 0.25", fmt, {"w_header_vector": 0.25}, agg),
         ("defaults, header vector 1", fmt, {"w_header_vector": 1.0}, agg),
+        ("defaults, prose queries' header vector 0.25", fmt, {"w_header_vector_prose": 0.25},
+         agg),
+        ("defaults, prose queries' header vector 0.5", fmt, {"w_header_vector_prose": 0.5},
+         agg),
         ("BM25 chunks only", fmt, {"w_vector": 0.0, "evidence": False,
                                    "w_file_lexical": 0.0}, agg),
         *((f"defaults + imports of top {top}, weight {w}", fmt, {IMPORTS_OPTION: (top, w)}, agg)
           for top in (1, 3) for w in (0.1, 0.25)),
     ]
-    rows += [(f"defaults, no header, header vector {w}", o, {"w_header_vector": w}, agg)
+    rows += [(f"defaults, no header, header vector {w}", o,
+              {"w_header_vector": w, "w_header_vector_prose": w}, agg)
              for o in other for w in (0.0, 0.25, 1.0)]
     return rows
 

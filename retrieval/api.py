@@ -195,7 +195,8 @@ class Index:
                 # The header vectors' vote, likewise: a workspace indexed before chunks
                 # carried them has none until `codeveil index` embeds them.
                 share = min(self._vectors.header_count / total, 1.0)
-                options = replace(options, w_header_vector=options.w_header_vector * share)
+                options = replace(options, w_header_vector=options.w_header_vector * share,
+                                  w_header_vector_prose=options.w_header_vector_prose * share)
             ranking = ranker.rank(query, options, mask=lexical.mask(path=path, language=language),
                                   keep=keep)
             groups = group_ranking(ranking, cast("Level", group))  # checked above

@@ -125,6 +125,9 @@ class SearchOptions:
     # issue text names the module or function it is about in words the body's vector
     # dilutes among a chunk's lines. Chosen on the SWE-bench tune half (docs/benchmarks.md).
     w_header_vector: float = 0.5
+    # The same for a query in plain words (CoSQA's tune half: a vote of 0.5 costs 7.6
+    # MRR points, 0.25 costs 4.5): such a query says what code does, not where it is.
+    w_header_vector_prose: float = 0.0
     # BM25 for a query that names code: the terms of words that look like code
     # (identifiers, code lines, traceback frames) count this many times, prose words
     # once (1: all alike). Chosen with stopwords on the SWE-bench tune half.
@@ -235,7 +238,10 @@ class HybridRanker:
                  if o.split != "none" else [query])
         if o.split == "first":
             parts = parts[:1]
-        header = bool(o.w_header_vector and self.nearest_header is not None)
+        refs = extract_refs(query)
+        prose = not refs
+        w_header = o.w_header_vector_prose if prose else o.w_header_vector
+        header = bool(w_header and self.nearest_header is not None)
         # No vote by meaning (an index with no vectors yet): the query is not embedded,
         # so such a search neither loads the model nor waits for its graph.
         if o.w_vector or header:
@@ -246,10 +252,8 @@ class HybridRanker:
                 assert self.nearest_header is not None
                 hv = self._vector_ranking(vectors, o, keep, self.nearest_header,
                                           self.nearest_header_each)
-                vote("header_vector", (d for d, _ in hv), o.w_header_vector)
+                vote("header_vector", (d for d, _ in hv), w_header)
 
-        refs = extract_refs(query)
-        prose = not refs
         bm25: list[tuple[int, float]] = []
         lex_query: str | list[str] = query
         dedupe = o.dedupe_terms

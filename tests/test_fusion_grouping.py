@@ -290,14 +290,18 @@ def test_header_vectors_are_a_second_vector_ranking() -> None:
                      _Vectors(CHUNKS, model).nearest, default_counter().count, 40,
                      nearest_header=_Headers().nearest)
     plain = r.rank("cart total", SearchOptions(hybrid=False, evidence=False,
-                                               w_header_vector=0.0))
+                                               w_header_vector=0.0,
+                                               w_header_vector_prose=0.0))
     assert set(plain.sources) == {"vector"}
     both = r.rank("cart total", SearchOptions(hybrid=False, evidence=False,
-                                              w_header_vector=0.5))
+                                              w_header_vector_prose=0.5))
     assert set(both.sources) == {"vector", "header_vector"}
     assert both.chunks[0][0].path == "web/cart.js"
     # Its vote adds to the vector ranking's: the top chunk's fused score grows.
     assert both.chunks[0][1] > plain.chunks[0][1]
+    # By default a query that names code gets the header vote, one in plain words not.
+    assert "header_vector" in r.rank("the total in web/cart.js is wrong").sources
+    assert "header_vector" not in r.rank("cart total").sources
 
 
 def test_default_file_aggregation_lets_a_files_best_chunk_dominate() -> None:

@@ -39,7 +39,8 @@ def test_both_modes_rank_alike(sample_repo: Path, tmp_path: Path,
         assert sealed.mode == MODE_SEALED and ranked.mode == MODE_SERVER_SEARCH
         assert sealed.status()["mode"] == MODE_SEALED
         with_headers = {q: _hits(sealed, q) for q in QUERIES}
-        sealed.search_options = replace(sealed.search_options, w_header_vector=0.0)
+        sealed.search_options = replace(sealed.search_options, w_header_vector=0.0,
+                                        w_header_vector_prose=0.0)
         for q in QUERIES:
             assert _hits(sealed, q) == _hits(ranked, q), q
         # With it the answers still agree on where each query's code is.
