@@ -7,8 +7,9 @@ body) and the one of its `path > symbol` header alone (`Chunk.header`), which a 
 ranks on its own as a second vote (`retrieval.fusion`, `w_header_vector`). A chunk whose
 body vector the cache lacks is left out and counted (`LocalVectorIndex.missing`); one
 whose header vector it lacks is kept, searched by its body only, and re-read by the
-next refresh. Search is exact: the cosine of the query with every live vector (all
-vectors are L2-normalised, so a dot product), best first. The vectors approximate the
+first refresh after the sync has recorded that the cache holds every header. Search is
+exact: the cosine of the query with every live vector (all vectors are L2-normalised,
+so a dot product), best first. The vectors approximate the
 code, so they live only under `.codeveil/vectors/` (0700) and never go to a server.
 
 Layout on disk. A large immutable *base* and a small *delta*, as in `retrieval.lexical`:
