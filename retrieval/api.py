@@ -50,7 +50,15 @@ log = logging.getLogger(__name__)
 
 # Ask the server for more neighbours than shown: filters and stale hits drop some.
 OVERFETCH = 4
+MAX_DEPTH = 1000
 QUERY_CACHE_SIZE = 256
+
+
+def ranking_depth(depth: int, k: int) -> int:
+    """How deep each ranking is read for `k` results: the options' depth, deeper when `k`
+    asks for more (filters, stale hits and grouping drop some of what is read). Up to
+    k = depth / OVERFETCH the results do not depend on k."""
+    return min(max(depth, k * OVERFETCH), MAX_DEPTH)
 
 
 class SearchError(CodeveilError):
@@ -179,7 +187,7 @@ class Index:
             ranker = self._hybrid_ranker(config, key, client, lexical)
             keep = _hit_filter(path, language)
             options = replace(self.search_options,
-                              depth=min(max(self.search_options.depth, k * OVERFETCH), 1000))
+                              depth=ranking_depth(self.search_options.depth, k))
             total, with_vectors = LocalChunks(db).coverage()
             if self._vectors is not None and config.sealed:
                 # Chunks whose vector this machine lacks (an emptied cache) are not

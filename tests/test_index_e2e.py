@@ -138,3 +138,13 @@ def test_gitignore_is_honoured(tmp_path: Path, real_embedder) -> None:
     paths = {h.path for h in idx.search("hidden function", k=10)}
     assert "secret_dir/hidden.py" not in paths and "debug.log" not in paths
     idx.close()
+
+
+def test_how_deep_a_search_reads_depends_on_k_only_past_a_quarter_of_the_depth() -> None:
+    from retrieval.api import MAX_DEPTH, OVERFETCH, ranking_depth
+
+    # Up to depth / OVERFETCH results, every k reads as deep: the first hits of a
+    # search do not change with how many were asked for.
+    assert {ranking_depth(100, k) for k in range(1, 100 // OVERFETCH + 1)} == {100}
+    assert ranking_depth(100, 50) == 50 * OVERFETCH
+    assert ranking_depth(100, 10**6) == MAX_DEPTH
