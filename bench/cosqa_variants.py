@@ -16,10 +16,18 @@ search, a function ranked by its best chunk (MRR cut at 300 chunks):
   query;
 - BM25 (codeveil's chunk index) fused with the vectors: reciprocal rank at two weights,
   and two score combinations (cosine scaled by its theoretical minimum, or min-max over
-  the candidates, plus BM25 over its maximum).
+  the candidates, plus BM25 over its maximum);
+- with the vectors the shipped index stores (the body embedded with its header, and the
+  header's own vector): the header's share taken back out of each body vector (body minus
+  a multiple of the header vector, scaled by the header's share of the chunk's word
+  pieces); the corpus mean, or the mean and its top principal directions ("all but the
+  top"), taken out of every body vector; and the query dressed as code (a comment, a
+  docstring, a `> ` line like a header's) before it is embedded.
 
 Vectors come through the embedding cache under DIR (the quality benchmark fills it for
-the lines and the header). Writes bench/results/cosqa_variants.json.
+the lines, the header and the header vectors; `--renderings` skips the others, which
+embed the corpus once each). MRR is printed for all queries and for the tune and report
+halves of bench/quality.py's rule. Writes bench/results/cosqa_variants.json.
 """
 
 from __future__ import annotations
@@ -97,9 +105,50 @@ class Ranks:
     def summary(self) -> dict[str, dict[str, float]]:
         return Q.mrr_summary(self.systems)
 
+    def halves(self, halves: Sequence[str]) -> dict[str, dict[str, dict[str, float]]]:
+        return {h: Q.mrr_summary({s: [x for x, hx in zip(r, halves, strict=True) if hx == h]
+                                  for s, r in self.systems.items()})
+                for h in Q.HALVES}
+
 
 def unit(m: np.ndarray) -> np.ndarray:
     return m / np.linalg.norm(m, axis=-1, keepdims=True)
+
+
+SHIPPED_RENDERING = "path > symbol line (shipped)"
+QUERY_DRESS = {"a comment": "# {q}", "a docstring": '"""{q}"""', "a `> ` line": "> {q}"}
+
+
+def shipped_variants(ranks: Ranks, enc, chunks: Sequence, queries: Sequence[str],
+                     qv: np.ndarray, shipped: np.ndarray, lines: np.ndarray) -> None:
+    """Rows that start from the vectors the shipped index holds, to take the header's
+    pull back out of them for a query in plain words (CoSQA's paths are `corpus/<id>.py`,
+    so the header adds a number and a name)."""
+    from indexer.tokens import default_counter
+
+    headers = Q.embed_all(enc, [c.header for c in chunks], "headers")
+    counter = default_counter()
+    pieces = np.array(counter.count_batch([c.embed_text for c in chunks]), dtype=np.float32)
+    share = np.minimum(np.array(counter.count_batch([c.header for c in chunks]),
+                                dtype=np.float32) / np.minimum(pieces, enc.embedder.max_tokens),
+                       1.0)[:, None]
+    for b in (0.5, 1.0, 2.0):
+        ranks.add_scores(f"shipped; body - {b} x header share x header vector",
+                         qv @ unit(shipped - b * share * headers).T)
+    mean = shipped.mean(axis=0)
+    ranks.add_scores("shipped; 0.5 x corpus mean out of the chunks",
+                     qv @ unit(shipped - 0.5 * mean).T)
+    centred = shipped - mean
+    sample = np.random.default_rng(0).choice(len(centred), min(len(centred), 5000),
+                                             replace=False)
+    top = np.linalg.svd(centred[sample], full_matrices=False)[2]
+    for d in (1, 2):
+        ranks.add_scores(f"shipped; all but the top {d} direction(s)",
+                         qv @ unit(centred - (centred @ top[:d].T) @ top[:d]).T)
+    for name, dress in QUERY_DRESS.items():
+        dressed = Q.embed_all(enc, [dress.format(q=q) for q in queries], name)
+        ranks.add_scores(f"shipped; the query as {name}", dressed @ shipped.T)
+        ranks.add_scores(f"lines; the query as {name}", dressed @ lines.T)
 
 
 def main() -> None:
@@ -107,6 +156,9 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--cosqa", type=Path, default=Q.SHARED / "cosqa")
     parser.add_argument("--embedder", default="minilm-torch")
+    parser.add_argument("--renderings", default=",".join(RENDERINGS),
+                        help="Chunk renderings to embed and rank, comma-separated (the lines"
+                             " and the shipped one are always in).")
     parser.add_argument("--out", default="cosqa_variants")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
@@ -123,12 +175,16 @@ def main() -> None:
     ranks = Ranks([c.path for c in chunks], [f"corpus/{r['gold_doc_id']}.py" for r in rows])
     qv = Q.embed_all(enc, queries, "queries")
 
+    wanted = {"lines", SHIPPED_RENDERING, *(r for r in args.renderings.split(",") if r)}
     vectors = {}
     for name, render in RENDERINGS.items():
+        if name not in wanted:
+            continue
         vectors[name] = Q.embed_all(enc, [render(c) for c in chunks], name)
         ranks.add_scores(f"chunks as {name}", qv @ vectors[name].T)
     lines = vectors["lines"]
     base = qv @ lines.T
+    shipped_variants(ranks, enc, chunks, queries, qv, vectors[SHIPPED_RENDERING], lines)
 
     # A second vector per chunk from its docstring; the chunk scores its better one.
     docs = [m.group(2).strip() if (m := DOCSTRING.search(c.text)) else "" for c in chunks]
@@ -151,34 +207,39 @@ def main() -> None:
     lex_docs = [LexDoc(c.path, c.start_line, c.end_line, c.symbol, c.language) for c in chunks]
     lex = Q.lexical_index(lex_docs, [lexical_text(c) for c in chunks], memo)
     fused: dict[str, list[list[int]]] = {}
-    for q, s in zip(queries, base, strict=True):
-        vec = np.argsort(-s, kind="stable")[:100]
-        bm = dict(lex.top(q, 100))
-        for w in (0.25, 0.1):
-            f = rrf([list(vec), list(bm)], weights=[1.0, w], k=20)
-            fused.setdefault(f"lines + BM25, RRF weight {w}", []).append(
-                [i for i, _ in ranked(f)])
-        cand = set(vec.tolist()) | set(bm)
-        top_cos, low_cos = float(s[vec[0]]), float(s[vec[-1]])
-        top_bm = max(bm.values(), default=1.0) or 1.0
-        for a in (0.95, 0.9):
-            sc = {i: a * (s[i] + 1) / (top_cos + 1) + (1 - a) * bm.get(i, 0.0) / top_bm
-                  for i in cand}
-            fused.setdefault(f"lines + BM25, {a} cosine + {1 - a:.2f} BM25", []).append(
-                [i for i, _ in ranked(sc)])
-        sc = {i: 0.9 * (s[i] - low_cos) / max(top_cos - low_cos, 1e-9)
-              + 0.1 * bm.get(i, 0.0) / top_bm for i in cand}
-        fused.setdefault("lines + BM25, min-max 0.9 + 0.1", []).append(
-            [i for i, _ in ranked(sc)])
+    bm25 = [dict(lex.top(q, 100)) for q in queries]
+    # The same fusions over the lines' vectors and over the shipped ones.
+    for label, scores in (("lines", base), ("shipped", qv @ vectors[SHIPPED_RENDERING].T)):
+        for s, bm in zip(scores, bm25, strict=True):
+            vec = np.argsort(-s, kind="stable")[:100]
+            for w in (0.25, 0.1):
+                f = rrf([list(vec), list(bm)], weights=[1.0, w], k=20)
+                fused.setdefault(f"{label} + BM25, RRF weight {w}", []).append(
+                    [i for i, _ in ranked(f)])
+            cand = set(vec.tolist()) | set(bm)
+            top_cos, low_cos = float(s[vec[0]]), float(s[vec[-1]])
+            top_bm = max(bm.values(), default=1.0) or 1.0
+            for a in (0.95, 0.9):
+                sc = {i: a * (s[i] + 1) / (top_cos + 1) + (1 - a) * bm.get(i, 0.0) / top_bm
+                      for i in cand}
+                fused.setdefault(f"{label} + BM25, {a} cosine + {1 - a:.2f} BM25",
+                                 []).append([i for i, _ in ranked(sc)])
+            for a in (0.9, 0.8):
+                sc = {i: a * (s[i] - low_cos) / max(top_cos - low_cos, 1e-9)
+                      + (1 - a) * bm.get(i, 0.0) / top_bm for i in cand}
+                fused.setdefault(f"{label} + BM25, min-max {a} + {1 - a:.1f}", []).append(
+                    [i for i, _ in ranked(sc)])
     for name, orders in fused.items():
         ranks.add_orders(name, orders)
 
     summary = ranks.summary()
-    print(f"\nCoSQA dev, {len(rows)} queries, vector search over {len(chunks)} chunks")
-    print(table(["system", "MRR", "R@1", "R@10"],
-                [[s, v["mrr"], v["recall@1"], v["recall@10"]] for s, v in summary.items()]))
+    halves = ranks.halves(Q.cosqa_halves([r["id"] for r in rows]))
+    print(f"\nCoSQA dev, {len(rows)} queries, vector search over {len(chunks)} chunks: MRR")
+    print(table(["system", "all", "tune", "report", "R@1", "R@10"],
+                [[s, v["mrr"], halves["tune"][s]["mrr"], halves["report"][s]["mrr"],
+                  v["recall@1"], v["recall@10"]] for s, v in summary.items()]))
     path = write_json(args.out, {"model": enc.model_id, "queries": len(rows),
-                                 "systems": summary})
+                                 "systems": summary, "halves": halves})
     print(f"\nwrote {path}")
 
 
