@@ -595,6 +595,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         (f"+ file agg {agg}", {}, agg),
         ("+ first part weight 2", {"w_first_part": 2.0}, agg),
         ("+ header vector 0.5", {"w_header_vector": 0.5}, agg),
+        ("+ header vector 1", {"w_header_vector": 1.0}, agg),
     ]
     fmt, *other = renderings(ablation)
     rows: list[tuple[str, str, dict, str]] = []
@@ -650,7 +651,8 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         ("defaults, no header vector", fmt,
          {"w_header_vector": 0.0, "w_header_vector_prose": 0.0}, agg),
         ("defaults, header vector 0.25", fmt, {"w_header_vector": 0.25}, agg),
-        ("defaults, header vector 1", fmt, {"w_header_vector": 1.0}, agg),
+        ("defaults, header vector 0.5", fmt, {"w_header_vector": 0.5}, agg),
+        ("defaults, header vector 2", fmt, {"w_header_vector": 2.0}, agg),
         ("defaults, prose queries' header vector 0.25", fmt, {"w_header_vector_prose": 0.25},
          agg),
         ("defaults, prose queries' header vector 0.5", fmt, {"w_header_vector_prose": 0.5},
