@@ -176,14 +176,15 @@ def main() -> None:
     qv = Q.embed_all(enc, queries, "queries")
 
     wanted = {"lines", SHIPPED_RENDERING, *(r for r in args.renderings.split(",") if r)}
-    vectors = {}
+    vectors, scores = {}, {}
     for name, render in RENDERINGS.items():
         if name not in wanted:
             continue
         vectors[name] = Q.embed_all(enc, [render(c) for c in chunks], name)
-        ranks.add_scores(f"chunks as {name}", qv @ vectors[name].T)
+        scores[name] = qv @ vectors[name].T
+        ranks.add_scores(f"chunks as {name}", scores[name])
     lines = vectors["lines"]
-    base = qv @ lines.T
+    base = scores["lines"]
     shipped_variants(ranks, enc, chunks, queries, qv, vectors[SHIPPED_RENDERING], lines)
 
     # A second vector per chunk from its docstring; the chunk scores its better one.
@@ -209,8 +210,8 @@ def main() -> None:
     fused: dict[str, list[list[int]]] = {}
     bm25 = [dict(lex.top(q, 100)) for q in queries]
     # The same fusions over the lines' vectors and over the shipped ones.
-    for label, scores in (("lines", base), ("shipped", qv @ vectors[SHIPPED_RENDERING].T)):
-        for s, bm in zip(scores, bm25, strict=True):
+    for label, rendering in (("lines", "lines"), ("shipped", SHIPPED_RENDERING)):
+        for s, bm in zip(scores[rendering], bm25, strict=True):
             vec = np.argsort(-s, kind="stable")[:100]
             for w in (0.25, 0.1):
                 f = rrf([list(vec), list(bm)], weights=[1.0, w], k=20)
