@@ -308,6 +308,12 @@ def status(as_json: bool, repo: Path) -> None:
     else:
         for name, value in info.items():
             click.echo(f"{name:>14}: {value}")
+    if not info["files"] and info["server_chunks"]:
+        # The same state search refuses: 0 files here beside a full store is a lost
+        # client state, not an empty index, and a script must see it in the exit code.
+        _fail(f"the client state {info['root']}/.codeveil/state.sqlite is missing or empty"
+              f" while the store holds {info['server_chunks']} chunks; run `codeveil index`"
+              " (or `codeveil doctor --repair`) to rebuild it from the working tree")
 
 
 @main.command()
@@ -405,14 +411,24 @@ def key_import(text: str, workspace: str | None, repo: Path) -> None:
 @click.option("--port", default=7400, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--max-workspaces", type=click.IntRange(0), default=None,
               help="Refuse to create workspaces beyond this many.")
+@click.option("--open", "allow_open", is_flag=True,
+              help="Let anyone who reaches a non-loopback --host create workspaces"
+                   " (without it such a server needs CODEVEIL_ADMIN_TOKEN).")
 def serve(data: Path | None, store: str | None, host: str, port: int,
-          max_workspaces: int | None) -> None:
+          max_workspaces: int | None, allow_open: bool) -> None:
     """Run the codeveil server: it stores only ciphertext and keyed hashes.
 
     With CODEVEIL_ADMIN_TOKEN set, only clients that send that token (the same variable,
-    on their side) can create workspaces.
+    on their side) can create workspaces. A server on a host other than loopback refuses
+    to start without that token, unless given --open.
     """
+    from sync.exposure import open_server_refusal
+    from sync.server import ADMIN_TOKEN_ENV
     from sync.server import serve as run_server
+
+    refusal = open_server_refusal(host, os.environ.get(ADMIN_TOKEN_ENV), allow_open)
+    if refusal:
+        _fail(refusal)
 
     given = click.get_current_context().get_parameter_source("store")
     if data is not None and store and given == click.core.ParameterSource.COMMANDLINE:
