@@ -220,11 +220,7 @@ class Index:
             return
         held = client.info().chunks
         if held:
-            raise CodeveilError(
-                f"the client state {state_path(root)} is missing or empty while the store"
-                f" holds {held} chunks; run `codeveil index` (or `codeveil doctor --repair`)"
-                " to rebuild it from the working tree"
-            )
+            raise CodeveilError(lost_state_message(root, held))
 
     def _lexical(self, root: Path) -> LexicalStore:
         from retrieval.lexical import LexicalStore
@@ -380,6 +376,14 @@ class Index:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def lost_state_message(root: Path, held_chunks: int) -> str:
+    """What search and status say when the client state holds no file beside a store that
+    holds chunks: a lost state, not an empty index."""
+    return (f"the client state {state_path(root)} is missing or empty while the store"
+            f" holds {held_chunks} chunks; run `codeveil index` (or `codeveil doctor --repair`)"
+            " to rebuild it from the working tree")
 
 
 def _hit_filter(path: str | None, language: str | None) -> Callable[[LexDoc], bool] | None:

@@ -309,11 +309,11 @@ def status(as_json: bool, repo: Path) -> None:
         for name, value in info.items():
             click.echo(f"{name:>14}: {value}")
     if not info["files"] and info["server_chunks"]:
-        # The same state search refuses: 0 files here beside a full store is a lost
-        # client state, not an empty index, and a script must see it in the exit code.
-        _fail(f"the client state {info['root']}/.codeveil/state.sqlite is missing or empty"
-              f" while the store holds {info['server_chunks']} chunks; run `codeveil index`"
-              " (or `codeveil doctor --repair`) to rebuild it from the working tree")
+        # The same state search refuses, in its words: a script must see it in the exit
+        # code, not read "files: 0" as an empty index.
+        from retrieval.api import lost_state_message
+
+        _fail(lost_state_message(Path(info["root"]), info["server_chunks"]))
 
 
 @main.command()
@@ -423,10 +423,10 @@ def serve(data: Path | None, store: str | None, host: str, port: int,
     to start without that token, unless given --open.
     """
     from sync.exposure import open_server_refusal
-    from sync.server import ADMIN_TOKEN_ENV
+    from sync.server import admin_token_from_env
     from sync.server import serve as run_server
 
-    refusal = open_server_refusal(host, os.environ.get(ADMIN_TOKEN_ENV), allow_open)
+    refusal = open_server_refusal(host, admin_token_from_env(), allow_open)
     if refusal:
         _fail(refusal)
 

@@ -91,6 +91,11 @@ ADMIN_TOKEN_ENV = "CODEVEIL_ADMIN_TOKEN"
 STORE_ENV = "CODEVEIL_STORE"
 
 
+def admin_token_from_env() -> str | None:
+    """The server's admin token, or None when the variable is unset or blank."""
+    return os.environ.get(ADMIN_TOKEN_ENV, "").strip() or None
+
+
 def describe_store(spec: str | os.PathLike[str]) -> str:
     """The store spec as it may be logged: a database URL without its password."""
     return mask_url(str(spec)) if is_database_url(spec) else str(Path(spec))
@@ -605,7 +610,7 @@ def serve(
     try:
         # The app closes the store at shutdown: uvicorn re-raises SIGTERM once it has
         # stopped, so code after run() does not run then; `finally` covers failed starts.
-        admin_token = os.environ.get(ADMIN_TOKEN_ENV, "").strip() or None
+        admin_token = admin_token_from_env()
         app = create_app(store, max_body_bytes=max_body_bytes, close_store=True,
                          admin_token=admin_token, max_workspaces=max_workspaces)
         log.info("serving %s on http://%s:%d%s", describe_store(data_dir), host, port,
