@@ -298,7 +298,12 @@ class _Walker:
         if stat_mod.S_ISDIR(st.st_mode):
             self._skip(rel, SkipReason.SYMLINK_DIR)
             return
-        target = os.path.realpath(link)
+        try:
+            target = os.path.realpath(link)
+        except OSError as exc:  # the link was removed or replaced since the stat above
+            detail = f"symlink changed while read ({exc.strerror or exc})"
+            self._skip(rel, SkipReason.UNREADABLE, detail)
+            return
         if not _is_inside(target, self.root_real):
             self._skip(rel, SkipReason.SYMLINK_OUTSIDE)
         elif not ALWAYS_SKIPPED.isdisjoint(target[len(self.root_real) :].split(os.sep)):

@@ -561,3 +561,25 @@ def test_a_link_flipped_during_reads_never_reads_an_outside_file(
     # The race was run, not dodged: the outside file was met and refused many times.
     assert outcomes[SkipReason.SYMLINK_OUTSIDE] > 10, outcomes
     assert outcomes["read"] > 10 or swap == "directory", outcomes
+
+
+def test_a_link_replaced_between_its_stat_and_its_resolution_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race a flipping link opens (os.replace of a temporary link between the walk's
+    # stat and realpath) made realpath raise; the walk must skip the link, not fail.
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "inside.py").write_text("x = 1\n")
+    os.symlink("inside.py", repo / "link.py")
+    real_realpath = os.path.realpath
+
+    def vanishing_realpath(path: str, *args: object, **kwargs: object) -> str:
+        if str(path).endswith("link.py"):
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_realpath(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os.path, "realpath", vanishing_realpath)
+    result = walk_repo(repo)
+    assert [e.path for e in result.files] == ["inside.py"]
+    assert [(s.path, s.reason) for s in result.skipped] == [("link.py", SkipReason.UNREADABLE)]
