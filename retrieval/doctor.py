@@ -200,12 +200,15 @@ def _check_cache(root: Path, idx: Index, report: DoctorReport, plan: _Plan, *,
         # Only a sealed workspace's search ranks the header vectors.
         headers = sorted(local.headers()) if sealed else []
     lacking = []
-    keys = [cache_key(cached.model_id, t) for t in texts]
+    # Distinct texts: chunks with the same path, symbol and code share one vector, and
+    # `known` answers each key once.
+    keys = sorted({cache_key(cached.model_id, t) for t in texts})
     missing = len(keys) - len(cache.known(keys))
     if missing:
-        lacking.append(f"the vectors of {missing} of {len(keys)} local chunks (their scores"
-                       " are the server's approximate ones; normal for a teammate's chunks)")
-    header_keys = [cache_key(cached.model_id, h) for h in headers]
+        lacking.append(f"the vectors of {missing} of {len(keys)} distinct local chunks (their"
+                       " scores are the server's approximate ones; normal for a teammate's"
+                       " chunks)")
+    header_keys = sorted({cache_key(cached.model_id, h) for h in headers})
     missing = len(header_keys) - len(cache.known(header_keys))
     if missing:
         lacking.append(f"the header vectors of {missing} of {len(header_keys)} chunk headers"

@@ -319,3 +319,33 @@ def test_doctor_checks_a_server_data_dir(tmp_path: Path) -> None:
     assert "chunks.lance" in problems[str(data / "workspaces" / "bad")]
     assert "tree.sqlite holds 1 rows of files the tree does not have" in problems[
         str(data / "workspaces" / "sealed-bad")]
+
+
+def test_a_clean_index_with_repeated_chunks_gives_a_clean_doctor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Chunks with the same path, symbol and text (repeated records of a JSON file, the
+    # same definition under two branches) share one vector: the doctor counted each copy
+    # as a missing one.
+    monkeypatch.setenv("CODEVEIL_CACHE_DIR", str(tmp_path / "cache"))
+    entry = "".join(f"    {{\"name\": \"item\", \"weight\": {i}, \"tags\": [\"a\", \"b\"]}},\n"
+                    for i in range(40))
+    root = write_repo(tmp_path / "repo", {
+        "runs.json": "{\"runs\": [\n" + "".join(f"  [\n{entry}  ],\n" for _ in range(6))
+                     + "  []\n]}\n",
+        "other.py": "def other():\n    return 2\n",
+    })
+    with Index(root, embedder=HashingEmbedder()) as idx:
+        idx.index()
+    from indexer.local_chunks import LocalChunks, open_state_db
+    from sync.workspace import state_path
+
+    db = open_state_db(state_path(root))
+    try:
+        texts = [c.embed_text for _rowid, c in LocalChunks(db).iter_all()]
+    finally:
+        db.close()
+    assert len(texts) > len(set(texts))  # the repo does hold repeated chunks
+    report = doctor(root, embedder=HashingEmbedder())
+    assert report.healthy, report.lines()
+    assert not [f for f in report.findings if f.problem], report.lines()
