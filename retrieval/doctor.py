@@ -39,6 +39,7 @@ from indexer.paths import cache_dir
 from indexer.sqlite_files import integrity_problem
 from retrieval.api import Index
 from retrieval.lexical import LexicalStore
+from retrieval.local_vectors import LocalVectorStore
 from sync import crypto
 from sync.keys import WorkspaceKey, load_key
 from sync.sealed_rows import RowSealer
@@ -134,6 +135,7 @@ def _check(root: Path, embedder: Embedder | None) -> tuple[DoctorReport, _Plan]:
         _check_state(root, report, plan)
         _check_cache(root, idx, report, plan, sealed=config.sealed)
         _check_lexical(root, report, plan)
+        _check_vectors(root, config, report, plan)
         if config.server is None:
             _check_embedded_store(root, config, key, report, plan)
         else:
@@ -225,6 +227,17 @@ def _check_lexical(root: Path, report: DoctorReport, plan: _Plan) -> None:
     report.findings.append(f)
     if LexicalStore(folder).damaged():
         f.problem = "damaged (searches rebuild it each time until it is saved again)"
+        plan.aside.append((folder, f))
+
+
+def _check_vectors(root: Path, config: RepoConfig, report: DoctorReport, plan: _Plan
+                   ) -> None:
+    folder = codeveil_dir(root) / "vectors"
+    f = Finding(str(folder))
+    report.findings.append(f)
+    bad = LocalVectorStore(folder).problem(config.model_id, config.dim)
+    if bad is not None:
+        f.problem = f"damaged ({bad}; the next search rebuilds it)"
         plan.aside.append((folder, f))
 
 
@@ -398,6 +411,10 @@ def _repair(root: Path, plan: _Plan, embedder: Embedder | None, report: DoctorRe
                 # chunks its vector index holds without a header vector.
                 LocalChunks(db).mark_headers_embedded(idx.embedder.model_id)
             LexicalStore(codeveil_dir(root) / "lexical").current(db)  # rebuilt and saved
+            if sealed:  # only a sealed workspace searches its own vectors
+                config = load_config(root)
+                LocalVectorStore(codeveil_dir(root) / "vectors").current(
+                    db, idx.embedder.cache, config.model_id, config.dim)
         finally:
             db.close()
     for f in plan.reupload:

@@ -479,31 +479,24 @@ class LocalVectorStore:
 
     # -- disk -----------------------------------------------------------------------
 
+    def problem(self, model_id: str, dim: int) -> str | None:
+        """What is wrong with the saved index, if its files exist but cannot be used
+        (truncated, garbled, a delta without its base); None when they are fine, absent,
+        or of another model or format, which a search replaces as a matter of course
+        (`codeveil doctor`)."""
+        if not (self.directory / DELTA_FILE).exists():
+            return None
+        try:
+            self._read((model_id, dim))
+        except FileNotFoundError as exc:
+            return f"its base is missing ({exc.filename or exc})"
+        except _UNREADABLE as exc:
+            return str(exc) or type(exc).__name__
+        return None
+
     def _load(self, model: Model) -> _Saved | None:
         try:
-            with np.load(self.directory / DELTA_FILE, allow_pickle=False) as z:
-                zd = {k: z[k] for k in z.files}
-            if int(zd["version"][0]) != FORMAT_VERSION:
-                log.info("the vector index in %s is of format %d, not %d; rebuilding it",
-                         self.directory, int(zd["version"][0]), FORMAT_VERSION)
-                return None
-            saved_model = (zd["model_id"].tobytes().decode("utf-8"), int(zd["dim"][0]))
-            if saved_model != model:
-                log.debug("the saved vector index is of %s, not %s", saved_model, model)
-                return None
-            base_id = zd["base_id"].tobytes()
-            base, base_docs = self._load_base(base_id, model[1])
-            delta = zd["delta"]
-            delta_docs = _Docs.load(zd, "d_")
-            deleted = zd["deleted"].astype(bool)
-            if (delta.shape != (2, len(delta_docs), model[1]) or delta.dtype != np.float32
-                    or deleted.shape != (len(base_docs),)):
-                raise ValueError("the delta does not fit its base")
-            files = dict(zip(_unpack(zd["file_paths"]),
-                             (row.tobytes() for row in zd["file_digests"]), strict=True))
-            incomplete = dict(zip(_unpack(zd["incomplete_paths"]),
-                                  zd["incomplete_counts"].tolist(), strict=True))
-            stamp = (int(zd["counter"][0]), zd["epoch"].tobytes())
+            return self._read(model)
         except FileNotFoundError as exc:
             # No index yet, or another process replaced the base just now.
             log.debug("no usable vector index in %s (%s)", self.directory, exc)
@@ -514,6 +507,33 @@ class LocalVectorStore:
             log.warning("the vector index in %s is damaged (%s); rebuilding it",
                         self.directory, exc)
             return None
+
+    def _read(self, model: Model) -> _Saved | None:
+        """The saved index of `model`; None if it is of another model or format. Raises
+        what reading a missing or damaged file raises."""
+        with np.load(self.directory / DELTA_FILE, allow_pickle=False) as z:
+            zd = {k: z[k] for k in z.files}
+        if int(zd["version"][0]) != FORMAT_VERSION:
+            log.info("the vector index in %s is of format %d, not %d; rebuilding it",
+                     self.directory, int(zd["version"][0]), FORMAT_VERSION)
+            return None
+        saved_model = (zd["model_id"].tobytes().decode("utf-8"), int(zd["dim"][0]))
+        if saved_model != model:
+            log.debug("the saved vector index is of %s, not %s", saved_model, model)
+            return None
+        base_id = zd["base_id"].tobytes()
+        base, base_docs = self._load_base(base_id, model[1])
+        delta = zd["delta"]
+        delta_docs = _Docs.load(zd, "d_")
+        deleted = zd["deleted"].astype(bool)
+        if (delta.shape != (2, len(delta_docs), model[1]) or delta.dtype != np.float32
+                or deleted.shape != (len(base_docs),)):
+            raise ValueError("the delta does not fit its base")
+        files = dict(zip(_unpack(zd["file_paths"]),
+                         (row.tobytes() for row in zd["file_digests"]), strict=True))
+        incomplete = dict(zip(_unpack(zd["incomplete_paths"]),
+                              zd["incomplete_counts"].tolist(), strict=True))
+        stamp = (int(zd["counter"][0]), zd["epoch"].tobytes())
         index = LocalVectorIndex(base, base_docs, deleted, delta, delta_docs,
                                  sum(incomplete.values()))
         return _Saved(index, stamp, model, files, incomplete, base_id)

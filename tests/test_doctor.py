@@ -130,6 +130,30 @@ def truncate_lexical(repo: Path) -> Path:
     return path.parent
 
 
+def _largest_vector_file(repo: Path) -> Path:
+    folder = repo / ".codeveil/vectors"
+    return max((p for p in folder.iterdir() if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+def truncate_vectors(repo: Path) -> Path:
+    path = _largest_vector_file(repo)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return path.parent
+
+
+def garble_vectors(repo: Path) -> Path:
+    path = _largest_vector_file(repo)
+    garble(path)
+    return path.parent
+
+
+def delete_vector_base(repo: Path) -> Path:  # the delta names a base that is gone
+    folder = repo / ".codeveil/vectors"
+    for base in folder.glob("base-*"):
+        base.unlink()
+    return folder
+
+
 def _tree_sql(repo: Path, sql: str) -> Path:
     db = sqlite3.connect(workspace_dir(repo) / "tree.sqlite")
     db.executescript(sql)
@@ -210,7 +234,7 @@ def newer_cache(repo: Path) -> Path:
 
 DAMAGES: list[Callable[[Path], Path]] = [
     damage_state, delete_state, garble_cache, empty_cache, lose_header_vectors,
-    truncate_lexical,
+    truncate_lexical, truncate_vectors, garble_vectors, delete_vector_base,
     lose_rows, drop_rows, garble_rows, orphan_rows,
     garble_tree, garble_registry, newer_state, newer_cache,
 ]
