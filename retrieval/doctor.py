@@ -41,11 +41,21 @@ from retrieval.api import Index
 from retrieval.lexical import LexicalStore
 from retrieval.local_vectors import LocalVectorStore
 from sync import crypto
+from sync.config_recovery import recover_config
 from sync.keys import WorkspaceKey, load_key
 from sync.sealed_rows import RowSealer
 from sync.store import Store, WorkspaceStore
 from sync.syncer import SyncReport
-from sync.workspace import RepoConfig, codeveil_dir, find_root, load_config, state_path, store_path
+from sync.workspace import (
+    ConfigError,
+    NoIndexError,
+    RepoConfig,
+    codeveil_dir,
+    find_root,
+    load_config,
+    state_path,
+    store_path,
+)
 
 # A cached vector of this model whose norm is further than this from 1 is damaged.
 NORM_TOLERANCE = 1e-2
@@ -96,6 +106,7 @@ class _Plan:
     """Which repairs the checks asked for."""
 
     aside: list[tuple[Path, Finding]] = field(default_factory=list)  # rename, rebuild
+    config: Finding | None = None  # config.json unreadable: rebuilt from store and key
     rebuild_store: Finding | None = None
     reupload: list[Finding] = field(default_factory=list)
     embed: list[Finding] = field(default_factory=list)
@@ -106,14 +117,42 @@ def doctor(path: str | Path = ".", *, repair: bool = False,
            embedder: Embedder | None = None) -> DoctorReport:
     """Check the index of the folder at (or above) `path`; with `repair`, fix what can
     be fixed and check again. The report lists every file looked at."""
-    root = find_root(Path(path))
+    root = _root(Path(path))
     report, plan = _check(root, embedder)
     if not repair or not any(f.problem for f in report.findings):
+        return report
+    if plan.config is not None:
+        # Nothing else can be checked without the config: rebuild it, then check again.
+        try:
+            recover_config(root)
+        except ConfigError as exc:
+            report.remaining = [Finding(plan.config.path, f"{plan.config.problem}; {exc}")]
+            return report
+        rebuilt = plan.config
+        rebuilt.repaired = "rebuilt from the store's registry and the key file"
+        report, plan = _check(root, embedder)
+        report.findings[0] = rebuilt
+        if not any(f.problem for f in report.findings[1:]):
+            return report
+    if report.findings[0].problem and not report.findings[0].repaired:
+        # No config or no key: an index run now would start a new workspace.
+        report.remaining = [report.findings[0]]
         return report
     _repair(root, plan, embedder, report)
     after, _ = _check(root, embedder)
     report.remaining = [f for f in after.findings if f.problem is not None]
     return report
+
+
+def _root(start: Path) -> Path:
+    """The repo's root; also a folder whose config.json is gone but whose embedded store
+    is there, so that --repair can rebuild the config."""
+    try:
+        return find_root(start)
+    except NoIndexError:
+        if (store_path(start.resolve()) / "registry.sqlite").is_file():
+            return start.resolve()
+        raise
 
 
 # -- checks -----------------------------------------------------------------------------
@@ -126,6 +165,14 @@ def _check(root: Path, embedder: Embedder | None) -> tuple[DoctorReport, _Plan]:
     report.findings.append(config_finding)
     try:
         config = load_config(root)
+    except (ConfigError, NoIndexError) as exc:
+        config_finding.problem = str(exc)
+        plan.config = config_finding
+        return report, plan
+    except CodeveilError as exc:
+        config_finding.problem = str(exc)
+        return report, plan
+    try:
         key = load_key(config.workspace_id)
     except CodeveilError as exc:
         config_finding.problem = str(exc)

@@ -39,8 +39,8 @@ CONFIG_VERSION = 1
 DIR_NAME = ".codeveil"
 _WORKSPACE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")  # as sync.store.checks accepts
 _CONFIG_ADVICE = (
-    "restore the value (`codeveil status` on a teammate's clone shows it), or delete"
-    " .codeveil/ and index again"
+    "`codeveil doctor --repair` rebuilds it from the embedded store and the key file, or"
+    " restore the value (`codeveil status` on a teammate's clone shows it)"
 )
 
 
@@ -99,7 +99,7 @@ def load_config(root: Path) -> RepoConfig:
     except FileNotFoundError:
         raise NoIndexError(f"no codeveil index at {root}; run `codeveil index` first") from None
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path} is unreadable or not JSON ({exc}); fix or delete it") from exc
+        raise ConfigError(f"{path} is unreadable or not JSON ({exc}); {_CONFIG_ADVICE}") from exc
     if not isinstance(raw, dict) or raw.get("version") != CONFIG_VERSION:
         raise ConfigError(
             f"{path} has format version {raw.get('version') if isinstance(raw, dict) else '?'},"

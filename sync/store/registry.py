@@ -136,6 +136,12 @@ class Store:
                 self._open[workspace_id] = ws
             return ws
 
+    def record(self, workspace_id: str) -> WorkspaceRecord:
+        """What the registry holds of `workspace_id` (its dim, model, key check, mode)."""
+        with self._lock:
+            self._check_open()
+            return self._record(workspace_id)
+
     def workspace_ids(self) -> list[str]:
         with self._lock:
             self._check_open()
