@@ -335,12 +335,6 @@ def init(path: Path, server: str | None, workspace: str | None, token: str | Non
     joins pulls the vectors instead of embedding them again. `codeveil index` runs this
     on first use with the defaults.
     """
-    from sync.workspace import codeveil_dir
-
-    if (codeveil_dir(path) / "config.json").exists():
-        raise CodeveilError(
-            f"{path} is already indexed; remove {codeveil_dir(path)} first to re-point it"
-        )
     if workspace and server_search:
         raise click.UsageError("--server-search applies to a new workspace; a joined one"
                                " keeps its own mode")
