@@ -57,7 +57,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import RESULTS, table, write_json
+from bench._common import RESULTS, save_figure, table, write_json
 
 log = logging.getLogger("bench.quality")
 
@@ -1184,7 +1184,7 @@ def plot(results: dict, path: Path) -> None:
             ax.text(values[n] + 0.01, i, f"{values[n]:.3f}", va="center", fontsize=8)
         ax.tick_params(axis="y", labelsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path.stem)
 
 
 def main() -> None:
