@@ -9,11 +9,10 @@
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import sqlite3
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -25,6 +24,7 @@ from indexer.embed_cache import CachedEmbedder
 from indexer.embedder import Embedder
 from indexer.errors import CodeveilError
 from indexer.local_chunks import LocalChunks, open_state_db
+from retrieval.filters import HitFilter
 from retrieval.hits import Hit
 from sync.client import StoreClient
 from sync.errors import KeyMismatchError
@@ -40,7 +40,7 @@ from sync.workspace import (
 
 if TYPE_CHECKING:
     # The ranking stack is imported on the first search: `codeveil index` never ranks.
-    from retrieval.fusion import HybridRanker, SearchOptions
+    from retrieval.fusion import HybridRanker, Keep, SearchOptions
     from retrieval.grouping import Group, Level
     from retrieval.lexical import LexDoc, LexicalIndex, LexicalStore
     from retrieval.local_vectors import LocalVectorIndex, LocalVectorStore
@@ -185,7 +185,7 @@ class Index:
             if config.sealed:
                 self._vectors = self._vector_index(root, db, config)
             ranker = self._hybrid_ranker(config, key, client, lexical)
-            keep = _hit_filter(path, language)
+            keep = HitFilter.of(path, language)
             options = replace(self.search_options,
                               depth=ranking_depth(self.search_options.depth, k))
             total, with_vectors = LocalChunks(db).coverage()
@@ -205,8 +205,8 @@ class Index:
                 share = min(self._vectors.header_count / total, 1.0)
                 options = replace(options, w_header_vector=options.w_header_vector * share,
                                   w_header_vector_prose=options.w_header_vector_prose * share)
-            ranking = ranker.rank(query, options, mask=lexical.mask(path=path, language=language),
-                                  keep=keep)
+            ranking = ranker.rank(query, options,
+                                  mask=None if keep is None else lexical.mask(keep), keep=keep)
             groups = group_ranking(ranking, cast("Level", group))  # checked above
             return self._read_hits(root, LocalChunks(db), groups, k)
         finally:
@@ -266,9 +266,20 @@ class Index:
         server = ServerSearch(client, key, config.workspace_id, config.dim)
         reranker = self._plain_reranker(config)
 
-        def nearest(vector: np.ndarray, n: int) -> list[tuple[LexDoc, float]]:
+        def nearest(vector: np.ndarray, n: int, *,
+                    keep: Keep | None = None) -> list[tuple[LexDoc, float]]:
             # The opened metadata is a chunk location like the lexical index's docs.
             out: list[tuple[LexDoc, float]] = list(server.nearest(vector, n))
+            # The server cannot filter by path (it holds none): ask it for more until
+            # `n` are kept, or it has no more.
+            wanted = n
+            while keep is not None:
+                kept = [(d, s) for d, s in out if keep(d)]
+                if len(kept) >= n or len(out) < wanted or wanted >= 16 * n:
+                    out = kept[:n]
+                    break
+                wanted *= 4
+                out = list(server.nearest(vector, wanted))
             # Exact cosines from this machine's own plain vectors, where it has them.
             exact = reranker.scores([(d.path, d.symbol, d.chunk_hash) for d, _ in out], vector)
             out = [(d, approx if e is None else e)
@@ -280,16 +291,16 @@ class Index:
                                     embedder.max_tokens, count_many=counter.count_batch)
         return self._ranker
 
-    def _nearest_here(self, vector: np.ndarray, n: int, *,
+    def _nearest_here(self, vector: np.ndarray, n: int, *, keep: Keep | None = None,
                       header: bool = False) -> list[tuple[LexDoc, float]]:
         """This machine's vector index (sealed), as `search` last brought it in step."""
         assert self._vectors is not None  # set by `search` before it ranks
-        return self._vectors.nearest(vector, n, header=header)
+        return self._vectors.nearest(vector, n, keep=keep, header=header)
 
-    def _nearest_each(self, vectors: np.ndarray, n: int, *,
+    def _nearest_each(self, vectors: np.ndarray, n: int, *, keep: HitFilter | None = None,
                       header: bool = False) -> list[list[tuple[LexDoc, float]]]:
         assert self._vectors is not None
-        return self._vectors.nearest_each(vectors, n, header=header)
+        return self._vectors.nearest_each(vectors, n, keep=keep, header=header)
 
     def _plain_reranker(self, config: RepoConfig) -> PlainReranker:
         from retrieval.rerank import PlainReranker
@@ -386,12 +397,3 @@ def lost_state_message(root: Path, held_chunks: int) -> str:
             " to rebuild it from the working tree")
 
 
-def _hit_filter(path: str | None, language: str | None) -> Callable[[LexDoc], bool] | None:
-    if path is None and language is None:
-        return None
-
-    def keep(doc: LexDoc) -> bool:
-        return (path is None or fnmatch.fnmatch(doc.path, path)) and (
-            language is None or doc.language == language)
-
-    return keep

@@ -18,10 +18,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal, TypeVar
+from typing import Final, Literal, Protocol, TypeVar
 
 import numpy as np
 
+from retrieval.filters import HitFilter
 from retrieval.grouping import Aggregation, Group, Level, group
 from retrieval.lexical import LexDoc, LexicalIndex
 from retrieval.query import (
@@ -49,10 +50,25 @@ SplitMode = Literal["rrf", "max", "mean", "none", "first"]
 
 # Embeds texts that fit the window: float32 [n, dim], unit rows.
 Embed = Callable[[Sequence[str]], np.ndarray]
-# The `n` chunks nearest to a query vector: (doc, cosine), best first.
-Nearest = Callable[[np.ndarray, int], list[tuple[LexDoc, float]]]
-# `Nearest` of each row of a matrix of query vectors, at once (one pass over the vectors).
-NearestEach = Callable[[np.ndarray, int], list[list[tuple[LexDoc, float]]]]
+# A filter on hits: a `HitFilter` (which a local index applies as a mask before scoring)
+# or any predicate (applied to hits as they come).
+Keep = Callable[[LexDoc], bool]
+
+
+class Nearest(Protocol):
+    """The `n` chunks nearest to a query vector: (doc, cosine), best first; with
+    `keep`, the `n` nearest of the chunks it keeps."""
+
+    def __call__(self, vector: np.ndarray, n: int, *,
+                 keep: Keep | None = None) -> list[tuple[LexDoc, float]]: ...
+
+
+class NearestEach(Protocol):
+    """`Nearest` of each row of a matrix of query vectors, at once (one pass over the
+    vectors); `keep` is a `HitFilter` or None."""
+
+    def __call__(self, vectors: np.ndarray, n: int, *,
+                 keep: HitFilter | None = None) -> list[list[tuple[LexDoc, float]]]: ...
 
 
 def rrf(rankings: Sequence[Sequence[K]], *, k: float = RRF_K,
@@ -212,7 +228,7 @@ class HybridRanker:
 
     def rank(self, query: str, options: SearchOptions = SearchOptions(), *,
              mask: np.ndarray | None = None,
-             keep: Callable[[LexDoc], bool] | None = None) -> Ranking:
+             keep: Keep | None = None) -> Ranking:
         """Fused chunk ranking of `query`.
 
         `mask` (over the lexical index's docs) and `keep` (on any doc) apply the same
@@ -307,7 +323,7 @@ class HybridRanker:
         return best
 
     def _vector_ranking(self, vectors: np.ndarray, o: SearchOptions,
-                        keep: Callable[[LexDoc], bool] | None, nearest: Nearest,
+                        keep: Keep | None, nearest: Nearest,
                         each: NearestEach | None) -> list[tuple[LexDoc, float]]:
         """One vector ranking for the query (one vector per part), however many parts."""
         if len(vectors) == 1 or o.split == "mean":
@@ -316,6 +332,8 @@ class HybridRanker:
             return self._nearest(nearest, v, o.depth, keep)
         if each is not None and keep is None:
             per_part = each(vectors, o.depth)
+        elif each is not None and isinstance(keep, HitFilter):
+            per_part = each(vectors, o.depth, keep=keep)
         else:
             per_part = [self._nearest(nearest, v, o.depth, keep) for v in vectors]
         docs: dict[tuple[str, int, int], LexDoc] = {}
@@ -334,12 +352,8 @@ class HybridRanker:
 
     @staticmethod
     def _nearest(nearest: Nearest, vector: np.ndarray, n: int,
-                 keep: Callable[[LexDoc], bool] | None) -> list[tuple[LexDoc, float]]:
-        if keep is None:
-            return nearest(vector, n)
-        # A filter drops some neighbours; ask for more so that `n` are left.
-        hits = nearest(vector, n * 4)
-        return [(d, s) for d, s in hits if keep(d)][:n]
+                 keep: Keep | None) -> list[tuple[LexDoc, float]]:
+        return nearest(vector, n) if keep is None else nearest(vector, n, keep=keep)
 
     def _evidence_ranking(
         self, refs: QueryRefs, bm25: list[tuple[int, float]], mask: np.ndarray | None,

@@ -15,6 +15,7 @@ import pytest
 from indexer.chunk import Chunk
 from indexer.embed_cache import EmbeddingCache, cache_key
 from indexer.local_chunks import LocalChunks, open_state_db
+from retrieval.filters import HitFilter
 from retrieval.lexical import LexDoc
 from retrieval.local_vectors import DELTA_FILE, LocalVectorStore
 
@@ -462,3 +463,39 @@ def test_an_index_that_cannot_be_saved_still_answers(repo: Repo) -> None:
     store = repo.store()
     _assert_exact(repo, repo.current(store), 5)
     assert store.last_refresh["mode"] == "rebuild"
+
+
+@pytest.mark.parametrize("flt", [
+    HitFilter(path="docs/*"),                 # 8 of 308 chunks: gathered rows
+    HitFilter(language="python"),             # nearly all: one pass, then the rows
+    HitFilter(path="pkg/mod1*.py", language="python"),
+    HitFilter(path="nothing/*"),
+], ids=["narrow", "wide", "both", "none"])
+def test_a_filter_is_a_mask_with_the_exact_answer(repo: Repo, flt: HitFilter) -> None:
+    _fill(repo, files=60)
+    repo.write("docs/guide.md", 8)
+    store = repo.store()
+    repo.current(store)
+    # A delta and deleted base rows: the mask covers both halves of the index.
+    repo.write("pkg/mod3.py", 5, "v2")
+    repo.remove("pkg/mod4.py")
+    repo.write("docs/extra.md", 2)
+    index = repo.current(store)
+    assert len(index.delta_docs) and index.deleted.any()
+    for n in (1, 5, 400):
+        _assert_exact(repo, index, n, keep=flt)
+    q = np.stack([repo.query(), repo.query()])
+    each = index.nearest_each(q, 5, keep=flt)
+    assert [_keys(h) for h in each] == [[k for k, _ in repo.brute(v, 5, flt)] for v in q]
+    rows = index.rows_kept(flt)
+    assert index.rows_kept(flt) is rows  # kept for the next query with this filter
+
+
+def test_a_masked_header_search_skips_rows_without_a_header(repo: Repo) -> None:
+    for i in range(40):
+        repo.write(f"pkg/mod{i}.py", 3)
+    lacking = repo.write("pkg/odd.py", 3, without_header=1)
+    index = repo.current(repo.store())
+    hits = index.nearest(repo.query(), 10, keep=HitFilter(path="pkg/odd.py"), header=True)
+    assert sorted(d.start_line for d, _ in hits) == [lacking[0].start_line,
+                                                     lacking[2].start_line]
