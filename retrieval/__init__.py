@@ -13,10 +13,12 @@ from indexer.lazy import lazy_exports
 if TYPE_CHECKING:
     from retrieval.api import Index, SearchError, WrongKeyError
     from retrieval.hits import Hit
+    from retrieval.multi import MultiIndex
     from sync.repo import ModelMismatchError
     from sync.syncer import SyncReport
 
-__all__ = ["Hit", "Index", "ModelMismatchError", "SearchError", "SyncReport", "WrongKeyError"]
+__all__ = ["Hit", "Index", "ModelMismatchError", "MultiIndex", "SearchError", "SyncReport",
+           "WrongKeyError"]
 
 _HOMES = {
     "Index": "retrieval.api",
@@ -24,6 +26,7 @@ _HOMES = {
     "SearchError": "retrieval.api",
     "WrongKeyError": "retrieval.api",
     "Hit": "retrieval.hits",
+    "MultiIndex": "retrieval.multi",
     "SyncReport": "sync.syncer",
 }
 

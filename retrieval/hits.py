@@ -10,7 +10,9 @@ class Hit:
     """One ranked code location, read from the local disk.
 
     `stale` is True when the file changed since it was indexed and the chunk could not be
-    found in it any more: then `text` is empty rather than showing wrong lines.
+    found in it any more: then `text` is empty rather than showing wrong lines. `repo` is
+    the repository's folder in a search over several (`MultiIndex`), else None; `path` is
+    relative to it.
     """
 
     path: str
@@ -21,6 +23,10 @@ class Hit:
     score: float
     text: str
     stale: bool = False
+    repo: str | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if self.repo is None:
+            del out["repo"]  # a one-repository search's JSON stays as it was
+        return out
