@@ -80,6 +80,8 @@ class Index:
         self._vectors: LocalVectorIndex | None = None
         self._ranker: HybridRanker | None = None
         self._rerank_db: sqlite3.Connection | None = None
+        self._search_db: sqlite3.Connection | None = None
+        self._search_db_identity: tuple[Path, int, int] | None = None
         self._search_options: SearchOptions | None = None
 
     @property
@@ -178,39 +180,58 @@ class Index:
         if group not in LEVELS:
             raise SearchError(f"unknown group {group!r}; use one of {', '.join(LEVELS)}")
         root, config, key, client = self._ws.open()
-        db = open_state_db(state_path(root))
+        db = self._state_db(root)  # kept: opening one costs more than a query
+        self._check_state(root, LocalChunks(db), client)
+        lexical = self._lexical(root).current(db)
+        if config.sealed:
+            self._vectors = self._vector_index(root, db, config)
+        ranker = self._hybrid_ranker(config, key, client, lexical)
+        keep = HitFilter.of(path, language)
+        options = replace(self.search_options,
+                          depth=ranking_depth(self.search_options.depth, k))
+        total, with_vectors = LocalChunks(db).coverage()
+        if self._vectors is not None and config.sealed:
+            # Chunks whose vector this machine lacks (an emptied cache) are not
+            # searched by meaning either, pending or not.
+            with_vectors = min(with_vectors, self._vectors.count)
+        if with_vectors < total:
+            # While an index builds, the vector ranking ranks only the chunks embedded
+            # so far: its first place is first among a few. Its vote shrinks with
+            # the share it covers, so a hundred early vectors do not outvote BM25
+            # and the evidence over the whole repo.
+            options = replace(options, w_vector=options.w_vector * with_vectors / total)
+        if self._vectors is not None and config.sealed and total:
+            # The header vectors' vote, likewise: a workspace indexed before chunks
+            # carried them has none until `codeveil index` embeds them.
+            share = min(self._vectors.header_count / total, 1.0)
+            options = replace(options, w_header_vector=options.w_header_vector * share,
+                              w_header_vector_prose=options.w_header_vector_prose * share)
+        ranking = ranker.rank(query, options,
+                              mask=None if keep is None else lexical.mask(keep), keep=keep)
+        groups = group_ranking(ranking, cast("Level", group))  # checked above
+        return self._read_hits(root, LocalChunks(db), groups, k)
+
+    def _state_db(self, root: Path) -> sqlite3.Connection:
+        """The connection searches read the client state through: opened once and kept,
+        and opened again if the file was replaced (`doctor --repair` moves a damaged one
+        aside, a user deletes it)."""
+        path = state_path(root)
         try:
-            self._check_state(root, LocalChunks(db), client)
-            lexical = self._lexical(root).current(db)
-            if config.sealed:
-                self._vectors = self._vector_index(root, db, config)
-            ranker = self._hybrid_ranker(config, key, client, lexical)
-            keep = HitFilter.of(path, language)
-            options = replace(self.search_options,
-                              depth=ranking_depth(self.search_options.depth, k))
-            total, with_vectors = LocalChunks(db).coverage()
-            if self._vectors is not None and config.sealed:
-                # Chunks whose vector this machine lacks (an emptied cache) are not
-                # searched by meaning either, pending or not.
-                with_vectors = min(with_vectors, self._vectors.count)
-            if with_vectors < total:
-                # While an index builds, the vector ranking ranks only the chunks embedded
-                # so far: its first place is first among a few. Its vote shrinks with
-                # the share it covers, so a hundred early vectors do not outvote BM25
-                # and the evidence over the whole repo.
-                options = replace(options, w_vector=options.w_vector * with_vectors / total)
-            if self._vectors is not None and config.sealed and total:
-                # The header vectors' vote, likewise: a workspace indexed before chunks
-                # carried them has none until `codeveil index` embeds them.
-                share = min(self._vectors.header_count / total, 1.0)
-                options = replace(options, w_header_vector=options.w_header_vector * share,
-                                  w_header_vector_prose=options.w_header_vector_prose * share)
-            ranking = ranker.rank(query, options,
-                                  mask=None if keep is None else lexical.mask(keep), keep=keep)
-            groups = group_ranking(ranking, cast("Level", group))  # checked above
-            return self._read_hits(root, LocalChunks(db), groups, k)
-        finally:
-            db.close()
+            st = path.stat()
+            identity: tuple[Path, int, int] | None = (path, st.st_dev, st.st_ino)
+        except OSError:
+            identity = None  # opening makes it; the identity is read next time
+        if self._search_db is not None and (identity is None
+                                            or identity != self._search_db_identity):
+            self._search_db.close()
+            self._search_db = None
+        if self._search_db is None:
+            self._search_db = open_state_db(path)
+            if identity is None:
+                st = path.stat()
+                identity = (path, st.st_dev, st.st_ino)
+            self._search_db_identity = identity
+        return self._search_db
 
     @staticmethod
     def _check_state(root: Path, local: LocalChunks, client: StoreClient) -> None:
@@ -357,12 +378,7 @@ class Index:
         """How much of the index search by meaning covers: `chunks` (all, searchable by
         name and words), `chunks_with_vectors` (also by meaning) and `partial` (True
         while an index, say a first one, has not sent every vector yet)."""
-        root = find_root(self._ws.root)
-        db = open_state_db(state_path(root))
-        try:
-            total, with_vectors = LocalChunks(db).coverage()
-        finally:
-            db.close()
+        total, with_vectors = LocalChunks(self._state_db(find_root(self._ws.root))).coverage()
         if self._vectors is not None:
             # As the last search saw it: chunks whose vector this machine lacks (an
             # emptied cache) are not searched by meaning.
@@ -380,6 +396,9 @@ class Index:
         if self._rerank_db is not None:
             self._rerank_db.close()
             self._rerank_db = None
+        if self._search_db is not None:
+            self._search_db.close()
+            self._search_db = None
         self._ws.close()
 
     def __enter__(self) -> Index:
