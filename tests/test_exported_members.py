@@ -25,8 +25,8 @@ EXPORTED = {
         "WorkspaceExists", "WorkspaceNotFound", "WorkspaceStore", "fid_of",
     ],
     "retrieval": [
-        "Hit", "Index", "ModelMismatchError", "MultiIndex", "SearchError", "SyncReport",
-        "WrongKeyError",
+        "CodeveilError", "Hit", "Index", "ModelMismatchError", "MultiIndex", "SearchError",
+        "SyncReport", "WrongKeyError",
     ],
     "retrieval.lexical": [
         "LexDoc", "LexicalIndex", "LexicalStore", "Tokenizer", "lexical_text",
