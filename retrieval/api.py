@@ -13,7 +13,7 @@ import fnmatch
 import logging
 import sqlite3
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -150,6 +150,7 @@ class Index:
         *,
         path: str | None = None,
         language: str | None = None,
+        kind: str | Sequence[str] | None = None,
         group: str = "chunk",
     ) -> list[Hit]:
         """The `k` results most relevant to `query`, read from disk, best first.
@@ -166,12 +167,19 @@ class Index:
         compares hits of one result list only (it is not a cosine).
 
         `path` keeps hits whose path matches a glob (`src/*.py`, `*/tests/*`); `language`
-        keeps one language (`python`, `go`, ...).
+        keeps one language (`python`, `go`, ...); `kind` keeps files of some kinds
+        (`"code"`, `"code,docs"` or `["tests", "examples"]`; see `indexer.kinds`).
         """
         if not query or not query.strip():
             raise SearchError("the query is empty")
         if k < 1:
             raise SearchError(f"k must be at least 1, got {k}")
+        from indexer.kinds import parse_kinds
+
+        try:
+            kinds = parse_kinds(kind if kind is None or isinstance(kind, str) else list(kind))
+        except ValueError as exc:
+            raise SearchError(str(exc)) from None
         from retrieval.fusion import group_ranking
         from retrieval.grouping import LEVELS
 
@@ -185,7 +193,7 @@ class Index:
             if config.sealed:
                 self._vectors = self._vector_index(root, db, config)
             ranker = self._hybrid_ranker(config, key, client, lexical)
-            keep = _hit_filter(path, language)
+            keep = _hit_filter(path, language, kinds)
             options = replace(self.search_options,
                               depth=ranking_depth(self.search_options.depth, k))
             total, with_vectors = LocalChunks(db).coverage()
@@ -205,8 +213,8 @@ class Index:
                 share = min(self._vectors.header_count / total, 1.0)
                 options = replace(options, w_header_vector=options.w_header_vector * share,
                                   w_header_vector_prose=options.w_header_vector_prose * share)
-            ranking = ranker.rank(query, options, mask=lexical.mask(path=path, language=language),
-                                  keep=keep)
+            mask = lexical.mask(path=path, language=language, kinds=kinds)
+            ranking = ranker.rank(query, options, mask=mask, keep=keep)
             groups = group_ranking(ranking, cast("Level", group))  # checked above
             return self._read_hits(root, LocalChunks(db), groups, k)
         finally:
@@ -319,6 +327,7 @@ class Index:
                    k: int) -> list[Hit]:
         """The first `k` groups as hits read from disk; a group shows its first member
         that is still on disk, or is marked stale; groups of deleted files are dropped."""
+        from indexer.kinds import file_kind
         from retrieval.locate import FileLines, locate
 
         lines = FileLines(root)
@@ -336,7 +345,8 @@ class Index:
             start, end, text = where or (shown.start_line, shown.end_line, "")
             hits.append(Hit(
                 path=shown.path, start_line=start, end_line=end, symbol=shown.symbol,
-                language=shown.language, score=g.score, text=text, stale=where is None,
+                language=shown.language, kind=file_kind(shown.path), score=g.score,
+                text=text, stale=where is None,
             ))
             if len(hits) >= k:
                 break
@@ -386,12 +396,16 @@ def lost_state_message(root: Path, held_chunks: int) -> str:
             " to rebuild it from the working tree")
 
 
-def _hit_filter(path: str | None, language: str | None) -> Callable[[LexDoc], bool] | None:
-    if path is None and language is None:
+def _hit_filter(path: str | None, language: str | None,
+                kinds: Collection[str] | None) -> Callable[[LexDoc], bool] | None:
+    """The filters of `search` as a test of one doc: the same as the lexical mask's."""
+    if path is None and language is None and kinds is None:
         return None
+    from indexer.kinds import file_kind
 
     def keep(doc: LexDoc) -> bool:
-        return (path is None or fnmatch.fnmatch(doc.path, path)) and (
-            language is None or doc.language == language)
+        return ((path is None or fnmatch.fnmatch(doc.path, path))
+                and (language is None or doc.language == language)
+                and (kinds is None or file_kind(doc.path) in kinds))
 
     return keep

@@ -208,6 +208,9 @@ def _print_report(r: SyncReport) -> None:
               help="How many results.")
 @click.option("--path", "path_glob", metavar="GLOB", help="Only paths matching GLOB.")
 @click.option("--lang", "language", metavar="LANG", help="Only this language (python, go...).")
+@click.option("--kind", "kinds", metavar="KIND", multiple=True,
+              help="Only files of this kind: code, tests, docs, examples or config"
+                   " (repeat, or a comma list: --kind code,tests).")
 @click.option("--group", "group", default="chunk", show_default=True,
               type=click.Choice(["chunk", "symbol", "file"]),
               help="One result per chunk, per symbol (function, class) or per file.")
@@ -215,15 +218,16 @@ def _print_report(r: SyncReport) -> None:
               help='Print JSON: {"hits": [...], "index": {"partial", "chunks", ...}}.')
 @click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path),
               help="Search the index of this folder (default: the one around here).")
-def search(query: str, k: int, path_glob: str | None, language: str | None, group: str,
-           as_json: bool, repo: Path) -> None:
+def search(query: str, k: int, path_glob: str | None, language: str | None,
+           kinds: tuple[str, ...], group: str, as_json: bool, repo: Path) -> None:
     """Search the index for QUERY, by meaning and by name.
 
     QUERY may be a question, an identifier, an error message or a whole stack trace.
     Prints path:start-end, the symbol, and the lines as they are on disk now.
     """
     with _index(repo) as idx:
-        hits = idx.search(query, k=k, path=path_glob, language=language, group=group)
+        hits = idx.search(query, k=k, path=path_glob, language=language, kind=kinds or None,
+                          group=group)
         coverage = idx.coverage()
     if as_json:
         click.echo(json.dumps({"hits": [h.to_dict() for h in hits], "index": coverage},

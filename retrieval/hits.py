@@ -10,7 +10,8 @@ class Hit:
     """One ranked code location, read from the local disk.
 
     `stale` is True when the file changed since it was indexed and the chunk could not be
-    found in it any more: then `text` is empty rather than showing wrong lines.
+    found in it any more: then `text` is empty rather than showing wrong lines. `kind` is
+    what the file is for: code, tests, docs, examples or config (`indexer.kinds`).
     """
 
     path: str
@@ -18,6 +19,7 @@ class Hit:
     end_line: int
     symbol: str
     language: str
+    kind: str
     score: float
     text: str
     stale: bool = False

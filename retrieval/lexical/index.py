@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import fnmatch
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Final
 
 import numpy as np
 
 from indexer.chunk import Chunk
+from indexer.kinds import file_kind
 from retrieval.lexical.segments import (
     LexDoc,
     _Counts,
@@ -213,9 +214,11 @@ class LexicalIndex:
             s = np.where(mask, s, 0.0)
         return top_k(s, k)
 
-    def mask(self, *, path: str | None = None, language: str | None = None) -> np.ndarray | None:
-        """Docs kept by a path glob and a language (None: no filter)."""
-        if path is None and language is None:
+    def mask(self, *, path: str | None = None, language: str | None = None,
+             kinds: Collection[str] | None = None) -> np.ndarray | None:
+        """Docs kept by a path glob, a language and file kinds (None: no filter); the
+        kinds are those of `indexer.kinds.file_kind`."""
+        if path is None and language is None and kinds is None:
             return None
         parts = []
         for seg in (self.base, self.delta):
@@ -228,6 +231,9 @@ class LexicalIndex:
             if language is not None:
                 ok = np.array([x == language for x in seg.languages] or [False])
                 keep &= ok[seg.lang_id] if len(seg) else keep
+            if kinds is not None:
+                ok = np.array([file_kind(p) in kinds for p in seg.paths] or [False])
+                keep &= ok[seg.path_id] if len(seg) else keep
             parts.append(keep)
         return np.concatenate(parts)
 
