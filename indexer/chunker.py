@@ -23,7 +23,7 @@ from tree_sitter_language_pack import get_parser
 
 from indexer.chunk import Chunk
 from indexer.languages import GRAMMAR_LANGUAGES, NOTEBOOK, language_for_path
-from indexer.notebook import NotebookError, parse_notebook
+from indexer.notebook import Cell, NotebookError, parse_notebook
 from indexer.textsplit import (
     GLUE,
     Path,
@@ -135,6 +135,21 @@ def _spans(
     return spans
 
 
+_RAW_CELL_LANGUAGES: Final = {"text/restructuredtext": "rst", "text/x-rst": "rst",
+                               "text/markdown": "markdown", "text/x-markdown": "markdown",
+                               "text/html": "html", "text/latex": "latex"}
+
+
+def _cell_language(cell: Cell, code_language: str) -> str:
+    """Code cells are in the notebook's language, markdown cells in Markdown, and raw
+    cells in what their metadata says (often reStructuredText in docs), else text."""
+    if cell.kind == "code":
+        return code_language
+    if cell.kind == "markdown":
+        return "markdown"
+    return _RAW_CELL_LANGUAGES.get(cell.mimetype.lower(), "text")
+
+
 def _notebook_chunks(path: str, text: str, max_tokens: int, counter: TokenCounter) -> list[Chunk]:
     """A notebook's chunks: each cell's source chunked as its own language (markdown
     cells as prose), never its outputs; line numbers and text are the file's own."""
@@ -148,10 +163,7 @@ def _notebook_chunks(path: str, text: str, max_tokens: int, counter: TokenCounte
     for cell in notebook.cells:
         if not cell.source or not cell.text.strip():
             continue
-        if cell.kind == "code":
-            language = notebook.language
-        else:
-            language = "markdown" if cell.kind == "markdown" else "text"
+        language = _cell_language(cell, notebook.language)
         first, last = cell.source[0].file_line, cell.source[-1].file_line
         if chunks and first < chunks[-1].end_line:  # cells share a line: no cell layout
             return chunk_file(path, text, language="json", max_tokens=max_tokens,

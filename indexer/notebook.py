@@ -46,10 +46,14 @@ class SourceLine:
 
 @dataclass(frozen=True, slots=True)
 class Cell:
-    """A cell: `code`, `markdown` or `raw`, and the strings of its source in order."""
+    """A cell: `code`, `markdown` or `raw`, and the strings of its source in order.
+
+    `mimetype` is what a raw cell says it holds (`text/restructuredtext`, ...), or "".
+    """
 
     kind: str
     source: tuple[SourceLine, ...]
+    mimetype: str = ""
 
     @property
     def text(self) -> str:
@@ -153,12 +157,17 @@ class _Scan:
 
     def cells(self, languages: list[str]) -> Iterator[Cell]:
         for _ in self.items():
-            kind = ""
+            kind = mimetype = ""
             source: tuple[SourceLine, ...] = ()
             for key in self.members():
                 if key == "cell_type":
                     value = self.value()
                     kind = value if isinstance(value, str) else ""
+                elif key == "metadata":
+                    value = self.value()
+                    if isinstance(value, dict):
+                        found = value.get("raw_mimetype") or value.get("format")
+                        mimetype = found if isinstance(found, str) else ""
                 elif key in ("source", "input"):
                     source = self.source()
                 elif key == "language":  # nbformat 3: on each code cell
@@ -169,7 +178,7 @@ class _Scan:
                     self.value()
             if kind == "heading":  # nbformat 3's headings are markdown's
                 kind = "markdown"
-            yield Cell(kind, source)
+            yield Cell(kind, source, mimetype)
 
     def source(self) -> tuple[SourceLine, ...]:
         """A cell's source: one string, or a list of strings."""

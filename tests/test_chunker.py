@@ -610,3 +610,13 @@ def test_broken_notebook_given_to_the_chunker_is_still_covered() -> None:
     text = '{"cells": [{"cell_type": "code",\n "source": ["x = 1\\n"\n'
     chunks = chunk_file("broken.ipynb", text)
     assert_partition(chunks, text)
+
+
+def test_raw_notebook_cells_take_the_language_their_metadata_names() -> None:
+    text = notebook([
+        {"cell_type": "raw", "metadata": {"raw_mimetype": "text/restructuredtext"},
+         "source": "Plotting\n========\n\nSee :func:`plot`.\n"},
+        {"cell_type": "raw", "source": "anything\n"},
+    ])
+    chunks = chunk_file("doc/tour.ipynb", text)
+    assert [(c.language, c.symbol) for c in chunks] == [("rst", "Plotting"), ("text", "")]
