@@ -4,6 +4,8 @@ A search index of a repository is for its code and its docs. Some text files are
 neither, and embedding them fills results with noise and makes a first index slower:
 
 - SVG images (path data: `M12.5 3.1L...`), whatever folder they sit in;
+- translations: `.po` and XLIFF catalogs, each the project's messages again in one
+  more language (the `.pot` template, in the source language, stays);
 - data: csv, tsv and the line-per-record JSON formats, anywhere; JSON and XML over
   `LARGE_DATA_BYTES` (a config file is small; a large one holds records), except the
   config files named in `CONFIG_NAMES`; and in a data folder (`fixtures/`, `testdata/`,
@@ -40,6 +42,7 @@ BUNDLE_EXTENSIONS: Final = frozenset({"js", "mjs", "cjs", "css"})
 BUNDLE_SUFFIXES: Final = (".bundle.js", ".bundle.mjs", ".bundle.cjs", ".bundle.css")
 
 SVG_EXTENSIONS: Final = frozenset({"svg"})
+TRANSLATION_EXTENSIONS: Final = frozenset({"po", "xlf", "xliff"})
 DATA_EXTENSIONS: Final = frozenset({"csv", "tsv", "psv", "jsonl", "ndjson", "geojson",
                                     "topojson"})
 # Config or data: told apart by name, folder and size.
@@ -93,15 +96,6 @@ def flags_for(dir_names: Iterable[str]) -> int:
 
 def is_vendored_dir(name: str) -> bool:
     return name.lower() in VENDORED_DIRS
-
-
-def extension_reason(ext: str) -> SkipReason | None:
-    """The reason to skip any file with the (lower-case) extension `ext`, or None."""
-    if ext in SVG_EXTENSIONS:
-        return SkipReason.SVG
-    if ext in DATA_EXTENSIONS:
-        return SkipReason.DATA
-    return None
 
 
 def place_reason(name: str, flags: int) -> tuple[SkipReason, str] | None:

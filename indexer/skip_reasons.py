@@ -24,6 +24,7 @@ class SkipReason(StrEnum):
     # Text that nobody searches (indexer.assets); a .codeveilignore negation brings it back.
     SVG = "SVG image"
     DATA = "data file"
+    TRANSLATIONS = "translations"  # a catalog of one language's messages (.po)
     VENDORED = "vendored"  # a folder of someone else's code, skipped whole
     BUNDLE = "bundle"  # built JavaScript or CSS
     BAD_NOTEBOOK = "not a valid notebook"  # .ipynb whose JSON does not parse as one

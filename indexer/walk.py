@@ -157,6 +157,7 @@ _EXTENSION_REASONS = (
     | dict.fromkeys(BINARY_EXTENSIONS, SkipReason.BINARY)
     | dict.fromkeys(assets.SVG_EXTENSIONS, SkipReason.SVG)
     | dict.fromkeys(assets.DATA_EXTENSIONS, SkipReason.DATA)
+    | dict.fromkeys(assets.TRANSLATION_EXTENSIONS, SkipReason.TRANSLATIONS)
 )
 
 

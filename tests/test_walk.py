@@ -346,14 +346,16 @@ def skips(result: WalkResult) -> dict[str, str]:
 
 def test_svg_and_data_files_skipped_with_a_reason(tmp_path: Path) -> None:
     for rel in ["docs/logo.svg", "icons/Arrow.SVG", "data.csv", "table.tsv", "events.jsonl",
-                "app.py", "README.md", "settings.yaml"]:
+                "locale/de/LC_MESSAGES/app.po", "locale/app.pot", "app.py", "README.md",
+                "settings.yaml"]:
         write(tmp_path, rel)
 
     result = walk_repo(tmp_path)
-    assert paths(result) == ["README.md", "app.py", "settings.yaml"]
+    assert paths(result) == ["README.md", "app.py", "locale/app.pot", "settings.yaml"]
     assert skips(result) == {
         "docs/logo.svg": "SVG image", "icons/Arrow.SVG": "SVG image",
         "data.csv": "data file", "table.tsv": "data file", "events.jsonl": "data file",
+        "locale/de/LC_MESSAGES/app.po": "translations",
     }
 
 
