@@ -34,7 +34,7 @@ DATA_DIRS: Final = frozenset(
 # Someone else's code, copied in: skipped whole.
 VENDORED_DIRS: Final = frozenset(
     {"vendor", "vendored", "_vendor", "third_party", "third-party", "thirdparty",
-     "3rdparty", "bower_components"}
+     "3rdparty", "bower_components", "extern", "cextern"}
 )
 # Build output: the JavaScript and CSS in it were built from sources indexed elsewhere.
 BUNDLE_DIRS: Final = frozenset({"dist"})

@@ -410,9 +410,9 @@ def test_data_folders_keep_their_code_and_docs_only(tmp_path: Path) -> None:
 
 def test_vendored_folders_skipped_whole_and_bundles(tmp_path: Path) -> None:
     for rel in ["vendor/github.com/x/y/y.go", "lib/third_party/zlib/zlib.c",
-                "pip/_vendor/six.py", "static/app.bundle.js", "dist/index.js",
-                "dist/style.css", "dist/README.md", "web/dist/chunk.mjs", "main.go",
-                "distance/dist.py", "vendors.py"]:
+                "pip/_vendor/six.py", "cextern/wcslib/C/wcs.c", "static/app.bundle.js",
+                "dist/index.js", "dist/style.css", "dist/README.md", "web/dist/chunk.mjs",
+                "main.go", "distance/dist.py", "vendors.py"]:
         write(tmp_path, rel)
 
     result = walk_repo(tmp_path)
@@ -421,6 +421,7 @@ def test_vendored_folders_skipped_whole_and_bundles(tmp_path: Path) -> None:
         "vendor": "vendored: folder",  # one entry for the folder, not one per file
         "lib/third_party": "vendored: folder",
         "pip/_vendor": "vendored: folder",
+        "cextern": "vendored: folder",
         "static/app.bundle.js": "bundle",
         "dist/index.js": "bundle: in dist/",
         "dist/style.css": "bundle: in dist/",
