@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import re
 import time
@@ -516,8 +517,6 @@ def test_two_thousand_lines_chunk_quickly() -> None:
 
 def notebook(cells: list[dict], metadata: dict | None = None) -> str:
     """A notebook as Jupyter writes it (one-space indent, one string per source line)."""
-    import json
-
     for cell in cells:
         source = cell["source"]
         if isinstance(source, str):
@@ -591,8 +590,6 @@ def test_notebook_language_comes_from_its_metadata(metadata: dict, language: str
 
 
 def test_notebook_source_written_as_one_string_and_empty_cells() -> None:
-    import json
-
     text = json.dumps({"cells": [
         {"cell_type": "code", "source": "a = 1\nb = 2\n", "outputs": [], "metadata": {}},
         {"cell_type": "code", "source": [], "outputs": [], "metadata": {}},
@@ -610,6 +607,12 @@ def test_broken_notebook_given_to_the_chunker_is_still_covered() -> None:
     text = '{"cells": [{"cell_type": "code",\n "source": ["x = 1\\n"\n'
     chunks = chunk_file("broken.ipynb", text)
     assert_partition(chunks, text)
+    # All on one line: the cells share it, so the file is chunked as the JSON it is.
+    spread = notebook([{"cell_type": "code", "source": "a = 1\n"},
+                       {"cell_type": "code", "source": "b = 2\n"}])
+    one_line = json.dumps(json.loads(spread)) + "\n"
+    chunks = chunk_file("minified.ipynb", one_line)
+    assert [(c.start_line, c.end_line, c.language) for c in chunks] == [(1, 1, "json")]
 
 
 def test_raw_notebook_cells_take_the_language_their_metadata_names() -> None:
