@@ -263,7 +263,8 @@ def _chunker_fingerprint() -> str:
     """Changes whenever the chunking code does, so stale chunk caches are not used."""
     root = Path(__file__).resolve().parent.parent / "indexer"
     h = hashlib.sha256()
-    for name in ("chunker.py", "textsplit.py", "languages.py", "tokens.py", "chunk.py"):
+    for name in ("chunker.py", "textsplit.py", "languages.py", "tokens.py", "chunk.py",
+                 "notebook.py"):
         p = root / name
         if p.exists():
             h.update(p.read_bytes())

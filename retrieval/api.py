@@ -152,6 +152,7 @@ class Index:
         *,
         path: str | None = None,
         language: str | None = None,
+        kind: str | Sequence[str] | None = None,
         group: str = "chunk",
     ) -> list[Hit]:
         """The `k` results most relevant to `query`, read from disk, best first.
@@ -168,12 +169,19 @@ class Index:
         compares hits of one result list only (it is not a cosine).
 
         `path` keeps hits whose path matches a glob (`src/*.py`, `*/tests/*`); `language`
-        keeps one language (`python`, `go`, ...).
+        keeps one language (`python`, `go`, ...); `kind` keeps files of some kinds
+        (`"code"`, `"code,docs"` or `["tests", "examples"]`; see `indexer.kinds`).
         """
         if not query or not query.strip():
             raise SearchError("the query is empty")
         if k < 1:
             raise SearchError(f"k must be at least 1, got {k}")
+        from indexer.kinds import parse_kinds
+
+        try:
+            kinds = parse_kinds(kind if kind is None or isinstance(kind, str) else list(kind))
+        except ValueError as exc:
+            raise SearchError(str(exc)) from None
         from retrieval.fusion import group_ranking
         from retrieval.grouping import LEVELS
 
@@ -186,7 +194,7 @@ class Index:
         if config.sealed:
             self._vectors = self._vector_index(root, db, config)
         ranker = self._hybrid_ranker(config, key, client, lexical)
-        keep = HitFilter.of(path, language)
+        keep = HitFilter.of(path, language, kinds)
         options = replace(self.search_options,
                           depth=ranking_depth(self.search_options.depth, k))
         total, with_vectors = LocalChunks(db).coverage()
@@ -351,6 +359,7 @@ class Index:
                    k: int) -> list[Hit]:
         """The first `k` groups as hits read from disk; a group shows its first member
         that is still on disk, or is marked stale; groups of deleted files are dropped."""
+        from indexer.kinds import file_kind
         from retrieval.locate import FileLines, locate
 
         lines = FileLines(root)
@@ -368,7 +377,8 @@ class Index:
             start, end, text = where or (shown.start_line, shown.end_line, "")
             hits.append(Hit(
                 path=shown.path, start_line=start, end_line=end, symbol=shown.symbol,
-                language=shown.language, score=g.score, text=text, stale=where is None,
+                language=shown.language, kind=file_kind(shown.path), score=g.score,
+                text=text, stale=where is None,
             ))
             if len(hits) >= k:
                 break

@@ -208,6 +208,9 @@ def _print_report(r: SyncReport) -> None:
               help="How many results.")
 @click.option("--path", "path_glob", metavar="GLOB", help="Only paths matching GLOB.")
 @click.option("--lang", "language", metavar="LANG", help="Only this language (python, go...).")
+@click.option("--kind", "kinds", metavar="KIND", multiple=True,
+              help="Only files of this kind: code, tests, docs, examples or config"
+                   " (repeat, or a comma list: --kind code,tests).")
 @click.option("--group", "group", default="chunk", show_default=True,
               type=click.Choice(["chunk", "symbol", "file"]),
               help="One result per chunk, per symbol (function, class) or per file.")
@@ -216,8 +219,8 @@ def _print_report(r: SyncReport) -> None:
 @click.option("-C", "--repo", "repos", multiple=True, type=click.Path(path_type=Path),
               help="Search the index of this folder (default: the one around here);"
                    " repeat it to search several repositories as one.")
-def search(query: str, k: int, path_glob: str | None, language: str | None, group: str,
-           as_json: bool, repos: tuple[Path, ...]) -> None:
+def search(query: str, k: int, path_glob: str | None, language: str | None,
+           kinds: tuple[str, ...], group: str, as_json: bool, repos: tuple[Path, ...]) -> None:
     """Search the index for QUERY, by meaning and by name.
 
     QUERY may be a question, an identifier, an error message or a whole stack trace.
@@ -225,10 +228,11 @@ def search(query: str, k: int, path_glob: str | None, language: str | None, grou
     several -C, one ranking over all of them; each hit names its repository.
     """
     if len(repos) > 1:
-        _search_many(query, k, path_glob, language, group, as_json, repos)
+        _search_many(query, k, path_glob, language, kinds, group, as_json, repos)
         return
     with _index(repos[0] if repos else Path(".")) as idx:
-        hits = idx.search(query, k=k, path=path_glob, language=language, group=group)
+        hits = idx.search(query, k=k, path=path_glob, language=language, kind=kinds or None,
+                          group=group)
         coverage = idx.coverage()
     if as_json:
         click.echo(json.dumps({"hits": [h.to_dict() for h in hits], "index": coverage},
@@ -243,11 +247,13 @@ def search(query: str, k: int, path_glob: str | None, language: str | None, grou
 
 
 def _search_many(query: str, k: int, path_glob: str | None, language: str | None,
-                 group: str, as_json: bool, repos: tuple[Path, ...]) -> None:
+                 kinds: tuple[str, ...], group: str, as_json: bool,
+                 repos: tuple[Path, ...]) -> None:
     from retrieval.multi import MultiIndex
 
     with MultiIndex(repos) as many:
-        hits = many.search(query, k=k, path=path_glob, language=language, group=group)
+        hits = many.search(query, k=k, path=path_glob, language=language,
+                           kind=kinds or None, group=group)
         coverage = many.coverage()
     if as_json:
         click.echo(json.dumps({"hits": [h.to_dict() for h in hits], "index": coverage},

@@ -10,9 +10,10 @@ class Hit:
     """One ranked code location, read from the local disk.
 
     `stale` is True when the file changed since it was indexed and the chunk could not be
-    found in it any more: then `text` is empty rather than showing wrong lines. `repo` is
-    the repository's folder in a search over several (`MultiIndex`), else None; `path` is
-    relative to it.
+    found in it any more: then `text` is empty rather than showing wrong lines. `kind` is
+    what the file is for: code, tests, docs, examples or config (`indexer.kinds`). `repo`
+    is the repository's folder in a search over several (`MultiIndex`), else None; `path`
+    is relative to it.
     """
 
     path: str
@@ -20,6 +21,7 @@ class Hit:
     end_line: int
     symbol: str
     language: str
+    kind: str
     score: float
     text: str
     stale: bool = False

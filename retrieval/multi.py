@@ -49,12 +49,14 @@ class MultiIndex:
         return [idx.root for idx in self.indexes]
 
     def search(self, query: str, k: int = 10, *, path: str | None = None,
-               language: str | None = None, group: str = "chunk") -> list[Hit]:
+               language: str | None = None, kind: str | Sequence[str] | None = None,
+               group: str = "chunk") -> list[Hit]:
         """The `k` best hits over every repository, best first, each with its `repo`
         (the repository's folder); the options as `Index.search`'s, applied in each."""
         hits: list[Hit] = []
         for idx in self.indexes:
-            found = idx.search(query, k=k, path=path, language=language, group=group)
+            found = idx.search(query, k=k, path=path, language=language, kind=kind,
+                               group=group)
             hits.extend(replace(h, repo=str(idx.root)) for h in found)
         # Ties (rare: equal fused scores) go to the repository named first.
         order = sorted(range(len(hits)), key=lambda i: -hits[i].score)
