@@ -45,8 +45,8 @@ from bench.query_latency import DIM, PER_FILE, synthetic
 from indexer.chunk import Chunk
 from indexer.embed_cache import EmbeddingCache, cache_key
 from indexer.local_chunks import LocalChunks, open_state_db
+from indexer.location import ChunkLocation
 from retrieval.filters import HitFilter
-from retrieval.lexical import LexDoc
 from retrieval.local_vectors import LocalVectorStore
 
 MODEL = "bench-model"
@@ -121,7 +121,7 @@ def run_size(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         one_file.append((time.perf_counter() - t0) * 1000)
         modes.append(str(store.last_refresh["mode"]))
 
-    def one_percent(d: LexDoc) -> bool:  # one file in a hundred
+    def one_percent(d: ChunkLocation) -> bool:  # one file in a hundred
         return d.path.endswith("00.py")
 
     mask = HitFilter(path="*00.py")  # the same files, as `--path` gives it: a mask

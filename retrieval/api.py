@@ -40,9 +40,10 @@ from sync.workspace import (
 
 if TYPE_CHECKING:
     # The ranking stack is imported on the first search: `codeveil index` never ranks.
+    from indexer.location import ChunkLocation
     from retrieval.fusion import HybridRanker, Keep, SearchOptions
     from retrieval.grouping import Group, Level
-    from retrieval.lexical import LexDoc, LexicalIndex, LexicalStore
+    from retrieval.lexical import LexicalIndex, LexicalStore
     from retrieval.local_vectors import LocalVectorIndex, LocalVectorStore
     from retrieval.rerank import PlainReranker
 
@@ -296,9 +297,9 @@ class Index:
         reranker = self._plain_reranker(config)
 
         def nearest(vector: np.ndarray, n: int, *,
-                    keep: Keep | None = None) -> list[tuple[LexDoc, float]]:
+                    keep: Keep | None = None) -> list[tuple[ChunkLocation, float]]:
             # The opened metadata is a chunk location like the lexical index's docs.
-            out: list[tuple[LexDoc, float]] = list(server.nearest(vector, n))
+            out: list[tuple[ChunkLocation, float]] = list(server.nearest(vector, n))
             # The server cannot filter by path (it holds none): ask it for more until
             # `n` are kept, or it has no more.
             wanted = n
@@ -321,13 +322,13 @@ class Index:
         return self._ranker
 
     def _nearest_here(self, vector: np.ndarray, n: int, *, keep: Keep | None = None,
-                      header: bool = False) -> list[tuple[LexDoc, float]]:
+                      header: bool = False) -> list[tuple[ChunkLocation, float]]:
         """This machine's vector index (sealed), as `search` last brought it in step."""
         assert self._vectors is not None  # set by `search` before it ranks
         return self._vectors.nearest(vector, n, keep=keep, header=header)
 
     def _nearest_each(self, vectors: np.ndarray, n: int, *, keep: HitFilter | None = None,
-                      header: bool = False) -> list[list[tuple[LexDoc, float]]]:
+                      header: bool = False) -> list[list[tuple[ChunkLocation, float]]]:
         assert self._vectors is not None
         return self._vectors.nearest_each(vectors, n, keep=keep, header=header)
 

@@ -20,7 +20,7 @@ import numpy as np
 from indexer.kinds import file_kind
 
 if TYPE_CHECKING:
-    from retrieval.lexical import LexDoc
+    from indexer.location import ChunkLocation
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class HitFilter:
             return None
         return cls(path, language, None if kinds is None else frozenset(kinds))
 
-    def __call__(self, doc: LexDoc) -> bool:
+    def __call__(self, doc: ChunkLocation) -> bool:
         return self.keeps_path(doc.path) and (self.language is None
                                               or doc.language == self.language)
 

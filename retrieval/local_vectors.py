@@ -82,9 +82,9 @@ from indexer.local_chunks import (
     headers_embedded,
     snapshot_reader,
 )
+from indexer.location import ChunkLocation
 from indexer.private_files import private_dir, write_atomic
 from retrieval.filters import HitFilter
-from retrieval.lexical import LexDoc
 from retrieval.lexical.segments import digest_rows, gather
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ class _Docs:
         return len(self.path_id)
 
     @classmethod
-    def of(cls, docs: Sequence[LexDoc], has_header: Sequence[bool] | None = None) -> _Docs:
+    def of(cls, docs: Sequence[ChunkLocation], has_header: Sequence[bool] | None = None) -> _Docs:
         path_ids: dict[str, int] = {}
         lang_ids: dict[str, int] = {}
         syms = [d.symbol.encode("utf-8") for d in docs]
@@ -152,19 +152,20 @@ class _Docs:
             list(path_ids), list(lang_ids),
         )
 
-    def doc(self, i: int) -> LexDoc:
+    def doc(self, i: int) -> ChunkLocation:
         sym = self.sym_blob[self.sym_ptr[i] : self.sym_ptr[i + 1]].tobytes().decode("utf-8")
-        return LexDoc(self.paths[self.path_id[i]], int(self.lines[i, 0]), int(self.lines[i, 1]),
-                      sym, self.languages[self.lang_id[i]], self.hashes[i].tobytes())
+        return ChunkLocation(self.paths[self.path_id[i]], int(self.lines[i, 0]),
+                             int(self.lines[i, 1]), sym, self.languages[self.lang_id[i]],
+                             self.hashes[i].tobytes())
 
-    def docs(self, rows: np.ndarray) -> list[LexDoc]:
+    def docs(self, rows: np.ndarray) -> list[ChunkLocation]:
         """`doc(i)` of each of `rows`, with the columns read once (a filtered search
         looks at thousands)."""
         blob = self.sym_blob.tobytes()
         starts, ends = self.sym_ptr[rows].tolist(), self.sym_ptr[rows + 1].tolist()
         hashes = self.hashes[rows].tobytes()
         paths, langs = self.paths, self.languages
-        return [LexDoc(paths[p], s, e, blob[a:b].decode("utf-8"), langs[lg],
+        return [ChunkLocation(paths[p], s, e, blob[a:b].decode("utf-8"), langs[lg],
                        hashes[16 * j : 16 * j + 16])
                 for j, (p, (s, e), lg, a, b) in enumerate(zip(
                     self.path_id[rows].tolist(), self.lines[rows].tolist(),
@@ -283,8 +284,8 @@ class LocalVectorIndex:
         self._rows_kept: dict[HitFilter, np.ndarray] = {}
 
     def nearest(self, query: np.ndarray, n: int, *,
-                keep: Callable[[LexDoc], bool] | None = None,
-                header: bool = False) -> list[tuple[LexDoc, float]]:
+                keep: Callable[[ChunkLocation], bool] | None = None,
+                header: bool = False) -> list[tuple[ChunkLocation, float]]:
         """The `n` chunks of highest cosine with `query`, best first (ties by row): by
         their body vectors, or with `header` by their header vectors (chunks without
         one are not ranked).
@@ -302,7 +303,7 @@ class LocalVectorIndex:
         if keep is None:
             best = _best(scores, min(n, count))
             return list(zip(self.docs(best), scores[best].tolist(), strict=True))
-        out: list[tuple[LexDoc, float]] = []
+        out: list[tuple[ChunkLocation, float]] = []
         seen = 0
         width = min(count, max(4 * n, 64))
         while True:
@@ -316,12 +317,12 @@ class LocalVectorIndex:
             if width >= count:
                 return out
             # Widen by what the share kept so far says is needed, with a margin; each
-            # look costs a LexDoc and a call, so overshooting by 4x is what hurts.
+            # look costs a ChunkLocation and a call, so overshooting by 4x is what hurts.
             need = (n - len(out)) * seen / max(len(out), 1)
             width = min(count, max(2 * width, seen + int(1.5 * need)))
 
     def nearest_each(self, queries: np.ndarray, n: int, *, keep: HitFilter | None = None,
-                     header: bool = False) -> list[list[tuple[LexDoc, float]]]:
+                     header: bool = False) -> list[list[tuple[ChunkLocation, float]]]:
         """`nearest(q, n, keep=keep, header=header)` of each row `q` of `queries`,
         scored in one pass over the vectors (the parts of a long query: reading 100k
         vectors once costs about what reading them once per part does for one)."""
@@ -378,7 +379,7 @@ class LocalVectorIndex:
         return rows
 
     def _nearest_in(self, rows: np.ndarray, queries: np.ndarray, n: int,
-                    header: bool) -> list[list[tuple[LexDoc, float]]]:
+                    header: bool) -> list[list[tuple[ChunkLocation, float]]]:
         """The `n` best of `rows` for each query column of `queries` [dim, m]: only
         those rows are scored, so a filter that keeps 1% costs about 1% of a search."""
         nb = self.base.shape[1]
@@ -406,18 +407,18 @@ class LocalVectorIndex:
             out.append(list(zip(self.docs(rows[best]), column[best].tolist(), strict=True)))
         return out
 
-    def doc(self, i: int) -> LexDoc:
+    def doc(self, i: int) -> ChunkLocation:
         nb = self.base.shape[1]
         return self.base_docs.doc(i) if i < nb else self.delta_docs.doc(i - nb)
 
-    def docs(self, rows: np.ndarray) -> list[LexDoc]:
+    def docs(self, rows: np.ndarray) -> list[ChunkLocation]:
         """`doc(i)` of each of `rows`, in order."""
         nb = self.base.shape[1]
         rows = np.asarray(rows, dtype=np.int64)
         in_base = rows < nb
         if in_base.all():
             return self.base_docs.docs(rows)
-        out: list[LexDoc] = [None] * len(rows)  # type: ignore[list-item]
+        out: list[ChunkLocation] = [None] * len(rows)  # type: ignore[list-item]
         for at, doc in zip(np.flatnonzero(in_base).tolist(),
                            self.base_docs.docs(rows[in_base]), strict=True):
             out[at] = doc
@@ -749,7 +750,7 @@ def _vectors_of(rows: Iterator[tuple[Chunk, bytes]], cache: EmbeddingCache,
     vector) of the chunks `rows`."""
     model_id, dim = model
     parts: list[np.ndarray] = []
-    docs: list[LexDoc] = []
+    docs: list[ChunkLocation] = []
     has_header: list[bool] = []
     incomplete: dict[str, int] = {}
     no_header = np.zeros(dim, dtype=np.float32)
@@ -770,7 +771,7 @@ def _vectors_of(rows: Iterator[tuple[Chunk, bytes]], cache: EmbeddingCache,
             part[0] = np.stack([v for _, _, v, _ in have])
             part[1] = np.stack([hv for _, _, _, hv in have])
             parts.append(part)
-            docs.extend(LexDoc(c.path, c.start_line, c.end_line, c.symbol, c.language, h)
+            docs.extend(ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language, h)
                         for c, h, _, _ in have)
     vectors = np.concatenate(parts, axis=1) if parts else _no_vectors(dim)
     return vectors, _Docs.of(docs, has_header), incomplete

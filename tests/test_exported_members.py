@@ -29,7 +29,7 @@ EXPORTED = {
         "SyncReport", "WrongKeyError",
     ],
     "retrieval.lexical": [
-        "LexDoc", "LexicalIndex", "LexicalStore", "Tokenizer", "lexical_text",
+        "LexicalIndex", "LexicalStore", "Tokenizer", "lexical_text",
     ],
 }
 PACKAGES = {package.split(".")[0] for package in EXPORTED}

@@ -10,11 +10,12 @@ import pytest
 
 from indexer.chunk import Chunk
 from indexer.embedder import HashingEmbedder
+from indexer.location import ChunkLocation
 from indexer.tokens import default_counter
 from retrieval.filters import HitFilter
 from retrieval.fusion import HybridRanker, Ranking, SearchOptions, group_ranking, ranked, rrf
 from retrieval.grouping import group
-from retrieval.lexical import LexDoc, LexicalIndex
+from retrieval.lexical import LexicalIndex
 
 
 def test_rrf_by_hand() -> None:
@@ -36,8 +37,8 @@ def test_rrf_weights_k_and_repeats() -> None:
         rrf([["a"]], weights=[1.0, 2.0])
 
 
-def _doc(path: str, symbol: str, start: int) -> LexDoc:
-    return LexDoc(path, start, start + 9, symbol, "python")
+def _doc(path: str, symbol: str, start: int) -> ChunkLocation:
+    return ChunkLocation(path, start, start + 9, symbol, "python")
 
 
 RANKING = [
@@ -146,11 +147,11 @@ class _Vectors:
     """Exact cosine neighbours over plain vectors (the store minus its encryption)."""
 
     def __init__(self, chunks: Sequence[Chunk], model: HashingEmbedder) -> None:
-        self.docs = [LexDoc(c.path, c.start_line, c.end_line, c.symbol, c.language)
+        self.docs = [ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language)
                      for c in chunks]
         self.m = model.embed([c.embed_text for c in chunks])
 
-    def nearest(self, v: np.ndarray, n: int, *, keep=None) -> list[tuple[LexDoc, float]]:
+    def nearest(self, v: np.ndarray, n: int, *, keep=None) -> list[tuple[ChunkLocation, float]]:
         s = self.m @ v
         order = [i for i in np.argsort(-s) if keep is None or keep(self.docs[i])][:n]
         return [(self.docs[i], float(s[i])) for i in order]
@@ -190,7 +191,7 @@ def test_a_long_querys_parts_can_be_searched_at_once() -> None:
     vectors = _Vectors(CHUNKS, model)
     calls: list[int] = []
 
-    def each(vs: np.ndarray, n: int) -> list[list[tuple[LexDoc, float]]]:
+    def each(vs: np.ndarray, n: int) -> list[list[tuple[ChunkLocation, float]]]:
         calls.append(len(vs))
         return [vectors.nearest(v, n) for v in vs]
 

@@ -15,8 +15,8 @@ import pytest
 from indexer.chunk import Chunk
 from indexer.embed_cache import EmbeddingCache, cache_key
 from indexer.local_chunks import LocalChunks, open_state_db
+from indexer.location import ChunkLocation
 from retrieval.filters import HitFilter
-from retrieval.lexical import LexDoc
 from retrieval.local_vectors import DELTA_FILE, LocalVectorStore
 
 MODEL = "test-model"
@@ -85,8 +85,8 @@ class Repo:
 
     def brute(self, q: np.ndarray, n: int, keep=None) -> list[tuple[tuple[str, int, int], float]]:
         """The exact answer, computed from what the test wrote."""
-        rows = [(LexDoc(c.path, c.start_line, c.end_line, c.symbol, c.language, c.chunk_hash),
-                 float(v @ q))
+        rows = [(ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language,
+                               c.chunk_hash), float(v @ q))
                 for p, rs in self.files.items() if p not in self.pending
                 for c, v in rs if v is not None]
         rows = [r for r in rows if keep is None or keep(r[0])]
@@ -112,7 +112,7 @@ def _fill(repo: Repo, files: int = 30, per_file: int = 5) -> None:
         repo.write(f"pkg/mod{i}.py", per_file)
 
 
-def _keys(hits: list[tuple[LexDoc, float]]) -> list[tuple[str, int, int]]:
+def _keys(hits: list[tuple[ChunkLocation, float]]) -> list[tuple[str, int, int]]:
     return [d.key for d, _ in hits]
 
 
@@ -315,10 +315,10 @@ def test_keep_still_returns_n_when_it_filters_most_hits(repo: Repo) -> None:
     repo.write("docs/guide.md", 8)
     index = repo.current(repo.store())
 
-    def only_docs(d: LexDoc) -> bool:
+    def only_docs(d: ChunkLocation) -> bool:
         return d.path.startswith("docs/")
 
-    def not_docs(d: LexDoc) -> bool:
+    def not_docs(d: ChunkLocation) -> bool:
         return d.language == "python"
 
     hits = index.nearest(repo.query(), 5, keep=only_docs)

@@ -17,7 +17,7 @@ import numpy as np
 
 from indexer.chunk import Chunk
 from retrieval.lexical.segments import (
-    LexDoc,
+    ChunkLocation,
     _Counts,
     _doc,
     _DocCols,
@@ -86,7 +86,7 @@ class LexicalIndex:
         assert self.delta is not None
         return self.delta, i - n
 
-    def doc(self, i: int) -> LexDoc:
+    def doc(self, i: int) -> ChunkLocation:
         seg, j = self._seg(i)
         return seg.doc(j)
 
