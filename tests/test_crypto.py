@@ -494,7 +494,7 @@ def test_sealed_metadata_and_lexical_docs_are_one_location_record() -> None:
     from indexer.location import ChunkLocation
 
     meta = _meta()
-    assert isinstance(meta, ChunkLocation) and ChunkLocation is ChunkLocation
+    assert isinstance(meta, ChunkLocation)
     doc = ChunkLocation(meta.path, meta.start_line, meta.end_line, meta.symbol, meta.language)
     assert meta.key == doc.key  # a vector hit and a lexical hit fuse as one chunk
     with pytest.raises(ValueError, match="chunk_hash"):
