@@ -7,7 +7,8 @@ cutting where the tree is shallowest. Comments and attributes directly above a
 definition are glued to it. Chunks are runs of whole lines that together cover
 every non-blank line of the file exactly once.
 
-Every tree-sitter call of the project lives in this module.
+Every tree-sitter call of the project lives in this module and in indexer.definitions,
+which reads the definitions of the same tree (`parse` hands it over: one parse a file).
 """
 
 from __future__ import annotations
@@ -48,7 +49,11 @@ MIN_SYMBOL_TOKENS: Final = 12
 MIN_TEXT_BUDGET: Final = 32
 """Floor for the text budget when a very long path eats the window."""
 
-__all__ = ["DEFAULT_MAX_TOKENS", "chunk_file", "split_lines"]
+__all__ = ["DEFAULT_MAX_TOKENS", "ParsedTree", "chunk_file", "parse", "split_lines"]
+
+ParsedTree = tuple[str, Node]
+"""(language, root node): a file's syntax tree, under the grammar that read it (a `.h`
+file read as C++ says "cpp")."""
 
 
 def split_lines(text: str) -> list[str]:
@@ -67,6 +72,7 @@ def chunk_file(
     language: str | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     counter: TokenCounter | None = None,
+    tree: ParsedTree | None = None,
 ) -> list[Chunk]:
     """Chunks of one file, in order, covering each of its non-blank lines once.
 
@@ -75,7 +81,8 @@ def chunk_file(
     path of unknown type is chunked as plain text. `max_tokens` bounds each
     chunk's text; it is lowered further when the path is long, so that the header
     and the text together fit the model's window. Only a chunk made of a single
-    line longer than the budget can exceed it.
+    line longer than the budget can exceed it. `tree` is `parse(text, language)` when
+    the caller parsed the file already.
     """
     if not text.strip():
         return []
@@ -89,7 +96,7 @@ def chunk_file(
 
     pieces = None
     if language in GRAMMAR_LANGUAGES:
-        pieces = _syntax_pieces(text, lines, prefix, budget, language)
+        pieces = _syntax_pieces(lines, prefix, budget, tree or parse(text, language))
     if pieces is None:
         pieces = text_pieces(lines, language)
 
@@ -316,10 +323,8 @@ def _parser(language: str) -> Parser | None:
     return parsers[language]
 
 
-def _syntax_pieces(
-    text: str, lines: Sequence[str], prefix: Sequence[int], budget: int, language: str
-) -> Pieces | None:
-    """Pieces along the syntax tree, or None to fall back to the line splitter."""
+def parse(text: str, language: str) -> ParsedTree | None:
+    """The syntax tree of `text` in `language`, or None without a grammar for it."""
     parser = _parser(language)
     if parser is None:
         return None
@@ -331,6 +336,16 @@ def _syntax_pieces(
         cpp_root = cpp.parse(source).root_node if cpp is not None else None
         if cpp_root is not None and not cpp_root.has_error:
             language, root = "cpp", cpp_root
+    return language, root
+
+
+def _syntax_pieces(
+    lines: Sequence[str], prefix: Sequence[int], budget: int, tree: ParsedTree | None
+) -> Pieces | None:
+    """Pieces along the syntax tree, or None to fall back to the line splitter."""
+    if tree is None:
+        return None
+    language, root = tree
     builder = _TreeSplitter(lines, prefix, budget, _DEFINITIONS[language])
     try:
         builder.visit(_items(root.children, ()), 0, len(lines) - 1, 0, 0)

@@ -38,6 +38,7 @@ hangs under another parent than drawn::
     │       ├── ServerUnavailable                 unreachable or overloaded: retry later
     │       └── ServerError                       a 5xx or an unreadable answer
     ├── SearchError         (retrieval.api)   bad search options (k, group, ...)
+    ├── ToolInputError      (retrieval.symbols)  a name, file or pattern a lookup cannot use
     └── ModelMismatchError  (sync.repo)       the workspace holds another model's vectors
 
 `retrieval.WrongKeyError` is another name of KeyMismatchError. The CLI turns any

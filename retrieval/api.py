@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from retrieval.lexical import LexDoc, LexicalIndex, LexicalStore
     from retrieval.local_vectors import LocalVectorIndex, LocalVectorStore
     from retrieval.rerank import PlainReranker
+    from retrieval.symbols import DefinitionHit, Outline
 
 log = logging.getLogger(__name__)
 
@@ -342,6 +343,36 @@ class Index:
                 break
         return hits
 
+    # -- agent tools: definitions, outlines, references, grep ------------------------
+
+    def definition(self, name: str, *, limit: int = 10) -> list[DefinitionHit]:
+        """Where `name` (`send`, `Session.send`, `Sinatra::Base`, `pkg.Func`) is defined,
+        from the syntax trees read at index time, best first (`retrieval.symbols`)."""
+        from retrieval.symbols import find_definitions
+
+        root, db = self._state()
+        try:
+            return find_definitions(db, root, name, limit=_limit(limit))
+        finally:
+            db.close()
+
+    def outline(self, path: str | Path) -> Outline:
+        """The symbols of one file (repo-relative, or a path under the root) with their
+        lines and one-line signatures, from the index; a file changed since it was
+        indexed is parsed as it is now (`reparsed`)."""
+        from retrieval.symbols import outline_of
+
+        root, db = self._state()
+        try:
+            return outline_of(db, root, _repo_path(root, path))
+        finally:
+            db.close()
+
+    def _state(self) -> tuple[Path, sqlite3.Connection]:
+        """The root and a connection to its client state (the caller closes it)."""
+        root = find_root(self._ws.root)
+        return root, open_state_db(state_path(root))
+
     def coverage(self) -> dict[str, int | bool]:
         """How much of the index search by meaning covers: `chunks` (all, searchable by
         name and words), `chunks_with_vectors` (also by meaning) and `partial` (True
@@ -384,6 +415,23 @@ def lost_state_message(root: Path, held_chunks: int) -> str:
     return (f"the client state {state_path(root)} is missing or empty while the store"
             f" holds {held_chunks} chunks; run `codeveil index` (or `codeveil doctor --repair`)"
             " to rebuild it from the working tree")
+
+
+def _limit(limit: int) -> int:
+    if limit < 1:
+        raise SearchError(f"limit must be at least 1, got {limit}")
+    return limit
+
+
+def _repo_path(root: Path, path: str | Path) -> str:
+    """`path` as the index names it: repo-relative with POSIX separators. A relative
+    path is taken from the root, as the index's own paths are."""
+    given = Path(path)
+    full = given if given.is_absolute() else root / given
+    try:
+        return full.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        raise SearchError(f"{path} is not inside the indexed folder {root}") from None
 
 
 def _hit_filter(path: str | None, language: str | None) -> Callable[[LexDoc], bool] | None:
