@@ -41,11 +41,13 @@ from sync.workspace import (
 if TYPE_CHECKING:
     # The ranking stack is imported on the first search: `codeveil index` never ranks.
     from retrieval.fusion import HybridRanker, SearchOptions
+    from retrieval.grep import GrepResult
     from retrieval.grouping import Group, Level
     from retrieval.lexical import LexDoc, LexicalIndex, LexicalStore
     from retrieval.local_vectors import LocalVectorIndex, LocalVectorStore
     from retrieval.rerank import PlainReranker
     from retrieval.symbols import DefinitionHit, Outline
+    from retrieval.trigram_index import TrigramStore
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,7 @@ class Index:
         self._ranker: HybridRanker | None = None
         self._rerank_db: sqlite3.Connection | None = None
         self._search_options: SearchOptions | None = None
+        self._trigram_store: TrigramStore | None = None
 
     @property
     def search_options(self) -> SearchOptions:
@@ -367,6 +370,30 @@ class Index:
             return outline_of(db, root, _repo_path(root, path))
         finally:
             db.close()
+
+    def grep(self, pattern: str, *, path: str | None = None, ignore_case: bool = False,
+             limit: int | None = None) -> GrepResult:
+        """The lines of the indexed files matching the regular expression `pattern`
+        (Python `re`, searched line by line as ripgrep does), read from disk now, in path
+        and line order; `path` keeps files matching a glob, `limit` caps the lines.
+        Only the files the grep index cannot rule out are read (`retrieval.grep`)."""
+        from retrieval.grep import grep_files
+
+        root, db = self._state()
+        try:
+            index = self._trigrams(root).current(db)
+            return grep_files(root, db, index, pattern, path=path, ignore_case=ignore_case,
+                              limit=None if limit is None else _limit(limit))
+        finally:
+            db.close()
+
+    def _trigrams(self, root: Path) -> TrigramStore:
+        from retrieval.trigram_index import TrigramStore
+
+        folder = codeveil_dir(root) / "trigrams"
+        if self._trigram_store is None or self._trigram_store.directory != folder:
+            self._trigram_store = TrigramStore(folder)
+        return self._trigram_store
 
     def _state(self) -> tuple[Path, sqlite3.Connection]:
         """The root and a connection to its client state (the caller closes it)."""

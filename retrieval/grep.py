@@ -1,0 +1,203 @@
+"""grep: a regular expression over the indexed files, as they are on disk now.
+
+Semantics, the same as ripgrep's default (line-oriented) ones: Python's `re` is searched
+in each line of each indexed file (split at "\\n", the newline left out), and every line
+with a match is returned, in path order, then line order. The files searched are the
+ones the index holds (`chunk_files`), read from disk at the time of the call.
+
+Speed: the grep index (retrieval.trigram_index) names the files whose indexed chunks hold
+every trigram the pattern requires (retrieval.regex_trigrams); only those are read. A
+file whose content may differ from what was indexed (its stat differs from the stat
+cache's, the cache's digest is not the chunk table's, or the entry is racily clean) is
+read too, whatever its trigrams. A pattern that requires no trigram reads every file:
+never slower than a full scan, and the results are the same set in every case
+(`full_scan` is the reference the tests and the benchmark compare with).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from indexer.statcache import DEFAULT_RACY_MARGIN_NS
+from retrieval.regex_trigrams import TrigramQuery, required_trigrams
+from retrieval.symbols import ToolInputError
+from retrieval.trigram_index import TrigramIndex
+
+__all__ = ["GrepMatch", "GrepResult", "changed_files", "full_scan", "grep_files", "search_file",
+           "whole_text_filter"]
+
+MAX_LINE_CHARS: Final = 400
+"""A matching line longer than this is shown cut (`GrepMatch.truncated`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GrepMatch:
+    """One matching line: `column` is where its first match starts (1-based)."""
+
+    path: str
+    line: int
+    column: int
+    text: str
+    truncated: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class GrepResult:
+    """The matching lines; `files_read` of `files_indexed` files were read (the rest were
+    ruled out by the index); `truncated`: more lines matched than `limit`."""
+
+    pattern: str
+    matches: list[GrepMatch] = field(default_factory=list)
+    files_indexed: int = 0
+    files_read: int = 0
+    narrowed: bool = False  # the index required trigrams (else every file was read)
+    truncated: bool = False
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pattern": self.pattern, "matches": [m.to_dict() for m in self.matches],
+                "files_indexed": self.files_indexed, "files_read": self.files_read,
+                "narrowed": self.narrowed, "truncated": self.truncated}
+
+
+def compile_pattern(pattern: str, ignore_case: bool = False) -> re.Pattern[str]:
+    """The compiled pattern, or ToolInputError naming what is wrong with it."""
+    if not pattern:
+        raise ToolInputError("the pattern is empty")
+    try:
+        return re.compile(pattern, re.IGNORECASE if ignore_case else 0)
+    except re.error as exc:
+        raise ToolInputError(f"not a valid regular expression: {pattern!r} ({exc})") from None
+
+
+def grep_files(root: Path, db: sqlite3.Connection, index: TrigramIndex, pattern: str, *,
+               path: str | None = None, ignore_case: bool = False,
+               limit: int | None = None) -> GrepResult:
+    """Lines of the indexed files matching `pattern`; `path` keeps files matching a glob
+    (as search's `--path`)."""
+    started = time.perf_counter()
+    rx = compile_pattern(pattern, ignore_case)
+    query = required_trigrams(pattern, rx.flags)
+    live = index.live_paths()
+    files = [p for p in live if path is None or fnmatch.fnmatch(p, path)]
+    result = GrepResult(pattern, files_indexed=len(files))
+    if query.op != "all":
+        ids = _evaluate(index, query)
+        held = {index.paths[i] for i in ids.tolist()}
+        fresh_changed = changed_files(root, db, files)
+        files = [p for p in files if p in held or p in fresh_changed]
+        result.narrowed = True
+    files.sort()
+    result.files_read = len(files)
+    prefilter = whole_text_filter(rx)
+    for rel in files:
+        for match in search_file(root, rel, rx, prefilter):
+            if limit is not None and len(result.matches) >= limit:
+                result.truncated = True
+                break
+            result.matches.append(match)
+        if result.truncated:
+            break
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _evaluate(index: TrigramIndex, query: TrigramQuery) -> np.ndarray:
+    """Sorted ids of the files that may match `query` (never "all": handled above)."""
+    if query.op == "tri":
+        return index.files_with(query.code)
+    parts = [_evaluate(index, p) for p in query.parts if p.op != "all"]
+    if query.op == "and":
+        parts.sort(key=len)  # the rarest trigram first: intersections stay small
+        out = parts[0]
+        for part in parts[1:]:
+            if not len(out):
+                break
+            out = np.intersect1d(out, part, assume_unique=True)
+        return out
+    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint32)
+
+
+def changed_files(root: Path, db: sqlite3.Connection, paths: Iterable[str]) -> set[str]:
+    """Which of the indexed `paths` may hold other content on disk than the chunk table:
+    no stat cache entry, another stat now, a digest other than the chunks', or racily
+    clean (statcache's rule)."""
+    known = {p: (size, mtime, inode, bytes(digest), recorded) for p, size, mtime, inode,
+             digest, recorded in db.execute(
+                 "SELECT s.path, s.size, s.mtime_ns, s.inode, s.digest, s.recorded_ns"
+                 " FROM stat_cache s JOIN chunk_files c ON c.path = s.path"
+                 " AND c.digest = s.digest")}
+    out = set()
+    base = os.fspath(root)
+    for rel in paths:
+        entry = known.get(rel)
+        if entry is None:
+            out.add(rel)
+            continue
+        size, mtime, inode, _digest, recorded = entry
+        try:
+            st = os.stat(os.path.join(base, rel))
+        except OSError:
+            continue  # gone: nothing to read, nothing to match
+        if (st.st_size != size or st.st_mtime_ns != mtime or st.st_ino != inode % (1 << 64)
+                or mtime >= recorded - DEFAULT_RACY_MARGIN_NS):
+            out.add(rel)
+    return out
+
+
+def search_file(root: Path, rel: str, rx: re.Pattern[str],
+                prefilter: re.Pattern[str] | None = None) -> list[GrepMatch]:
+    """The matching lines of one file as it is on disk (none if it cannot be read).
+    `prefilter` (`whole_text_filter(rx)`) first searches the whole text once."""
+    try:
+        text = (root / rel).read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return []
+    if prefilter is not None and prefilter.search(text) is None:
+        return []  # no match anywhere, so none in any line
+    out = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        found = rx.search(line)
+        if found is not None:
+            cut = len(line) > MAX_LINE_CHARS
+            out.append(GrepMatch(rel, number, found.start() + 1,
+                                 line[:MAX_LINE_CHARS] if cut else line, cut))
+    return out
+
+
+_LOOKS_BEYOND: Final = re.compile(r"\\[AZ]|\(\?<?[=!]|\(\?[a-zA-Z]*-")
+
+
+def whole_text_filter(rx: re.Pattern[str]) -> re.Pattern[str] | None:
+    """`rx` under MULTILINE, if "no match in the whole text" then proves "no match in
+    any line" (`^` and `$` then match at every line's ends, as they do in a line alone);
+    None for a pattern that anchors to the string's ends (`\\A`, `\\Z`), looks around
+    (it could see a neighbouring line) or turns flags off in a group."""
+    if _LOOKS_BEYOND.search(rx.pattern):
+        return None
+    return re.compile(rx.pattern, rx.flags | re.MULTILINE)
+
+
+def full_scan(root: Path, paths: Sequence[str], pattern: str, *, path: str | None = None,
+              ignore_case: bool = False) -> list[GrepMatch]:
+    """Every matching line of every file in `paths`, read and searched one by one: the
+    reference grep's results equal."""
+    rx = compile_pattern(pattern, ignore_case)
+    out = []
+    for rel in sorted(paths):
+        if path is None or fnmatch.fnmatch(rel, path):
+            out.extend(search_file(root, rel, rx))
+    return out
