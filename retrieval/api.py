@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from retrieval.grouping import Group, Level
     from retrieval.lexical import LexDoc, LexicalIndex, LexicalStore
     from retrieval.local_vectors import LocalVectorIndex, LocalVectorStore
+    from retrieval.references import ReferenceHit
     from retrieval.rerank import PlainReranker
     from retrieval.symbols import DefinitionHit, Outline
     from retrieval.trigram_index import TrigramStore
@@ -384,6 +385,20 @@ class Index:
             index = self._trigrams(root).current(db)
             return grep_files(root, db, index, pattern, path=path, ignore_case=ignore_case,
                               limit=None if limit is None else _limit(limit))
+        finally:
+            db.close()
+
+    def references(self, name: str, *, path: str | None = None,
+                   limit: int = 20) -> list[ReferenceHit]:
+        """The chunks that use `name` (an identifier, or a qualified name whose last part
+        is looked for), best first; in a language with a grammar only identifier nodes
+        count, elsewhere whole words (`approximate`). See `retrieval.references`."""
+        from retrieval.references import find_references
+
+        root, db = self._state()
+        try:
+            index = self._trigrams(root).current(db)
+            return find_references(root, db, index, name, path=path, limit=_limit(limit))
         finally:
             db.close()
 
