@@ -40,6 +40,7 @@ from sync.workspace import (
 
 if TYPE_CHECKING:
     # The ranking stack is imported on the first search: `codeveil index` never ranks.
+    from retrieval.agent_tools import AgentTools
     from retrieval.fusion import HybridRanker, SearchOptions
     from retrieval.grep import GrepResult
     from retrieval.grouping import Group, Level
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     from retrieval.references import ReferenceHit
     from retrieval.rerank import PlainReranker
     from retrieval.symbols import DefinitionHit, Outline
-    from retrieval.trigram_index import TrigramStore
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class Index:
         self._ranker: HybridRanker | None = None
         self._rerank_db: sqlite3.Connection | None = None
         self._search_options: SearchOptions | None = None
-        self._trigram_store: TrigramStore | None = None
+        self._tools: AgentTools | None = None
 
     @property
     def search_options(self) -> SearchOptions:
@@ -349,71 +349,35 @@ class Index:
 
     # -- agent tools: definitions, outlines, references, grep ------------------------
 
+    @property
+    def tools(self) -> AgentTools:
+        """The lookups beside search (retrieval.agent_tools), for this index's folder."""
+        if self._tools is None:
+            from retrieval.agent_tools import AgentTools
+
+            self._tools = AgentTools(self._ws.root)
+        return self._tools
+
     def definition(self, name: str, *, limit: int = 10) -> list[DefinitionHit]:
         """Where `name` (`send`, `Session.send`, `Sinatra::Base`, `pkg.Func`) is defined,
-        from the syntax trees read at index time, best first (`retrieval.symbols`)."""
-        from retrieval.symbols import find_definitions
-
-        root, db = self._state()
-        try:
-            return find_definitions(db, root, name, limit=_limit(limit))
-        finally:
-            db.close()
+        best first: `retrieval.agent_tools.AgentTools.definition`."""
+        return self.tools.definition(name, limit=limit)
 
     def outline(self, path: str | Path) -> Outline:
-        """The symbols of one file (repo-relative, or a path under the root) with their
-        lines and one-line signatures, from the index; a file changed since it was
-        indexed is parsed as it is now (`reparsed`)."""
-        from retrieval.symbols import outline_of
-
-        root, db = self._state()
-        try:
-            return outline_of(db, root, _repo_path(root, path))
-        finally:
-            db.close()
+        """The symbols of one file with their lines and signatures:
+        `retrieval.agent_tools.AgentTools.outline`."""
+        return self.tools.outline(path)
 
     def grep(self, pattern: str, *, path: str | None = None, ignore_case: bool = False,
              limit: int | None = None) -> GrepResult:
-        """The lines of the indexed files matching the regular expression `pattern`
-        (Python `re`, searched line by line as ripgrep does), read from disk now, in path
-        and line order; `path` keeps files matching a glob, `limit` caps the lines.
-        Only the files the grep index cannot rule out are read (`retrieval.grep`)."""
-        from retrieval.grep import grep_files
-
-        root, db = self._state()
-        try:
-            index = self._trigrams(root).current(db)
-            return grep_files(root, db, index, pattern, path=path, ignore_case=ignore_case,
-                              limit=None if limit is None else _limit(limit))
-        finally:
-            db.close()
+        """The lines of the indexed files matching a regular expression, narrowed by the
+        grep index: `retrieval.agent_tools.AgentTools.grep`."""
+        return self.tools.grep(pattern, path=path, ignore_case=ignore_case, limit=limit)
 
     def references(self, name: str, *, path: str | None = None,
                    limit: int = 20) -> list[ReferenceHit]:
-        """The chunks that use `name` (an identifier, or a qualified name whose last part
-        is looked for), best first; in a language with a grammar only identifier nodes
-        count, elsewhere whole words (`approximate`). See `retrieval.references`."""
-        from retrieval.references import find_references
-
-        root, db = self._state()
-        try:
-            index = self._trigrams(root).current(db)
-            return find_references(root, db, index, name, path=path, limit=_limit(limit))
-        finally:
-            db.close()
-
-    def _trigrams(self, root: Path) -> TrigramStore:
-        from retrieval.trigram_index import TrigramStore
-
-        folder = codeveil_dir(root) / "trigrams"
-        if self._trigram_store is None or self._trigram_store.directory != folder:
-            self._trigram_store = TrigramStore(folder)
-        return self._trigram_store
-
-    def _state(self) -> tuple[Path, sqlite3.Connection]:
-        """The root and a connection to its client state (the caller closes it)."""
-        root = find_root(self._ws.root)
-        return root, open_state_db(state_path(root))
+        """The chunks that use `name`: `retrieval.agent_tools.AgentTools.references`."""
+        return self.tools.references(name, path=path, limit=limit)
 
     def coverage(self) -> dict[str, int | bool]:
         """How much of the index search by meaning covers: `chunks` (all, searchable by
@@ -457,23 +421,6 @@ def lost_state_message(root: Path, held_chunks: int) -> str:
     return (f"the client state {state_path(root)} is missing or empty while the store"
             f" holds {held_chunks} chunks; run `codeveil index` (or `codeveil doctor --repair`)"
             " to rebuild it from the working tree")
-
-
-def _limit(limit: int) -> int:
-    if limit < 1:
-        raise SearchError(f"limit must be at least 1, got {limit}")
-    return limit
-
-
-def _repo_path(root: Path, path: str | Path) -> str:
-    """`path` as the index names it: repo-relative with POSIX separators. A relative
-    path is taken from the root, as the index's own paths are."""
-    given = Path(path)
-    full = given if given.is_absolute() else root / given
-    try:
-        return full.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        raise SearchError(f"{path} is not inside the indexed folder {root}") from None
 
 
 def _hit_filter(path: str | None, language: str | None) -> Callable[[LexDoc], bool] | None:

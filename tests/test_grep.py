@@ -120,18 +120,18 @@ def test_the_grep_index_follows_the_chunk_table_incrementally(tmp_path: Path) ->
     root = _repo(tmp_path)
     idx = Index(root, embedder=HashingEmbedder())
     idx.grep("retries")
-    assert idx._trigrams(root).last_refresh["mode"] == "rebuild"
+    assert idx.tools.trigrams(root).last_refresh["mode"] == "rebuild"
     (root / "net/extra.py").write_text("SENTINEL_VALUE = 42\n")
     _age(root)
     idx.index()
     result = idx.grep("SENTINEL_VALUE")
-    refresh = idx._trigrams(root).last_refresh
+    refresh = idx.tools.trigrams(root).last_refresh
     assert refresh["mode"] in ("update", "merge") and refresh["read"] == 1
     assert [(m.path, m.line, m.column) for m in result.matches] == [("net/extra.py", 1, 1)]
     # A new process loads the saved index rather than building it again.
     again = Index(root, embedder=HashingEmbedder())
     assert again.grep("SENTINEL_VALUE").matches == result.matches
-    assert again._trigrams(root).last_refresh == {}
+    assert again.tools.trigrams(root).last_refresh == {}
 
 
 def test_a_path_glob_and_a_limit_narrow_the_lines(tmp_path: Path) -> None:
