@@ -11,7 +11,7 @@ import sqlite3
 from pathlib import Path
 
 from indexer.local_chunks import open_state_db
-from retrieval.grep import GrepResult, grep_files
+from retrieval.grep import Freshness, GrepResult, grep_files
 from retrieval.references import ReferenceHit, find_references
 from retrieval.symbols import (
     DefinitionHit,
@@ -32,6 +32,7 @@ class AgentTools:
     def __init__(self, path: str | Path = ".") -> None:
         self._path = Path(path)
         self._trigram_store: TrigramStore | None = None
+        self._freshness = Freshness()
 
     def definition(self, name: str, *, limit: int = 10) -> list[DefinitionHit]:
         """Where `name` (`send`, `Session.send`, `Sinatra::Base`, `pkg.Func`) is defined,
@@ -62,7 +63,8 @@ class AgentTools:
         try:
             index = self.trigrams(root).current(db)
             return grep_files(root, db, index, pattern, path=path, ignore_case=ignore_case,
-                              limit=None if limit is None else _positive(limit))
+                              limit=None if limit is None else _positive(limit),
+                              freshness=self._freshness)
         finally:
             db.close()
 
@@ -74,7 +76,8 @@ class AgentTools:
         root, db = self._state()
         try:
             index = self.trigrams(root).current(db)
-            return find_references(root, db, index, name, path=path, limit=_positive(limit))
+            return find_references(root, db, index, name, path=path, limit=_positive(limit),
+                                   freshness=self._freshness)
         finally:
             db.close()
 

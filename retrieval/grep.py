@@ -33,8 +33,8 @@ from retrieval.regex_trigrams import TrigramQuery, required_trigrams
 from retrieval.symbols import ToolInputError
 from retrieval.trigram_index import TrigramIndex
 
-__all__ = ["GrepMatch", "GrepResult", "changed_files", "full_scan", "grep_files", "search_file",
-           "whole_text_filter"]
+__all__ = ["Freshness", "GrepMatch", "GrepResult", "changed_files", "full_scan", "grep_files",
+           "search_file", "whole_text_filter"]
 
 MAX_LINE_CHARS: Final = 400
 """A matching line longer than this is shown cut (`GrepMatch.truncated`)."""
@@ -85,9 +85,10 @@ def compile_pattern(pattern: str, ignore_case: bool = False) -> re.Pattern[str]:
 
 def grep_files(root: Path, db: sqlite3.Connection, index: TrigramIndex, pattern: str, *,
                path: str | None = None, ignore_case: bool = False,
-               limit: int | None = None) -> GrepResult:
+               limit: int | None = None, freshness: Freshness | None = None) -> GrepResult:
     """Lines of the indexed files matching `pattern`; `path` keeps files matching a glob
-    (as search's `--path`)."""
+    (as search's `--path`). `freshness` keeps what it read of the stat cache between
+    calls."""
     started = time.perf_counter()
     rx = compile_pattern(pattern, ignore_case)
     query = required_trigrams(pattern, rx.flags)
@@ -97,7 +98,7 @@ def grep_files(root: Path, db: sqlite3.Connection, index: TrigramIndex, pattern:
     if query.op != "all":
         ids = _evaluate(index, query)
         held = {index.paths[i] for i in ids.tolist()}
-        fresh_changed = changed_files(root, db, files)
+        fresh_changed = (freshness or Freshness()).changed(root, db, index.stamp, files)
         files = [p for p in files if p in held or p in fresh_changed]
         result.narrowed = True
     files.sort()
@@ -131,51 +132,94 @@ def _evaluate(index: TrigramIndex, query: TrigramQuery) -> np.ndarray:
     return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint32)
 
 
+class Freshness:
+    """Which indexed files may hold other content on disk than the chunk table: those
+    with no stat cache entry, another stat now, a digest other than the chunks', or a
+    racily clean entry (statcache's rule). The stat cache's side is read once and kept
+    while the chunk table and the stat cache are unchanged; the files are stat'ed on
+    every call (that is what makes grep exact between syncs)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[object, ...] | None = None
+        self._known: dict[str, tuple[str, int, int, int]] = {}
+
+    def changed(self, root: Path, db: sqlite3.Connection, stamp: object,
+                paths: Iterable[str]) -> set[str]:
+        key = (os.fspath(root), stamp, *db.execute(
+            "SELECT count(*), max(recorded_ns) FROM stat_cache").fetchone())
+        if key != self._key:
+            base = os.fspath(root)
+            self._known = {
+                p: (os.path.join(base, p), size, mtime, inode % (1 << 64))
+                for p, size, mtime, inode, recorded in db.execute(
+                    "SELECT s.path, s.size, s.mtime_ns, s.inode, s.recorded_ns"
+                    " FROM stat_cache s JOIN chunk_files c ON c.path = s.path"
+                    " AND c.digest = s.digest")
+                if mtime < recorded - DEFAULT_RACY_MARGIN_NS}
+            self._key = key
+        out = set()
+        stat = os.stat
+        known = self._known
+        for rel in paths:
+            entry = known.get(rel)
+            if entry is None:
+                out.add(rel)
+                continue
+            full, size, mtime, inode = entry
+            try:
+                st = stat(full)
+            except OSError:
+                continue  # gone: nothing to read, nothing to match
+            if st.st_mtime_ns != mtime or st.st_size != size or st.st_ino != inode:
+                out.add(rel)
+        return out
+
+
 def changed_files(root: Path, db: sqlite3.Connection, paths: Iterable[str]) -> set[str]:
-    """Which of the indexed `paths` may hold other content on disk than the chunk table:
-    no stat cache entry, another stat now, a digest other than the chunks', or racily
-    clean (statcache's rule)."""
-    known = {p: (size, mtime, inode, bytes(digest), recorded) for p, size, mtime, inode,
-             digest, recorded in db.execute(
-                 "SELECT s.path, s.size, s.mtime_ns, s.inode, s.digest, s.recorded_ns"
-                 " FROM stat_cache s JOIN chunk_files c ON c.path = s.path"
-                 " AND c.digest = s.digest")}
-    out = set()
-    base = os.fspath(root)
-    for rel in paths:
-        entry = known.get(rel)
-        if entry is None:
-            out.add(rel)
-            continue
-        size, mtime, inode, _digest, recorded = entry
-        try:
-            st = os.stat(os.path.join(base, rel))
-        except OSError:
-            continue  # gone: nothing to read, nothing to match
-        if (st.st_size != size or st.st_mtime_ns != mtime or st.st_ino != inode % (1 << 64)
-                or mtime >= recorded - DEFAULT_RACY_MARGIN_NS):
-            out.add(rel)
-    return out
+    """`Freshness().changed` once: the indexed `paths` whose content may have changed."""
+    return Freshness().changed(root, db, None, paths)
 
 
 def search_file(root: Path, rel: str, rx: re.Pattern[str],
                 prefilter: re.Pattern[str] | None = None) -> list[GrepMatch]:
     """The matching lines of one file as it is on disk (none if it cannot be read).
-    `prefilter` (`whole_text_filter(rx)`) first searches the whole text once."""
+
+    With `prefilter` (`whole_text_filter(rx)`), the whole text is searched and only the
+    lines its matches start on are tried: a line that `rx` matches holds the leftmost
+    match of `prefilter` searched from that line's start, so no line is missed. Without
+    it, every line is tried."""
     try:
         text = (root / rel).read_bytes().decode("utf-8", "replace")
     except OSError:
         return []
-    if prefilter is not None and prefilter.search(text) is None:
-        return []  # no match anywhere, so none in any line
+    if prefilter is None:
+        return [_match(rel, number, line, found)
+                for number, line in enumerate(text.split("\n"), start=1)
+                if (found := rx.search(line)) is not None]
     out = []
-    for number, line in enumerate(text.split("\n"), start=1):
+    pos, number, counted = 0, 1, 0
+    end = len(text)
+    while pos <= end:
+        hit = prefilter.search(text, pos)
+        if hit is None:
+            break
+        start = text.rfind("\n", pos, hit.start()) + 1 or pos
+        stop = text.find("\n", hit.start())
+        stop = end if stop < 0 else stop
+        number += text.count("\n", counted, start)
+        counted = start
+        line = text[start:stop]
         found = rx.search(line)
         if found is not None:
-            cut = len(line) > MAX_LINE_CHARS
-            out.append(GrepMatch(rel, number, found.start() + 1,
-                                 line[:MAX_LINE_CHARS] if cut else line, cut))
+            out.append(_match(rel, number, line, found))
+        pos = stop + 1
     return out
+
+
+def _match(rel: str, number: int, line: str, found: re.Match[str]) -> GrepMatch:
+    cut = len(line) > MAX_LINE_CHARS
+    return GrepMatch(rel, number, found.start() + 1, line[:MAX_LINE_CHARS] if cut else line,
+                     cut)
 
 
 _LOOKS_BEYOND: Final = re.compile(r"\\[AZ]|\(\?<?[=!]|\(\?[a-zA-Z]*-")

@@ -29,7 +29,7 @@ from indexer.definitions import definitions_of, identifier_lines
 from indexer.languages import language_for_path
 from indexer.local_chunks import LocalChunks
 from indexer.priority import category
-from retrieval.grep import grep_files
+from retrieval.grep import Freshness, grep_files
 from retrieval.symbols import ToolInputError, backfill_definitions, split_name
 from retrieval.trigram_index import TrigramIndex
 
@@ -61,7 +61,8 @@ class ReferenceHit:
 
 
 def find_references(root: Path, db: sqlite3.Connection, index: TrigramIndex, name: str, *,
-                    path: str | None = None, limit: int = 20) -> list[ReferenceHit]:
+                    path: str | None = None, limit: int = 20,
+                    freshness: Freshness | None = None) -> list[ReferenceHit]:
     """The chunks using `name`, best first (see the module docstring)."""
     parts = split_name(name)
     ident = parts[-1]
@@ -69,7 +70,7 @@ def find_references(root: Path, db: sqlite3.Connection, index: TrigramIndex, nam
         raise ToolInputError(f"{ident!r} is not an identifier; give a name like `send`")
     word = re.escape(ident)
     pattern = rf"\b{word}\b" if re.fullmatch(r"\w+", ident) else rf"(?<![\w$]){word}(?![\w$!?])"
-    found = grep_files(root, db, index, pattern, path=path)
+    found = grep_files(root, db, index, pattern, path=path, freshness=freshness)
     by_file: dict[str, list[int]] = {}
     for match in found.matches:
         by_file.setdefault(match.path, []).append(match.line)

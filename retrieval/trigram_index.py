@@ -24,7 +24,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Final
 
@@ -64,6 +64,7 @@ class TrigramIndex:
     delta_files: np.ndarray
     stamp: Stamp
     base_id: bytes
+    _live: dict[str, int] | None = field(default=None, repr=False, compare=False)
 
     def files_with(self, code: int) -> np.ndarray:
         """Sorted ids of the live files holding trigram `code`."""
@@ -79,8 +80,11 @@ class TrigramIndex:
         return ids[self.alive[ids]]
 
     def live_paths(self) -> dict[str, int]:
-        """path -> file id of every file the index holds."""
-        return {p: i for i, p in enumerate(self.paths) if self.alive[i]}
+        """path -> file id of every file the index holds (computed once; the index is
+        never changed in place)."""
+        if self._live is None:
+            self._live = {p: i for i, p in enumerate(self.paths) if self.alive[i]}
+        return self._live
 
     @property
     def postings(self) -> int:
