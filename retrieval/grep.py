@@ -66,6 +66,7 @@ class GrepResult:
     narrowed: bool = False  # the index required trigrams (else every file was read)
     truncated: bool = False
     seconds: float = 0.0
+    seconds_freshness: float = 0.0  # of which: checking which files changed on disk
 
     def to_dict(self) -> dict[str, Any]:
         return {"pattern": self.pattern, "matches": [m.to_dict() for m in self.matches],
@@ -98,7 +99,9 @@ def grep_files(root: Path, db: sqlite3.Connection, index: TrigramIndex, pattern:
     if query.op != "all":
         ids = _evaluate(index, query)
         held = {index.paths[i] for i in ids.tolist()}
+        t0 = time.perf_counter()
         fresh_changed = (freshness or Freshness()).changed(root, db, index.stamp, files)
+        result.seconds_freshness = time.perf_counter() - t0
         files = [p for p in files if p in held or p in fresh_changed]
         result.narrowed = True
     files.sort()
