@@ -69,9 +69,12 @@ class TrigramIndex:
     def files_with(self, code: int) -> np.ndarray:
         """Sorted ids of the live files holding trigram `code`."""
         parts = []
+        # Bounds of the array's own dtype: a Python int list would make numpy cast the
+        # whole (memory-mapped) array to int64 for every lookup.
+        bounds = np.array([code, code + 1], dtype=np.uint32)
         for codes, files in ((self.base_codes, self.base_files),
                              (self.delta_codes, self.delta_files)):
-            lo, hi = np.searchsorted(codes, [code, code + 1])
+            lo, hi = np.searchsorted(codes, bounds)
             if hi > lo:
                 parts.append(np.asarray(files[lo:hi]))
         if not parts:
