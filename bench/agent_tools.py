@@ -4,15 +4,16 @@
 
 grep. Trees: this repository (a `git archive` of HEAD) and a generated tree of 10,000
 small files; with `--astropy` also astropy (1,866 indexed files, from the local git
-mirrors under /work/.mirror), which adds about five minutes on a busy 2-core machine. Each tree's client state is filled by the indexer's own components
-(walk, stat cache, chunker with definitions, chunk table) without embedding: grep and
-definition read nothing else. The files are dated a minute back, as in any tree not
-edited this very second (a file written within the stat cache's 2 s racy margin is read
-by every grep, whatever the index says). For every pattern: the grep's p50 over
-REPEATS warm calls (fewer for patterns that read most files) (in process, index in memory, the stat check of every file
-included), the full scan's time (every indexed file read and searched line by line),
-the files read, and whether the two returned the same lines (they must, always). Also
-the grep index's size on disk and build time.
+mirrors under /work/.mirror), which adds about five minutes on a busy 2-core machine.
+Each tree's client state is filled by the indexer's own components (walk, stat cache,
+chunker with definitions, chunk table) without embedding: grep and definition read
+nothing else. The files are dated a minute back, as in any tree not edited this very
+second (a file written within the stat cache's 2 s racy margin is read by every grep,
+whatever the index says). For every pattern: the grep's p50 over REPEATS warm calls
+(BROAD_REPEATS for patterns that read most files), in process with the index in memory
+and the stat check of every file included; the full scan's time (every indexed file
+read and searched line by line); the files read; and whether the two returned the same
+lines (they must, always). Also the grep index's size on disk and build time.
 
 definition. Names sampled from the Python repositories among the mirrors (plus this
 one): ground truth from Python's own `ast` (each class, function and method, with its
