@@ -110,7 +110,7 @@ def chunk_and_define(
     tree = parse(text, language) if language in GRAMMAR_LANGUAGES and text.strip() else None
     chunks = chunk_file(path, text, language=language, max_tokens=max_tokens,
                         counter=counter, tree=tree)
-    return chunks, (_definitions(tree) if tree is not None else [])
+    return chunks, (_definitions(tree, text) if tree is not None else [])
 
 
 def definitions_of(text: str, language: str) -> list[Definition]:
@@ -118,7 +118,7 @@ def definitions_of(text: str, language: str) -> list[Definition]:
     if language not in GRAMMAR_LANGUAGES or not text.strip():
         return []
     tree = parse(text, language)
-    return _definitions(tree) if tree is not None else []
+    return _definitions(tree, text) if tree is not None else []
 
 
 def identifier_lines(text: str, language: str, name: str) -> list[int] | None:
@@ -162,7 +162,7 @@ def _query(language: str, what: str) -> Query | None:
     return cache[key]
 
 
-def _definitions(tree: ParsedTree) -> list[Definition]:
+def _definitions(tree: ParsedTree, text: str) -> list[Definition]:
     language, root = tree
     query = _query(language, "definitions")
     if query is None:
@@ -170,7 +170,9 @@ def _definitions(tree: ParsedTree) -> list[Definition]:
     nodes = QueryCursor(query).captures(root).get("def", [])
     values = _VALUES.get(language, frozenset())
     kinds = _node_types(language)
-    source_lines = (root.text or b"").split(b"\n")
+    # The file's own lines: the root node's text starts where its first node does, which
+    # is not the file's first line when that is blank or a comment.
+    source_lines = text.encode("utf-8", "replace").split(b"\n")
     own: dict[int, Path] = {}  # node id -> its own names ((): not a definition)
     out: list[Definition] = []
     for node in sorted(nodes, key=lambda n: (n.start_byte, -n.end_byte)):

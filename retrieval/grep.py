@@ -36,6 +36,8 @@ from retrieval.trigram_index import TrigramIndex
 __all__ = ["Freshness", "GrepMatch", "GrepResult", "changed_files", "full_scan", "grep_files",
            "search_file", "whole_text_filter"]
 
+READ_ALL_SHARE: Final = 0.6
+"""Above this share of candidate files, grep reads every file rather than stat them."""
 MAX_LINE_CHARS: Final = 400
 """A matching line longer than this is shown cut (`GrepMatch.truncated`)."""
 
@@ -99,11 +101,15 @@ def grep_files(root: Path, db: sqlite3.Connection, index: TrigramIndex, pattern:
     if query.op != "all":
         ids = _evaluate(index, query)
         held = {index.paths[i] for i in ids.tolist()}
-        t0 = time.perf_counter()
-        fresh_changed = (freshness or Freshness()).changed(root, db, index.stamp, files)
-        result.seconds_freshness = time.perf_counter() - t0
-        files = [p for p in files if p in held or p in fresh_changed]
-        result.narrowed = True
+        held_here = [p for p in files if p in held]
+        # When the index rules out few files, reading them all is cheaper than the stat
+        # of every file that finding the changed ones takes (and reads a superset).
+        if len(held_here) < READ_ALL_SHARE * len(files):
+            t0 = time.perf_counter()
+            fresh_changed = (freshness or Freshness()).changed(root, db, index.stamp, files)
+            result.seconds_freshness = time.perf_counter() - t0
+            files = [p for p in files if p in held or p in fresh_changed]
+            result.narrowed = True
     files.sort()
     result.files_read = len(files)
     prefilter = whole_text_filter(rx)

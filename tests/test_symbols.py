@@ -148,3 +148,15 @@ def test_names_split_at_every_separator() -> None:
     assert split_name("Session > send") == ("Session", "send")
     with pytest.raises(ToolInputError):
         split_name(" :: ")
+
+
+def test_signatures_are_the_definitions_own_lines_after_leading_blanks_and_comments(
+        tmp_path: Path) -> None:
+    # The syntax tree's root starts at the first node, not at the file's first line.
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "m.py").write_text("\n\n# header\n\nclass A:\n    x = 1\n")
+    Index(root, embedder=HashingEmbedder()).index()
+    outline = Index(root, embedder=HashingEmbedder()).outline("m.py")
+    assert [(s.symbol, s.start_line, s.signature) for s in outline.symbols] == [
+        ("A", 5, "class A:"), ("A > x", 6, "x = 1")]
