@@ -23,7 +23,7 @@ Only names whose qualified form is unique in the repo are asked (`Class.method` 
 hold Python repositories only, so this measures Python; the other grammars are covered
 by tests/test_symbols.py.
 
-Writes bench/results/agent_tools.json.
+Writes bench/results/agent_tools.json (agent_tools_astropy.json with `--astropy`).
 """
 
 from __future__ import annotations
@@ -313,7 +313,7 @@ def main() -> None:
                  for d in def_rows] + [["all", total, round(overall, 3), ""]]))
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True, check=False).stdout.strip()
-    path = write_json("agent_tools", {
+    path = write_json("agent_tools_astropy" if args.astropy else "agent_tools", {
         "command": " ".join([Path(sys.executable).name, "-m", "bench.agent_tools",
                              *sys.argv[1:]]),
         "commit": commit, "load": os.getloadavg()[0],

@@ -34,6 +34,7 @@ from indexer.chunker import (
     _name_of,
     _names,
     _plain_name,
+    _text,
     chunk_file,
     parse,
 )
@@ -195,7 +196,19 @@ def _names_of(node: Node, language: str, values: frozenset[str]) -> Iterator[Pat
         return
     names = _names(node)
     if names:
-        yield names
+        yield _untruncated(names, node)
+
+
+def _untruncated(names: Path, node: Node) -> Path:
+    """The chunker shortens long names for its one-line headers (`...…`); a definition
+    keeps its name whole, so that a lookup by the whole name finds it."""
+    if not names[-1].endswith("…"):
+        return names
+    name = node.child_by_field_name("name")
+    full = " ".join(_text(name).split()) if name is not None else ""
+    if full.startswith(names[-1][:-1]):
+        return (*names[:-1], full)
+    return names
 
 
 def _holds_function(node: Node) -> bool:

@@ -160,3 +160,13 @@ def test_signatures_are_the_definitions_own_lines_after_leading_blanks_and_comme
     outline = Index(root, embedder=HashingEmbedder()).outline("m.py")
     assert [(s.symbol, s.start_line, s.signature) for s in outline.symbols] == [
         ("A", 5, "class A:"), ("A > x", 6, "x = 1")]
+
+
+def test_a_long_name_is_found_whole(tmp_path: Path) -> None:
+    # Chunk headers shorten long names; the definition table keeps them whole.
+    name = "test_" + "that_a_very_long_descriptive_name_" * 3 + "still_resolves"
+    root = write_repo(tmp_path / "repo", {"t.py": f"class Suite:\n    def {name}(self):\n"
+                                                  "        pass\n"})
+    Index(root, embedder=HashingEmbedder()).index()
+    hits = Index(root, embedder=HashingEmbedder()).definition(f"Suite.{name}")
+    assert [(h.path, h.start_line, h.symbol) for h in hits] == [("t.py", 2, f"Suite > {name}")]
