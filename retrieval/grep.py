@@ -193,36 +193,25 @@ def search_file(root: Path, rel: str, rx: re.Pattern[str],
                 prefilter: re.Pattern[str] | None = None) -> list[GrepMatch]:
     """The matching lines of one file as it is on disk (none if it cannot be read).
 
-    With `prefilter` (`whole_text_filter(rx)`), the whole text is searched and only the
-    lines its matches start on are tried: a line that `rx` matches holds the leftmost
-    match of `prefilter` searched from that line's start, so no line is missed. Without
-    it, every line is tried."""
+    With `prefilter` (`whole_text_filter(rx)`), the whole text is searched once first
+    and lines are tried from the line its first match starts on: a line that `rx`
+    matches holds a match of `prefilter`, so no line before that one can match (and a
+    file without one has none). Without it, every line is tried."""
     try:
         text = (root / rel).read_bytes().decode("utf-8", "replace")
     except OSError:
         return []
-    if prefilter is None:
-        return [_match(rel, number, line, found)
-                for number, line in enumerate(text.split("\n"), start=1)
-                if (found := rx.search(line)) is not None]
-    out = []
-    pos, number, counted = 0, 1, 0
-    end = len(text)
-    while pos <= end:
-        hit = prefilter.search(text, pos)
+    first = 1
+    if prefilter is not None:
+        hit = prefilter.search(text)
         if hit is None:
-            break
-        start = text.rfind("\n", pos, hit.start()) + 1 or pos
-        stop = text.find("\n", hit.start())
-        stop = end if stop < 0 else stop
-        number += text.count("\n", counted, start)
-        counted = start
-        line = text[start:stop]
-        found = rx.search(line)
-        if found is not None:
-            out.append(_match(rel, number, line, found))
-        pos = stop + 1
-    return out
+            return []
+        start = text.rfind("\n", 0, hit.start()) + 1
+        first = text.count("\n", 0, start) + 1
+        text = text[start:]
+    return [_match(rel, number, line, found)
+            for number, line in enumerate(text.split("\n"), start=first)
+            if (found := rx.search(line)) is not None]
 
 
 def _match(rel: str, number: int, line: str, found: re.Match[str]) -> GrepMatch:
