@@ -1,8 +1,9 @@
 """grep: a regular expression over the indexed files, as they are on disk now.
 
 Semantics, the same as ripgrep's default (line-oriented) ones: Python's `re` is searched
-in each line of each indexed file (split at "\\n", the newline left out), and every line
-with a match is returned, in path order, then line order. The files searched are the
+in each line of each indexed file (split at "\\n", the newline left out; a final newline
+ends the last line rather than starting an empty one), and every line with a match is
+returned, in path order, then line order. The files searched are the
 ones the index holds (`chunk_files`), read from disk at the time of the call.
 
 Speed: the grep index (retrieval.trigram_index) names the files whose indexed chunks hold
@@ -209,8 +210,11 @@ def search_file(root: Path, rel: str, rx: re.Pattern[str],
         start = text.rfind("\n", 0, hit.start()) + 1
         first = text.count("\n", 0, start) + 1
         text = text[start:]
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the newline ends the last line; no empty line follows it (as rg)
     return [_match(rel, number, line, found)
-            for number, line in enumerate(text.split("\n"), start=first)
+            for number, line in enumerate(lines, start=first)
             if (found := rx.search(line)) is not None]
 
 

@@ -187,3 +187,14 @@ def test_grep_equals_ripgrep_on_the_same_files(tmp_path: Path) -> None:
                     for line in proc.stdout.splitlines())
         ours = sorted((m.path, m.line) for m in idx.grep(pattern).matches)
         assert ours == rg, pattern
+
+
+def test_a_final_newline_ends_the_last_line(tmp_path: Path) -> None:
+    # As ripgrep counts lines: "a\nb\n" has two, so `^$` matches none of them.
+    root = write_repo(tmp_path / "repo", {"two.txt": "alpha\nbeta\n", "gap.txt": "x\n\ny\n"})
+    _age(root)
+    Index(root, embedder=HashingEmbedder()).index()
+    result = Index(root, embedder=HashingEmbedder()).grep("^$")
+    assert [(m.path, m.line) for m in result.matches] == [("gap.txt", 2)]
+    assert [m.line for m in Index(root, embedder=HashingEmbedder()).grep("a*").matches
+            if m.path == "two.txt"] == [1, 2]
