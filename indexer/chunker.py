@@ -7,7 +7,8 @@ cutting where the tree is shallowest. Comments and attributes directly above a
 definition are glued to it. Chunks are runs of whole lines that together cover
 every non-blank line of the file exactly once.
 
-Every tree-sitter call of the project lives in this module.
+Every tree-sitter call of the project lives in this module and in indexer.definitions,
+which reads the definitions of the same tree (`parse` hands it over: one parse a file).
 """
 
 from __future__ import annotations
@@ -49,7 +50,11 @@ MIN_SYMBOL_TOKENS: Final = 12
 MIN_TEXT_BUDGET: Final = 32
 """Floor for the text budget when a very long path eats the window."""
 
-__all__ = ["DEFAULT_MAX_TOKENS", "chunk_file", "split_lines"]
+__all__ = ["DEFAULT_MAX_TOKENS", "ParsedTree", "chunk_file", "parse", "split_lines"]
+
+ParsedTree = tuple[str, Node]
+"""(language, root node): a file's syntax tree, under the grammar that read it (a `.h`
+file read as C++ says "cpp")."""
 
 
 def split_lines(text: str) -> list[str]:
@@ -68,6 +73,7 @@ def chunk_file(
     language: str | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     counter: TokenCounter | None = None,
+    tree: ParsedTree | None = None,
 ) -> list[Chunk]:
     """Chunks of one file, in order, covering each of its non-blank lines once.
 
@@ -78,7 +84,8 @@ def chunk_file(
     and the text together fit the model's window. Only a chunk made of a single
     line longer than the budget can exceed it. A notebook is chunked cell by cell
     (outputs left out), each chunk in its cell's language, its lines those of the
-    cell's source in the notebook's JSON.
+    cell's source in the notebook's JSON. `tree` is `parse(text, language)` when the
+    caller parsed the file already.
     """
     if not text.strip():
         return []
@@ -89,7 +96,8 @@ def chunk_file(
     lines = split_lines(text)
     return [
         Chunk(path, start + 1, end + 1, language, symbol, "".join(lines[start : end + 1]))
-        for start, end, symbol in _spans(path, lines, language, max_tokens, counter)
+        for start, end, symbol in _spans(path, lines, language, max_tokens, counter,
+                                         tree=tree)
     ]
 
 
@@ -100,12 +108,14 @@ def _spans(
     max_tokens: int,
     counter: TokenCounter,
     measured: Sequence[str] | None = None,
+    tree: ParsedTree | None = None,
 ) -> list[tuple[int, int, str]]:
     """(first line, last line, symbol) of each chunk of `lines`, 0-based, inclusive.
 
     `measured` are the lines whose word pieces count against the budget, one for each
     of `lines` (by default `lines` themselves): a notebook cell is parsed as its code
-    but shown, and embedded, as the JSON strings that hold it.
+    but shown, and embedded, as the JSON strings that hold it. `tree` is the parse of
+    `lines` when the caller has it.
     """
     prefix = [0, *accumulate(counter.line_counts(measured or lines))]
     path_tokens = counter.count(path)
@@ -114,7 +124,8 @@ def _spans(
 
     pieces = None
     if language in GRAMMAR_LANGUAGES:
-        pieces = _syntax_pieces("".join(lines), lines, prefix, budget, language)
+        pieces = _syntax_pieces(lines, prefix, budget,
+                                tree or parse("".join(lines), language))
     if pieces is None:
         pieces = text_pieces(lines, language)
 
@@ -389,10 +400,8 @@ def _parser(language: str) -> Parser | None:
     return parsers[language]
 
 
-def _syntax_pieces(
-    text: str, lines: Sequence[str], prefix: Sequence[int], budget: int, language: str
-) -> Pieces | None:
-    """Pieces along the syntax tree, or None to fall back to the line splitter."""
+def parse(text: str, language: str) -> ParsedTree | None:
+    """The syntax tree of `text` in `language`, or None without a grammar for it."""
     parser = _parser(language)
     if parser is None:
         return None
@@ -404,6 +413,16 @@ def _syntax_pieces(
         cpp_root = cpp.parse(source).root_node if cpp is not None else None
         if cpp_root is not None and not cpp_root.has_error:
             language, root = "cpp", cpp_root
+    return language, root
+
+
+def _syntax_pieces(
+    lines: Sequence[str], prefix: Sequence[int], budget: int, tree: ParsedTree | None
+) -> Pieces | None:
+    """Pieces along the syntax tree, or None to fall back to the line splitter."""
+    if tree is None:
+        return None
+    language, root = tree
     builder = _TreeSplitter(lines, prefix, budget, _DEFINITIONS[language])
     try:
         builder.visit(_items(root.children, ()), 0, len(lines) - 1, 0, 0)

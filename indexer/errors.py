@@ -6,7 +6,8 @@ hangs under another parent than drawn::
 
     CodeveilError                         every error codeveil raises on purpose
     ├── IndexerError                      files -> chunks -> vectors
-    │   └── EmbedderError                 the model could not be loaded or run
+    │   ├── EmbedderError                 the model could not be loaded or run
+    │   └── NotebookError   (indexer.notebook)  a .ipynb that is not a notebook's JSON
     ├── FormatError         (indexer.formats) a file of a format this version does not read
     ├── CorruptFileError    (indexer.sqlite_files)  a damaged SQLite file: which, what to do
     ├── NoIndexError        (sync.workspace)  no `.codeveil/` here or above
@@ -38,6 +39,7 @@ hangs under another parent than drawn::
     │       ├── ServerUnavailable                 unreachable or overloaded: retry later
     │       └── ServerError                       a 5xx or an unreadable answer
     ├── SearchError         (retrieval.api)   bad search options (k, group, ...)
+    ├── ToolInputError      (retrieval.symbols)  a name, file or pattern a lookup cannot use
     └── ModelMismatchError  (sync.repo)       the workspace holds another model's vectors
 
 `retrieval.WrongKeyError` is another name of KeyMismatchError. The CLI turns any

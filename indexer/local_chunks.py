@@ -7,23 +7,51 @@ file was edited since indexing and to feed the local lexical index.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from indexer import sqlite_files
 from indexer.chunk import Chunk, chunk_header
 from indexer.formats import check_sqlite_format
 
+if TYPE_CHECKING:
+    from indexer.definitions import Definition
+
 # The format of state.sqlite as a whole (this table, the stat cache's and the lexical
 # index's triggers); raise it, with a migration, whenever any of them changes.
-STATE_FORMAT = 1
+# Format 2 adds the definitions of each file (`definitions`, `definition_files`).
+STATE_FORMAT = 2
 
 STATE_ADVICE = (
     "it holds only what the working tree rebuilds: run `codeveil doctor --repair`"
     " (or delete it and run `codeveil index`)"
 )
 
-_SCHEMA = """
+# What each file defines (indexer.definitions), written in the transaction of its
+# chunks. `definition_files` says which content a file's list was read from: a file
+# whose chunks were written without one (by a codeveil of format 1) has none there,
+# and the first lookup reads it from the chunks (retrieval.symbols).
+_DEFINITIONS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS definitions (
+    path TEXT NOT NULL,
+    ordinal INTEGER NOT NULL,
+    name TEXT NOT NULL,             -- the last name of the symbol path
+    names TEXT NOT NULL,            -- the symbol path, names joined by newlines
+    kind TEXT NOT NULL,
+    start_line INTEGER NOT NULL,
+    end_line INTEGER NOT NULL,
+    signature TEXT NOT NULL,
+    PRIMARY KEY (path, ordinal)
+);
+CREATE INDEX IF NOT EXISTS definitions_by_name ON definitions (name);
+CREATE TABLE IF NOT EXISTS definition_files (
+    path TEXT PRIMARY KEY,
+    digest BLOB NOT NULL
+) WITHOUT ROWID;
+"""
+
+_SCHEMA = _DEFINITIONS_SCHEMA + """
 CREATE TABLE IF NOT EXISTS chunk_files (
     path TEXT PRIMARY KEY,
     digest BLOB NOT NULL            -- xxh3-128 of the file content the chunks came from
@@ -78,13 +106,22 @@ def open_state_db(path: Path) -> sqlite3.Connection:
                               check_same_thread=False)
     try:
         check_sqlite_format(db, path, what="the client state", version=STATE_FORMAT,
-                            remedy="delete it and run `codeveil index` to rebuild it")
+                            remedy="delete it and run `codeveil index` to rebuild it",
+                            migrations={1: _add_definitions})
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
     except BaseException:
         db.close()
         raise
     return db
+
+
+def _add_definitions(db: sqlite3.Connection) -> None:
+    """Format 1 -> 2: the definition tables, empty (each file's list is read from its
+    chunks on first use)."""
+    for statement in _DEFINITIONS_SCHEMA.split(";"):
+        if statement.strip():
+            db.execute(statement)
 
 
 def change_stamp(db: sqlite3.Connection) -> tuple[int, bytes]:
@@ -119,7 +156,7 @@ class LocalChunks:
         # Looks first, so that a reader does not take the write lock once it all exists.
         have = db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'trigger'"
                           " AND name LIKE 'chunk_gen_%'").fetchone()[0]
-        if have != _TRIGGERS or _has_old_counter(db):
+        if have != _TRIGGERS or _has_old_counter(db) or not _has_definitions(db):
             with db:
                 db.executescript(_SCHEMA)
 
@@ -127,11 +164,16 @@ class LocalChunks:
         return dict(self._db.execute("SELECT path, digest FROM chunk_files"))
 
     def replace_files(self, items: Sequence[tuple[str, bytes, Sequence[Chunk]]], *,
-                      pending: bool = False) -> None:
+                      pending: bool = False,
+                      definitions: Mapping[str, Sequence[Definition]] | None = None) -> None:
         """Store the chunks of each (path, digest, chunks) in one transaction; `pending`
-        marks them as still waiting for their vectors to reach the store."""
+        marks them as still waiting for their vectors to reach the store.
+        `definitions[path]` is what the file defines; a file missing there has its list
+        read from its chunks when first asked for."""
         with self._db:
             for path, digest, chunks in items:
+                defined = definitions.get(path) if definitions is not None else None
+                self._write_definitions(path, digest, defined)
                 self._db.execute(
                     "INSERT OR IGNORE INTO pending_files VALUES (?)" if pending
                     else "DELETE FROM pending_files WHERE path = ?", (path,))
@@ -157,6 +199,31 @@ class LocalChunks:
                     (path, digest),
                 )
 
+    def _write_definitions(self, path: str, digest: bytes,
+                           defined: Sequence[Definition] | None) -> None:
+        self._db.execute("DELETE FROM definitions WHERE path = ?", (path,))
+        if defined is None:
+            self._db.execute("DELETE FROM definition_files WHERE path = ?", (path,))
+            return
+        self._db.executemany(
+            "INSERT INTO definitions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(path, i, d.names[-1], "\n".join(d.names), d.kind, d.start_line, d.end_line,
+              d.signature) for i, d in enumerate(defined) if d.names])
+        self._db.execute("INSERT OR REPLACE INTO definition_files VALUES (?, ?)",
+                         (path, digest))
+
+    def set_definitions(self, path: str, digest: bytes,
+                        defined: Sequence[Definition]) -> bool:
+        """Record what `path` defines, read from the chunks of content `digest`, unless
+        its chunks changed meanwhile. Whether it was recorded."""
+        with self._db:
+            row = self._db.execute("SELECT digest FROM chunk_files WHERE path = ?",
+                                   (path,)).fetchone()
+            if row is None or bytes(row[0]) != digest:
+                return False
+            self._write_definitions(path, digest, defined)
+            return True
+
     def mark_stored(self, paths: Iterable[str]) -> None:
         """The store now holds the vectors of these files."""
         with self._db:
@@ -180,6 +247,8 @@ class LocalChunks:
                 self._db.execute("DELETE FROM pending_files WHERE path = ?", (path,))
                 self._db.execute("DELETE FROM chunks WHERE path = ?", (path,))
                 self._db.execute("DELETE FROM chunk_files WHERE path = ?", (path,))
+                self._db.execute("DELETE FROM definitions WHERE path = ?", (path,))
+                self._db.execute("DELETE FROM definition_files WHERE path = ?", (path,))
 
     def by_hash(self, chunk_hash: bytes) -> list[Chunk]:
         return [
@@ -234,6 +303,11 @@ class LocalChunks:
 
 
 _TRIGGERS = 5
+
+
+def _has_definitions(db: sqlite3.Connection) -> bool:
+    return db.execute("SELECT 1 FROM sqlite_master WHERE name = 'definition_files'"
+                      ).fetchone() is not None
 
 
 def _has_old_counter(db: sqlite3.Connection) -> bool:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
+from indexer.errors import IndexerError
 from indexer.languages import language_for_path
 
 DEFAULT_LANGUAGE: Final = "python"
@@ -32,7 +33,7 @@ _SCAN_ONCE: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
 )
 
 
-class NotebookError(ValueError):
+class NotebookError(IndexerError):
     """A .ipynb file that is not a notebook's JSON."""
 
 

@@ -41,11 +41,15 @@ from sync.workspace import (
 if TYPE_CHECKING:
     # The ranking stack is imported on the first search: `codeveil index` never ranks.
     from indexer.location import ChunkLocation
+    from retrieval.agent_tools import AgentTools
     from retrieval.fusion import HybridRanker, Keep, SearchOptions
+    from retrieval.grep import GrepResult
     from retrieval.grouping import Group, Level
     from retrieval.lexical import LexicalIndex, LexicalStore
     from retrieval.local_vectors import LocalVectorIndex, LocalVectorStore
+    from retrieval.references import ReferenceHit
     from retrieval.rerank import PlainReranker
+    from retrieval.symbols import DefinitionHit, Outline
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +88,7 @@ class Index:
         self._search_db: sqlite3.Connection | None = None
         self._search_db_identity: tuple[Path, int, int] | None = None
         self._search_options: SearchOptions | None = None
+        self._tools: AgentTools | None = None
 
     @property
     def search_options(self) -> SearchOptions:
@@ -384,6 +389,38 @@ class Index:
             if len(hits) >= k:
                 break
         return hits
+
+    # -- agent tools: definitions, outlines, references, grep ------------------------
+
+    @property
+    def tools(self) -> AgentTools:
+        """The lookups beside search (retrieval.agent_tools), for this index's folder."""
+        if self._tools is None:
+            from retrieval.agent_tools import AgentTools
+
+            self._tools = AgentTools(self._ws.root)
+        return self._tools
+
+    def definition(self, name: str, *, limit: int = 10) -> list[DefinitionHit]:
+        """Where `name` (`send`, `Session.send`, `Sinatra::Base`, `pkg.Func`) is defined,
+        best first: `retrieval.agent_tools.AgentTools.definition`."""
+        return self.tools.definition(name, limit=limit)
+
+    def outline(self, path: str | Path) -> Outline:
+        """The symbols of one file with their lines and signatures:
+        `retrieval.agent_tools.AgentTools.outline`."""
+        return self.tools.outline(path)
+
+    def grep(self, pattern: str, *, path: str | None = None, ignore_case: bool = False,
+             limit: int | None = None) -> GrepResult:
+        """The lines of the indexed files matching a regular expression, narrowed by the
+        grep index: `retrieval.agent_tools.AgentTools.grep`."""
+        return self.tools.grep(pattern, path=path, ignore_case=ignore_case, limit=limit)
+
+    def references(self, name: str, *, path: str | None = None,
+                   limit: int = 20) -> list[ReferenceHit]:
+        """The chunks that use `name`: `retrieval.agent_tools.AgentTools.references`."""
+        return self.tools.references(name, path=path, limit=limit)
 
     def coverage(self) -> dict[str, int | bool]:
         """How much of the index search by meaning covers: `chunks` (all, searchable by

@@ -5,9 +5,21 @@ Tools (the official `mcp` SDK's `MCPServer`, stdio transport):
 - `search(query, k, group, path, language, kind)`: hybrid search of the repo; `group` is
   `chunk`, `symbol` or `file`; `kind` keeps code, tests, docs, examples or config.
   Returns hits with path, lines, symbol, kind, score and the code as it is on disk now.
+- `definition(name, limit)`: where a symbol is defined (`Session.send`, `Sinatra::Base`),
+  candidates ranked, each with its signature and its first lines.
+- `outline(path)`: a file's symbols with their lines and signatures.
+- `references(name, path, limit)`: the chunks that use a name, with the lines it is on.
+- `grep(pattern, path, ignore_case, limit)`: regex lines of the indexed files, narrowed by
+  the grep index (exact: the lines a full scan finds).
 - `index_status()`: where the index is and what it holds.
 - `sync_index()`: bring the index up to date with the working tree (incremental: only
   changed files are read, chunked, embedded and sent).
+
+Every result of the four lookups carries `tokens`: an estimate of the tokens it costs an
+agent to read, len(JSON text) / 4 rounded up (`estimate_tokens`), so a caller can weigh
+a lookup against a search. Text is kept short: a definition shows CONTEXT_LINES lines
+and says `truncated` (with its full line range) when it is longer; grep returns at most
+`limit` lines and says `truncated`.
 
 One `Index` serves every call; calls run one at a time (the SDK runs synchronous tools
 in worker threads, and an index is not meant to be searched from two threads at once).
@@ -17,6 +29,8 @@ at once. stdout carries the protocol only: nothing here prints.
 
 from __future__ import annotations
 
+import json
+import math
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -35,10 +49,39 @@ codeveil searches this repository's code by meaning and by name (hybrid: embeddi
 BM25 and the paths, symbols and stack frames your query mentions). Ask in natural
 language or paste an error or stack trace; long queries are fine. Use group="file" to
 find which files to open, group="symbol" for functions and classes, group="chunk" for
-exact line ranges. Call sync_index after editing files if results look stale.
+exact line ranges. When you know the name, `definition` finds where it is defined,
+`references` who uses it, `outline` what a file holds, and `grep` runs a regex over the
+indexed files (exact and fast). Each lookup result says how many tokens it costs.
+Call sync_index after editing files if results look stale.
 """
 
 MAX_K = 100
+CONTEXT_LINES = 6
+"""Lines of a definition shown from its first; longer ones say `truncated`."""
+GREP_LIMIT = 100
+"""grep's default cap on lines returned."""
+
+
+def estimate_tokens(payload: dict[str, Any]) -> int:
+    """Tokens an agent reads for `payload`: its JSON text's length / 4, rounded up (the
+    usual rule of thumb for code and English under BPE tokenizers)."""
+    return math.ceil(len(json.dumps(payload, ensure_ascii=False)) / 4)
+
+
+def _with_tokens(payload: dict[str, Any]) -> dict[str, Any]:
+    payload["tokens"] = 0
+    payload["tokens"] = estimate_tokens(payload)
+    return payload
+
+
+def _excerpt(root: Path, path: str, start: int, end: int) -> tuple[str, bool]:
+    """The first CONTEXT_LINES lines of start..end as on disk, and whether it was cut."""
+    try:
+        lines = (root / path).read_text(errors="replace").split("\n")
+    except OSError:
+        return "", False
+    last = min(end, start + CONTEXT_LINES - 1)
+    return "\n".join(lines[start - 1 : last]), last < end
 
 
 def build_server(repo: Path) -> MCPServer:
@@ -79,6 +122,64 @@ def build_server(repo: Path) -> MCPServer:
             coverage = idx.coverage()
         return {"query": query, "group": group,
                 "hits": [h.to_dict() for h in hits], "index": coverage}
+
+    @server.tool()
+    def definition(name: str, limit: int = 5) -> dict[str, Any]:
+        """Where a symbol is defined: a class, function, method, type or constant, by
+        name (`send`) or qualified (`Session.send`, `Sinatra::Base`, `pkg.Func`), from
+        the syntax tree (not a text match). limit: how many candidates (1-50).
+        Returns definitions best first (the whole name over a tail of it, source over
+        tests and docs): path, start_line, end_line, symbol, kind, signature, text (its
+        first lines as on disk now), truncated (the definition goes on to end_line), and
+        tokens (what this result costs to read).
+        """
+        limit = max(1, min(int(limit), 50))
+        with state.use() as idx:
+            hits = idx.definition(name, limit=limit)
+            root = idx.root
+        out = []
+        for hit in hits:
+            text, cut = _excerpt(root, hit.path, hit.start_line, hit.end_line)
+            out.append({**hit.to_dict(), "text": text, "truncated": cut})
+        return _with_tokens({"name": name, "definitions": out})
+
+    @server.tool()
+    def outline(path: str) -> dict[str, Any]:
+        """The symbols a file defines (repo-relative path), in file order: symbol,
+        name, kind, start_line, end_line, signature (one line), depth (nesting), and
+        reparsed (true if the file changed since it was indexed and was read as it is
+        now). Cheaper than reading the file to see what is in it.
+        """
+        with state.use() as idx:
+            return _with_tokens(idx.outline(path).to_dict())
+
+    @server.tool()
+    def references(name: str, path: str | None = None, limit: int = 20) -> dict[str, Any]:
+        """The chunks that use `name` (an identifier; for `Session.send` the uses of
+        `send`, those naming `Session` first), the definition left out. path: a glob the
+        files must match. limit: how many chunks (1-100). Each: path, start_line,
+        end_line, symbol, lines (where the name is), text (up to 3 of those lines),
+        truncated, approximate (true where whole words were matched because the
+        language has no grammar here; false means identifiers in the syntax tree).
+        """
+        limit = max(1, min(int(limit), 100))
+        with state.use() as idx:
+            hits = idx.references(name, path=path, limit=limit)
+        return _with_tokens({"name": name, "references": [h.to_dict() for h in hits]})
+
+    @server.tool()
+    def grep(pattern: str, path: str | None = None, ignore_case: bool = False,
+             limit: int = GREP_LIMIT) -> dict[str, Any]:
+        """Lines of the indexed files matching a regular expression (Python syntax,
+        matched line by line like ripgrep), read from disk now; exact (the same lines a
+        scan of every file finds) and fast (a trigram index rules files out).
+        path: a glob the files must match, e.g. "*.py". limit: at most this many lines
+        (1-1000); truncated says there were more. Each match: path, line, column, text.
+        """
+        limit = max(1, min(int(limit), 1000))
+        with state.use() as idx:
+            result = idx.grep(pattern, path=path, ignore_case=ignore_case, limit=limit)
+        return _with_tokens(result.to_dict())
 
     @server.tool()
     def index_status() -> dict[str, Any]:

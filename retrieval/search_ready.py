@@ -2,7 +2,8 @@
 builds it.
 
 A search reads two indexes built from the client's chunk table: the lexical one
-(`.codeveil/lexical/`) and, in a sealed workspace, the vectors (`.codeveil/vectors/`).
+(`.codeveil/lexical/`) and, in a sealed workspace, the vectors (`.codeveil/vectors/`);
+grep reads a third, the trigrams (`.codeveil/trigrams/`), brought in step at the end.
 Each is brought in step by whichever process searches next, and building it from
 scratch takes seconds per ten thousand chunks (scikit-learn's 27,671: ~9.5 s of
 counting terms on a busy machine). After a first index that cost fell on the first
@@ -36,6 +37,7 @@ from sync.workspace import RepoConfig, codeveil_dir, load_config, state_path
 if TYPE_CHECKING:
     from retrieval.lexical import LexicalStore
     from retrieval.local_vectors import LocalVectorStore
+    from retrieval.trigram_index import TrigramStore
     from sync.repo import Workspace
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,7 @@ class SearchReady:
         self._thread: threading.Thread | None = None
         self._lexical: LexicalStore | None = None  # used by one thread at a time
         self._vector_store: LocalVectorStore | None = None
+        self._trigrams: TrigramStore | None = None
 
     def watch(self, progress: Progress | None) -> Progress:
         """`progress`, starting the refreshes once the sync plans `FOLLOW_FILES` files."""
@@ -102,6 +105,13 @@ class SearchReady:
         self._vector_store.current(db, self.workspace.embedder.cache, config.model_id,
                                    config.dim)
 
+    def _grep_index(self, root: Path, db: sqlite3.Connection) -> None:
+        from retrieval.trigram_index import TrigramStore
+
+        if self._trigrams is None:
+            self._trigrams = TrigramStore(codeveil_dir(root) / "trigrams")
+        self._trigrams.current(db)
+
     def _follow(self) -> None:
         while not self._stop.wait(self.interval):
             self._refresh(with_vectors=False)
@@ -121,6 +131,8 @@ class SearchReady:
                 config = load_config(root)
                 if with_vectors and config.sealed:
                     self.vectors(root, db, config)
+                if with_vectors:
+                    self._grep_index(root, db)
             finally:
                 db.close()
             self.refreshes += 1

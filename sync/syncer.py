@@ -331,7 +331,7 @@ class Syncer:
         if not todo:
             return  # nothing to read: no connection, no parsers
         # Imported here: the parsers cost ~30 ms that a sync with nothing to send skips.
-        from indexer.chunker import chunk_file
+        from indexer.definitions import Definition, chunk_and_define
 
         # Its own connection: this runs in the chunker thread.
         with contextlib.closing(open_state_db(self._state_path)) as db:
@@ -340,6 +340,7 @@ class Syncer:
             batch_chunks = 0
             target = FIRST_BATCH_CHUNKS
             unwritten: list[tuple[str, bytes, list[Chunk]]] = []
+            defined: dict[str, list[Definition]] = {}
             last_write = time.perf_counter()
 
             # Sealed: every file read here waits for vectors on this machine (embedded,
@@ -349,9 +350,12 @@ class Syncer:
 
             def write() -> None:
                 nonlocal last_write
-                writer.replace_files([u for u in unwritten if waits(u[0])], pending=True)
-                writer.replace_files([u for u in unwritten if not waits(u[0])])
+                writer.replace_files([u for u in unwritten if waits(u[0])], pending=True,
+                                     definitions=defined)
+                writer.replace_files([u for u in unwritten if not waits(u[0])],
+                                     definitions=defined)
                 unwritten.clear()
+                defined.clear()
                 last_write = time.perf_counter()
 
             for path in todo:
@@ -364,7 +368,7 @@ class Syncer:
                     continue
                 if source.digest != files[path]:
                     moved.set()
-                chunks = chunk_file(path, source.text)
+                chunks, defined[path] = chunk_and_define(path, source.text)
                 unwritten.append((path, source.digest, chunks))
                 # One transaction per batch of files, or twice a second: searchable soon.
                 if len(unwritten) >= WRITE_FILES or time.perf_counter() - last_write > 0.5:

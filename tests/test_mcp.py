@@ -38,7 +38,8 @@ def test_tools_through_a_client_session(tmp_path: Path) -> None:
 
     async def steps(session: ClientSession) -> None:
         tools = {t.name: t for t in (await session.list_tools()).tools}
-        assert set(tools) == {"search", "index_status", "sync_index"}
+        assert set(tools) == {"search", "index_status", "sync_index", "definition",
+                              "outline", "references", "grep"}
         assert "group" in tools["search"].input_schema["properties"]
 
         # Before any sync there is no index: a clear tool error, not a crash.
@@ -102,6 +103,53 @@ def test_tools_through_a_client_session(tmp_path: Path) -> None:
         top = fresh.structured_content["hits"][0]
         assert top["path"] == "net/upload.py" and not top["stale"]
         assert "resumable_chunked_transfer" in top["symbol"]
+
+    anyio.run(_session_run, repo, tmp_path, steps)
+
+
+def test_lookup_tools_through_a_client_session(tmp_path: Path) -> None:
+    repo = write_repo(tmp_path / "repo")
+
+    async def steps(session: ClientSession) -> None:
+        # Before any index: a clear tool error, as for search.
+        early = await session.call_tool("definition", {"name": "cartTotal"})
+        assert early.is_error
+        await session.call_tool("sync_index", {})
+
+        found = await session.call_tool("definition", {"name": "Uploader.upload"})
+        best = found.structured_content["definitions"][0]
+        lines = (repo / "net/upload.py").read_text().split("\n")
+        assert (best["path"], best["kind"]) == ("net/upload.py", "method")
+        assert lines[best["start_line"] - 1].strip() == "def upload(self, path):"
+        assert best["text"].startswith(lines[best["start_line"] - 1])
+        assert best["truncated"] and best["end_line"] > best["start_line"] + 5
+        tokens = found.structured_content["tokens"]
+        assert tokens > 0 and abs(tokens - len(found.content[0].text) / 4) < 0.2 * tokens
+
+        outline = await session.call_tool("outline", {"path": "auth/password.py"})
+        symbols = outline.structured_content["symbols"]
+        assert [s["name"] for s in symbols] == ["hash_password", "verify_password"]
+        assert symbols[0]["signature"] == "def hash_password(password: str) -> bytes:"
+        assert outline.structured_content["reparsed"] is False
+        assert outline.structured_content["tokens"] > 0
+
+        uses = await session.call_tool("references", {"name": "cartTotal"})
+        refs = uses.structured_content["references"]
+        assert [(r["path"], r["lines"], r["approximate"]) for r in refs] == [
+            ("web/routes.js", [14], False)]
+        assert "cartTotal(req.session.items" in refs[0]["text"]
+
+        grep = await session.call_tool("grep", {"pattern": r"pbkdf2_\w+", "limit": 1})
+        result = grep.structured_content
+        first = next(i for i, line in enumerate(
+            (repo / "auth/password.py").read_text().split("\n"), 1) if "pbkdf2_" in line)
+        assert [(m["path"], m["line"]) for m in result["matches"]] == [
+            ("auth/password.py", first)]
+        assert result["truncated"] and result["tokens"] > 0
+        bad = await session.call_tool("grep", {"pattern": "def ("})
+        assert bad.is_error and "not a valid regular expression" in bad.content[0].text
+        missing = await session.call_tool("outline", {"path": "nope.py"})
+        assert missing.is_error and "no file nope.py" in missing.content[0].text
 
     anyio.run(_session_run, repo, tmp_path, steps)
 

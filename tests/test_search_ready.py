@@ -36,6 +36,8 @@ def test_a_large_index_leaves_the_search_side_built(tmp_path: Path,
         assert lexical is not None and vectors is not None
         # Loaded as saved by the index: nothing counted, nothing read from the cache.
         assert lexical.last_refresh == {} and vectors.last_refresh == {}
+        assert idx.grep("handler_7").matches
+        assert idx.tools.trigrams(repo).last_refresh == {}
 
 
 def test_a_small_reindex_leaves_it_to_the_search(tmp_path: Path,
@@ -74,3 +76,6 @@ def test_the_daemons_large_sync_leaves_the_search_side_built(
         lexical, vectors = idx._lexical_store, idx._vector_store
         assert lexical is not None and vectors is not None
         assert lexical.last_refresh == {} and vectors.last_refresh == {}
+        # grep's index too: the daemon keeps it in step like the lexical one.
+        assert [m.path for m in idx.grep(r"handler_7\b").matches] == ["pkg/mod_007.py"]
+        assert idx.tools.trigrams(repo).last_refresh == {}
