@@ -382,7 +382,7 @@ def trial_join(work: Path, trial: Trial, args: argparse.Namespace, source: Path 
 def run_trials(args: argparse.Namespace, base: Path, source: Path | None,
                database: Database) -> list[Trial]:
     real = args.model == "real"
-    windows = {"first": Window(30.0 if real else 3.0), "join": Window(10.0 if real else 2.0)}
+    windows = {"first": Window(40.0 if real else 3.0), "join": Window(20.0 if real else 2.0)}
     out = []
     for phase in args.phases:
         for target in args.targets:
