@@ -133,13 +133,15 @@ class KillablePostgres:
         # since they still hold the old shared memory.
         psutil.wait_procs([postmaster, *children], timeout=30)
 
-    def restart(self, timeout: float = 60.0) -> None:
+    def restart(self, timeout: float = 120.0) -> None:
+        """Start it again and wait until it accepts connections (crash recovery can
+        outlast pgserver's own 10 s wait, which then finds it up but not ready)."""
         deadline = time.monotonic() + timeout
         while True:
             try:
                 self._server.ensure_postgres_running()
                 return
-            except subprocess.SubprocessError:
+            except (subprocess.SubprocessError, AssertionError):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
