@@ -17,12 +17,14 @@ pgvector), behind two `codeveil serve --store postgresql://...` replicas, with r
              fails on a 503, the database is started again (it replays its log) and the
              replicas, which stay up, reconnect.
 
-Each trial kills its target `--kills` times at random moments of the client's run (a
-run that ends before its moment does not count, up to four tries per kill), editing
-files between attempts of the first phase. Then a final `codeveil index` must leave the
-store equal to a clean index of the same files under the same key (root value, chunk
-ids, every Merkle node: bench/faults.py's check), and the teammate must find a planted
-function by name (`codeveil search --json`) with every chunk searchable by meaning.
+Each trial kills its target `--kills` times at random moments of the client's run,
+editing files between attempts of the first phase. A run that ends before its moment
+does not count (up to four tries per kill): the next attempt is a fresh first index, or
+a fresh teammate's join, and later moments fall within the length of the run that ended.
+Then a final `codeveil index` must leave the store equal to a clean index of the same
+files under the same key (root value, chunk ids, every Merkle node: bench/faults.py's
+check), and the teammate must find a planted function by name (`codeveil search
+--json`) with every chunk searchable by meaning.
 
 The load run: two replicas on one database; for `--seconds`, searcher processes search
 a client's sealed index (search runs on the client), syncer processes each edit a file

@@ -1,7 +1,8 @@
 """Crashes and races on the PostgreSQL store, through real `python -m sync.server --store
 URL` replicas on loopback: two teammates syncing one workspace through two replicas at
-forced interleavings, and the database dropping every connection mid-request. Each ends
-in a sync that equals a clean sync of the same tree. (A replica killed -9 inside a write
+forced interleavings, the database dropping every connection mid-request, and the
+database killed -9 mid-sync under two replicas and started again. Each ends in a sync
+that equals a clean sync of the same tree. (A replica killed -9 inside a write
 transaction is the PostgreSQL case of tests/test_sync.py's server-killed test.)
 """
 
