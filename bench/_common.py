@@ -59,34 +59,12 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
-def code_commit() -> str | None:
-    """The commit the benchmark ran from, with "+dirty" when files differed from it."""
-    import subprocess
-
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=root, capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head + ("+dirty" if dirty.strip() else "")
-
-
 def write_json(name: str, payload: dict) -> Path:
-    """`bench/results/<name>.json`: the payload, with the machine, the date, the commit,
-    the command line and the load average (other work on the machine moves numbers)."""
-    import sys
-
     RESULTS.mkdir(exist_ok=True)
     payload = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "packages": package_versions()},
         "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "commit": code_commit(),
-        "command": " ".join(["python", *sys.argv]),
-        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
         **payload,
     }
     path = RESULTS / f"{name}.json"
