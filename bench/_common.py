@@ -5,13 +5,18 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
 
 
 def isolate() -> Path:
@@ -59,16 +64,46 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
-def write_json(name: str, payload: dict) -> Path:
-    RESULTS.mkdir(exist_ok=True)
-    payload = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "packages": package_versions()},
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        **payload,
+def provenance() -> dict[str, object]:
+    """Where a result comes from: the commit (and whether the tree had uncommitted
+    changes), the command line, the date (UTC), the machine and its load when written.
+    The machine is shared, so the load says how far a figure can be trusted."""
+    return {
+        "commit": _git("rev-parse", "HEAD"),
+        # Tracked files only: results and caches written by the run itself do not count.
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "command": shlex.join(["python", *sys.argv]),
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "load": dict(zip(("1min", "5min", "15min"), os.getloadavg(), strict=True)),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version(), "packages": package_versions()},
     }
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True,
+                             text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None  # not a checkout (an sdist), or no git: recorded as unknown
+    return out.stdout.strip()
+
+
+def write_json(name: str, payload: dict) -> Path:
+    """Write `payload` to bench/results/<name>.json with its `provenance` first."""
+    RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(payload, indent=2))
+    path.write_text(json.dumps({"provenance": provenance(), **payload}, indent=2))
+    return path
+
+
+def save_figure(fig: object, name: str) -> Path:
+    """Save a matplotlib figure as bench/results/<name>.png, its provenance in the PNG's
+    text chunks (`python -c "from PIL import Image; print(Image.open(p).text)"`)."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.png"
+    meta = {"Description": json.dumps(provenance()), "Software": "codeveil bench"}
+    fig.savefig(path, dpi=110, metadata=meta)  # type: ignore[attr-defined]
     return path
 
 

@@ -164,8 +164,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
     os.environ.setdefault("CODEVEIL_CACHE_DIR", str(args.data / "cache"))
+    from indexer.location import ChunkLocation
     from retrieval.fusion import ranked, rrf
-    from retrieval.lexical import LexDoc, lexical_text
+    from retrieval.lexical import lexical_text
 
     enc, _plain = Q._embedders(args.embedder)
     rows = [json.loads(line) for line in (args.cosqa / "dev.jsonl").open()]
@@ -205,7 +206,8 @@ def main() -> None:
                      unit(qv - 0.5 * lines.mean(axis=0)) @ lines.T)
 
     memo = Q.Memo()
-    lex_docs = [LexDoc(c.path, c.start_line, c.end_line, c.symbol, c.language) for c in chunks]
+    lex_docs = [ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language)
+                for c in chunks]
     lex = Q.lexical_index(lex_docs, [lexical_text(c) for c in chunks], memo)
     fused: dict[str, list[list[int]]] = {}
     bm25 = [dict(lex.top(q, 100)) for q in queries]

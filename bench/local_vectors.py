@@ -16,8 +16,10 @@ Then, all in one run:
 - unchanged_ms: `current()` when nothing changed (p50 of 200 calls: one small query);
 - one_file_ms: `current()` after one file of 10 chunks is rewritten (p50 of 10 edits:
   the file's chunks and vectors read, the delta saved, the base untouched);
-- nearest p50/p95 for each n, without and with a filter that keeps 1% of the files
-  (`keep` on the path: the search widens until n kept hits are found), and by the
+- nearest p50/p95 for each n, without and with a filter that keeps 1% of the files:
+  as a predicate (`keep1%`: the search widens until n kept hits are found) and as the
+  `HitFilter` a `--path` gives (`mask1%`: only the kept rows are scored; `_cold` builds
+  the filter's row set on every query, as a filter never seen before does), and by the
   header vectors (`header=True`, the second vector ranking a search makes);
 - f16_max_cos_err: how far float16 storage would move a cosine (why it is float32).
 
@@ -43,7 +45,8 @@ from bench.query_latency import DIM, PER_FILE, synthetic
 from indexer.chunk import Chunk
 from indexer.embed_cache import EmbeddingCache, cache_key
 from indexer.local_chunks import LocalChunks, open_state_db
-from retrieval.lexical import LexDoc
+from indexer.location import ChunkLocation
+from retrieval.filters import HitFilter
 from retrieval.local_vectors import LocalVectorStore
 
 MODEL = "bench-model"
@@ -118,18 +121,23 @@ def run_size(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         one_file.append((time.perf_counter() - t0) * 1000)
         modes.append(str(store.last_refresh["mode"]))
 
-    def one_percent(d: LexDoc) -> bool:  # one file in a hundred
+    def one_percent(d: ChunkLocation) -> bool:  # one file in a hundred
         return d.path.endswith("00.py")
+
+    mask = HitFilter(path="*00.py")  # the same files, as `--path` gives it: a mask
 
     assert index.header_count == n, (index.header_count, n)
     searches: dict[str, float] = {}
     for k in args.n:
         for label, keep, header in (("", None, False), ("_keep1%", one_percent, False),
+                                    ("_mask1%", mask, False), ("_mask1%_cold", mask, False),
                                     ("_header", None, True)):
             for q in queries[: args.warmup]:
                 index.nearest(q, k, keep=keep, header=header)
             times = []
             for q in queries:
+                if label.endswith("_cold"):
+                    index._rows_kept.clear()  # a filter not seen before: its mask built
                 t0 = time.perf_counter()
                 hits = index.nearest(q, k, keep=keep, header=header)
                 times.append((time.perf_counter() - t0) * 1000)
@@ -191,11 +199,15 @@ def main() -> None:
     k = args.n[0]
     print(table(
         ["chunks", "cold build s", "open s", "unchanged ms", "one file ms",
-         f"n={k} p50/p95 ms", f"n={k} keep 1% p50/p95", f"n={k} header p50/p95", "disk MB"],
+         f"n={k} p50/p95 ms", f"n={k} keep 1% p50/p95", f"n={k} mask 1% p50/p95",
+         f"n={k} mask 1% cold p50/p95", f"n={k} header p50/p95", "disk MB"],
         [[r["chunks"], r["cold_build_s"], r["open_s"], r["unchanged_p50_ms"],
           r["one_file_p50_ms"],
           f"{r[f'nearest_n{k}_p50_ms']:.1f}/{r[f'nearest_n{k}_p95_ms']:.1f}",
           f"{r[f'nearest_keep1%_n{k}_p50_ms']:.1f}/{r[f'nearest_keep1%_n{k}_p95_ms']:.1f}",
+          f"{r[f'nearest_mask1%_n{k}_p50_ms']:.1f}/{r[f'nearest_mask1%_n{k}_p95_ms']:.1f}",
+          f"{r[f'nearest_mask1%_cold_n{k}_p50_ms']:.1f}"
+          f"/{r[f'nearest_mask1%_cold_n{k}_p95_ms']:.1f}",
           f"{r[f'nearest_header_n{k}_p50_ms']:.1f}/{r[f'nearest_header_n{k}_p95_ms']:.1f}",
           r["disk_mb"]] for r in rows]))
     print(table(

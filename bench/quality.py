@@ -57,7 +57,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import RESULTS, table, write_json
+from bench._common import RESULTS, save_figure, table, write_json
 
 log = logging.getLogger("bench.quality")
 
@@ -263,7 +263,8 @@ def _chunker_fingerprint() -> str:
     """Changes whenever the chunking code does, so stale chunk caches are not used."""
     root = Path(__file__).resolve().parent.parent / "indexer"
     h = hashlib.sha256()
-    for name in ("chunker.py", "textsplit.py", "languages.py", "tokens.py", "chunk.py"):
+    for name in ("chunker.py", "textsplit.py", "languages.py", "tokens.py", "chunk.py",
+                 "notebook.py"):
         p = root / name
         if p.exists():
             h.update(p.read_bytes())
@@ -346,7 +347,7 @@ class Memo:
 
 
 def lexical_index(docs: Sequence, texts: Sequence[str], memo: Memo):
-    """A LexicalIndex over (LexDoc, text) pairs, tokenizing through `memo`."""
+    """A LexicalIndex over (ChunkLocation, text) pairs, tokenizing through `memo`."""
     from retrieval.lexical import LexicalIndex
     from retrieval.lexical.segments import _Counts, _Segment
 
@@ -363,8 +364,10 @@ class VectorIndex:
         self.docs = list(docs)
         self.m = vectors
 
-    def nearest(self, v: np.ndarray, n: int):
+    def nearest(self, v: np.ndarray, n: int, *, keep=None):
         s = self.m @ v.astype(np.float32)
+        if keep is not None:  # not used by the benchmark's queries
+            s = np.where([keep(d) for d in self.docs], s, -np.inf)
         n = min(n, len(s))
         top = np.argpartition(-s, n - 1)[:n]
         top = top[np.argsort(-s[top], kind="stable")]
@@ -468,9 +471,10 @@ def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
             query_texts: Sequence[str], recency: dict[str, int] | None = None) -> Prepared:
     import bm25s
 
+    from indexer.location import ChunkLocation
     from indexer.tokens import default_counter
     from retrieval.fusion import HybridRanker
-    from retrieval.lexical import LexDoc, lexical_text
+    from retrieval.lexical import lexical_text
 
     counter = default_counter()
     work = embedding_work(corpus, query_texts, formats, counter, enc.embedder.max_tokens)
@@ -495,7 +499,7 @@ def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
         return [paths[i] for i in docs[0]]
 
     # BM25 over whole files with codeveil's code-aware tokens (no chunks, no vectors).
-    file_docs = [LexDoc(p, 1, 1, "", "") for p in paths]
+    file_docs = [ChunkLocation(p, 1, 1, "", "") for p in paths]
     code_lex = lexical_index(file_docs, [p + "\n" + corpus.files[p] for p in paths], memo)
 
     def code_bm25_files(q: str) -> list[str]:
@@ -513,7 +517,7 @@ def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
         return files_from_windows(((wpaths[i], s[i]) for i in order), DEPTH_FILES)
 
     chunks = corpus.chunks
-    docs = [LexDoc(c.path, c.start_line, c.end_line, c.symbol, c.language) for c in chunks]
+    docs = [ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language) for c in chunks]
     lex = lexical_index(docs, [lexical_text(c) for c in chunks], memo)
 
     def embed_parts(parts: Sequence[str]) -> np.ndarray:
@@ -1057,10 +1061,11 @@ def run_latency(n_chunks: int, swebench: Path) -> dict:
     import statistics
 
     from indexer.chunk import Chunk
+    from indexer.location import ChunkLocation
     from indexer.tokens import default_counter
     from retrieval.fusion import HybridRanker, SearchOptions, rrf
     from retrieval.grouping import group
-    from retrieval.lexical import LexDoc, LexicalIndex
+    from retrieval.lexical import LexicalIndex
     from retrieval.query import extract_refs, lexical_terms
 
     spec = importlib.util.find_spec("numpy")
@@ -1087,7 +1092,7 @@ def run_latency(n_chunks: int, swebench: Path) -> dict:
     docs = [lex.doc(i) for i in range(len(lex))]
     rng = np.random.default_rng(0)
 
-    def nearest(_v: np.ndarray, n: int) -> list[tuple[LexDoc, float]]:
+    def nearest(_v: np.ndarray, n: int) -> list[tuple[ChunkLocation, float]]:
         # Stands in for the store (timed elsewhere): a fixed-cost list of neighbours.
         picks = rng.integers(0, len(docs), size=n)
         return [(docs[i], 0.5) for i in picks]
@@ -1184,7 +1189,7 @@ def plot(results: dict, path: Path) -> None:
             ax.text(values[n] + 0.01, i, f"{values[n]:.3f}", va="center", fontsize=8)
         ax.tick_params(axis="y", labelsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path.stem)
 
 
 def main() -> None:

@@ -49,7 +49,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import RESULTS, Server, Timer, isolate, table, write_json
+from bench._common import Server, Timer, isolate, save_figure, table, write_json
 from sync.crypto import VectorCipher
 from sync.http_client import HttpClient
 from sync.keys import WorkspaceKey
@@ -402,8 +402,7 @@ def plot(rows: list[dict[str, Any]]) -> None:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    RESULTS.mkdir(exist_ok=True)
-    fig.savefig(RESULTS / "query_latency.png", dpi=110)
+    save_figure(fig, "query_latency")
 
 
 def main() -> None:

@@ -52,7 +52,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import RESULTS, Server, Timer, table, write_json
+from bench._common import Server, Timer, save_figure, table, write_json
 from bench.query_latency import DIM, PER_FILE, chunk_ids, exact_neighbours, pct, synthetic
 from indexer.errors import CodeveilError
 from sync.http_client import HttpClient
@@ -434,8 +434,7 @@ def plot(results: list[dict[str, Any]], scale: list[dict[str, Any]],
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    RESULTS.mkdir(exist_ok=True)
-    fig.savefig(RESULTS / f"{name}.png", dpi=110)
+    save_figure(fig, name)
 
 
 if __name__ == "__main__":

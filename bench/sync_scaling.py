@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import RESULTS, Server, Timer, isolate, table, write_json
+from bench._common import Server, Timer, isolate, save_figure, table, write_json
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
 
@@ -111,8 +111,7 @@ def plot(results: list[dict]) -> None:
         ax.grid(True, alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    RESULTS.mkdir(exist_ok=True)
-    fig.savefig(RESULTS / "sync_scaling.png", dpi=110)
+    save_figure(fig, "sync_scaling")
 
 
 if __name__ == "__main__":

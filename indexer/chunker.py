@@ -22,7 +22,8 @@ from tree_sitter import Node, Parser
 from tree_sitter_language_pack import get_parser
 
 from indexer.chunk import Chunk
-from indexer.languages import GRAMMAR_LANGUAGES, language_for_path
+from indexer.languages import GRAMMAR_LANGUAGES, NOTEBOOK, language_for_path
+from indexer.notebook import Cell, NotebookError, parse_notebook
 from indexer.textsplit import (
     GLUE,
     Path,
@@ -75,26 +76,50 @@ def chunk_file(
     path of unknown type is chunked as plain text. `max_tokens` bounds each
     chunk's text; it is lowered further when the path is long, so that the header
     and the text together fit the model's window. Only a chunk made of a single
-    line longer than the budget can exceed it.
+    line longer than the budget can exceed it. A notebook is chunked cell by cell
+    (outputs left out), each chunk in its cell's language, its lines those of the
+    cell's source in the notebook's JSON.
     """
     if not text.strip():
         return []
     counter = counter or default_counter()
     language = language or language_for_path(path) or "text"
+    if language == NOTEBOOK:
+        return _notebook_chunks(path, text, max_tokens, counter)
     lines = split_lines(text)
-    prefix = [0, *accumulate(counter.line_counts(lines))]
+    return [
+        Chunk(path, start + 1, end + 1, language, symbol, "".join(lines[start : end + 1]))
+        for start, end, symbol in _spans(path, lines, language, max_tokens, counter)
+    ]
+
+
+def _spans(
+    path: str,
+    lines: Sequence[str],
+    language: str,
+    max_tokens: int,
+    counter: TokenCounter,
+    measured: Sequence[str] | None = None,
+) -> list[tuple[int, int, str]]:
+    """(first line, last line, symbol) of each chunk of `lines`, 0-based, inclusive.
+
+    `measured` are the lines whose word pieces count against the budget, one for each
+    of `lines` (by default `lines` themselves): a notebook cell is parsed as its code
+    but shown, and embedded, as the JSON strings that hold it.
+    """
+    prefix = [0, *accumulate(counter.line_counts(measured or lines))]
     path_tokens = counter.count(path)
     room = CONTENT_MAX_TOKENS - path_tokens - 1 - MIN_SYMBOL_TOKENS
     budget = min(max_tokens, max(MIN_TEXT_BUDGET, room))
 
     pieces = None
     if language in GRAMMAR_LANGUAGES:
-        pieces = _syntax_pieces(text, lines, prefix, budget, language)
+        pieces = _syntax_pieces("".join(lines), lines, prefix, budget, language)
     if pieces is None:
         pieces = text_pieces(lines, language)
 
     runs = pack(pieces.starts, pieces.costs, len(lines), prefix, budget)
-    chunks = []
+    spans = []
     for first, last in runs:
         stop = pieces.starts[last + 1] if last + 1 < len(pieces.starts) else len(lines)
         start, end = _trim(lines, pieces.starts[first], stop - 1)
@@ -106,9 +131,57 @@ def chunk_file(
             pieces.defined[first : last + 1], pieces.within[first : last + 1], sizes
         )
         slack = CONTENT_MAX_TOKENS - path_tokens - 1 - (prefix[end + 1] - prefix[start])
-        symbol = _fit_symbol(*parts, max(slack, MIN_SYMBOL_TOKENS), counter)
-        body = "".join(lines[start : end + 1])
-        chunks.append(Chunk(path, start + 1, end + 1, language, symbol, body))
+        spans.append((start, end, _fit_symbol(*parts, max(slack, MIN_SYMBOL_TOKENS), counter)))
+    return spans
+
+
+_RAW_CELL_LANGUAGES: Final = {"text/restructuredtext": "rst", "text/x-rst": "rst",
+                               "text/markdown": "markdown", "text/x-markdown": "markdown",
+                               "text/html": "html", "text/latex": "latex"}
+
+
+def _cell_language(cell: Cell, code_language: str) -> str:
+    """Code cells are in the notebook's language, markdown cells in Markdown, and raw
+    cells in what their metadata says (often reStructuredText in docs), else text."""
+    if cell.kind == "code":
+        return code_language
+    if cell.kind == "markdown":
+        return "markdown"
+    return _RAW_CELL_LANGUAGES.get(cell.mimetype.lower(), "text")
+
+
+def _notebook_chunks(path: str, text: str, max_tokens: int, counter: TokenCounter) -> list[Chunk]:
+    """A notebook's chunks: each cell's source chunked as its own language (markdown
+    cells as prose), never its outputs; line numbers and text are the file's own."""
+    try:
+        notebook = parse_notebook(text)
+    except NotebookError:
+        # The walk rejects broken notebooks; one passed here directly is still chunked.
+        return chunk_file(path, text, language="json", max_tokens=max_tokens, counter=counter)
+    file_lines = split_lines(text)
+    chunks: list[Chunk] = []
+    for cell in notebook.cells:
+        if not cell.source or not cell.text.strip():
+            continue
+        language = _cell_language(cell, notebook.language)
+        first, last = cell.source[0].file_line, cell.source[-1].file_line
+        if chunks and first < chunks[-1].end_line:  # cells share a line: no cell layout
+            return chunk_file(path, text, language="json", max_tokens=max_tokens,
+                              counter=counter)
+        if cell.one_line_each():
+            # Parsed as the cell's code, measured and shown as the file's lines.
+            lines = [line.text for line in cell.source]
+            where = [line.file_line for line in cell.source]
+            measured = [file_lines[w] for w in where]
+            spans = [(where[s], where[e], symbol) for s, e, symbol in
+                     _spans(path, lines, language, max_tokens, counter, measured=measured)]
+        else:  # a source written as one string: its lines are the file's lines
+            spans = [(first + s, first + e, symbol) for s, e, symbol in
+                     _spans(path, file_lines[first : last + 1], "text", max_tokens, counter)]
+        chunks.extend(
+            Chunk(path, s + 1, e + 1, language, symbol, "".join(file_lines[s : e + 1]))
+            for s, e, symbol in spans
+        )
     return chunks
 
 

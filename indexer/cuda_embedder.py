@@ -81,8 +81,9 @@ class CudaOnnxEmbedder(OnnxEmbedder):
         self.model_id = f"{MINILM_NAME}:onnx-{precision}"
         self.device_id = device_id
         self._device_lock = threading.Lock()
+        self.small_batches_on_one_thread = False  # every batch runs on the device
 
-    def _load(self, *, bulk: bool = True) -> Any:
+    def _load(self, *, bulk: bool = True, latency: bool = False) -> Any:
         with self._device_lock:
             if self._session is not None:
                 return self._session

@@ -14,6 +14,10 @@ Three sources, from lowest to highest precedence:
 VCS metadata (`.git`, `.hg`, ...) and codeveil's own `.codeveil` folder are always
 skipped; no rule can bring them back.
 
+Files the walk skips by default though no rule ignores them (lock files, SVG, data,
+vendored folders: indexer.walk and indexer.assets) come back only through a
+`.codeveilignore` negation that matches the path itself (`IgnoreRules.keeps`).
+
 As in Git, a file inside an excluded directory cannot be re-included by a pattern for
 the file alone (the walk never enters that directory): re-include the directory
 (`!build/`) and then exclude what is not wanted inside it. One exception, also as in
@@ -213,6 +217,20 @@ class IgnoreRules:
             if verdict is not None:
                 return verdict
         return None
+
+    def keeps(self, rel: str, is_dir: bool) -> bool:
+        """Whether a `.codeveilignore` negation names this path itself.
+
+        The way to bring back what the walk skips by default (assets, vendored folders,
+        lock files): only our own ignore files count, since a `.gitignore` negation
+        speaks about Git, and only a pattern that matches the path itself, since
+        re-including a folder (`!build/`, or `!*/`) says nothing about its files.
+        """
+        for layer in self.codeveil:
+            verdict = layer.verdict(rel, is_dir)
+            if verdict is not None:
+                return not verdict
+        return False
 
     def skips_dir(self, rel: str, name: str) -> tuple[bool, bool]:
         """(skip this directory, an ignore file explicitly kept it)."""

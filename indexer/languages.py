@@ -35,6 +35,8 @@ GRAMMAR_LANGUAGES: Final = frozenset(
 
 PROSE_LANGUAGES: Final = frozenset({"markdown", "rst", "text"})
 CONFIG_LANGUAGES: Final = frozenset({"yaml", "toml", "json", "ini", "xml"})
+NOTEBOOK: Final = "notebook"
+"""A Jupyter notebook: chunked cell by cell, each chunk in its cell's own language."""
 
 _EXTENSIONS: Final[dict[str, str]] = {
     # grammar languages
@@ -98,6 +100,7 @@ _EXTENSIONS: Final[dict[str, str]] = {
     ".xml": "xml",
     ".plist": "xml",
     ".svg": "xml",
+    ".ipynb": NOTEBOOK,
     # source without a grammar here: split by lines and blank lines
     ".sql": "sql",
     ".html": "html",

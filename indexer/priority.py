@@ -14,7 +14,9 @@ import logging
 import random
 import subprocess
 from collections.abc import Iterable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
+
+from indexer.kinds import FileKind, file_kind
 
 log = logging.getLogger(__name__)
 
@@ -23,25 +25,13 @@ SOURCE, TESTS, OTHER = 0, 1, 2
 GIT_COMMITS = 1000
 GIT_TIMEOUT_S = 3.0
 
-_TEST_DIRS = frozenset({"test", "tests", "testing", "spec", "specs", "__tests__"})
-_DOC_DIRS = frozenset({"doc", "docs", "documentation", "examples", "example"})
-_PROSE_OR_CONFIG = frozenset({
-    ".md", ".rst", ".txt", ".adoc", ".json", ".yaml", ".yml", ".toml", ".ini", ".cfg",
-    ".conf", ".xml", ".csv", ".html", ".css", ".lock",
-})
+_CATEGORIES = {FileKind.CODE: SOURCE, FileKind.TESTS: TESTS}
 
 
 def category(path: str) -> int:
-    """SOURCE, TESTS or OTHER (docs, config, data) for a repo-relative path."""
-    p = PurePosixPath(path)
-    parts = {part.lower() for part in p.parts[:-1]}
-    name = p.name.lower()
-    if p.suffix.lower() in _PROSE_OR_CONFIG or parts & _DOC_DIRS:
-        return OTHER
-    if (parts & _TEST_DIRS or name.startswith("test_") or name == "conftest.py"
-            or p.stem.lower().endswith(("_test", ".test", ".spec", "_spec"))):
-        return TESTS
-    return SOURCE
+    """SOURCE, TESTS or OTHER (docs, examples, config) for a repo-relative path: its
+    file kind (`indexer.kinds`), the one every hit carries."""
+    return _CATEGORIES.get(file_kind(path), OTHER)
 
 
 def git_recency(root: Path) -> dict[str, int]:

@@ -3,9 +3,11 @@
 Two steps, so that re-walking an unchanged repository stays cheap:
 
 - `walk_repo` decides from names and `stat` alone (ignore rules, lock files, binary
-  extensions, size) and never opens a file, so it can run on every sync.
+  extensions, assets such as SVG and data files (`indexer.assets`), size) and never
+  opens a file, so it can run on every sync.
 - `read_source` reads one file once and applies the checks that need its bytes
-  (binary, UTF-8, minified, generated), returning the text with its xxh3-128 digest.
+  (binary, UTF-8, minified, generated, a notebook's JSON), returning the text with its
+  xxh3-128 digest.
   The stat cache (`indexer.statcache`) decides which files need this at all.
 """
 
@@ -19,11 +21,13 @@ import re
 import stat as stat_mod
 import time
 from dataclasses import dataclass
-from enum import StrEnum
 
 import xxhash
 
+from indexer import assets
 from indexer.ignore import ALWAYS_SKIPPED, VENV_MARKER, IgnoreRules
+from indexer.notebook import NotebookError, parse_notebook
+from indexer.skip_reasons import SkipReason
 
 DEFAULT_MAX_FILE_BYTES = 1_000_000
 # Directories above a file, at most: the store protocol carries a file's ancestors (the
@@ -81,23 +85,6 @@ _GENERATED_MARKER = re.compile(r"@generated\b|\bDO NOT EDIT\b")
 _COMMENT_STARTS = ("#", "//", "/*", "*", "--", "<!--", ";", "%", "(*", "{-")
 
 _UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)  # UTF-32 LE starts like UTF-16 LE
-
-
-class SkipReason(StrEnum):
-    """Why a file that is not ignored is still left out of the index."""
-
-    TOO_LARGE = "too large"
-    LOCK_FILE = "lock file"
-    MINIFIED = "minified"
-    GENERATED = "generated"
-    BINARY = "binary"
-    NOT_UTF8 = "not UTF-8"
-    UNREADABLE = "unreadable"
-    SYMLINK_OUTSIDE = "symlink outside repo"
-    SYMLINK_DIR = "symlinked directory"  # never followed
-    NOT_REGULAR = "not a regular file"  # FIFO, socket, device
-    BAD_NAME = "name not UTF-8"  # cannot be stored, encrypted or shown faithfully
-    TOO_DEEP = "nested too deep"  # more directories above it than the store accepts
 
 
 # FileStat and WalkEntry are built once per file on every walk. They are not frozen:
@@ -167,8 +154,12 @@ class SourceFile:
     read_ns: int  # wall clock just before reading; the stat cache's racy-clean check
 
 
-_EXTENSION_REASONS = dict.fromkeys(LOCK_EXTENSIONS, SkipReason.LOCK_FILE) | dict.fromkeys(
-    BINARY_EXTENSIONS, SkipReason.BINARY
+_EXTENSION_REASONS = (
+    dict.fromkeys(LOCK_EXTENSIONS, SkipReason.LOCK_FILE)
+    | dict.fromkeys(BINARY_EXTENSIONS, SkipReason.BINARY)
+    | dict.fromkeys(assets.SVG_EXTENSIONS, SkipReason.SVG)
+    | dict.fromkeys(assets.DATA_EXTENSIONS, SkipReason.DATA)
+    | dict.fromkeys(assets.TRANSLATION_EXTENSIONS, SkipReason.TRANSLATIONS)
 )
 
 
@@ -193,6 +184,23 @@ def name_skip_reason(name: str) -> SkipReason | None:
     return None
 
 
+def default_skip_reason(
+    rel: str, name: str, flags: int, rules: IgnoreRules
+) -> tuple[SkipReason, str] | None:
+    """Why the walk leaves out file `rel` by default, judged without a stat, or None.
+
+    `flags` are the asset flags of its folder (`indexer.assets.flags_for`). A
+    `.codeveilignore` negation that names the file itself (`!docs/logo.svg`,
+    `!fixtures/**`) brings back what is skipped here; one that only re-includes a
+    folder does not, so that a file is never brought back by accident.
+    """
+    reason = name_skip_reason(name)
+    found = (reason, "") if reason is not None else assets.place_reason(name, flags)
+    if found is None or rules.keeps(rel, is_dir=False):
+        return None
+    return found
+
+
 def _is_utf8_name(name: str) -> bool:
     # os.scandir decodes undecodable bytes to lone surrogates, which UTF-8 refuses.
     if name.isascii():
@@ -208,6 +216,11 @@ def _is_inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+# One directory still to list: absolute path, repo-relative prefix ending in "/", the
+# rules above it, whether an ignore file kept it explicitly, and its asset flags.
+_Dir = tuple[str, str, IgnoreRules, bool, int]
+
+
 class _Walker:
     """One walk: an explicit stack instead of recursion, results appended to lists."""
 
@@ -220,12 +233,9 @@ class _Walker:
         self.skipped: list[Skipped] = []
 
     def run(self) -> WalkResult:
-        # (absolute dir, repo-relative prefix ending in "/", rules above it, kept explicitly)
-        stack: list[tuple[str, str, IgnoreRules, bool]] = [
-            (self.root, "", IgnoreRules.for_root(self.root), True)
-        ]
+        stack: list[_Dir] = [(self.root, "", IgnoreRules.for_root(self.root), True, 0)]
         while stack:
-            abs_dir, prefix, rules, kept = stack.pop()
+            abs_dir, prefix, rules, kept, flags = stack.pop()
             entries = self._list(abs_dir, prefix)
             if entries is None:
                 continue
@@ -234,7 +244,7 @@ class _Walker:
                 continue  # a virtualenv, and no ignore file asked for it
             rules = rules.enter(abs_dir, prefix, names)
             for entry in entries:
-                child = self._visit(entry, prefix, rules)
+                child = self._visit(entry, prefix, rules, flags)
                 if child is not None:
                     stack.append(child)
         self.files.sort(key=lambda f: f.path)
@@ -252,8 +262,8 @@ class _Walker:
             return None
 
     def _visit(
-        self, entry: os.DirEntry[str], prefix: str, rules: IgnoreRules
-    ) -> tuple[str, str, IgnoreRules, bool] | None:
+        self, entry: os.DirEntry[str], prefix: str, rules: IgnoreRules, flags: int
+    ) -> _Dir | None:
         """Record a file entry, or return a directory entry to descend into."""
         name = entry.name
         rel = prefix + name
@@ -266,30 +276,41 @@ class _Walker:
             self._skip(rel, SkipReason.UNREADABLE, exc.strerror or str(exc))
             return None
         if is_dir:
-            skip, kept = rules.skips_dir(rel, name)
-            if not skip and rel.count("/") + 1 > self.max_depth:
-                self._skip(rel, SkipReason.TOO_DEEP,
-                           f"more than {self.max_depth} directories above its files")
-                return None
-            return None if skip else (entry.path, rel + "/", rules, kept)
+            return self._visit_dir(entry, rel, rules, flags)
         if rules.skips_file(rel, name):
             return None
-        reason = name_skip_reason(name)
-        if reason is not None:
-            self._skip(rel, reason)
+        skip = default_skip_reason(rel, name, flags, rules)
+        if skip is not None:
+            self._skip(rel, *skip)
             return None
         if entry.is_symlink():
-            self._add_symlink(entry.path, rel)
+            self._add_symlink(entry.path, rel, rules)
             return None
         try:
             st = entry.stat(follow_symlinks=False)
         except OSError as exc:  # vanished since the directory was listed
             self._skip(rel, SkipReason.UNREADABLE, exc.strerror or str(exc))
             return None
-        self._add_file(rel, st)
+        self._add_file(rel, st, rules)
         return None
 
-    def _add_symlink(self, link: str, rel: str) -> None:
+    def _visit_dir(
+        self, entry: os.DirEntry[str], rel: str, rules: IgnoreRules, flags: int
+    ) -> _Dir | None:
+        name = entry.name
+        skip, kept = rules.skips_dir(rel, name)
+        if skip:
+            return None
+        if rel.count("/") + 1 > self.max_depth:
+            self._skip(rel, SkipReason.TOO_DEEP,
+                       f"more than {self.max_depth} directories above its files")
+            return None
+        if assets.is_vendored_dir(name) and not rules.keeps(rel, is_dir=True):
+            self._skip(rel, SkipReason.VENDORED, "folder")
+            return None
+        return entry.path, rel + "/", rules, kept, assets.dir_flags(flags, name)
+
+    def _add_symlink(self, link: str, rel: str, rules: IgnoreRules) -> None:
         try:
             st = os.stat(link)
         except OSError as exc:  # dangling, or a loop of links
@@ -309,15 +330,22 @@ class _Walker:
         elif not ALWAYS_SKIPPED.isdisjoint(target[len(self.root_real) :].split(os.sep)):
             return  # a way into .git/ (remote URLs, hooks): as ignored as .git itself
         else:
-            self._add_file(rel, st)
+            self._add_file(rel, st, rules)
 
-    def _add_file(self, rel: str, st: os.stat_result) -> None:
+    def _add_file(self, rel: str, st: os.stat_result, rules: IgnoreRules) -> None:
         if not stat_mod.S_ISREG(st.st_mode):
             self._skip(rel, SkipReason.NOT_REGULAR)
         elif st.st_size > self.max_file_bytes:
             self._skip(rel, SkipReason.TOO_LARGE, f"{st.st_size} bytes")
+        elif (large := self._large_data(rel, st.st_size, rules)) is not None:
+            self._skip(rel, *large)
         else:
             self.files.append(WalkEntry(rel, FileStat(st.st_size, st.st_mtime_ns, st.st_ino)))
+
+    @staticmethod
+    def _large_data(rel: str, size: int, rules: IgnoreRules) -> tuple[SkipReason, str] | None:
+        found = assets.size_reason(rel.rpartition("/")[2], size)
+        return None if found is None or rules.keeps(rel, is_dir=False) else found
 
     def _skip(self, rel: str, reason: SkipReason, detail: str = "") -> None:
         self.skipped.append(Skipped(rel, reason, detail))
@@ -332,8 +360,9 @@ def walk_repo(
     """List the indexable files under `root` from names and stat alone.
 
     Ignored paths are left out silently; other files left out (too large, lock file,
-    binary or minified or generated by name, symlinks leading out of the repository or
-    to directories, unreadable entries) are listed in `skipped`. Symlinked directories
+    binary or minified or generated by name, assets and vendored folders (see
+    `default_skip_reason`), symlinks leading out of the repository or to directories,
+    unreadable entries) are listed in `skipped`. Symlinked directories
     are never followed; a symlinked file is listed under the link's path if its target
     lies inside `root`. A directory more than `max_depth` levels down is skipped whole.
     Never opens a file other than ignore files.
@@ -449,6 +478,12 @@ def decode_source(path: str, data: bytes) -> tuple[str, None] | tuple[None, Skip
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return None, SkipReason.NOT_UTF8
+    if path.endswith(".ipynb"):
+        try:
+            parse_notebook(text)
+        except NotebookError:
+            return None, SkipReason.BAD_NOTEBOOK
+        return text, None  # outputs make long lines; only the cells are indexed
     if _is_minified(path, text):
         return None, SkipReason.MINIFIED
     if _has_generated_marker(text):

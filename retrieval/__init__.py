@@ -11,19 +11,26 @@ from typing import TYPE_CHECKING
 from indexer.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from indexer.errors import CodeveilError
     from retrieval.api import Index, SearchError, WrongKeyError
     from retrieval.hits import Hit
+    from retrieval.multi import MultiIndex
     from sync.repo import ModelMismatchError
     from sync.syncer import SyncReport
 
-__all__ = ["Hit", "Index", "ModelMismatchError", "SearchError", "SyncReport", "WrongKeyError"]
+# CodeveilError is the base of every error codeveil raises on purpose (indexer.errors
+# draws the tree): one `except` catches them all.
+__all__ = ["CodeveilError", "Hit", "Index", "ModelMismatchError", "MultiIndex", "SearchError",
+           "SyncReport", "WrongKeyError"]
 
 _HOMES = {
+    "CodeveilError": "indexer.errors",
     "Index": "retrieval.api",
     "ModelMismatchError": "sync.repo",
     "SearchError": "retrieval.api",
     "WrongKeyError": "retrieval.api",
     "Hit": "retrieval.hits",
+    "MultiIndex": "retrieval.multi",
     "SyncReport": "sync.syncer",
 }
 

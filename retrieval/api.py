@@ -9,11 +9,10 @@
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import sqlite3
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -25,6 +24,7 @@ from indexer.embed_cache import CachedEmbedder
 from indexer.embedder import Embedder
 from indexer.errors import CodeveilError
 from indexer.local_chunks import LocalChunks, open_state_db
+from retrieval.filters import HitFilter
 from retrieval.hits import Hit
 from sync.client import StoreClient
 from sync.errors import KeyMismatchError
@@ -40,9 +40,10 @@ from sync.workspace import (
 
 if TYPE_CHECKING:
     # The ranking stack is imported on the first search: `codeveil index` never ranks.
-    from retrieval.fusion import HybridRanker, SearchOptions
+    from indexer.location import ChunkLocation
+    from retrieval.fusion import HybridRanker, Keep, SearchOptions
     from retrieval.grouping import Group, Level
-    from retrieval.lexical import LexDoc, LexicalIndex, LexicalStore
+    from retrieval.lexical import LexicalIndex, LexicalStore
     from retrieval.local_vectors import LocalVectorIndex, LocalVectorStore
     from retrieval.rerank import PlainReranker
 
@@ -80,6 +81,8 @@ class Index:
         self._vectors: LocalVectorIndex | None = None
         self._ranker: HybridRanker | None = None
         self._rerank_db: sqlite3.Connection | None = None
+        self._search_db: sqlite3.Connection | None = None
+        self._search_db_identity: tuple[Path, int, int] | None = None
         self._search_options: SearchOptions | None = None
 
     @property
@@ -150,6 +153,7 @@ class Index:
         *,
         path: str | None = None,
         language: str | None = None,
+        kind: str | Sequence[str] | None = None,
         group: str = "chunk",
     ) -> list[Hit]:
         """The `k` results most relevant to `query`, read from disk, best first.
@@ -166,51 +170,77 @@ class Index:
         compares hits of one result list only (it is not a cosine).
 
         `path` keeps hits whose path matches a glob (`src/*.py`, `*/tests/*`); `language`
-        keeps one language (`python`, `go`, ...).
+        keeps one language (`python`, `go`, ...); `kind` keeps files of some kinds
+        (`"code"`, `"code,docs"` or `["tests", "examples"]`; see `indexer.kinds`).
         """
         if not query or not query.strip():
             raise SearchError("the query is empty")
         if k < 1:
             raise SearchError(f"k must be at least 1, got {k}")
+        from indexer.kinds import parse_kinds
+
+        try:
+            kinds = parse_kinds(kind if kind is None or isinstance(kind, str) else list(kind))
+        except ValueError as exc:
+            raise SearchError(str(exc)) from None
         from retrieval.fusion import group_ranking
         from retrieval.grouping import LEVELS
 
         if group not in LEVELS:
             raise SearchError(f"unknown group {group!r}; use one of {', '.join(LEVELS)}")
         root, config, key, client = self._ws.open()
-        db = open_state_db(state_path(root))
+        db = self._state_db(root)  # kept: opening one costs more than a query
+        self._check_state(root, LocalChunks(db), client)
+        lexical = self._lexical(root).current(db)
+        if config.sealed:
+            self._vectors = self._vector_index(root, db, config)
+        ranker = self._hybrid_ranker(config, key, client, lexical)
+        keep = HitFilter.of(path, language, kinds)
+        options = replace(self.search_options,
+                          depth=ranking_depth(self.search_options.depth, k))
+        total, with_vectors = LocalChunks(db).coverage()
+        if self._vectors is not None and config.sealed:
+            # Chunks whose vector this machine lacks (an emptied cache) are not
+            # searched by meaning either, pending or not.
+            with_vectors = min(with_vectors, self._vectors.count)
+        if with_vectors < total:
+            # While an index builds, the vector ranking ranks only the chunks embedded
+            # so far: its first place is first among a few. Its vote shrinks with
+            # the share it covers, so a hundred early vectors do not outvote BM25
+            # and the evidence over the whole repo.
+            options = replace(options, w_vector=options.w_vector * with_vectors / total)
+        if self._vectors is not None and config.sealed and total:
+            # The header vectors' vote, likewise: a workspace indexed before chunks
+            # carried them has none until `codeveil index` embeds them.
+            share = min(self._vectors.header_count / total, 1.0)
+            options = replace(options, w_header_vector=options.w_header_vector * share,
+                              w_header_vector_prose=options.w_header_vector_prose * share)
+        ranking = ranker.rank(query, options,
+                              mask=None if keep is None else lexical.mask(keep), keep=keep)
+        groups = group_ranking(ranking, cast("Level", group))  # checked above
+        return self._read_hits(root, LocalChunks(db), groups, k)
+
+    def _state_db(self, root: Path) -> sqlite3.Connection:
+        """The connection searches read the client state through: opened once and kept,
+        and opened again if the file was replaced (`doctor --repair` moves a damaged one
+        aside, a user deletes it)."""
+        path = state_path(root)
         try:
-            self._check_state(root, LocalChunks(db), client)
-            lexical = self._lexical(root).current(db)
-            if config.sealed:
-                self._vectors = self._vector_index(root, db, config)
-            ranker = self._hybrid_ranker(config, key, client, lexical)
-            keep = _hit_filter(path, language)
-            options = replace(self.search_options,
-                              depth=ranking_depth(self.search_options.depth, k))
-            total, with_vectors = LocalChunks(db).coverage()
-            if self._vectors is not None and config.sealed:
-                # Chunks whose vector this machine lacks (an emptied cache) are not
-                # searched by meaning either, pending or not.
-                with_vectors = min(with_vectors, self._vectors.count)
-            if with_vectors < total:
-                # While an index builds, the vector ranking ranks only the chunks embedded
-                # so far: its first place is first among a few. Its vote shrinks with
-                # the share it covers, so a hundred early vectors do not outvote BM25
-                # and the evidence over the whole repo.
-                options = replace(options, w_vector=options.w_vector * with_vectors / total)
-            if self._vectors is not None and config.sealed and total:
-                # The header vectors' vote, likewise: a workspace indexed before chunks
-                # carried them has none until `codeveil index` embeds them.
-                share = min(self._vectors.header_count / total, 1.0)
-                options = replace(options, w_header_vector=options.w_header_vector * share,
-                                  w_header_vector_prose=options.w_header_vector_prose * share)
-            ranking = ranker.rank(query, options, mask=lexical.mask(path=path, language=language),
-                                  keep=keep)
-            groups = group_ranking(ranking, cast("Level", group))  # checked above
-            return self._read_hits(root, LocalChunks(db), groups, k)
-        finally:
-            db.close()
+            st = path.stat()
+            identity: tuple[Path, int, int] | None = (path, st.st_dev, st.st_ino)
+        except OSError:
+            identity = None  # opening makes it; the identity is read next time
+        if self._search_db is not None and (identity is None
+                                            or identity != self._search_db_identity):
+            self._search_db.close()
+            self._search_db = None
+        if self._search_db is None:
+            self._search_db = open_state_db(path)
+            if identity is None:
+                st = path.stat()
+                identity = (path, st.st_dev, st.st_ino)
+            self._search_db_identity = identity
+        return self._search_db
 
     @staticmethod
     def _check_state(root: Path, local: LocalChunks, client: StoreClient) -> None:
@@ -266,9 +296,20 @@ class Index:
         server = ServerSearch(client, key, config.workspace_id, config.dim)
         reranker = self._plain_reranker(config)
 
-        def nearest(vector: np.ndarray, n: int) -> list[tuple[LexDoc, float]]:
+        def nearest(vector: np.ndarray, n: int, *,
+                    keep: Keep | None = None) -> list[tuple[ChunkLocation, float]]:
             # The opened metadata is a chunk location like the lexical index's docs.
-            out: list[tuple[LexDoc, float]] = list(server.nearest(vector, n))
+            out: list[tuple[ChunkLocation, float]] = list(server.nearest(vector, n))
+            # The server cannot filter by path (it holds none): ask it for more until
+            # `n` are kept, or it has no more.
+            wanted = n
+            while keep is not None:
+                kept = [(d, s) for d, s in out if keep(d)]
+                if len(kept) >= n or len(out) < wanted or wanted >= 16 * n:
+                    out = kept[:n]
+                    break
+                wanted *= 4
+                out = list(server.nearest(vector, wanted))
             # Exact cosines from this machine's own plain vectors, where it has them.
             exact = reranker.scores([(d.path, d.symbol, d.chunk_hash) for d, _ in out], vector)
             out = [(d, approx if e is None else e)
@@ -280,16 +321,16 @@ class Index:
                                     embedder.max_tokens, count_many=counter.count_batch)
         return self._ranker
 
-    def _nearest_here(self, vector: np.ndarray, n: int, *,
-                      header: bool = False) -> list[tuple[LexDoc, float]]:
+    def _nearest_here(self, vector: np.ndarray, n: int, *, keep: Keep | None = None,
+                      header: bool = False) -> list[tuple[ChunkLocation, float]]:
         """This machine's vector index (sealed), as `search` last brought it in step."""
         assert self._vectors is not None  # set by `search` before it ranks
-        return self._vectors.nearest(vector, n, header=header)
+        return self._vectors.nearest(vector, n, keep=keep, header=header)
 
-    def _nearest_each(self, vectors: np.ndarray, n: int, *,
-                      header: bool = False) -> list[list[tuple[LexDoc, float]]]:
+    def _nearest_each(self, vectors: np.ndarray, n: int, *, keep: HitFilter | None = None,
+                      header: bool = False) -> list[list[tuple[ChunkLocation, float]]]:
         assert self._vectors is not None
-        return self._vectors.nearest_each(vectors, n, header=header)
+        return self._vectors.nearest_each(vectors, n, keep=keep, header=header)
 
     def _plain_reranker(self, config: RepoConfig) -> PlainReranker:
         from retrieval.rerank import PlainReranker
@@ -319,6 +360,7 @@ class Index:
                    k: int) -> list[Hit]:
         """The first `k` groups as hits read from disk; a group shows its first member
         that is still on disk, or is marked stale; groups of deleted files are dropped."""
+        from indexer.kinds import file_kind
         from retrieval.locate import FileLines, locate
 
         lines = FileLines(root)
@@ -336,7 +378,8 @@ class Index:
             start, end, text = where or (shown.start_line, shown.end_line, "")
             hits.append(Hit(
                 path=shown.path, start_line=start, end_line=end, symbol=shown.symbol,
-                language=shown.language, score=g.score, text=text, stale=where is None,
+                language=shown.language, kind=file_kind(shown.path), score=g.score,
+                text=text, stale=where is None,
             ))
             if len(hits) >= k:
                 break
@@ -346,12 +389,7 @@ class Index:
         """How much of the index search by meaning covers: `chunks` (all, searchable by
         name and words), `chunks_with_vectors` (also by meaning) and `partial` (True
         while an index, say a first one, has not sent every vector yet)."""
-        root = find_root(self._ws.root)
-        db = open_state_db(state_path(root))
-        try:
-            total, with_vectors = LocalChunks(db).coverage()
-        finally:
-            db.close()
+        total, with_vectors = LocalChunks(self._state_db(find_root(self._ws.root))).coverage()
         if self._vectors is not None:
             # As the last search saw it: chunks whose vector this machine lacks (an
             # emptied cache) are not searched by meaning.
@@ -369,6 +407,9 @@ class Index:
         if self._rerank_db is not None:
             self._rerank_db.close()
             self._rerank_db = None
+        if self._search_db is not None:
+            self._search_db.close()
+            self._search_db = None
         self._ws.close()
 
     def __enter__(self) -> Index:
@@ -386,12 +427,3 @@ def lost_state_message(root: Path, held_chunks: int) -> str:
             " to rebuild it from the working tree")
 
 
-def _hit_filter(path: str | None, language: str | None) -> Callable[[LexDoc], bool] | None:
-    if path is None and language is None:
-        return None
-
-    def keep(doc: LexDoc) -> bool:
-        return (path is None or fnmatch.fnmatch(doc.path, path)) and (
-            language is None or doc.language == language)
-
-    return keep

@@ -208,22 +208,31 @@ def _print_report(r: SyncReport) -> None:
               help="How many results.")
 @click.option("--path", "path_glob", metavar="GLOB", help="Only paths matching GLOB.")
 @click.option("--lang", "language", metavar="LANG", help="Only this language (python, go...).")
+@click.option("--kind", "kinds", metavar="KIND", multiple=True,
+              help="Only files of this kind: code, tests, docs, examples or config"
+                   " (repeat, or a comma list: --kind code,tests).")
 @click.option("--group", "group", default="chunk", show_default=True,
               type=click.Choice(["chunk", "symbol", "file"]),
               help="One result per chunk, per symbol (function, class) or per file.")
 @click.option("--json", "as_json", is_flag=True,
               help='Print JSON: {"hits": [...], "index": {"partial", "chunks", ...}}.')
-@click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path),
-              help="Search the index of this folder (default: the one around here).")
-def search(query: str, k: int, path_glob: str | None, language: str | None, group: str,
-           as_json: bool, repo: Path) -> None:
+@click.option("-C", "--repo", "repos", multiple=True, type=click.Path(path_type=Path),
+              help="Search the index of this folder (default: the one around here);"
+                   " repeat it to search several repositories as one.")
+def search(query: str, k: int, path_glob: str | None, language: str | None,
+           kinds: tuple[str, ...], group: str, as_json: bool, repos: tuple[Path, ...]) -> None:
     """Search the index for QUERY, by meaning and by name.
 
     QUERY may be a question, an identifier, an error message or a whole stack trace.
-    Prints path:start-end, the symbol, and the lines as they are on disk now.
+    Prints path:start-end, the symbol, and the lines as they are on disk now. With
+    several -C, one ranking over all of them; each hit names its repository.
     """
-    with _index(repo) as idx:
-        hits = idx.search(query, k=k, path=path_glob, language=language, group=group)
+    if len(repos) > 1:
+        _search_many(query, k, path_glob, language, kinds, group, as_json, repos)
+        return
+    with _index(repos[0] if repos else Path(".")) as idx:
+        hits = idx.search(query, k=k, path=path_glob, language=language, kind=kinds or None,
+                          group=group)
         coverage = idx.coverage()
     if as_json:
         click.echo(json.dumps({"hits": [h.to_dict() for h in hits], "index": coverage},
@@ -237,19 +246,50 @@ def search(query: str, k: int, path_glob: str | None, language: str | None, grou
     _print_hits(hits, query)
 
 
+def _search_many(query: str, k: int, path_glob: str | None, language: str | None,
+                 kinds: tuple[str, ...], group: str, as_json: bool,
+                 repos: tuple[Path, ...]) -> None:
+    from retrieval.multi import MultiIndex
+
+    with MultiIndex(repos) as many:
+        hits = many.search(query, k=k, path=path_glob, language=language,
+                           kind=kinds or None, group=group)
+        coverage = many.coverage()
+    if as_json:
+        click.echo(json.dumps({"hits": [h.to_dict() for h in hits], "index": coverage},
+                              indent=2))
+        return
+    for root, cov in coverage.items():
+        if cov["partial"]:
+            click.echo(f"{root}: {_partial_note(cov)}", err=True)
+    if not hits:
+        click.echo("no results", err=True)
+        return
+    _print_hits(hits, query, names=_repo_names([Path(r) for r in coverage]))
+
+
+def _repo_names(roots: list[Path]) -> dict[str, str]:
+    """How each repository is shown before its hits' paths: its folder's name, or its
+    whole path where two share a name."""
+    names = [r.name for r in roots]
+    return {str(r): (r.name if names.count(r.name) == 1 else str(r)) for r in roots}
+
+
 def _partial_note(coverage: dict[str, Any]) -> str:
     return (f"index is partial: {coverage['chunks_with_vectors']} of {coverage['chunks']}"
             " chunks have vectors so far (all are searched by name and words); results"
             " improve as `codeveil index` goes on")
 
 
-def _print_hits(hits: list[Hit], query: str) -> None:
+def _print_hits(hits: list[Hit], query: str, *, names: dict[str, str] | None = None) -> None:
     from rich.console import Console
     from rich.syntax import Syntax
 
     console = Console(highlight=False)
     for hit in hits:
         where = f"{hit.path}:{hit.start_line}-{hit.end_line}"
+        if hit.repo is not None and names:
+            where = f"{names[hit.repo]}/{where}"
         symbol = f"  [cyan]{hit.symbol}[/cyan]" if hit.symbol else ""
         console.print(f"[bold green]{where}[/bold green]{symbol}  [dim]{hit.score:.3f}[/dim]")
         if hit.stale:
@@ -335,12 +375,6 @@ def init(path: Path, server: str | None, workspace: str | None, token: str | Non
     joins pulls the vectors instead of embedding them again. `codeveil index` runs this
     on first use with the defaults.
     """
-    from sync.workspace import codeveil_dir
-
-    if (codeveil_dir(path) / "config.json").exists():
-        raise CodeveilError(
-            f"{path} is already indexed; remove {codeveil_dir(path)} first to re-point it"
-        )
     if workspace and server_search:
         raise click.UsageError("--server-search applies to a new workspace; a joined one"
                                " keeps its own mode")

@@ -18,12 +18,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal, TypeVar
+from typing import Final, Literal, Protocol, TypeVar
 
 import numpy as np
 
+from indexer.location import ChunkLocation
+from retrieval.filters import HitFilter
 from retrieval.grouping import Aggregation, Group, Level, group
-from retrieval.lexical import LexDoc, LexicalIndex
+from retrieval.lexical import LexicalIndex
 from retrieval.query import (
     Evidence,
     QueryRefs,
@@ -49,10 +51,25 @@ SplitMode = Literal["rrf", "max", "mean", "none", "first"]
 
 # Embeds texts that fit the window: float32 [n, dim], unit rows.
 Embed = Callable[[Sequence[str]], np.ndarray]
-# The `n` chunks nearest to a query vector: (doc, cosine), best first.
-Nearest = Callable[[np.ndarray, int], list[tuple[LexDoc, float]]]
-# `Nearest` of each row of a matrix of query vectors, at once (one pass over the vectors).
-NearestEach = Callable[[np.ndarray, int], list[list[tuple[LexDoc, float]]]]
+# A filter on hits: a `HitFilter` (which a local index applies as a mask before scoring)
+# or any predicate (applied to hits as they come).
+Keep = Callable[[ChunkLocation], bool]
+
+
+class Nearest(Protocol):
+    """The `n` chunks nearest to a query vector: (doc, cosine), best first; with
+    `keep`, the `n` nearest of the chunks it keeps."""
+
+    def __call__(self, vector: np.ndarray, n: int, *,
+                 keep: Keep | None = None) -> list[tuple[ChunkLocation, float]]: ...
+
+
+class NearestEach(Protocol):
+    """`Nearest` of each row of a matrix of query vectors, at once (one pass over the
+    vectors); `keep` is a `HitFilter` or None."""
+
+    def __call__(self, vectors: np.ndarray, n: int, *,
+                 keep: HitFilter | None = None) -> list[list[tuple[ChunkLocation, float]]]: ...
 
 
 def rrf(rankings: Sequence[Sequence[K]], *, k: float = RRF_K,
@@ -139,13 +156,13 @@ class SearchOptions:
 class Ranking:
     """Fused chunks, best first, and what each source contributed (for explaining)."""
 
-    chunks: list[tuple[LexDoc, float]]
+    chunks: list[tuple[ChunkLocation, float]]
     parts: int = 1
     sources: dict[str, int] = field(default_factory=dict)  # source -> candidates it gave
     matched: dict[str, list[str]] = field(default_factory=dict)
     # File-level rankings fused when grouping by file: (paths best first, weight).
     file_lists: list[tuple[list[str], float]] = field(default_factory=list)
-    file_best: dict[str, LexDoc] = field(default_factory=dict)  # a chunk to show per file
+    file_best: dict[str, ChunkLocation] = field(default_factory=dict)  # a chunk to show per file
     rrf_k: float = RRF_K
 
 
@@ -212,7 +229,7 @@ class HybridRanker:
 
     def rank(self, query: str, options: SearchOptions = SearchOptions(), *,
              mask: np.ndarray | None = None,
-             keep: Callable[[LexDoc], bool] | None = None) -> Ranking:
+             keep: Keep | None = None) -> Ranking:
         """Fused chunk ranking of `query`.
 
         `mask` (over the lexical index's docs) and `keep` (on any doc) apply the same
@@ -221,10 +238,10 @@ class HybridRanker:
         o = options
         lists: list[list[tuple[str, int, int]]] = []
         weights: list[float] = []
-        docs: dict[tuple[str, int, int], LexDoc] = {}
+        docs: dict[tuple[str, int, int], ChunkLocation] = {}
         sources: dict[str, int] = {}
 
-        def vote(source: str, ranking: Iterable[LexDoc], weight: float) -> None:
+        def vote(source: str, ranking: Iterable[ChunkLocation], weight: float) -> None:
             """Add one ranking to the fusion, with its weight."""
             keys = []
             for d in ranking:
@@ -293,9 +310,10 @@ class HybridRanker:
             sources["file_lexical"] = len(files)
         return result
 
-    def _file_best(self, paths: list[str], bm25: list[tuple[int, float]]) -> dict[str, LexDoc]:
+    def _file_best(self, paths: list[str], bm25: list[tuple[int, float]]
+                   ) -> dict[str, ChunkLocation]:
         """A chunk to show for each file: its best BM25 chunk, else its first."""
-        best: dict[str, LexDoc] = {}
+        best: dict[str, ChunkLocation] = {}
         for i, _ in bm25:
             d = self.lexical.doc(i)
             best.setdefault(d.path, d)
@@ -307,8 +325,8 @@ class HybridRanker:
         return best
 
     def _vector_ranking(self, vectors: np.ndarray, o: SearchOptions,
-                        keep: Callable[[LexDoc], bool] | None, nearest: Nearest,
-                        each: NearestEach | None) -> list[tuple[LexDoc, float]]:
+                        keep: Keep | None, nearest: Nearest,
+                        each: NearestEach | None) -> list[tuple[ChunkLocation, float]]:
         """One vector ranking for the query (one vector per part), however many parts."""
         if len(vectors) == 1 or o.split == "mean":
             v = vectors.mean(axis=0)
@@ -316,9 +334,11 @@ class HybridRanker:
             return self._nearest(nearest, v, o.depth, keep)
         if each is not None and keep is None:
             per_part = each(vectors, o.depth)
+        elif each is not None and isinstance(keep, HitFilter):
+            per_part = each(vectors, o.depth, keep=keep)
         else:
             per_part = [self._nearest(nearest, v, o.depth, keep) for v in vectors]
-        docs: dict[tuple[str, int, int], LexDoc] = {}
+        docs: dict[tuple[str, int, int], ChunkLocation] = {}
         for hits in per_part:
             for d, _ in hits:
                 docs.setdefault(d.key, d)
@@ -334,12 +354,8 @@ class HybridRanker:
 
     @staticmethod
     def _nearest(nearest: Nearest, vector: np.ndarray, n: int,
-                 keep: Callable[[LexDoc], bool] | None) -> list[tuple[LexDoc, float]]:
-        if keep is None:
-            return nearest(vector, n)
-        # A filter drops some neighbours; ask for more so that `n` are left.
-        hits = nearest(vector, n * 4)
-        return [(d, s) for d, s in hits if keep(d)][:n]
+                 keep: Keep | None) -> list[tuple[ChunkLocation, float]]:
+        return nearest(vector, n) if keep is None else nearest(vector, n, keep=keep)
 
     def _evidence_ranking(
         self, refs: QueryRefs, bm25: list[tuple[int, float]], mask: np.ndarray | None,

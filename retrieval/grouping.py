@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from retrieval.lexical import LexDoc
+from indexer.location import ChunkLocation
 
 Level = Literal["chunk", "symbol", "file"]
 Aggregation = Literal["max", "sum", "topm", "decay", "rrf"]
@@ -44,12 +44,12 @@ class Group:
     """One result at some level: its best chunk, its score, and every chunk in it."""
 
     key: tuple[str, ...]
-    best: LexDoc
+    best: ChunkLocation
     score: float
-    members: list[LexDoc] = field(default_factory=list)
+    members: list[ChunkLocation] = field(default_factory=list)
 
 
-def group_key(doc: LexDoc, level: Level) -> tuple[str, ...]:
+def group_key(doc: ChunkLocation, level: Level) -> tuple[str, ...]:
     if level == "file":
         return (doc.path,)
     if level == "symbol":
@@ -57,7 +57,7 @@ def group_key(doc: LexDoc, level: Level) -> tuple[str, ...]:
     return (doc.path, str(doc.start_line), str(doc.end_line))
 
 
-def group(ranking: Sequence[tuple[LexDoc, float]], level: Level,
+def group(ranking: Sequence[tuple[ChunkLocation, float]], level: Level,
           agg: Aggregation | None = None, *, top_m: int = TOP_M,
           rank_k: float = RANK_K) -> list[Group]:
     """Groups of a chunk ranking (best first) at `level`, best first.

@@ -10,7 +10,10 @@ class Hit:
     """One ranked code location, read from the local disk.
 
     `stale` is True when the file changed since it was indexed and the chunk could not be
-    found in it any more: then `text` is empty rather than showing wrong lines.
+    found in it any more: then `text` is empty rather than showing wrong lines. `kind` is
+    what the file is for: code, tests, docs, examples or config (`indexer.kinds`). `repo`
+    is the repository's folder in a search over several (`MultiIndex`), else None; `path`
+    is relative to it.
     """
 
     path: str
@@ -18,9 +21,14 @@ class Hit:
     end_line: int
     symbol: str
     language: str
+    kind: str
     score: float
     text: str
     stale: bool = False
+    repo: str | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if self.repo is None:
+            del out["repo"]  # a one-repository search's JSON stays as it was
+        return out

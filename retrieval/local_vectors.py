@@ -71,6 +71,7 @@ from typing import IO, Final
 
 import numpy as np
 import xxhash
+from threadpoolctl import ThreadpoolController
 
 from indexer.chunk import Chunk
 from indexer.embed_cache import EmbeddingCache, cache_key
@@ -81,8 +82,9 @@ from indexer.local_chunks import (
     headers_embedded,
     snapshot_reader,
 )
+from indexer.location import ChunkLocation
 from indexer.private_files import private_dir, write_atomic
-from retrieval.lexical import LexDoc
+from retrieval.filters import HitFilter
 from retrieval.lexical.segments import digest_rows, gather
 
 log = logging.getLogger(__name__)
@@ -129,7 +131,7 @@ class _Docs:
         return len(self.path_id)
 
     @classmethod
-    def of(cls, docs: Sequence[LexDoc], has_header: Sequence[bool] | None = None) -> _Docs:
+    def of(cls, docs: Sequence[ChunkLocation], has_header: Sequence[bool] | None = None) -> _Docs:
         path_ids: dict[str, int] = {}
         lang_ids: dict[str, int] = {}
         syms = [d.symbol.encode("utf-8") for d in docs]
@@ -150,19 +152,20 @@ class _Docs:
             list(path_ids), list(lang_ids),
         )
 
-    def doc(self, i: int) -> LexDoc:
+    def doc(self, i: int) -> ChunkLocation:
         sym = self.sym_blob[self.sym_ptr[i] : self.sym_ptr[i + 1]].tobytes().decode("utf-8")
-        return LexDoc(self.paths[self.path_id[i]], int(self.lines[i, 0]), int(self.lines[i, 1]),
-                      sym, self.languages[self.lang_id[i]], self.hashes[i].tobytes())
+        return ChunkLocation(self.paths[self.path_id[i]], int(self.lines[i, 0]),
+                             int(self.lines[i, 1]), sym, self.languages[self.lang_id[i]],
+                             self.hashes[i].tobytes())
 
-    def docs(self, rows: np.ndarray) -> list[LexDoc]:
+    def docs(self, rows: np.ndarray) -> list[ChunkLocation]:
         """`doc(i)` of each of `rows`, with the columns read once (a filtered search
         looks at thousands)."""
         blob = self.sym_blob.tobytes()
         starts, ends = self.sym_ptr[rows].tolist(), self.sym_ptr[rows + 1].tolist()
         hashes = self.hashes[rows].tobytes()
         paths, langs = self.paths, self.languages
-        return [LexDoc(paths[p], s, e, blob[a:b].decode("utf-8"), langs[lg],
+        return [ChunkLocation(paths[p], s, e, blob[a:b].decode("utf-8"), langs[lg],
                        hashes[16 * j : 16 * j + 16])
                 for j, (p, (s, e), lg, a, b) in enumerate(zip(
                     self.path_id[rows].tolist(), self.lines[rows].tolist(),
@@ -277,10 +280,12 @@ class LocalVectorIndex:
         #: Of those, the chunks that also have a header vector.
         self.header_count = (int((base_docs.has_header & ~deleted).sum())
                              + int(delta_docs.has_header.sum()))
+        # The live rows each recent filter keeps (an agent repeats its --path filter).
+        self._rows_kept: dict[HitFilter, np.ndarray] = {}
 
     def nearest(self, query: np.ndarray, n: int, *,
-                keep: Callable[[LexDoc], bool] | None = None,
-                header: bool = False) -> list[tuple[LexDoc, float]]:
+                keep: Callable[[ChunkLocation], bool] | None = None,
+                header: bool = False) -> list[tuple[ChunkLocation, float]]:
         """The `n` chunks of highest cosine with `query`, best first (ties by row): by
         their body vectors, or with `header` by their header vectors (chunks without
         one are not ranked).
@@ -292,11 +297,13 @@ class LocalVectorIndex:
         count = self.header_count if header else self.count
         if n <= 0 or count == 0:
             return []
+        if isinstance(keep, HitFilter):
+            return self._nearest_in(self.rows_kept(keep), q[:, None], n, header)[0]
         scores = self.scores(q, header=header)
         if keep is None:
             best = _best(scores, min(n, count))
             return list(zip(self.docs(best), scores[best].tolist(), strict=True))
-        out: list[tuple[LexDoc, float]] = []
+        out: list[tuple[ChunkLocation, float]] = []
         seen = 0
         width = min(count, max(4 * n, 64))
         while True:
@@ -310,19 +317,21 @@ class LocalVectorIndex:
             if width >= count:
                 return out
             # Widen by what the share kept so far says is needed, with a margin; each
-            # look costs a LexDoc and a call, so overshooting by 4x is what hurts.
+            # look costs a ChunkLocation and a call, so overshooting by 4x is what hurts.
             need = (n - len(out)) * seen / max(len(out), 1)
             width = min(count, max(2 * width, seen + int(1.5 * need)))
 
-    def nearest_each(self, queries: np.ndarray, n: int, *,
-                     header: bool = False) -> list[list[tuple[LexDoc, float]]]:
-        """`nearest(q, n, header=header)` of each row `q` of `queries`, scored in one
-        pass over the vectors (the parts of a long query: reading 100k vectors once
-        costs about what reading them once per part does for one)."""
+    def nearest_each(self, queries: np.ndarray, n: int, *, keep: HitFilter | None = None,
+                     header: bool = False) -> list[list[tuple[ChunkLocation, float]]]:
+        """`nearest(q, n, keep=keep, header=header)` of each row `q` of `queries`,
+        scored in one pass over the vectors (the parts of a long query: reading 100k
+        vectors once costs about what reading them once per part does for one)."""
         qs = np.stack([self._query(q) for q in np.atleast_2d(np.asarray(queries))])
         count = self.header_count if header else self.count
         if n <= 0 or count == 0:
             return [[] for _ in qs]
+        if keep is not None:
+            return self._nearest_in(self.rows_kept(keep), qs.T, n, header)
         scores = self.scores(qs.T, header=header)
         out = []
         for column in scores.T:
@@ -337,6 +346,13 @@ class LocalVectorIndex:
         nb, nd = self.base.shape[1], self.delta.shape[1]
         out = np.empty((nb + nd, *query.shape[1:]), dtype=np.float32)
         plane = int(header)
+        with one_blas_thread((nb + nd) * self.dim <= ONE_THREAD_VALUES):
+            self._scores_into(out, query, plane, header)
+        return out
+
+    def _scores_into(self, out: np.ndarray, query: np.ndarray, plane: int,
+                     header: bool) -> None:
+        nb, nd = self.base.shape[1], self.delta.shape[1]
         if nb:
             np.matmul(self.base[plane], query, out=out[:nb])
             out[:nb][self.deleted] = -np.inf
@@ -346,20 +362,63 @@ class LocalVectorIndex:
             np.matmul(self.delta[plane], query, out=out[nb:])
             if header:
                 out[nb:][~self.delta_docs.has_header] = -np.inf
+
+    def rows_kept(self, keep: HitFilter) -> np.ndarray:
+        """int64, ascending: the live rows (base, then delta) of the chunks `keep`
+        keeps. Computed per distinct path, then kept for the next query."""
+        rows = self._rows_kept.get(keep)
+        if rows is None:
+            b, d = self.base_docs, self.delta_docs
+            in_base = keep.column_mask(b.paths, b.path_id, b.languages, b.lang_id)
+            in_delta = keep.column_mask(d.paths, d.path_id, d.languages, d.lang_id)
+            rows = np.concatenate([np.flatnonzero(in_base & ~self.deleted),
+                                   self.base.shape[1] + np.flatnonzero(in_delta)])
+            if len(self._rows_kept) >= 16:
+                self._rows_kept.clear()
+            self._rows_kept[keep] = rows
+        return rows
+
+    def _nearest_in(self, rows: np.ndarray, queries: np.ndarray, n: int,
+                    header: bool) -> list[list[tuple[ChunkLocation, float]]]:
+        """The `n` best of `rows` for each query column of `queries` [dim, m]: only
+        those rows are scored, so a filter that keeps 1% costs about 1% of a search."""
+        nb = self.base.shape[1]
+        if 3 * len(rows) > nb + self.delta.shape[1]:
+            # A wide filter: one pass over every row beats gathering most of them.
+            scores = self.scores(queries, header=header)[rows]
+        else:
+            split = int(np.searchsorted(rows, nb))
+            scores = np.empty((len(rows), queries.shape[1]), dtype=np.float32)
+            plane = int(header)
+            with one_blas_thread(len(rows) * self.dim <= ONE_THREAD_VALUES):
+                if split:
+                    np.matmul(self.base[plane][rows[:split]], queries, out=scores[:split])
+                if split < len(rows):
+                    np.matmul(self.delta[plane][rows[split:] - nb], queries,
+                              out=scores[split:])
+            if header:
+                has = np.concatenate([self.base_docs.has_header[rows[:split]],
+                                      self.delta_docs.has_header[rows[split:] - nb]])
+                scores[~has] = -np.inf
+        out = []
+        for column in scores.T:
+            best = _best(column, min(n, len(rows)))
+            best = best[np.isfinite(column[best])]  # no header vector: not ranked
+            out.append(list(zip(self.docs(rows[best]), column[best].tolist(), strict=True)))
         return out
 
-    def doc(self, i: int) -> LexDoc:
+    def doc(self, i: int) -> ChunkLocation:
         nb = self.base.shape[1]
         return self.base_docs.doc(i) if i < nb else self.delta_docs.doc(i - nb)
 
-    def docs(self, rows: np.ndarray) -> list[LexDoc]:
+    def docs(self, rows: np.ndarray) -> list[ChunkLocation]:
         """`doc(i)` of each of `rows`, in order."""
         nb = self.base.shape[1]
         rows = np.asarray(rows, dtype=np.int64)
         in_base = rows < nb
         if in_base.all():
             return self.base_docs.docs(rows)
-        out: list[LexDoc] = [None] * len(rows)  # type: ignore[list-item]
+        out: list[ChunkLocation] = [None] * len(rows)  # type: ignore[list-item]
         for at, doc in zip(np.flatnonzero(in_base).tolist(),
                            self.base_docs.docs(rows[in_base]), strict=True):
             out[at] = doc
@@ -415,6 +474,29 @@ class LocalVectorIndex:
         return LocalVectorIndex(base, docs, np.zeros(base.shape[1], dtype=bool),
                                 _no_vectors(self.dim), _empty_docs(),
                                 self.missing)
+
+
+#: Scoring at most this many vector values (166k chunks of dim 384) runs on one BLAS
+#: thread. A query's scoring is a matrix-vector product, bound by memory, and a pool of
+#: threads on a busy machine waits for its slowest: measured side by side with two other
+#: processes busy, 6.7k chunks took 8.0 ms on two threads and 1.2 ms on one, 100k chunks
+#: 30 ms and 23.5 ms.
+ONE_THREAD_VALUES: Final = 64_000_000
+
+_blas: ThreadpoolController | None = None
+
+
+@contextlib.contextmanager
+def one_blas_thread(when: bool = True) -> Iterator[None]:
+    """BLAS limited to one thread inside (when `when`); about 25 us to enter."""
+    global _blas
+    if not when:
+        yield
+        return
+    if _blas is None:
+        _blas = ThreadpoolController()  # inspects the loaded libraries once
+    with _blas.limit(limits=1, user_api="blas"):
+        yield
 
 
 def _best(scores: np.ndarray, m: int) -> np.ndarray:
@@ -668,7 +750,7 @@ def _vectors_of(rows: Iterator[tuple[Chunk, bytes]], cache: EmbeddingCache,
     vector) of the chunks `rows`."""
     model_id, dim = model
     parts: list[np.ndarray] = []
-    docs: list[LexDoc] = []
+    docs: list[ChunkLocation] = []
     has_header: list[bool] = []
     incomplete: dict[str, int] = {}
     no_header = np.zeros(dim, dtype=np.float32)
@@ -689,7 +771,7 @@ def _vectors_of(rows: Iterator[tuple[Chunk, bytes]], cache: EmbeddingCache,
             part[0] = np.stack([v for _, _, v, _ in have])
             part[1] = np.stack([hv for _, _, _, hv in have])
             parts.append(part)
-            docs.extend(LexDoc(c.path, c.start_line, c.end_line, c.symbol, c.language, h)
+            docs.extend(ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language, h)
                         for c, h, _, _ in have)
     vectors = np.concatenate(parts, axis=1) if parts else _no_vectors(dim)
     return vectors, _Docs.of(docs, has_header), incomplete

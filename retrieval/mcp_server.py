@@ -2,9 +2,9 @@
 
 Tools (the official `mcp` SDK's `MCPServer`, stdio transport):
 
-- `search(query, k, group, path, language)`: hybrid search of the repo; `group` is
-  `chunk`, `symbol` or `file`. Returns hits with path, lines, symbol, score and the code
-  as it is on disk now.
+- `search(query, k, group, path, language, kind)`: hybrid search of the repo; `group` is
+  `chunk`, `symbol` or `file`; `kind` keeps code, tests, docs, examples or config.
+  Returns hits with path, lines, symbol, kind, score and the code as it is on disk now.
 - `index_status()`: where the index is and what it holds.
 - `sync_index()`: bring the index up to date with the working tree (incremental: only
   changed files are read, chunked, embedded and sent).
@@ -53,15 +53,19 @@ def build_server(repo: Path) -> MCPServer:
         group: Literal["chunk", "symbol", "file"] = "chunk",
         path: str | None = None,
         language: str | None = None,
+        kind: str | None = None,
     ) -> dict[str, Any]:
         """Search the repository's code for `query` (a question, a description of
         behaviour, an identifier, an error message or a stack trace).
 
         k: how many results (1-100). group: "chunk" (line ranges), "symbol" (one result
         per function/class) or "file" (one result per file). path: a glob the result
-        paths must match, e.g. "src/*" or "*.py". language: e.g. "python".
+        paths must match, e.g. "src/*" or "*.py". language: e.g. "python". kind: only
+        files of these kinds, e.g. "code" or "code,tests" (code, tests, docs, examples,
+        config).
         Returns hits best first: path, start_line, end_line (1-based, inclusive),
-        symbol, score (higher is better; compare within one result list only), text
+        symbol, kind (code, tests, docs, examples or config), score (higher is
+        better; compare within one result list only), text
         (the lines as they are on disk now) and stale (true if the file changed since it
         was indexed and the lines could not be found again: run sync_index), and
         index: {partial, chunks, chunks_with_vectors}; partial is true while an index
@@ -70,7 +74,8 @@ def build_server(repo: Path) -> MCPServer:
         """
         k = max(1, min(int(k), MAX_K))
         with state.use() as idx:
-            hits = idx.search(query, k=k, group=group, path=path, language=language)
+            hits = idx.search(query, k=k, group=group, path=path, language=language,
+                              kind=kind)
             coverage = idx.coverage()
         return {"query": query, "group": group,
                 "hits": [h.to_dict() for h in hits], "index": coverage}

@@ -131,7 +131,14 @@ class Workspace:
         With `workspace_id` (and the key imported with `codeveil key import`), join an
         existing workspace on `server` instead of creating one; it keeps its own mode.
         """
-        with init_lock(self._start.resolve()):
+        root = self._start.resolve()
+        with init_lock(root):
+            # Checked under the lock: of two inits of one folder at once, the second
+            # must not make a second workspace (and key) and re-point the folder to it.
+            if (codeveil_dir(root) / "config.json").exists():
+                raise CodeveilError(
+                    f"{root} is already indexed; remove {codeveil_dir(root)} first to"
+                    " re-point it")
             return self._init(server=server, workspace_id=workspace_id, token=token,
                               server_search=server_search)
 

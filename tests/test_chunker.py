@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 import random
 import re
 import time
@@ -508,3 +510,116 @@ def test_two_thousand_lines_chunk_quickly() -> None:
     elapsed = time.process_time() - started
     assert_partition(chunks, text)
     assert elapsed < 0.25, f"{elapsed * 1000:.0f} ms of CPU"
+
+
+# --- notebooks ------------------------------------------------------------------------------
+
+
+def notebook(cells: list[dict], metadata: dict | None = None) -> str:
+    """A notebook as Jupyter writes it (one-space indent, one string per source line)."""
+    for cell in cells:
+        source = cell["source"]
+        if isinstance(source, str):
+            lines = source.splitlines(keepends=True)
+            cell["source"] = lines
+        cell.setdefault("metadata", {})
+        if cell["cell_type"] == "code":
+            cell.setdefault("outputs", [])
+            cell.setdefault("execution_count", 1)
+    meta = metadata if metadata is not None else {
+        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}}
+    return json.dumps({"cells": cells, "metadata": meta, "nbformat": 4, "nbformat_minor": 5},
+                      indent=1) + "\n"
+
+
+PLOT_OUTPUT = {"output_type": "display_data", "metadata": {},
+               "data": {"image/png": "iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB" * 400,
+                        "text/plain": ["<Figure size 640x480 with 1 Axes> OUTPUTWORD"]}}
+
+
+def test_notebook_cells_point_at_their_lines_and_leave_outputs_out(counter: TokenCounter) -> None:
+    text = notebook([
+        {"cell_type": "markdown", "source": "# Loading penguins\n\nRead the table first.\n"},
+        {"cell_type": "code", "source": "import pandas as pd\n\ndef load_penguins(path):\n"
+                                        "    return pd.read_csv(path)\n",
+         "outputs": [{"output_type": "stream", "name": "stdout", "text": ["OUTPUTWORD\n"]}]},
+        {"cell_type": "code", "source": "plot(load_penguins('p.csv'))\n",
+         "outputs": [PLOT_OUTPUT]},
+    ])
+    lines = lines_of(text)
+    chunks = chunk_file("docs/tour.ipynb", text)
+
+    assert [c.language for c in chunks] == ["markdown", "python", "python"]
+    assert not any("OUTPUTWORD" in c.text or "iVBOR" in c.text for c in chunks)
+    for chunk in chunks:  # the lines as they are in the file, so hits open at them
+        assert chunk.text == "".join(lines[chunk.start_line - 1 : chunk.end_line])
+    heading, code, call = chunks
+    assert lines[heading.start_line - 1].strip() == '"# Loading penguins\\n",'
+    assert lines[code.start_line - 1].strip() == '"import pandas as pd\\n",'
+    assert lines[code.end_line - 1].strip() == '"    return pd.read_csv(path)\\n"'
+    assert lines[call.start_line - 1].strip() == "\"plot(load_penguins('p.csv'))\\n\""
+    assert heading.symbol == "Loading penguins"
+    assert code.symbol == "load_penguins"  # parsed as Python, not as JSON
+    assert_fits(chunks, counter)
+
+
+def test_long_notebook_cell_is_split_within_the_window(counter: TokenCounter) -> None:
+    body = "".join(f"def step_{i}(frame):\n    frame['c{i}'] = frame['a'] * {i} + frame['b']\n"
+                   f"    return frame.dropna(subset=['c{i}'])\n\n" for i in range(40))
+    text = notebook([{"cell_type": "code", "source": body}])
+    chunks = chunk_file("analysis.ipynb", text)
+
+    assert len(chunks) > 3
+    # The budget counts the JSON lines (quotes, escapes) that are embedded, not the code.
+    assert_fits(chunks, counter)
+    assert all(c.symbol.startswith("step_") for c in chunks)
+    assert [c.start_line for c in chunks] == sorted({c.start_line for c in chunks})
+    assert all(a.end_line < b.start_line for a, b in itertools.pairwise(chunks))
+
+
+@pytest.mark.parametrize(("metadata", "language"), [
+    ({"language_info": {"name": "R", "file_extension": ".r"}}, "r"),
+    ({"kernelspec": {"language": "julia", "name": "julia-1.10"}}, "julia"),
+    ({"language_info": {"name": "go", "file_extension": ".go"}}, "go"),
+    ({}, "python"),
+])
+def test_notebook_language_comes_from_its_metadata(metadata: dict, language: str) -> None:
+    text = notebook([{"cell_type": "code", "source": "x <- 1\n"},
+                     {"cell_type": "markdown", "source": "Some *prose*.\n"}], metadata)
+    assert [c.language for c in chunk_file("n.ipynb", text)] == [language, "markdown"]
+
+
+def test_notebook_source_written_as_one_string_and_empty_cells() -> None:
+    text = json.dumps({"cells": [
+        {"cell_type": "code", "source": "a = 1\nb = 2\n", "outputs": [], "metadata": {}},
+        {"cell_type": "code", "source": [], "outputs": [], "metadata": {}},
+        {"cell_type": "raw", "source": ["plain words\n"], "metadata": {}},
+    ], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}, indent=1)
+    lines = lines_of(text)
+    chunks = chunk_file("one.ipynb", text)
+    assert [(c.language, c.text.strip()) for c in chunks] == [
+        ("python", '"source": "a = 1\\nb = 2\\n",'), ("text", '"plain words\\n"')]
+    for chunk in chunks:
+        assert chunk.text == "".join(lines[chunk.start_line - 1 : chunk.end_line])
+
+
+def test_broken_notebook_given_to_the_chunker_is_still_covered() -> None:
+    text = '{"cells": [{"cell_type": "code",\n "source": ["x = 1\\n"\n'
+    chunks = chunk_file("broken.ipynb", text)
+    assert_partition(chunks, text)
+    # All on one line: the cells share it, so the file is chunked as the JSON it is.
+    spread = notebook([{"cell_type": "code", "source": "a = 1\n"},
+                       {"cell_type": "code", "source": "b = 2\n"}])
+    one_line = json.dumps(json.loads(spread)) + "\n"
+    chunks = chunk_file("minified.ipynb", one_line)
+    assert [(c.start_line, c.end_line, c.language) for c in chunks] == [(1, 1, "json")]
+
+
+def test_raw_notebook_cells_take_the_language_their_metadata_names() -> None:
+    text = notebook([
+        {"cell_type": "raw", "metadata": {"raw_mimetype": "text/restructuredtext"},
+         "source": "Plotting\n========\n\nSee :func:`plot`.\n"},
+        {"cell_type": "raw", "source": "anything\n"},
+    ])
+    chunks = chunk_file("doc/tour.ipynb", text)
+    assert [(c.language, c.symbol) for c in chunks] == [("rst", "Plotting"), ("text", "")]

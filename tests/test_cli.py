@@ -15,7 +15,7 @@ from retrieval.cli import main as cli_main
 
 INDEX_KEYS = {"files_scanned", "files_changed", "files_deleted", "chunks_total",
               "chunks_embedded", "chunks_from_cache", "seconds"}
-HIT_KEYS = {"path", "start_line", "end_line", "symbol", "language", "score", "text"}
+HIT_KEYS = {"path", "start_line", "end_line", "symbol", "language", "kind", "score", "text"}
 
 
 def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:

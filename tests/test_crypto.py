@@ -492,11 +492,10 @@ def test_a_wider_candidate_set_holds_the_plain_top_10(
 
 def test_sealed_metadata_and_lexical_docs_are_one_location_record() -> None:
     from indexer.location import ChunkLocation
-    from retrieval.lexical import LexDoc
 
     meta = _meta()
-    assert isinstance(meta, ChunkLocation) and LexDoc is ChunkLocation
-    doc = LexDoc(meta.path, meta.start_line, meta.end_line, meta.symbol, meta.language)
+    assert isinstance(meta, ChunkLocation)
+    doc = ChunkLocation(meta.path, meta.start_line, meta.end_line, meta.symbol, meta.language)
     assert meta.key == doc.key  # a vector hit and a lexical hit fuse as one chunk
     with pytest.raises(ValueError, match="chunk_hash"):
         ChunkMeta(meta.path, meta.start_line, meta.end_line, meta.symbol, meta.language)

@@ -414,6 +414,25 @@ def test_event_filter_follows_the_ignore_rules(tmp_path: Path) -> None:
     assert f.watched_dir("src") and not f.watched_dir("build") and not f.watched_dir("env")
 
 
+def test_event_filter_skips_assets_the_walk_skips_unless_brought_back(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    for rel in ("docs/logo.svg", "docs/keep.svg", "tests/fixtures/a.json",
+                "tests/fixtures/make.py", "vendor/x/y.go", "third_party/z.c", "app.py"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x\n")
+    (root / ".codeveilignore").write_text("!docs/keep.svg\n!third_party/\n")
+    f = EventFilter(root)
+    relevant = {rel: f.relevant(str(root / rel)) for rel in (
+        "docs/logo.svg", "docs/keep.svg", "tests/fixtures/a.json", "tests/fixtures/make.py",
+        "vendor/x/y.go", "third_party/z.c", "app.py")}
+    assert relevant == {
+        "docs/logo.svg": False, "docs/keep.svg": True, "tests/fixtures/a.json": False,
+        "tests/fixtures/make.py": True, "vendor/x/y.go": False, "third_party/z.c": True,
+        "app.py": True,
+    }
+    assert not f.watched_dir("vendor") and f.watched_dir("third_party")
+
+
 def test_backoff_doubles_to_the_cap_with_jitter() -> None:
     for failures, full in ((1, 1.0), (2, 2.0), (3, 4.0), (7, 60.0), (30, 60.0)):
         delays = [_backoff(failures, 1.0, 60.0) for _ in range(200)]

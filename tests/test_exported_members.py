@@ -25,10 +25,11 @@ EXPORTED = {
         "WorkspaceExists", "WorkspaceNotFound", "WorkspaceStore", "fid_of",
     ],
     "retrieval": [
-        "Hit", "Index", "ModelMismatchError", "SearchError", "SyncReport", "WrongKeyError",
+        "CodeveilError", "Hit", "Index", "ModelMismatchError", "MultiIndex", "SearchError",
+        "SyncReport", "WrongKeyError",
     ],
     "retrieval.lexical": [
-        "LexDoc", "LexicalIndex", "LexicalStore", "Tokenizer", "lexical_text",
+        "LexicalIndex", "LexicalStore", "Tokenizer", "lexical_text",
     ],
 }
 PACKAGES = {package.split(".")[0] for package in EXPORTED}

@@ -10,10 +10,12 @@ import pytest
 
 from indexer.chunk import Chunk
 from indexer.embedder import HashingEmbedder
+from indexer.location import ChunkLocation
 from indexer.tokens import default_counter
+from retrieval.filters import HitFilter
 from retrieval.fusion import HybridRanker, Ranking, SearchOptions, group_ranking, ranked, rrf
 from retrieval.grouping import group
-from retrieval.lexical import LexDoc, LexicalIndex
+from retrieval.lexical import LexicalIndex
 
 
 def test_rrf_by_hand() -> None:
@@ -35,8 +37,8 @@ def test_rrf_weights_k_and_repeats() -> None:
         rrf([["a"]], weights=[1.0, 2.0])
 
 
-def _doc(path: str, symbol: str, start: int) -> LexDoc:
-    return LexDoc(path, start, start + 9, symbol, "python")
+def _doc(path: str, symbol: str, start: int) -> ChunkLocation:
+    return ChunkLocation(path, start, start + 9, symbol, "python")
 
 
 RANKING = [
@@ -145,13 +147,13 @@ class _Vectors:
     """Exact cosine neighbours over plain vectors (the store minus its encryption)."""
 
     def __init__(self, chunks: Sequence[Chunk], model: HashingEmbedder) -> None:
-        self.docs = [LexDoc(c.path, c.start_line, c.end_line, c.symbol, c.language)
+        self.docs = [ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language)
                      for c in chunks]
         self.m = model.embed([c.embed_text for c in chunks])
 
-    def nearest(self, v: np.ndarray, n: int) -> list[tuple[LexDoc, float]]:
+    def nearest(self, v: np.ndarray, n: int, *, keep=None) -> list[tuple[ChunkLocation, float]]:
         s = self.m @ v
-        order = np.argsort(-s)[:n]
+        order = [i for i in np.argsort(-s) if keep is None or keep(self.docs[i])][:n]
         return [(self.docs[i], float(s[i])) for i in order]
 
 
@@ -189,7 +191,7 @@ def test_a_long_querys_parts_can_be_searched_at_once() -> None:
     vectors = _Vectors(CHUNKS, model)
     calls: list[int] = []
 
-    def each(vs: np.ndarray, n: int) -> list[list[tuple[LexDoc, float]]]:
+    def each(vs: np.ndarray, n: int) -> list[list[tuple[ChunkLocation, float]]]:
         calls.append(len(vs))
         return [vectors.nearest(v, n) for v in vs]
 
@@ -223,9 +225,30 @@ def test_prose_query_gives_bm25_a_smaller_vote(ranker: HybridRanker) -> None:
 
 def test_filters_apply_to_every_source(ranker: HybridRanker) -> None:
     lex = ranker.lexical
-    r = ranker.rank("password upload cart", mask=lex.mask(path="auth/*"),
+    r = ranker.rank("password upload cart", mask=lex.mask(HitFilter(path="auth/*")),
                     keep=lambda d: d.path.startswith("auth/"))
     assert r.chunks and {d.path for d, _ in r.chunks} == {"auth/password.py"}
+
+
+def test_a_narrow_filter_still_gets_its_vector_vote() -> None:
+    # 300 chunks; the filter keeps the 3 of one file. The vector side must rank those 3,
+    # not the kept few of a fixed over-fetch of the unfiltered nearest (none, here).
+    chunks = [Chunk(f"pkg/mod{i}.py", 1, 3, "python", f"handler_{i}",
+                    f"def handler_{i}(request):\n    return render(request, 'page{i}')\n")
+              for i in range(297)]
+    chunks += [Chunk("billing/tax.py", 1 + 4 * j, 4 + 4 * j, "python", f"rate_{j}",
+                     f"def rate_{j}(region):\n    return TABLE[region] * {j}\n")
+               for j in range(3)]
+    model = HashingEmbedder()
+    lexical = LexicalIndex.from_chunks(chunks)
+    ranker = HybridRanker(lexical, model.embed, _Vectors(chunks, model).nearest,
+                          default_counter().count, 40)
+    keep = HitFilter(path="billing/*")
+    options = SearchOptions(depth=10, evidence=False, hybrid=False)
+    r = ranker.rank("render the page for a request", options, mask=lexical.mask(keep),
+                    keep=keep)
+    assert r.sources["vector"] == 3
+    assert {d.path for d, _ in r.chunks} == {"billing/tax.py"}
 
 
 # -- through Index.search -------------------------------------------------------------

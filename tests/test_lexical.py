@@ -12,6 +12,7 @@ import pytest
 from indexer.chunk import Chunk
 from indexer.lexical_tokens import tokenize
 from indexer.local_chunks import LocalChunks, open_state_db
+from retrieval.filters import HitFilter
 from retrieval.lexical import LexicalIndex, LexicalStore, Tokenizer, lexical_text
 
 
@@ -93,11 +94,11 @@ def test_max_terms_keeps_the_rarest_query_terms() -> None:
 
 def test_filters_mask_path_and_language() -> None:
     idx = LexicalIndex.from_chunks(CORPUS)
-    mask = idx.mask(path="net/*")
+    mask = idx.mask(HitFilter(path="net/*"))
     assert mask is not None
     hits = idx.top("def return", 10, mask=mask)
     assert {idx.doc(i).path for i, _ in hits} == {"net/http.py", "net/retry.py"}
-    md = idx.mask(language="text")
+    md = idx.mask(HitFilter(language="text"))
     assert md is not None and not md.any()
 
 

@@ -15,7 +15,8 @@ import pytest
 from indexer.chunk import Chunk
 from indexer.embed_cache import EmbeddingCache, cache_key
 from indexer.local_chunks import LocalChunks, open_state_db
-from retrieval.lexical import LexDoc
+from indexer.location import ChunkLocation
+from retrieval.filters import HitFilter
 from retrieval.local_vectors import DELTA_FILE, LocalVectorStore
 
 MODEL = "test-model"
@@ -84,8 +85,8 @@ class Repo:
 
     def brute(self, q: np.ndarray, n: int, keep=None) -> list[tuple[tuple[str, int, int], float]]:
         """The exact answer, computed from what the test wrote."""
-        rows = [(LexDoc(c.path, c.start_line, c.end_line, c.symbol, c.language, c.chunk_hash),
-                 float(v @ q))
+        rows = [(ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language,
+                               c.chunk_hash), float(v @ q))
                 for p, rs in self.files.items() if p not in self.pending
                 for c, v in rs if v is not None]
         rows = [r for r in rows if keep is None or keep(r[0])]
@@ -111,7 +112,7 @@ def _fill(repo: Repo, files: int = 30, per_file: int = 5) -> None:
         repo.write(f"pkg/mod{i}.py", per_file)
 
 
-def _keys(hits: list[tuple[LexDoc, float]]) -> list[tuple[str, int, int]]:
+def _keys(hits: list[tuple[ChunkLocation, float]]) -> list[tuple[str, int, int]]:
     return [d.key for d, _ in hits]
 
 
@@ -314,10 +315,10 @@ def test_keep_still_returns_n_when_it_filters_most_hits(repo: Repo) -> None:
     repo.write("docs/guide.md", 8)
     index = repo.current(repo.store())
 
-    def only_docs(d: LexDoc) -> bool:
+    def only_docs(d: ChunkLocation) -> bool:
         return d.path.startswith("docs/")
 
-    def not_docs(d: LexDoc) -> bool:
+    def not_docs(d: ChunkLocation) -> bool:
         return d.language == "python"
 
     hits = index.nearest(repo.query(), 5, keep=only_docs)
@@ -462,3 +463,39 @@ def test_an_index_that_cannot_be_saved_still_answers(repo: Repo) -> None:
     store = repo.store()
     _assert_exact(repo, repo.current(store), 5)
     assert store.last_refresh["mode"] == "rebuild"
+
+
+@pytest.mark.parametrize("flt", [
+    HitFilter(path="docs/*"),                 # 8 of 308 chunks: gathered rows
+    HitFilter(language="python"),             # nearly all: one pass, then the rows
+    HitFilter(path="pkg/mod1*.py", language="python"),
+    HitFilter(path="nothing/*"),
+], ids=["narrow", "wide", "both", "none"])
+def test_a_filter_is_a_mask_with_the_exact_answer(repo: Repo, flt: HitFilter) -> None:
+    _fill(repo, files=60)
+    repo.write("docs/guide.md", 8)
+    store = repo.store()
+    repo.current(store)
+    # A delta and deleted base rows: the mask covers both halves of the index.
+    repo.write("pkg/mod3.py", 5, "v2")
+    repo.remove("pkg/mod4.py")
+    repo.write("docs/extra.md", 2)
+    index = repo.current(store)
+    assert len(index.delta_docs) and index.deleted.any()
+    for n in (1, 5, 400):
+        _assert_exact(repo, index, n, keep=flt)
+    q = np.stack([repo.query(), repo.query()])
+    each = index.nearest_each(q, 5, keep=flt)
+    assert [_keys(h) for h in each] == [[k for k, _ in repo.brute(v, 5, flt)] for v in q]
+    rows = index.rows_kept(flt)
+    assert index.rows_kept(flt) is rows  # kept for the next query with this filter
+
+
+def test_a_masked_header_search_skips_rows_without_a_header(repo: Repo) -> None:
+    for i in range(40):
+        repo.write(f"pkg/mod{i}.py", 3)
+    lacking = repo.write("pkg/odd.py", 3, without_header=1)
+    index = repo.current(repo.store())
+    hits = index.nearest(repo.query(), 10, keep=HitFilter(path="pkg/odd.py"), header=True)
+    assert sorted(d.start_line for d, _ in hits) == [lacking[0].start_line,
+                                                     lacking[2].start_line]

@@ -74,7 +74,19 @@ def test_tools_through_a_client_session(tmp_path: Path) -> None:
             "search", {"query": "cart total", "k": 5, "path": "web/*"})
         assert {h["path"] for h in only_js.structured_content["hits"]} == {"web/routes.js"}
 
+        assert "kind" in tools["search"].input_schema["properties"]
+        docs = await session.call_tool(
+            "search", {"query": "install configuration settings", "k": 5, "kind": "docs"})
+        assert [(h["path"], h["kind"]) for h in docs.structured_content["hits"]] == [
+            ("docs/README.md", "docs")]
+        code = await session.call_tool(
+            "search", {"query": "install configuration settings", "k": 10, "kind": "code"})
+        assert code.structured_content["hits"]
+        assert {h["kind"] for h in code.structured_content["hits"]} == {"code"}
+
         # Bad arguments are tool errors with a message, and the server lives on.
+        unknown = await session.call_tool("search", {"query": "x", "kind": "sources"})
+        assert unknown.is_error and "unknown kind 'sources'" in unknown.content[0].text
         bad = await session.call_tool("search", {"query": "x", "group": "module"})
         assert bad.is_error
         empty = await session.call_tool("search", {"query": "  "})

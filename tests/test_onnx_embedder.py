@@ -238,3 +238,20 @@ def test_embedder_for_a_workspace_model_id(models) -> None:
         found = embedder_for_model_id(model.model_id)
         assert found is not None and found.model_id == model.model_id
     assert embedder_for_model_id("someone/else:onnx-int8") is None
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp32"])
+def test_a_query_runs_on_one_thread_with_the_same_vectors(models: Path, precision: str,
+                                                          code_chunks: list[str]) -> None:
+    # Small batches (a query and its parts) use a session of one thread, so a busy
+    # machine does not make a short query wait for a pool; the vectors must not change.
+    pooled = OnnxEmbedder(precision, threads=2, models_directory=models)
+    pooled.small_batches_on_one_thread = False
+    single = OnnxEmbedder(precision, threads=2, models_directory=models)
+    texts = [*code_chunks[:6], "where do we retry failed uploads", "HitFilter"]
+    for batch in ([t] for t in texts):
+        np.testing.assert_array_equal(single.embed_batch(batch), pooled.embed_batch(batch))
+    pair = texts[:2]
+    np.testing.assert_array_equal(single.embed_batch(pair), pooled.embed_batch(pair))
+    assert single._latency_session is not None and single._session is None
+    assert pooled._latency_session is None and pooled._session is not None

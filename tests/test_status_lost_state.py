@@ -23,3 +23,25 @@ def test_status_after_losing_state_db_says_so_and_fails(sample_repo: Path) -> No
         assert len(lines) == 1, after.stderr
         assert "state.sqlite is missing or empty" in lines[0]
         assert "codeveil index" in lines[0]
+
+
+def test_a_long_lived_index_reads_a_replaced_state_file(tmp_path: Path) -> None:
+    # Search keeps its connection to state.sqlite between queries; a state file deleted
+    # and rebuilt meanwhile (by another process) must be read, not the deleted one.
+    from indexer.embedder import HashingEmbedder
+    from retrieval import Index
+    from tests.conftest import write_repo
+
+    repo = write_repo(tmp_path / "repo", {
+        "alpha.py": "def alpha_function():\n    return 1\n"})
+    with Index(repo, embedder=HashingEmbedder()) as served:
+        served.index()
+        assert served.search("alpha_function", k=1)[0].path == "alpha.py"
+        state = repo / ".codeveil" / "state.sqlite"
+        for p in (state, state.with_name("state.sqlite-wal"), state.with_name("state.sqlite-shm")):
+            p.unlink(missing_ok=True)
+        (repo / "beta.py").write_text("def beta_function_renamed():\n    return 2\n")
+        with Index(repo, embedder=HashingEmbedder()) as other:
+            other.index()
+        hits = served.search("beta_function_renamed", k=2)
+        assert hits and hits[0].path == "beta.py"

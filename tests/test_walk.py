@@ -337,6 +337,142 @@ def test_walk_of_5000_files(tmp_path: Path) -> None:
     assert result.skipped == []
 
 
+# --- assets: text nobody searches -----------------------------------------------------
+
+
+def skips(result: WalkResult) -> dict[str, str]:
+    return {skipped.path: skipped.describe() for skipped in result.skipped}
+
+
+def test_svg_and_data_files_skipped_with_a_reason(tmp_path: Path) -> None:
+    for rel in ["docs/logo.svg", "icons/Arrow.SVG", "data.csv", "table.tsv", "events.jsonl",
+                "locale/de/LC_MESSAGES/app.po", "locale/app.pot", "app.py", "README.md",
+                "settings.yaml"]:
+        write(tmp_path, rel)
+
+    result = walk_repo(tmp_path)
+    assert paths(result) == ["README.md", "app.py", "locale/app.pot", "settings.yaml"]
+    assert skips(result) == {
+        "docs/logo.svg": "SVG image", "icons/Arrow.SVG": "SVG image",
+        "data.csv": "data file", "table.tsv": "data file", "events.jsonl": "data file",
+        "locale/de/LC_MESSAGES/app.po": "translations",
+    }
+
+
+def test_config_json_and_xml_stay_large_data_does_not(tmp_path: Path) -> None:
+    big = "{\n" + '  "k": "v",\n' * 7000 + "}\n"  # ~84 KB, in short lines
+    assert len(big) > 64 * 1024
+    for rel in ["package.json", "tsconfig.json", "tsconfig.build.json", "composer.json",
+                ".eslintrc.json", "pom.xml", "app/src/main/AndroidManifest.xml",
+                "src/locales/en.json", "layout/main.xml"]:
+        write(tmp_path, rel, '{"name": "x"}\n')
+    for rel in ["schema/records.json", "dump.xml", "package.json.d/records.json"]:
+        write(tmp_path, rel, big)
+    write(tmp_path, "web/package.json", big)  # a config name: kept at any size
+
+    result = walk_repo(tmp_path)
+    assert paths(result) == [
+        ".eslintrc.json", "app/src/main/AndroidManifest.xml", "composer.json",
+        "layout/main.xml", "package.json", "pom.xml", "src/locales/en.json",
+        "tsconfig.build.json", "tsconfig.json", "web/package.json",
+    ]
+    assert skips(result) == {
+        "dump.xml": "data file: xml over 64 KiB",
+        "package.json.d/records.json": "data file: json over 64 KiB",
+        "schema/records.json": "data file: json over 64 KiB",
+    }
+
+
+def test_data_folders_keep_their_code_and_docs_only(tmp_path: Path) -> None:
+    for rel in ["tests/fixtures/package.json", "tests/fixtures/users.xml",
+                "tests/fixtures/conf.yaml", "tests/fixtures/expected.txt",
+                "tests/fixtures/header.hdr", "tests/fixtures/make_users.py",
+                "tests/fixtures/README.md", "pkg/testdata/golden.out",
+                "pkg/testdata/input.go", "astro/data/sites.json",
+                "astro/data/ReadMe", "src/Data/models.ts", "src/__fixtures__/a.json",
+                "src/metadata/config.json"]:
+        write(tmp_path, rel)
+
+    result = walk_repo(tmp_path)
+    assert paths(result) == [
+        "astro/data/ReadMe", "pkg/testdata/input.go", "src/Data/models.ts",
+        "src/metadata/config.json", "tests/fixtures/README.md",
+        "tests/fixtures/make_users.py",
+    ]
+    assert set(skips(result).values()) == {"data file: in a data folder"}
+    assert sorted(skips(result)) == [
+        "astro/data/sites.json", "pkg/testdata/golden.out", "src/__fixtures__/a.json",
+        "tests/fixtures/conf.yaml", "tests/fixtures/expected.txt",
+        "tests/fixtures/header.hdr", "tests/fixtures/package.json",
+        "tests/fixtures/users.xml",
+    ]
+
+
+def test_vendored_folders_skipped_whole_and_bundles(tmp_path: Path) -> None:
+    for rel in ["vendor/github.com/x/y/y.go", "lib/third_party/zlib/zlib.c",
+                "pip/_vendor/six.py", "cextern/wcslib/C/wcs.c", "static/app.bundle.js",
+                "dist/index.js", "dist/style.css", "dist/README.md", "web/dist/chunk.mjs",
+                "main.go", "distance/dist.py", "vendors.py"]:
+        write(tmp_path, rel)
+
+    result = walk_repo(tmp_path)
+    assert paths(result) == ["dist/README.md", "distance/dist.py", "main.go", "vendors.py"]
+    assert skips(result) == {
+        "vendor": "vendored: folder",  # one entry for the folder, not one per file
+        "lib/third_party": "vendored: folder",
+        "pip/_vendor": "vendored: folder",
+        "cextern": "vendored: folder",
+        "static/app.bundle.js": "bundle",
+        "dist/index.js": "bundle: in dist/",
+        "dist/style.css": "bundle: in dist/",
+        "web/dist/chunk.mjs": "bundle: in dist/",
+    }
+
+
+def test_codeveilignore_negation_brings_a_skipped_file_back(tmp_path: Path) -> None:
+    write(tmp_path, ".codeveilignore",
+          "!docs/logo.svg\n!tests/fixtures/**\n!vendor/\n!yarn.lock\n!big.json\n")
+    for rel in ["docs/logo.svg", "docs/other.svg", "tests/fixtures/a.json",
+                "tests/fixtures/sub/b.csv", "other/fixtures/c.json", "vendor/lib/x.go",
+                "yarn.lock", "Cargo.lock"]:
+        write(tmp_path, rel)
+    write(tmp_path, "big.json", "[\n" + "1,\n" * 30000 + "1]\n")
+
+    result = walk_repo(tmp_path)
+    assert paths(result) == [
+        ".codeveilignore", "big.json", "docs/logo.svg", "tests/fixtures/a.json",
+        "tests/fixtures/sub/b.csv", "vendor/lib/x.go", "yarn.lock",
+    ]
+    assert sorted(skips(result)) == ["Cargo.lock", "docs/other.svg", "other/fixtures/c.json"]
+
+
+def test_skipped_assets_do_not_come_back_by_accident(tmp_path: Path) -> None:
+    # A .gitignore negation speaks about Git; re-including folders says nothing of files.
+    write(tmp_path, ".gitignore", "*\n!*/\n!*.svg\n!*.py\n!*.json\n!.gitignore\n"
+                                  "!.codeveilignore\n")
+    write(tmp_path, ".codeveilignore", "!fixtures/\n!*.py\n")
+    for rel in ["logo.svg", "fixtures/a.json", "vendor/v.py", "app.py"]:
+        write(tmp_path, rel)
+
+    result = walk_repo(tmp_path)
+    assert paths(result) == [".codeveilignore", ".gitignore", "app.py"]
+    assert skips(result) == {"logo.svg": "SVG image",
+                             "fixtures/a.json": "data file: in a data folder",
+                             "vendor": "vendored: folder"}
+
+
+def test_invalid_notebook_skipped_with_a_reason(tmp_path: Path) -> None:
+    write(tmp_path, "good.ipynb", '{"cells": [], "metadata": {}, "nbformat": 4}\n')
+    write(tmp_path, "broken.ipynb", '{"cells": [{"cell_type": "code", "source": ["x = 1\n"')
+    write(tmp_path, "not_cells.ipynb", '{"metadata": {}}\n')
+    write(tmp_path, "bad_source.ipynb", '{"cells": [{"cell_type": "code", "source": 3}]}')
+
+    assert isinstance(read_source(tmp_path, "good.ipynb"), SourceFile)
+    for rel in ["broken.ipynb", "not_cells.ipynb", "bad_source.ipynb"]:
+        assert read_reason(tmp_path, rel) == SkipReason.BAD_NOTEBOOK, rel
+    assert str(read_source(tmp_path, "broken.ipynb")) == "broken.ipynb: not a valid notebook"
+
+
 # --- symlinks, special files, unreadable entries --------------------------------------
 
 

@@ -48,14 +48,12 @@ from indexer.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from retrieval.lexical.index import LexicalIndex
-    from retrieval.lexical.segments import LexDoc
     from retrieval.lexical.store import LexicalStore
     from retrieval.lexical.tokens import Tokenizer, lexical_text
 
-__all__ = ["LexDoc", "LexicalIndex", "LexicalStore", "Tokenizer", "lexical_text"]
+__all__ = ["LexicalIndex", "LexicalStore", "Tokenizer", "lexical_text"]
 
 _HOMES = {
-    "LexDoc": "retrieval.lexical.segments",
     "LexicalIndex": "retrieval.lexical.index",
     "LexicalStore": "retrieval.lexical.store",
     "Tokenizer": "retrieval.lexical.tokens",

@@ -9,16 +9,15 @@ without tokenizing again.
 
 from __future__ import annotations
 
-import fnmatch
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
 from indexer.chunk import Chunk
 from retrieval.lexical.segments import (
-    LexDoc,
+    ChunkLocation,
     _Counts,
     _doc,
     _DocCols,
@@ -28,6 +27,9 @@ from retrieval.lexical.segments import (
     _Stats,
 )
 from retrieval.lexical.tokens import Tokenizer, _counts_of, lexical_text, term_hash
+
+if TYPE_CHECKING:
+    from retrieval.filters import HitFilter
 
 K1: Final = 1.2
 B: Final = 0.75
@@ -84,7 +86,7 @@ class LexicalIndex:
         assert self.delta is not None
         return self.delta, i - n
 
-    def doc(self, i: int) -> LexDoc:
+    def doc(self, i: int) -> ChunkLocation:
         seg, j = self._seg(i)
         return seg.doc(j)
 
@@ -213,23 +215,11 @@ class LexicalIndex:
             s = np.where(mask, s, 0.0)
         return top_k(s, k)
 
-    def mask(self, *, path: str | None = None, language: str | None = None) -> np.ndarray | None:
-        """Docs kept by a path glob and a language (None: no filter)."""
-        if path is None and language is None:
-            return None
-        parts = []
-        for seg in (self.base, self.delta):
-            if seg is None:
-                continue
-            keep = np.ones(len(seg), dtype=bool)
-            if path is not None:
-                ok = np.array([fnmatch.fnmatch(p, path) for p in seg.paths] or [False])
-                keep &= ok[seg.path_id] if len(seg) else keep
-            if language is not None:
-                ok = np.array([x == language for x in seg.languages] or [False])
-                keep &= ok[seg.lang_id] if len(seg) else keep
-            parts.append(keep)
-        return np.concatenate(parts)
+    def mask(self, keep: HitFilter) -> np.ndarray:
+        """bool [docs]: the docs `keep` keeps (over base, then delta)."""
+        parts = [keep.column_mask(seg.paths, seg.path_id, seg.languages, seg.lang_id)
+                 for seg in (self.base, self.delta) if seg is not None]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
 
     def paths(self) -> list[str]:
         """Every path the index holds a live chunk of."""

@@ -23,23 +23,22 @@ from indexer.location import ChunkLocation
 from indexer.private_files import write_atomic
 
 #: One indexed chunk: where it sits, enough to fuse it with a vector hit and to show it.
-LexDoc = ChunkLocation
 
 
-def _doc(c: Chunk) -> LexDoc:
-    return LexDoc(c.path, c.start_line, c.end_line, c.symbol, c.language, c.chunk_hash)
+def _doc(c: Chunk) -> ChunkLocation:
+    return ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language, c.chunk_hash)
 
 
 @dataclass
 class _Counts:
     """Doc-major term counts of docs about to become a segment."""
 
-    docs: list[LexDoc] = field(default_factory=list)
+    docs: list[ChunkLocation] = field(default_factory=list)
     hashes: list[np.ndarray] = field(default_factory=list)
     tfs: list[np.ndarray] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
 
-    def add(self, doc: LexDoc, counted: tuple[np.ndarray, np.ndarray, int]) -> None:
+    def add(self, doc: ChunkLocation, counted: tuple[np.ndarray, np.ndarray, int]) -> None:
         self.docs.append(doc)
         self.hashes.append(counted[0])
         self.tfs.append(counted[1])
@@ -77,8 +76,8 @@ class _Segment:
     def symbol(self, i: int) -> str:
         return self.sym_blob[self.sym_ptr[i] : self.sym_ptr[i + 1]].tobytes().decode("utf-8")
 
-    def doc(self, i: int) -> LexDoc:
-        return LexDoc(self.paths[self.path_id[i]], int(self.lines[i, 0]),
+    def doc(self, i: int) -> ChunkLocation:
+        return ChunkLocation(self.paths[self.path_id[i]], int(self.lines[i, 0]),
                       int(self.lines[i, 1]), self.symbol(i), self.languages[self.lang_id[i]],
                       self.hashes[i].tobytes())
 
@@ -115,7 +114,7 @@ class _Segment:
 
     @classmethod
     def _assemble(cls, terms: np.ndarray, col: np.ndarray, doc_of: np.ndarray,
-                  tfs: np.ndarray, lengths: np.ndarray, docs: Sequence[LexDoc] | _DocCols,
+                  tfs: np.ndarray, lengths: np.ndarray, docs: Sequence[ChunkLocation] | _DocCols,
                   stats: _Stats | None, k1: float, b: float) -> _Segment:
         col_ptr, col_docs, col_tf = _csc(col, doc_of, tfs, len(terms))
         df = np.diff(col_ptr)
@@ -151,7 +150,7 @@ class _DocCols:
     languages: list[str]
 
     @classmethod
-    def of(cls, docs: Sequence[LexDoc]) -> _DocCols:
+    def of(cls, docs: Sequence[ChunkLocation]) -> _DocCols:
         path_ids: dict[str, int] = {}
         lang_ids: dict[str, int] = {}
         pid = np.fromiter((path_ids.setdefault(d.path, len(path_ids)) for d in docs),

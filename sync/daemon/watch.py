@@ -12,8 +12,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from indexer.assets import flags_for, is_vendored_dir
 from indexer.ignore import ALWAYS_SKIPPED, CODEVEILIGNORE, GITIGNORE, VENV_MARKER, IgnoreRules
-from indexer.walk import name_skip_reason
+from indexer.walk import default_skip_reason
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +38,12 @@ class EventFilter:
     """Decides from a changed path alone whether it can matter to the index.
 
     The same rules as the walk (indexer.ignore): always-skipped folders, .gitignore and
-    .codeveilignore at every level, default-ignored folders, virtualenvs, and file names
-    the walk skips (lock files, binaries). A cheap pre-filter, not the truth: the sync
-    re-walks with the full rules, so a path wrongly let through costs one no-op sync.
-    Rules are cached per directory and dropped when an ignore file changes.
+    .codeveilignore at every level, default-ignored folders, virtualenvs, vendored
+    folders, and the files the walk skips by name and place (lock files, binaries,
+    assets), unless a .codeveilignore negation brings them back. A cheap pre-filter,
+    not the truth: the sync re-walks with the full rules (sizes too), so a path wrongly
+    let through costs one no-op sync. Rules are cached per directory and dropped when an
+    ignore file changes.
     """
 
     MAX_CACHED_DIRS = 100_000
@@ -71,7 +74,8 @@ class EventFilter:
             return True
         if st_is_dir:
             return self.rules_for(parts) is not None
-        file_kept = not rules.skips_file(rel_posix, name) and name_skip_reason(name) is None
+        file_kept = not rules.skips_file(rel_posix, name) and (
+            default_skip_reason(rel_posix, name, flags_for(parts[:-1]), rules) is None)
         if exists:
             return file_kept
         # Gone: it may have been a file or a folder; either kind not ignored matters.
@@ -112,7 +116,7 @@ def _enter(root: str, rules: IgnoreRules, prefix: str, name: str) -> IgnoreRules
     """The walk's decision for one directory: its rules, or None if it is skipped."""
     rel_dir = prefix + name
     skip, kept = rules.skips_dir(rel_dir, name)
-    if skip:
+    if skip or (is_vendored_dir(name) and not rules.keeps(rel_dir, is_dir=True)):
         return None
     abs_dir = os.path.join(root, rel_dir)
     names = _marker_names(abs_dir)

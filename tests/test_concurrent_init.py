@@ -1,0 +1,78 @@
+"""Many `codeveil init --server` at once against one real `codeveil serve` on loopback:
+each folder ends with exactly one workspace and one key, the server holds exactly the
+workspaces the folders point to, and each is usable (indexed and searched) afterwards.
+Two inits of one folder at once leave one workspace: the second is refused under the
+init lock instead of creating another and re-pointing the folder to it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sync.store import Store
+from sync.workspace import init_lock, load_config
+from tests.conftest import write_repo
+from tests.server_fixtures import ServerProcess
+
+
+def codeveil(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "retrieval.cli", *args], cwd=cwd,
+                            env=dict(os.environ, CODEVEIL_EMBEDDER="hashing"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=180)
+    return proc.returncode, out, err
+
+
+def server_workspaces(live_server: ServerProcess) -> list[str]:
+    with Store(live_server.data_dir) as store:
+        return store.workspace_ids()
+
+
+def test_many_folders_initialised_at_once_each_get_one_usable_workspace(
+    tmp_path: Path, live_server: ServerProcess
+) -> None:
+    before = set(server_workspaces(live_server))
+    repos = [write_repo(tmp_path / f"repo{i}", {
+        "app.py": f"def unique_handler_{i}(request):\n    return 'reply {i}'\n"})
+        for i in range(6)]
+    procs = [codeveil("init", ".", "--server", live_server.url, cwd=r) for r in repos]
+    results = [finish(p) for p in procs]
+    assert all(rc == 0 for rc, _, _ in results), results
+    ids = [load_config(r).workspace_id for r in repos]
+    assert len(set(ids)) == len(repos)
+    assert set(server_workspaces(live_server)) - before == set(ids)
+    for i, repo in enumerate(repos):
+        rc, _, err = finish(codeveil("index", "-q", cwd=repo))
+        assert rc == 0, err
+        rc, out, err = finish(codeveil("search", f"unique_handler_{i}", "--json", cwd=repo))
+        assert rc == 0, err
+        assert json.loads(out)["hits"][0]["path"] == "app.py"
+
+
+def test_two_inits_of_one_folder_at_once_leave_one_workspace(
+    tmp_path: Path, live_server: ServerProcess
+) -> None:
+    before = set(server_workspaces(live_server))
+    repo = write_repo(tmp_path / "repo")
+    # Held here while both start, so that both are past their start-up and waiting on
+    # it at once: the overlap a slow server or a loaded machine gives.
+    with init_lock(repo.resolve()):
+        procs = [codeveil("init", ".", "--server", live_server.url, cwd=repo)
+                 for _ in range(2)]
+        time.sleep(6)
+    results = [finish(p) for p in procs]
+    codes = sorted(rc for rc, _, _ in results)
+    assert codes == [0, 1], results
+    refused = next(err for rc, _, err in results if rc == 1)
+    assert "already indexed" in refused and "Traceback" not in refused
+    created = set(server_workspaces(live_server)) - before
+    assert created == {load_config(repo).workspace_id}
+    keys = list((Path(os.environ["CODEVEIL_CONFIG_DIR"]) / "keys").glob("*.key"))
+    assert [k.stem for k in keys if k.stem in created] == sorted(created)
