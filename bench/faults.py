@@ -46,11 +46,18 @@ from bench._common import isolate, table, write_json  # noqa: E402
 DEFAULT_SCENARIOS = ("embedded", "http", "teammates")
 POSTGRES_SCENARIOS = ("postgres", "postgres-teammates")  # the server on a database
 SCENARIOS = DEFAULT_SCENARIOS + POSTGRES_SCENARIOS
+#: What CODEVEIL_EMBEDDER the bench's processes run: the hashing embedder (it measures
+#: the write order, not the model), or None for the CLI's default model
+#: (bench/pg_trials.py --model real).
+EMBEDDER: str | None = "hashing"
 WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "lambda", "theta"]
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, CODEVEIL_EMBEDDER="hashing")
+    env = dict(os.environ)
+    env.pop("CODEVEIL_EMBEDDER", None)
+    if EMBEDDER is not None:
+        env["CODEVEIL_EMBEDDER"] = EMBEDDER
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env.update(extra)
     return env

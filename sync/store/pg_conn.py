@@ -2,13 +2,15 @@
 format: the plumbing under sync.store.postgres.
 
 Connections are kept per process in a lock-protected list (autocommit; callers open
-explicit transactions). A database that cannot be reached, or that drops a connection,
-is a `StoreUnavailable` (503) naming it with its password masked.
+explicit transactions); one the database has ended while it sat idle (a restart) is
+dropped when taken, not used. A database that cannot be reached, or that drops a
+connection, is a `StoreUnavailable` (503) naming it with its password masked.
 """
 
 from __future__ import annotations
 
 import contextlib
+import select
 import struct
 import threading
 from collections.abc import Iterator
@@ -55,6 +57,10 @@ class Pool:
             if self._closed:
                 raise StoreError(f"the store at {self.where} is closed")
             conn = self._idle.pop() if self._idle else None
+        while conn is not None and not _alive(conn):
+            conn.close()
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
         if conn is None:
             try:
                 conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
@@ -97,6 +103,20 @@ class Pool:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+def _alive(conn: psycopg.Connection) -> bool:
+    """Whether an idle connection can still be used, without a round trip: a database
+    that ended it (restarted, crashed, or terminated the backend) closed its socket or
+    sent a last error, so the socket reads; a healthy idle connection has nothing to
+    read (no query is outstanding, and nothing here listens for notifications)."""
+    if conn.closed or conn.broken:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return False
+    return not readable
 
 
 # -- rows in PostgreSQL's binary COPY format ------------------------------------------------
