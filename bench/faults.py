@@ -293,7 +293,7 @@ def trial_teammates(work: Path, rng: random.Random, files: int, kills: int,
         run(["index", "-q"], one, env)
         ws = workspace_of(one)
         key = export_key(ws)
-        from sync.workspace import load_token
+        from sync.config import load_token
 
         mate = _env(CODEVEIL_KEY=key, CODEVEIL_TOKEN=load_token(ws))
         shutil.copytree(one, two, ignore=shutil.ignore_patterns(".codeveil"))

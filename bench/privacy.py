@@ -163,8 +163,8 @@ def build_repo(tree: Path, work: Path, *, server_search: bool) -> Setup:
     """Index `tree` (as `<name>/`) plus a private module with canaries and a private copy
     of one public file, in the embedded store, in the given mode."""
     from retrieval import Index
+    from sync.config import load_config, store_path
     from sync.keys import load_key
-    from sync.workspace import load_config, store_path
 
     repo = work / ("repo-server-search" if server_search else "repo-sealed")
     prefix = tree.name

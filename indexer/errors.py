@@ -10,7 +10,7 @@ hangs under another parent than drawn::
     │   └── NotebookError   (indexer.notebook)  a .ipynb that is not a notebook's JSON
     ├── FormatError         (indexer.formats) a file of a format this version does not read
     ├── CorruptFileError    (indexer.sqlite_files)  a damaged SQLite file: which, what to do
-    ├── NoIndexError        (sync.workspace)  no `.codeveil/` here or above
+    ├── NoIndexError        (sync.config)  no `.codeveil/` here or above
     ├── SyncError           (sync.errors)     keys, crypto, store, server, network
     │   ├── WorkspaceKeyError   (sync.errors)     the workspace key cannot be used
     │   │   ├── KeyMissingError                   no key file and no CODEVEIL_KEY
@@ -22,7 +22,7 @@ hangs under another parent than drawn::
     │   ├── CryptoError         (sync.errors)     a sealed record failed to open
     │   │   ├── MetadataAuthError                 wrong key, or altered, cut or moved blob
     │   │   └── MetadataFormatError               unknown envelope version or bad plaintext
-    │   ├── ConfigError         (sync.workspace)  `.codeveil/config.json` is unusable
+    │   ├── ConfigError         (sync.config)  `.codeveil/config.json` is unusable
     │   ├── StoreError          (sync.wire)       the store refused a request or is unusable
     │   │   ├── BadRequest                        malformed or over-limit input (400/413/422)
     │   │   ├── StoreCorrupt                      a damaged store file: which, what to do (503)
@@ -40,7 +40,7 @@ hangs under another parent than drawn::
     │       └── ServerError                       a 5xx or an unreadable answer
     ├── SearchError         (retrieval.api)   bad search options (k, group, ...)
     ├── ToolInputError      (retrieval.symbols)  a name, file or pattern a lookup cannot use
-    └── ModelMismatchError  (sync.repo)       the workspace holds another model's vectors
+    └── ModelMismatchError  (sync.workspace)       the workspace holds another model's vectors
 
 `retrieval.WrongKeyError` is another name of KeyMismatchError. The CLI turns any
 CodeveilError into one line on stderr and a non-zero exit.

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from retrieval.api import Index, SearchError, WrongKeyError
     from retrieval.hits import Hit
     from retrieval.multi import MultiIndex
-    from sync.repo import ModelMismatchError
     from sync.syncer import SyncReport
+    from sync.workspace import ModelMismatchError
 
 # CodeveilError is the base of every error codeveil raises on purpose (indexer.errors
 # draws the tree): one `except` catches them all.
@@ -26,7 +26,7 @@ __all__ = ["CodeveilError", "Hit", "Index", "ModelMismatchError", "MultiIndex", 
 _HOMES = {
     "CodeveilError": "indexer.errors",
     "Index": "retrieval.api",
-    "ModelMismatchError": "sync.repo",
+    "ModelMismatchError": "sync.workspace",
     "SearchError": "retrieval.api",
     "WrongKeyError": "retrieval.api",
     "Hit": "retrieval.hits",

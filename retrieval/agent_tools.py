@@ -21,7 +21,7 @@ from retrieval.symbols import (
     outline_of,
 )
 from retrieval.trigram_index import TrigramStore
-from sync.workspace import codeveil_dir, find_root, state_path
+from sync.config import codeveil_dir, find_root, state_path
 
 __all__ = ["AgentTools"]
 

@@ -27,16 +27,16 @@ from indexer.local_chunks import LocalChunks, open_state_db
 from retrieval.filters import HitFilter
 from retrieval.hits import Hit
 from sync.client import StoreClient
-from sync.errors import KeyMismatchError
-from sync.keys import WorkspaceKey
-from sync.repo import Workspace
-from sync.syncer import Progress, SyncReport
-from sync.workspace import (
+from sync.config import (
     RepoConfig,
     codeveil_dir,
     find_root,
     state_path,
 )
+from sync.errors import KeyMismatchError
+from sync.keys import WorkspaceKey
+from sync.syncer import Progress, SyncReport
+from sync.workspace import Workspace
 
 if TYPE_CHECKING:
     # The ranking stack is imported on the first search: `codeveil index` never ranks.
@@ -122,14 +122,14 @@ class Index:
 
     @property
     def workspace(self) -> Workspace:
-        """The workspace underneath (sync.repo): creating, opening, checking, syncing."""
+        """The workspace underneath (sync.workspace): creating, opening, checking, syncing."""
         return self._ws
 
     def init(self, *, server: str | None = None, workspace_id: str | None = None,
              token: str | None = None, server_search: bool = False) -> RepoConfig:
         """Create `.codeveil/` here and its workspace (in-process, or on `server`); with
         `workspace_id`, join that workspace on `server` instead. Sealed unless
-        `server_search`. See `sync.repo.Workspace.init`."""
+        `server_search`. See `sync.workspace.Workspace.init`."""
         return self._ws.init(server=server, workspace_id=workspace_id, token=token,
                              server_search=server_search)
 
@@ -141,7 +141,7 @@ class Index:
 
         `reupload` (send every file again) and `embed_on` (a Ray cluster,
         `ray://HOST:PORT[?actors=N]`, which sees the chunks' plain text: one you trust)
-        as `sync.repo.Workspace.sync`. An index that sends many files also leaves the
+        as `sync.workspace.Workspace.sync`. An index that sends many files also leaves the
         search side built (retrieval.search_ready), so the first search does not build it.
         """
         from retrieval.search_ready import SearchReady

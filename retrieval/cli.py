@@ -515,8 +515,8 @@ def key() -> None:
 @click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path))
 def key_show(repo: Path) -> None:
     """Show the workspace id and the key's fingerprint (never the key)."""
+    from sync.config import find_root, load_config
     from sync.keys import key_path, load_key
-    from sync.workspace import find_root, load_config
 
     config = load_config(find_root(repo))
     k = load_key(config.workspace_id)
@@ -529,8 +529,8 @@ def key_show(repo: Path) -> None:
 @click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path))
 def key_export(repo: Path) -> None:
     """Print the key to share with a teammate (treat it like a password)."""
+    from sync.config import find_root, load_config
     from sync.keys import export_key, load_key
-    from sync.workspace import find_root, load_config
 
     config = load_config(find_root(repo))
     click.echo(f"# workspace {config.workspace_id}", err=True)
@@ -543,8 +543,8 @@ def key_export(repo: Path) -> None:
 @click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path))
 def key_import(text: str, workspace: str | None, repo: Path) -> None:
     """Store a key exported by `codeveil key export` (TEXT, or - for stdin)."""
+    from sync.config import find_root, load_config
     from sync.keys import import_key
-    from sync.workspace import find_root, load_config
 
     if text == "-":
         text = sys.stdin.read()
@@ -642,7 +642,7 @@ def _daemon_root(path: Path) -> Path:
     """The folder a daemon serves: the indexed folder around PATH, else PATH itself."""
     if not path.is_dir():
         raise CodeveilError(f"no such folder: {path}")
-    from sync.repo import Workspace
+    from sync.workspace import Workspace
 
     return Workspace(path).root
 
@@ -696,7 +696,7 @@ def daemon_run(path: Path, interval: float, debounce: float, max_backoff: float,
     """
     from retrieval.search_ready import SearchReady
     from sync.daemon import Daemon, DaemonFiles, DaemonLock, WorkspaceSync, setup_logging
-    from sync.repo import Workspace
+    from sync.workspace import Workspace
 
     root = _daemon_root(path)
     files = DaemonFiles.for_root(root)

@@ -3,7 +3,7 @@ rebuild what can be rebuilt.
 
 What is checked, in order (a check that cannot pass stops the ones that need it):
 
-- `.codeveil/config.json`: format version and every value (`sync.workspace`);
+- `.codeveil/config.json`: format version and every value (`sync.config`);
 - the workspace key: present, well-formed, the one the workspace was created with;
 - `.codeveil/state.sqlite`: SQLite integrity, and that it holds the chunks;
 - the embedding cache: SQLite integrity, its vectors of this model finite and of unit
@@ -41,12 +41,7 @@ from retrieval.api import Index
 from retrieval.lexical import LexicalStore
 from retrieval.local_vectors import LocalVectorStore
 from sync import crypto
-from sync.config_recovery import recover_config
-from sync.keys import WorkspaceKey, load_key
-from sync.sealed_rows import RowSealer
-from sync.store import Store, WorkspaceStore
-from sync.syncer import SyncReport
-from sync.workspace import (
+from sync.config import (
     ConfigError,
     NoIndexError,
     RepoConfig,
@@ -56,6 +51,11 @@ from sync.workspace import (
     state_path,
     store_path,
 )
+from sync.config_recovery import recover_config
+from sync.keys import WorkspaceKey, load_key
+from sync.sealed_rows import RowSealer
+from sync.store import Store, WorkspaceStore
+from sync.syncer import SyncReport
 
 # A cached vector of this model whose norm is further than this from 1 is damaged.
 NORM_TOLERANCE = 1e-2

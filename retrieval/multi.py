@@ -20,7 +20,7 @@ from indexer.embedder_registry import embedder_for_model_id
 from indexer.errors import CodeveilError
 from retrieval.api import Index
 from retrieval.hits import Hit
-from sync.workspace import find_root, load_config
+from sync.config import find_root, load_config
 
 
 class MultiIndex:

@@ -31,14 +31,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from indexer.local_chunks import open_state_db
+from sync.config import RepoConfig, codeveil_dir, load_config, state_path
 from sync.progress import Progress
-from sync.workspace import RepoConfig, codeveil_dir, load_config, state_path
 
 if TYPE_CHECKING:
     from retrieval.lexical import LexicalStore
     from retrieval.local_vectors import LocalVectorStore
     from retrieval.trigram_index import TrigramStore
-    from sync.repo import Workspace
+    from sync.workspace import Workspace
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,7 @@ import json
 from pathlib import Path
 
 from indexer.errors import CodeveilError
-from sync.keys import load_key
-from sync.store import Store
-from sync.workspace import (
+from sync.config import (
     CONFIG_VERSION,
     ConfigError,
     RepoConfig,
@@ -29,6 +27,8 @@ from sync.workspace import (
     save_config,
     store_path,
 )
+from sync.keys import load_key
+from sync.store import Store
 
 
 def recover_config(root: Path) -> RepoConfig:

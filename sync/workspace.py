@@ -1,190 +1,333 @@
-"""A repo's link to its workspace: `.codeveil/config.json`, found the way git finds `.git/`.
+"""A repo's workspace as this machine holds it: the one place that creates, opens and
+checks it and syncs it, for every face (`retrieval.Index`, the daemon, the CLI).
 
-Layout of `.codeveil/` inside an indexed folder::
+    ws = Workspace("path/to/repo")
+    report = ws.sync()                # the first sync creates .codeveil/ and the workspace
+    root, config, key, client = ws.open()
+    ws.close()
 
-    .codeveil/
-      .gitignore        "*": the folder never enters git
-      config.json       format version, workspace id, server URL (or none), model id, dim,
-                        mode ("sealed", or "server-search": see docs/threat-model.md)
-      init.lock         empty; flock'ed while the folder is being set up
-      state.sqlite      client state: stat cache, local chunks (holds code; never sent)
-      store/            the embedded store (only without a server): ciphertext only
-
-The workspace key and the server token live in the user config dir, never in the repo.
+What it owns: finding the root (upward, like git finds `.git/`), creating the workspace
+under the init lock (embedded store or a server; sealed unless asked for server-side
+search), joining one on a server, choosing the client (in-process or HTTP), checking
+the key and the model against what the workspace holds, choosing the embedder (the
+workspace's own model unless one is given), and the sync itself (`Syncer`, embedding
+here or on a Ray cluster). Searching is retrieval's: it ranks over what `open` returns.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import re
-import secrets
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
+from indexer.embed_cache import CachedEmbedder, EmbeddingCache
+from indexer.embedder import Embedder
+from indexer.embedder_registry import default_embedder, embedder_for_model_id, embedder_name
 from indexer.errors import CodeveilError
-from indexer.paths import config_dir
-from indexer.private_files import private_dir, write_atomic
-from sync.errors import SyncError
-from sync.records import MODE_SEALED, MODE_SERVER_SEARCH, MODES
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX: no concurrent initialisers
-    fcntl = None  # type: ignore[assignment]
-
-CONFIG_VERSION = 1
-DIR_NAME = ".codeveil"
-_WORKSPACE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")  # as sync.store.checks accepts
-_CONFIG_ADVICE = (
-    "`codeveil doctor --repair` rebuilds it from the embedded store and the key file, or"
-    " restore the value (`codeveil status` on a teammate's clone shows it)"
+from indexer.local_chunks import LocalChunks, open_state_db
+from sync import crypto
+from sync.client import StoreClient
+from sync.config import (
+    ConfigError,
+    RepoConfig,
+    codeveil_dir,
+    find_root,
+    init_lock,
+    load_config,
+    load_token,
+    new_workspace_id,
+    save_config,
+    save_token,
+    state_path,
+    store_path,
 )
+from sync.errors import KeyMismatchError
+from sync.keys import ENV_KEY, WorkspaceKey, create_key, load_key
+from sync.progress import Progress, SyncFollower
+from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
+from sync.syncer import Syncer, SyncReport
+
+if TYPE_CHECKING:
+    from indexer.ray_embedder import RayEmbedder
+
+__all__ = ["ENV_EMBED_ON", "ModelMismatchError", "Opened", "Workspace"]
+
+#: The setting that sends a sync's embedding to a Ray cluster (see `Workspace.sync`).
+ENV_EMBED_ON = "CODEVEIL_EMBED_ON"
+
+# The key on this machine is not the one the workspace was built with (exported by
+# retrieval under this name).
+WrongKeyError = KeyMismatchError
 
 
-class NoIndexError(CodeveilError):
-    """No `.codeveil/` in this folder or any folder above it."""
+class ModelMismatchError(CodeveilError):
+    """The workspace holds vectors of another embedding model than the one in use."""
 
 
-class ConfigError(SyncError):
-    """`.codeveil/config.json` is missing fields, corrupt, or of a version we do not know."""
+class Opened(NamedTuple):
+    """An open workspace: where, what, under which key, through which client."""
+
+    root: Path
+    config: RepoConfig
+    key: WorkspaceKey
+    client: StoreClient
 
 
-@dataclass
-class RepoConfig:
-    workspace_id: str
-    model_id: str
-    dim: int
-    server: str | None = None
-    version: int = CONFIG_VERSION
-    # Written by every codeveil that knows modes; a config without one is older than
-    # sealed mode, so its workspace ranks on the server.
-    mode: str = MODE_SERVER_SEARCH
+class Workspace:
+    """The workspace of one folder (found upward from `path`), from the client's side."""
+
+    def __init__(self, path: str | Path = ".", *, embedder: Embedder | None = None) -> None:
+        self._start = Path(path)
+        if not self._start.exists():
+            raise CodeveilError(f"no such folder: {self._start}")
+        if not self._start.is_dir():
+            raise CodeveilError(f"not a folder: {self._start}")
+        self._embedder_given = embedder
+        self._embedder: CachedEmbedder | None = None
+        self._client: StoreClient | None = None
 
     @property
-    def sealed(self) -> bool:
-        """True when the server stores only sealed rows and search runs here."""
-        return self.mode == MODE_SEALED
+    def root(self) -> Path:
+        """The folder holding `.codeveil/` (the folder given, before the first sync)."""
+        try:
+            return find_root(self._start)
+        except CodeveilError:
+            return self._start.resolve()
 
+    @property
+    def mode(self) -> str:
+        """The workspace's mode: "sealed" (search runs here) or "server-search"."""
+        return load_config(find_root(self._start)).mode
 
-def find_root(start: Path) -> Path:
-    """The nearest folder at or above `start` holding `.codeveil/config.json`."""
-    start = start.resolve()
-    for folder in (start, *start.parents):
-        if (folder / DIR_NAME / "config.json").is_file():
-            return folder
-    raise NoIndexError(
-        f"no codeveil index in {start} or any parent folder; run `codeveil index` there first"
-    )
+    @property
+    def embedder(self) -> CachedEmbedder:
+        """The embedder this workspace uses (its model), behind the cache."""
+        if self._embedder is None:
+            model = self._embedder_given or self._workspace_embedder() or default_embedder()
+            self._embedder = CachedEmbedder(model, EmbeddingCache())
+        return self._embedder
 
+    def _workspace_embedder(self) -> Embedder | None:
+        """The model an existing workspace was built with, so a later change of the
+        default never mixes vectors; None for a new index, or when CODEVEIL_EMBEDDER
+        names a model explicitly (then a mismatch is reported, not papered over)."""
+        if os.environ.get("CODEVEIL_EMBEDDER"):
+            return None
+        try:
+            config = load_config(find_root(self._start))
+        except CodeveilError:
+            return None
+        return embedder_for_model_id(config.model_id)
 
-def codeveil_dir(root: Path) -> Path:
-    return root / DIR_NAME
+    def init(self, *, server: str | None = None, workspace_id: str | None = None,
+             token: str | None = None, server_search: bool = False) -> RepoConfig:
+        """Create `.codeveil/` here and its workspace (in-process, or on `server`).
 
+        A new workspace is sealed: the store keeps one envelope per chunk that it cannot
+        compare, and search runs on this machine. `server_search` instead lets the
+        server rank encrypted vectors (for repos too big for a client's memory), at the
+        leakage measured in docs/threat-model.md; the mode is the workspace's for good.
 
-def state_path(root: Path) -> Path:
-    return codeveil_dir(root) / "state.sqlite"
+        With `workspace_id` (and the key imported with `codeveil key import`), join an
+        existing workspace on `server` instead of creating one; it keeps its own mode.
+        """
+        root = self._start.resolve()
+        with init_lock(root):
+            # Checked under the lock: of two inits of one folder at once, the second
+            # must not make a second workspace (and key) and re-point the folder to it.
+            if (codeveil_dir(root) / "config.json").exists():
+                raise CodeveilError(
+                    f"{root} is already indexed; remove {codeveil_dir(root)} first to"
+                    " re-point it")
+            return self._init(server=server, workspace_id=workspace_id, token=token,
+                              server_search=server_search)
 
+    def ensure(self) -> None:
+        """Create the workspace here unless it exists. Another process (a daemon, a
+        second agent) may be creating it at the same time: the first to take the lock
+        creates it, the others use what it made, so one folder ends with one workspace
+        and one key."""
+        try:
+            find_root(self._start)
+            return
+        except CodeveilError:
+            pass
+        root = self._start.resolve()
+        with init_lock(root):
+            if not (codeveil_dir(root) / "config.json").is_file():
+                self._init()
 
-def store_path(root: Path) -> Path:
-    return codeveil_dir(root) / "store"
+    def _init(self, *, server: str | None = None, workspace_id: str | None = None,
+              token: str | None = None, server_search: bool = False) -> RepoConfig:
+        """`init`, its caller holding the init lock."""
+        root = self._start.resolve()
+        embedder = self.embedder
+        mode = MODE_SERVER_SEARCH if server_search else MODE_SEALED
+        if workspace_id is None:
+            workspace_id = new_workspace_id()
+            # CODEVEIL_KEY stands for every workspace: a new one is made under it (CI,
+            # a second clone of a shared index); otherwise a fresh key is stored.
+            key = load_key(workspace_id) if os.environ.get(ENV_KEY) else create_key(workspace_id)
+            if server is None:
+                from sync.local_client import LocalClient
 
+                LocalClient.create_workspace(
+                    store_path(root), workspace_id, dim=embedder.dim,
+                    model_id=embedder.model_id, key_check=key.key_check, mode=mode,
+                ).close()
+            else:
+                from sync.http_client import HttpClient
 
-def load_config(root: Path) -> RepoConfig:
-    path = codeveil_dir(root) / "config.json"
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise NoIndexError(f"no codeveil index at {root}; run `codeveil index` first") from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path} is unreadable or not JSON ({exc}); {_CONFIG_ADVICE}") from exc
-    if not isinstance(raw, dict) or raw.get("version") != CONFIG_VERSION:
-        raise ConfigError(
-            f"{path} has format version {raw.get('version') if isinstance(raw, dict) else '?'},"
-            f" this codeveil reads version {CONFIG_VERSION}"
+                token = HttpClient.create_workspace(
+                    server, workspace_id=workspace_id, dim=embedder.dim,
+                    model_id=embedder.model_id, key_check=key.key_check, mode=mode,
+                )
+                save_token(workspace_id, token)
+        elif server is None:
+            raise CodeveilError("joining an existing workspace needs --server URL")
+        else:
+            from sync.http_client import HttpClient
+
+            load_key(workspace_id)
+            if token:
+                save_token(workspace_id, token)
+            with HttpClient(server, workspace_id, load_token(workspace_id)) as joined:
+                mode = joined.info().mode  # the workspace's, whatever was asked
+        config = RepoConfig(workspace_id=workspace_id, model_id=embedder.model_id,
+                            dim=embedder.dim, server=server, mode=mode)
+        save_config(root, config)
+        self._start = root
+        self._check(config, load_key(workspace_id))
+        return config
+
+    def open(self) -> Opened:
+        """The workspace as it stands: its root, config, key and client (opened and
+        checked against the key and the model once, then kept)."""
+        root = find_root(self._start)
+        config = load_config(root)
+        key = load_key(config.workspace_id)
+        if self._client is None:
+            self._client = _open_client(root, config)
+            self._check(config, key)
+        return Opened(root, config, key, self._client)
+
+    def _check(self, config: RepoConfig, key: WorkspaceKey) -> None:
+        client = self._client or _open_client(find_root(self._start), config)
+        self._client = client
+        info = client.info()
+        if info.key_check != key.key_check:
+            raise WrongKeyError(
+                f"the key for workspace {config.workspace_id} does not match the one its index"
+                " was built with; import the right one with `codeveil key import`"
+            )
+        for name, have, want in (("dim", config.dim, info.dim),
+                                 ("model_id", config.model_id, info.model_id),
+                                 ("mode", config.mode, info.mode)):
+            if have != want:
+                path = codeveil_dir(find_root(self._start)) / "config.json"
+                raise ConfigError(
+                    f"{path}: {name} is {have!r} but workspace {config.workspace_id} holds"
+                    f" {want!r}; set it back to {want!r}"
+                )
+        model = self.embedder
+        if info.model_id != model.model_id or info.dim != model.dim:
+            raise ModelMismatchError(
+                f"workspace {config.workspace_id} holds vectors of {info.model_id} (dim"
+                f" {info.dim}) but the embedder in use is {model.model_id} (dim {model.dim})"
+            )
+
+    def sync(self, *, progress: Progress | None = None, reupload: bool = False,
+             embed_on: str | None = None, follower: SyncFollower | None = None) -> SyncReport:
+        """Bring the workspace up to date with the folder; creates it on first use.
+
+        `reupload` sends every file again, whatever the store's tree says: the repair of
+        a store that lost rows (`codeveil doctor --repair`). `embed_on` (or the
+        CODEVEIL_EMBED_ON setting) sends the embedding to a Ray cluster,
+        `ray://HOST:PORT[?actors=N]`: the cluster sees the chunks' plain text, so it must
+        be one you trust; vectors come back here and are encrypted here. `follower`
+        runs beside the sync and is finished with it (its time is in the report).
+        """
+        if follower is None:
+            return self._sync(progress, reupload, embed_on)
+        report = None
+        try:
+            report = self._sync(follower.watch(progress), reupload, embed_on)
+        finally:
+            took = follower.finish(completed=report is not None)
+        report.seconds_search_ready = took
+        report.seconds += took
+        return report
+
+    def _sync(self, progress: Progress | None, reupload: bool,
+              embed_on: str | None) -> SyncReport:
+        remote = self._remote_embedder(embed_on or os.environ.get(ENV_EMBED_ON))
+        self.ensure()
+        root, config, key, client = self.open()
+        embedder = self.embedder
+        if remote is not None:
+            embedder = CachedEmbedder(remote, embedder.cache)
+        syncer = Syncer(
+            root, state_path(root), client, key, config.workspace_id, embedder,
+            None if config.sealed else crypto.VectorCipher(key, embedder.dim),
+            sealed=config.sealed, progress=progress,
         )
-    missing = [k for k in ("workspace_id", "model_id", "dim") if k not in raw]
-    if missing:
-        raise ConfigError(f"{path} lacks the field {missing[0]!r}; {_CONFIG_ADVICE}")
-    ws, model, dim, server = raw["workspace_id"], raw["model_id"], raw["dim"], raw.get("server")
-    mode = raw.get("mode", MODE_SERVER_SEARCH)
-    # Checked here, so a hand-edited value is reported as the setting it is, not as
-    # whatever error it would cause further on.
-    if not isinstance(ws, str) or not _WORKSPACE_ID.match(ws):
-        raise ConfigError(
-            f"{path}: workspace_id {ws!r} is not a workspace id (1 to 64 of A-Z a-z 0-9 _ -);"
-            f" {_CONFIG_ADVICE}"
-        )
-    if not isinstance(model, str) or not model or not model.isprintable():
-        raise ConfigError(f"{path}: model_id {model!r} is not a model id; {_CONFIG_ADVICE}")
-    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 65536:
-        raise ConfigError(f"{path}: dim {dim!r} is not a positive integer; {_CONFIG_ADVICE}")
-    if server is not None and not (
-        isinstance(server, str) and server.startswith(("http://", "https://"))
-    ):
-        raise ConfigError(
-            f"{path}: server {server!r} is not an http(s) URL; fix it, or run"
-            " `codeveil init --server URL` again"
-        )
-    if mode not in MODES:
-        raise ConfigError(f"{path}: mode {mode!r} is not one of {', '.join(MODES)};"
-                          f" {_CONFIG_ADVICE}")
-    return RepoConfig(workspace_id=ws, model_id=model, dim=dim, server=server, mode=mode)
+        try:
+            report = syncer.run(reupload=reupload)
+            report.embedded_on = (remote.address or "auto") if remote is not None else "here"
+        finally:
+            syncer.close()
+            if remote is not None:
+                remote.close()
+        client.verify()  # never report success over a store that cannot read its rows
+        return report
+
+    def _remote_embedder(self, embed_on: str | None) -> RayEmbedder | None:
+        """A Ray pool running this index's model, for `embed_on`; None for here."""
+        if not embed_on:
+            return None
+        from indexer.ray_embedder import RayEmbedder, parse_embed_on
+
+        address, actors = parse_embed_on(embed_on)
+        model_id = self.embedder.model_id
+        name = embedder_name(model_id)
+        if name is None:
+            raise CodeveilError(f"the model {model_id} cannot be run on a Ray cluster")
+        return RayEmbedder(address, actors=actors or 2, model=name)
+
+    def status(self) -> dict:
+        """Where the workspace is, what it holds here and in the store, where that is."""
+        root, config, _key, client = self.open()
+        info = client.info()
+        db = open_state_db(state_path(root))
+        try:
+            local = LocalChunks(db)
+            files, chunks = local.count_files(), local.count()
+        finally:
+            db.close()
+        return {
+            "root": str(root),
+            "workspace_id": config.workspace_id,
+            "server": config.server or "embedded",
+            "mode": config.mode,
+            "model_id": config.model_id,
+            "files": files,
+            "chunks": chunks,
+            "server_chunks": info.chunks,
+            "server_nodes": info.nodes,
+        }
+
+    def close(self) -> None:
+        """Close the client (a later call opens it again)."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
 
-def _make_dir(root: Path) -> Path:
-    """`.codeveil/`, with the `.gitignore` that keeps it out of git from the start."""
-    folder = codeveil_dir(root)
-    private_dir(folder)
-    ignore = folder / ".gitignore"
-    if not ignore.exists():
-        ignore.write_text("# codeveil's local index: never commit it\n*\n")
-    return folder
+def _open_client(root: Path, config: RepoConfig) -> StoreClient:
+    if config.server is None:
+        from sync.local_client import LocalClient
 
+        return LocalClient.open(store_path(root), config.workspace_id)
+    from sync.http_client import HttpClient
 
-def save_config(root: Path, config: RepoConfig) -> None:
-    folder = _make_dir(root)
-    write_atomic(folder / "config.json", json.dumps(asdict(config), indent=2) + "\n")
-
-
-@contextlib.contextmanager
-def init_lock(root: Path) -> Iterator[None]:
-    """Held while `.codeveil/` is being set up, so that two processes initialising one
-    folder at once (a daemon and an index, two agents) end with one workspace and one
-    key: the second waits, then finds the first one's config. Not reentrant."""
-    folder = _make_dir(root)
-    with open(folder / "init.lock", "a+b") as f:
-        if fcntl is not None:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        yield  # closing the file releases the lock, also when the process dies
-
-
-def new_workspace_id() -> str:
-    return secrets.token_hex(16)
-
-
-def token_path(workspace_id: str) -> Path:
-    return config_dir() / "tokens" / f"{workspace_id}.token"
-
-
-def save_token(workspace_id: str, token: str) -> None:
-    """Keep a server's bearer token beside the keys, readable by the user only."""
-    from sync.keys import write_secret_file
-
-    write_secret_file(token_path(workspace_id), token.encode())
-
-
-def load_token(workspace_id: str) -> str:
-    env = os.environ.get("CODEVEIL_TOKEN")
-    if env:
-        return env.strip()
-    path = token_path(workspace_id)
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        raise ConfigError(
-            f"no server token for workspace {workspace_id} (looked in {path});"
-            " set CODEVEIL_TOKEN or run `codeveil init --server URL` again"
-        ) from None
+    return HttpClient(config.server, config.workspace_id, load_token(config.workspace_id))

@@ -141,8 +141,8 @@ def test_every_command_has_help(name: str) -> None:
 
 
 def test_two_processes_initialising_one_folder_end_with_one_workspace(tmp_path: Path) -> None:
+    from sync.config import load_config, store_path
     from sync.store import Store
-    from sync.workspace import load_config, store_path
     from tests.conftest import write_repo
 
     # Both start at once; creating a workspace takes seconds, so they overlap.
@@ -174,7 +174,7 @@ def test_hand_edited_config_values_are_named(sample_repo: Path, field: str, bad:
                                              needle: str) -> None:
     from indexer.embedder import HashingEmbedder
     from retrieval import Index
-    from sync.workspace import ConfigError
+    from sync.config import ConfigError
 
     with Index(sample_repo, embedder=HashingEmbedder()) as idx:  # as CODEVEIL_EMBEDDER does
         idx.index()

@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from sync.config import init_lock, load_config
 from sync.store import Store
-from sync.workspace import init_lock, load_config
 from tests.conftest import write_repo
 from tests.server_fixtures import ServerProcess
 

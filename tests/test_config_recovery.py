@@ -16,9 +16,9 @@ import pytest
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
 from retrieval.doctor import doctor
+from sync.config import load_config
 from sync.keys import key_path
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
-from sync.workspace import load_config
 from tests.conftest import write_repo
 
 

@@ -20,9 +20,9 @@ from indexer.embed_cache import cache_key
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
 from retrieval.doctor import doctor
+from sync.config import load_config, store_path
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
 from sync.wire import StoreCorrupt
-from sync.workspace import load_config, store_path
 from tests.conftest import write_repo
 
 QUERIES = ["retry failed uploads", "password hash", "shopping cart total", "distance"]
@@ -362,7 +362,7 @@ def test_a_clean_index_with_repeated_chunks_gives_a_clean_doctor(
     with Index(root, embedder=HashingEmbedder()) as idx:
         idx.index()
     from indexer.local_chunks import LocalChunks, open_state_db
-    from sync.workspace import state_path
+    from sync.config import state_path
 
     db = open_state_db(state_path(root))
     try:

@@ -13,8 +13,8 @@ import pytest
 
 from indexer.embedder import SentenceTransformerEmbedder
 from retrieval import Index
+from sync.config import load_config
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
-from sync.workspace import load_config
 from tests.conftest import codeveil_env
 
 QUERIES = ["retry failed uploads", "hash a password", "distance between two points"]
@@ -88,7 +88,7 @@ def test_a_config_written_before_modes_reads_as_server_search(sample_repo: Path)
 def test_a_config_with_an_unknown_mode_is_named(sample_repo: Path, bad: object) -> None:
     import json
 
-    from sync.workspace import ConfigError
+    from sync.config import ConfigError
 
     with Index(sample_repo) as idx:
         idx.init()

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from retrieval import Index
+from sync.config import load_config, load_token
 from sync.http_client import HttpClient
 from sync.local_client import LocalClient
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
@@ -26,7 +27,6 @@ from sync.wire import (
     StoreUnavailable,
     WorkspaceNotFound,
 )
-from sync.workspace import load_config, load_token
 from tests.conftest import codeveil_env
 from tests.pg_fixtures import other_database
 from tests.server_fixtures import PROJECT_ROOT, ServerProcess

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from indexer.private_files import write_atomic
+from sync.config import codeveil_dir
 from sync.errors import SyncError
-from sync.workspace import codeveil_dir
 
 log = logging.getLogger(__name__)
 

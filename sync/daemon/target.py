@@ -10,8 +10,8 @@ from indexer.errors import CodeveilError
 
 if TYPE_CHECKING:  # `daemon status` and `stop` import this package: keep it light
     from sync.progress import SyncFollower
-    from sync.repo import Workspace
     from sync.syncer import SyncReport
+    from sync.workspace import Workspace
 
 #: Errors meaning "the server could not be reached" when found in a failed sync's cause
 #: chain (the HTTP client's own is added when a target has a server).
@@ -50,7 +50,7 @@ class WorkspaceSync:
 
     @property
     def server(self) -> str:
-        from sync.workspace import load_config
+        from sync.config import load_config
 
         try:
             return load_config(self.workspace.root).server or "embedded"
