@@ -2,8 +2,9 @@
 
 Tools (the official `mcp` SDK's `MCPServer`, stdio transport):
 
-- `search(query, k, group, path, language, kind)`: hybrid search of the repo; `group` is
-  `chunk`, `symbol` or `file`; `kind` keeps code, tests, docs, examples or config.
+- `search(query, k, group, path, language, kind, repos)`: hybrid search of the repo;
+  `group` is `chunk`, `symbol` or `file`; `kind` keeps code, tests, docs, examples or
+  config; `repos` names other indexed folders to rank together with this one.
   Returns hits with path, lines, symbol, kind, score and the code as it is on disk now.
 - `definition(name, limit)`: where a symbol is defined (`Session.send`, `Sinatra::Base`),
   candidates ranked, each with its signature and its first lines.
@@ -43,6 +44,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from indexer.errors import CodeveilError
 from retrieval.api import Index
+from retrieval.multi import MultiIndex
 
 INSTRUCTIONS = """\
 codeveil searches this repository's code by meaning and by name (hybrid: embeddings,
@@ -97,6 +99,7 @@ def build_server(repo: Path) -> MCPServer:
         path: str | None = None,
         language: str | None = None,
         kind: str | None = None,
+        repos: list[str] | None = None,
     ) -> dict[str, Any]:
         """Search the repository's code for `query` (a question, a description of
         behaviour, an identifier, an error message or a stack trace).
@@ -105,7 +108,8 @@ def build_server(repo: Path) -> MCPServer:
         per function/class) or "file" (one result per file). path: a glob the result
         paths must match, e.g. "src/*" or "*.py". language: e.g. "python". kind: only
         files of these kinds, e.g. "code" or "code,tests" (code, tests, docs, examples,
-        config).
+        config). repos: other indexed folders (paths) to search together with this
+        repository, as one ranking; each hit then names its repo.
         Returns hits best first: path, start_line, end_line (1-based, inclusive),
         symbol, kind (code, tests, docs, examples or config), score (higher is
         better; compare within one result list only), text
@@ -116,6 +120,12 @@ def build_server(repo: Path) -> MCPServer:
         chunks_with_vectors of them by meaning).
         """
         k = max(1, min(int(k), MAX_K))
+        if repos:
+            with state.use_many(repos) as many:
+                hits = many.search(query, k=k, group=group, path=path, language=language,
+                                   kind=kind)
+                return {"query": query, "group": group,
+                        "hits": [h.to_dict() for h in hits], "index": many.coverage()}
         with state.use() as idx:
             hits = idx.search(query, k=k, group=group, path=path, language=language,
                               kind=kind)
@@ -206,21 +216,41 @@ class _State:
         self.repo = repo
         self._lock = threading.Lock()
         self._index: Index | None = None
+        # The last set of repositories searched together (an agent repeats it).
+        self._many: tuple[tuple[str, ...], MultiIndex] | None = None
 
     @contextmanager
     def use(self) -> Iterator[Index]:
         """The index, locked; codeveil's errors become tool errors the agent can read
         (the SDK shows other exceptions as a bare "error executing tool")."""
-        with self._lock:
-            try:
-                if self._index is None:
-                    self._index = Index(self.repo)
-                yield self._index
-            except CodeveilError as exc:
-                raise ToolError(str(exc)) from exc
-            except sqlite3.DatabaseError as exc:
-                raise ToolError(f"an index file is corrupt ({exc}); `codeveil doctor` finds"
-                                " which, `codeveil doctor --repair` rebuilds it") from exc
+        with self._lock, _tool_errors():
+            if self._index is None:
+                self._index = Index(self.repo)
+            yield self._index
+
+    @contextmanager
+    def use_many(self, others: list[str]) -> Iterator[MultiIndex]:
+        """This repository and `others` as one MultiIndex, locked, kept for the next
+        call that names the same ones."""
+        with self._lock, _tool_errors():
+            wanted = tuple(others)
+            if self._many is None or self._many[0] != wanted:
+                if self._many is not None:
+                    self._many[1].close()
+                    self._many = None
+                self._many = (wanted, MultiIndex([self.repo, *map(Path, wanted)]))
+            yield self._many[1]
+
+
+@contextmanager
+def _tool_errors() -> Iterator[None]:
+    try:
+        yield
+    except CodeveilError as exc:
+        raise ToolError(str(exc)) from exc
+    except sqlite3.DatabaseError as exc:
+        raise ToolError(f"an index file is corrupt ({exc}); `codeveil doctor` finds"
+                        " which, `codeveil doctor --repair` rebuilds it") from exc
 
 
 def run(repo: Path) -> None:

@@ -153,3 +153,40 @@ def test_lookup_tools_through_a_client_session(tmp_path: Path) -> None:
 
     anyio.run(_session_run, repo, tmp_path, steps)
 
+
+
+def test_search_over_several_repositories_through_a_client_session(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    repo = write_repo(tmp_path / "repo")
+    other = write_repo(tmp_path / "other", {
+        "billing/invoice.py": "def issue_invoice_for_customer(customer):\n"
+                              "    return render_invoice(customer)\n"})
+    env = dict(os.environ, CODEVEIL_EMBEDDER="hashing",
+               CODEVEIL_CONFIG_DIR=str(tmp_path / "config"),
+               CODEVEIL_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    for r in (repo, other):
+        subprocess.run([sys.executable, "-m", "retrieval.cli", "index", "-q"], cwd=r, env=env,
+                       check=True, timeout=120)
+
+    async def steps(session: ClientSession) -> None:
+        tools = {t.name: t for t in (await session.list_tools()).tools}
+        assert "repos" in tools["search"].input_schema["properties"]
+        both = await session.call_tool("search", {"query": "issue_invoice_for_customer",
+                                                  "k": 3, "repos": [str(other)]})
+        assert not both.is_error, both.content
+        hits = both.structured_content["hits"]
+        assert hits[0]["path"] == "billing/invoice.py"
+        assert hits[0]["repo"] == str(other.resolve())
+        assert set(both.structured_content["index"]) == {str(repo.resolve()),
+                                                         str(other.resolve())}
+        alone = await session.call_tool("search", {"query": "issue_invoice_for_customer",
+                                                   "k": 3})
+        assert all("repo" not in h and h["path"] != "billing/invoice.py"
+                   for h in alone.structured_content["hits"])
+        missing = await session.call_tool("search", {"query": "x",
+                                                     "repos": [str(tmp_path / "nowhere")]})
+        assert missing.is_error and "no codeveil index" in missing.content[0].text
+
+    anyio.run(_session_run, repo, tmp_path, steps)
