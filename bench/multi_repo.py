@@ -1,0 +1,131 @@
+"""One query over several repositories: is each answer found as often as when its own
+repository is searched alone?
+
+    python bench/multi_repo.py [--trees psf/requests,pallets/flask,mwaskom/seaborn]
+                               [--per-repo 40]
+
+Each tree is a git mirror under /work/.mirror (read with `git archive HEAD`, the commit
+recorded), unpacked as `<work>/<name>/<name>/` and indexed on its own with the default
+embedder (cached in bench/.cache/multi_repo, so a rerun embeds nothing). Queries with a
+known answer, written by the projects' authors: the first sentence of the docstring of a
+Python function or class defined in exactly one file of its tree (at least four words;
+sampled with a fixed seed), the answer being that file. Every query is searched with
+`group="file"`, k=5, in its own repository alone (`Index`) and in all of them at once
+(`MultiIndex`); Acc@5 counts the answer's file (in the answer's repository) among the
+five. Writes bench/results/multi_repo.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._common import table, write_json  # noqa: E402
+
+MIRRORS = Path("/work/.mirror")
+
+
+def unpack(name: str, into: Path) -> tuple[Path, str]:
+    """The mirror's HEAD as `into/<repo>/<repo>/`; (the repository's root, its commit)."""
+    git_dir = MIRRORS / name.replace("/", "+") / "repo"
+    if not git_dir.exists():
+        raise SystemExit(f"no mirror at {git_dir}: fetch github:{name} first")
+    short = name.split("/")[1]
+    root = into / short
+    (root / short).mkdir(parents=True)
+    archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", "HEAD"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(root / short)], input=archive, check=True)
+    commit = subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", "HEAD"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    return root, commit
+
+
+def docstring_queries(root: Path, n: int, rng: random.Random) -> list[tuple[str, str]]:
+    """(first docstring sentence, defining file) of up to `n` Python definitions whose
+    name is defined in exactly one file of the tree."""
+    found: list[tuple[str, str, str]] = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                doc = ast.get_docstring(node) or ""
+                sentence = doc.strip().split("\n\n")[0].replace("\n", " ").split(". ")[0]
+                if len(sentence.split()) >= 4:
+                    found.append((node.name, sentence.strip().rstrip("."), rel))
+    files_of = Counter(name for name, _ in {(name, rel) for name, _, rel in found})
+    unique = [(s, rel) for name, s, rel in found if files_of[name] == 1]
+    unique = sorted(set(unique))
+    return rng.sample(unique, min(n, len(unique)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trees", default="psf/requests,pallets/flask,mwaskom/seaborn")
+    parser.add_argument("--per-repo", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    cache = ROOT / "bench" / ".cache" / "multi_repo"
+    os.environ["CODEVEIL_CACHE_DIR"] = str(cache / "cache")
+    os.environ["CODEVEIL_CONFIG_DIR"] = str(cache / "config")
+    work = Path(tempfile.mkdtemp(prefix="codeveil-multi-"))
+    from retrieval import Index, MultiIndex
+
+    try:
+        repos, commits, queries, chunks = [], {}, {}, {}
+        rng = random.Random(args.seed)
+        for name in args.trees.split(","):
+            root, commits[name] = unpack(name, work)
+            with Index(root) as idx:
+                t0 = time.perf_counter()
+                chunks[name] = idx.index().chunks_total
+                print(f"{name}: {chunks[name]} chunks in {time.perf_counter() - t0:.0f} s",
+                      flush=True)
+            repos.append((name, root))
+            queries[name] = docstring_queries(root, args.per_repo, rng)
+        rows, totals = [], Counter()
+        with MultiIndex([r for _, r in repos]) as many:
+            for (name, _), idx in zip(repos, many.indexes, strict=True):
+                alone = together = 0
+                for q, gold in queries[name]:
+                    alone += gold in [h.path for h in idx.search(q, k=5, group="file")]
+                    together += any(h.repo == str(idx.root) and h.path == gold
+                                    for h in many.search(q, k=5, group="file"))
+                n = len(queries[name])
+                rows.append({"repo": name, "chunks": chunks[name], "queries": n,
+                             "acc5_alone": round(alone / n, 3),
+                             "acc5_together": round(together / n, 3)})
+                totals.update(n=n, alone=alone, together=together)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    n = totals["n"]
+    rows.append({"repo": "all", "chunks": sum(chunks.values()), "queries": n,
+                 "acc5_alone": round(totals["alone"] / n, 3),
+                 "acc5_together": round(totals["together"] / n, 3)})
+    print(table(["repository", "chunks", "queries", "Acc@5 alone", "Acc@5 together",
+                 "difference"],
+                [[r["repo"], r["chunks"], r["queries"], r["acc5_alone"], r["acc5_together"],
+                  round(r["acc5_together"] - r["acc5_alone"], 3)] for r in rows]))
+    path = write_json("multi_repo", {"trees": commits, "per_repo": args.per_repo,
+                                     "seed": args.seed, "results": rows})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
