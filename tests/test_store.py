@@ -793,3 +793,34 @@ def test_random_calls_leave_both_backends_alike(tmp_path: Path, pg_url: str) -> 
             assert observed(one) == observed(two), (seed, step, name)
     embedded.close()
     postgres.close()
+
+
+def _sharing_prefix(of: bytes, tail: str) -> bytes:
+    """A key with the first 8 bytes of `of` (a file key colliding by chance)."""
+    return of[:8] + hashlib.sha256(tail.encode()).digest()[:8]
+
+
+def _file(file_key: bytes, path: str, n: int = 2) -> FileUpdate:
+    return FileUpdate(file_key, ancestors(path), value(f"{path}@1"), tuple(
+        ChunkRecord(key(f"{path}#{i}"), v, meta(path, i, "1"))
+        for i, v in enumerate(rand(n, 5))))
+
+
+def test_two_files_whose_keys_share_their_row_group_are_refused(backend: Backend) -> None:
+    # A file's rows are grouped by its key's first 8 bytes: a second file with the same
+    # 8 would take the first one's rows with it on every replace and delete.
+    client = backend.create()
+    first = _file(key("a.py"), "a.py", 3)
+    client.apply([first], [])
+    twin = _file(_sharing_prefix(key("a.py"), "twin"), "b.py")
+    with pytest.raises(BadRequest, match="first 8 bytes"):
+        client.apply([twin], [])
+    with pytest.raises(BadRequest, match="first 8 bytes"):  # within one apply too
+        client.apply([_file(key("c.py"), "c.py"),
+                      _file(_sharing_prefix(key("c.py"), "x"), "d.py")], [])
+    rows = client.file_rows([key("a.py")])
+    assert len(rows[key("a.py")]) == 3  # the first file kept its rows
+    assert set(by_key(client.children([key("")])[key("")])) == {key("a.py")}
+    # Once the first file is deleted, its key's group is free again.
+    client.apply([twin], [key("a.py")])
+    assert len(client.file_rows([twin.file_key])[twin.file_key]) == 2

@@ -70,7 +70,13 @@ from sync.store.checks import (
 )
 from sync.store.pg_conn import Pool, copy_rows, vector_text
 from sync.store.pg_schema import SCHEMA
-from sync.store.rows import bounded_answer, fid_of, file_keys
+from sync.store.rows import (
+    bounded_answer,
+    fid_bounds,
+    fid_of,
+    file_keys,
+    refuse_fid_collisions,
+)
 from sync.wire import (
     BadRequest,
     SealedWorkspaceError,
@@ -577,6 +583,13 @@ def _mark_pending(
     below = _subtree(conn, ws, became_files)
     fids.update(fid_of(k) for k, is_dir in below.items() if not is_dir)
     gone = set(deleted) | set(below)
+    if updates:
+        bounds = [fid_bounds(u.file_key) for u in updates]
+        stored = [k for (k,) in conn.execute(
+            f"SELECT n.key FROM unnest(%s::bytea[], %s::bytea[]) AS b (lo, hi)"
+            f" JOIN {W}.nodes n ON n.workspace = %s AND n.key >= b.lo AND n.key < b.hi",
+            ([lo for lo, _ in bounds], [hi for _, hi in bounds], ws))]
+        refuse_fid_collisions([u.file_key for u in updates], shape, stored, gone)
     conn.execute(f"UPDATE {W}.nodes SET value = NULL WHERE workspace = %s"
                  " AND key = ANY(%s::bytea[])", (ws, sorted(gone)))
     conn.execute(

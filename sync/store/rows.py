@@ -87,6 +87,34 @@ def fid_of(file_key: bytes) -> int:
     return int.from_bytes(file_key[:8], "big", signed=True)
 
 
+def fid_bounds(key: bytes) -> tuple[bytes, bytes]:
+    """[low, high): the node keys that share `key`'s fid (its first 8 bytes)."""
+    prefix = int.from_bytes(key[:8], "big")
+    high = ((prefix + 1).to_bytes(8, "big") + bytes(8) if prefix < 2**64 - 1
+            else b"\xff" * 17)  # above every 16-byte key
+    return key[:8] + bytes(8), high
+
+
+def refuse_fid_collisions(file_keys: Iterable[bytes], batch_keys: Iterable[bytes],
+                          stored: Iterable[bytes], gone: set[bytes]) -> None:
+    """Raise BadRequest if a file of an apply would share its rows' group with another
+    node: a file's rows are found, replaced and deleted by its key's first 8 bytes, so
+    two keys with the same 8 (by chance: about n^2 / 2^65 for n files) would mix their
+    rows. `stored` are the tree's keys in the `fid_bounds` of the files, `batch_keys`
+    every node key of the apply, and `gone` the nodes it deletes."""
+    near: dict[bytes, set[bytes]] = {}
+    for k in (*batch_keys, *stored):
+        if k not in gone:
+            near.setdefault(k[:8], set()).add(k)
+    for f in file_keys:
+        others = near.get(f[:8], set()) - {f}
+        if others:
+            raise BadRequest(
+                f"file key {f.hex()} shares its first 8 bytes with node"
+                f" {min(others).hex()}: the store groups a file's rows by them; rename"
+                " one of the two files")
+
+
 def has_sealed_rows(conn: sqlite3.Connection) -> bool:
     """Whether the tree.sqlite of `conn` holds the sealed rows table."""
     return conn.execute(

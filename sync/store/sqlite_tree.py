@@ -20,7 +20,7 @@ from indexer import sqlite_files
 from indexer.formats import FormatError, check_sqlite_format
 from sync.records import MODE_SERVER_SEARCH
 from sync.store.checks import _Update
-from sync.store.rows import fid_of
+from sync.store.rows import fid_bounds, fid_of, refuse_fid_collisions
 from sync.wire import BadRequest, StoreCorrupt
 
 SQL_BATCH = 500  # bound on parameters per statement
@@ -183,6 +183,9 @@ def mark_pending(conn: sqlite3.Connection, updates: list[_Update], deletes: list
     below = _subtree(conn, became_files)
     fids.update(fid_of(k) for k, is_dir in below.items() if not is_dir)
     gone = set(deleted) | set(below)
+    stored = [k for u in updates for (k,) in conn.execute(
+        "SELECT key FROM nodes WHERE key >= ? AND key < ?", fid_bounds(u.file_key))]
+    refuse_fid_collisions([u.file_key for u in updates], shape, stored, gone)
     conn.executemany(
         "UPDATE nodes SET value = NULL WHERE key = ?", [(k,) for k in gone]
     )
