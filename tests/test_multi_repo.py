@@ -14,6 +14,7 @@ import pytest
 from indexer.embedder import HashingEmbedder
 from indexer.errors import CodeveilError
 from retrieval import Index, MultiIndex
+from retrieval.multi import MERGE_RRF_K
 from tests.conftest import write_repo
 
 
@@ -43,7 +44,8 @@ def test_the_answer_comes_from_its_repository(repos: list[Path], name: str) -> N
             best_alone = alone.search(f"{name}_unique_entry_point", k=1)[0]
     assert hits[0].repo == str(repos[["service", "client", "infra"].index(name)])
     assert hits[0].path == f"{name}/special.py" == best_alone.path
-    assert hits[0].score == pytest.approx(best_alone.score)
+    # First in the merge: first by fused score and by cosine in its repository.
+    assert hits[0].score == pytest.approx(2 / (MERGE_RRF_K + 1))
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
     assert {h.repo for h in hits} <= {str(r) for r in repos}
 
