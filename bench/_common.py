@@ -27,6 +27,25 @@ def isolate() -> Path:
     return base
 
 
+MIRRORS = Path("/work/.mirror")  # where `fetch` puts git mirrors: <owner>+<name>/repo
+
+
+def unpack_mirror(name: str, dest: Path, mirrors: Path = MIRRORS) -> str:
+    """The HEAD of the git mirror of `name` (owner/repo) unpacked into `dest` (made
+    here); returns the commit, for the result file."""
+    git_dir = mirrors / name.replace("/", "+") / "repo"
+    if not git_dir.is_dir():
+        raise SystemExit(f"no mirror of {name} at {git_dir}: fetch github:{name} first")
+    dest.mkdir(parents=True)
+    archive = subprocess.Popen(["git", "--git-dir", str(git_dir), "archive", "HEAD"],
+                               stdout=subprocess.PIPE)
+    subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, check=True)
+    if archive.wait() != 0:
+        raise SystemExit(f"git archive of {git_dir} failed")
+    return subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
 def copy_tree(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return dst

@@ -26,7 +26,6 @@ import hashlib
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,25 +35,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._common import table, write_json  # noqa: E402
-
-MIRRORS = Path("/work/.mirror")
+from bench._common import table, unpack_mirror, write_json  # noqa: E402
 
 
 def unpack(name: str, into: Path) -> tuple[Path, str]:
     """The mirror's HEAD as `into/<repo>/<repo>/`; (the repository's root, its commit)."""
-    git_dir = MIRRORS / name.replace("/", "+") / "repo"
-    if not git_dir.exists():
-        raise SystemExit(f"no mirror at {git_dir}: fetch github:{name} first")
     short = name.split("/")[1]
-    root = into / short
-    (root / short).mkdir(parents=True)
-    archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", "HEAD"],
-                             capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(root / short)], input=archive, check=True)
-    commit = subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", "HEAD"],
-                            capture_output=True, text=True, check=True).stdout.strip()
-    return root, commit
+    return into / short, unpack_mirror(name, into / short / short)
 
 
 def docstring_queries(root: Path, n: int, rng: random.Random) -> list[tuple[str, str]]:

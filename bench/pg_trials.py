@@ -65,7 +65,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import faults  # noqa: E402
-from bench._common import isolate, table, write_json  # noqa: E402
+from bench._common import isolate, table, unpack_mirror, write_json  # noqa: E402
 
 PHASES = ("first", "join")
 TARGETS = ("client", "replica", "database")
@@ -154,18 +154,7 @@ def export_trees(names: list[str], mirrors: Path | None, into: Path) -> dict[str
         full = KNOWN_TREES.get(name, name)
         if mirrors is None:
             raise SystemExit("--tree needs --mirrors DIR (bare git mirrors, <owner>+<name>/repo)")
-        git = mirrors / full.replace("/", "+") / "repo"
-        if not git.is_dir():
-            raise SystemExit(f"no mirror of {full} at {git}")
-        commits[full] = subprocess.run(["git", "--git-dir", str(git), "rev-parse", "HEAD"],
-                                       check=True, capture_output=True, text=True).stdout.strip()
-        dest = into / full.rsplit("/", 1)[-1]
-        dest.mkdir(parents=True)
-        archive = subprocess.Popen(["git", "--git-dir", str(git), "archive", "HEAD"],
-                                   stdout=subprocess.PIPE)
-        subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, check=True)
-        if archive.wait() != 0:
-            raise SystemExit(f"git archive of {git} failed")
+        commits[full] = unpack_mirror(full, into / full.rsplit("/", 1)[-1], mirrors)
     return commits
 
 

@@ -21,7 +21,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,9 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._common import table, write_json  # noqa: E402
+from bench._common import table, unpack_mirror, write_json  # noqa: E402
 
-MIRRORS = Path("/work/.mirror")
 QUESTIONS = [
     "where is the retry policy applied to outgoing requests",
     "how are routes registered and dispatched",
@@ -47,20 +45,6 @@ QUESTIONS = [
     "where are timeouts enforced",
     "how is json encoded in a response",
 ]
-
-
-def _tree(name: str, into: Path) -> str:
-    """The mirror's HEAD, unpacked under `into/<repo name>`; returns its commit."""
-    git_dir = MIRRORS / name.replace("/", "+") / "repo"
-    if not git_dir.exists():
-        raise SystemExit(f"no mirror at {git_dir}: fetch github:{name} first")
-    dest = into / name.split("/")[1]
-    dest.mkdir(parents=True)
-    archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", "HEAD"],
-                             capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    return subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", "HEAD"],
-                          capture_output=True, text=True, check=True).stdout.strip()
 
 
 def _pct(values: list[float], q: int) -> float:
@@ -79,7 +63,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="codeveil-latency-"))
     try:
         repo = work / "repo"
-        commits = {name: _tree(name, repo) for name in args.trees.split(",")}
+        commits = {name: unpack_mirror(name, repo / name.split("/")[1])
+                   for name in args.trees.split(",")}
         from retrieval import Index
 
         with Index(repo) as idx:
