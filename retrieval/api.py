@@ -86,7 +86,7 @@ class Index:
         self._ranker: HybridRanker | None = None
         self._rerank_db: sqlite3.Connection | None = None
         self._search_db: sqlite3.Connection | None = None
-        self._search_db_identity: tuple[Path, int, int] | None = None
+        self._search_db_identity: tuple[int, int] | None = None
         self._search_options: SearchOptions | None = None
         self._tools: AgentTools | None = None
 
@@ -230,21 +230,12 @@ class Index:
         and opened again if the file was replaced (`doctor --repair` moves a damaged one
         aside, a user deletes it)."""
         path = state_path(root)
-        try:
-            st = path.stat()
-            identity: tuple[Path, int, int] | None = (path, st.st_dev, st.st_ino)
-        except OSError:
-            identity = None  # opening makes it; the identity is read next time
-        if self._search_db is not None and (identity is None
-                                            or identity != self._search_db_identity):
+        if self._search_db is not None and _file_identity(path) != self._search_db_identity:
             self._search_db.close()
             self._search_db = None
         if self._search_db is None:
             self._search_db = open_state_db(path)
-            if identity is None:
-                st = path.stat()
-                identity = (path, st.st_dev, st.st_ino)
-            self._search_db_identity = identity
+            self._search_db_identity = _file_identity(path)
         return self._search_db
 
     @staticmethod
@@ -454,6 +445,15 @@ class Index:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of `path`, None if it is gone: tells a replaced file apart."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def lost_state_message(root: Path, held_chunks: int) -> str:
