@@ -15,6 +15,7 @@ same model share one embedder, so the model loads once.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -53,12 +54,16 @@ class MultiIndex:
                 raise CodeveilError(f"{p} is the repository {root} named twice")
             roots.append(root)
         shared: dict[str, Embedder | None] = {}
+        query_caches: dict[str, OrderedDict[str, np.ndarray]] = {}
         self.indexes: list[Index] = []
         for root in roots:
             model_id = load_config(root).model_id
             if embedder is None and model_id not in shared:
                 shared[model_id] = embedder_for_model_id(model_id)
-            self.indexes.append(Index(root, embedder=embedder or shared[model_id]))
+            idx = Index(root, embedder=embedder or shared[model_id])
+            # One query cache per model: a query is embedded once, not once per repo.
+            idx._query_cache = query_caches.setdefault(model_id, idx._query_cache)
+            self.indexes.append(idx)
 
     @property
     def roots(self) -> list[Path]:
@@ -92,20 +97,19 @@ class MultiIndex:
         """The cosine of the query with each hit's chunk vector (the embedding cache's,
         by the chunk's embedded text); -2 where there is none (a stale hit)."""
         out = [-2.0] * len(hits)
-        of_root = {str(idx.root): idx for idx in self.indexes}
-        query_vectors: dict[str, np.ndarray] = {}  # one per model
-        for i, h in enumerate(hits):
-            embedder = of_root[h.repo or ""].embedder
-            if h.stale:
+        for idx in self.indexes:
+            rows = [i for i, h in enumerate(hits) if h.repo == str(idx.root) and not h.stale]
+            if not rows:
                 continue
-            q = query_vectors.get(embedder.model_id)
-            if q is None:
-                q = query_vectors[embedder.model_id] = np.asarray(
-                    embedder.embedder.embed([query])[0], dtype=np.float32)
-            key = cache_key(embedder.model_id, f"{chunk_header(h.path, h.symbol)}\n{h.text}")
-            v = embedder.cache.get_many([key], embedder.dim).get(key)
-            if v is not None:
-                out[i] = float(v @ q)
+            q = idx._query_vectors([query])[0]  # cached by the search just made
+            embedder = idx.embedder
+            keys = [cache_key(embedder.model_id,
+                              f"{chunk_header(hits[i].path, hits[i].symbol)}\n{hits[i].text}")
+                    for i in rows]
+            vectors = embedder.cache.get_many(keys, embedder.dim)
+            for i, key in zip(rows, keys, strict=True):
+                if key in vectors:
+                    out[i] = float(vectors[key] @ q)
         return out
 
     def coverage(self) -> dict[str, dict[str, int | bool]]:
