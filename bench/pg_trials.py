@@ -64,7 +64,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import faults  # noqa: E402
+from bench import faults, teammate  # noqa: E402
 from bench._common import isolate, table, unpack_mirror, write_json  # noqa: E402
 
 PHASES = ("first", "join")
@@ -72,16 +72,7 @@ TARGETS = ("client", "replica", "database")
 #: Short names of the trees `--tree` accepts, and where their mirrors are.
 KNOWN_TREES = {"requests": "psf/requests", "flask": "pallets/flask"}
 PLANTED = "planted/marker.py"
-QUERIES = [
-    "retry a request after a connection error",
-    "parse cookies from a response header",
-    "register a url route on the application",
-    "load configuration from environment variables",
-    "stream a large response body in chunks",
-    "handle an http redirect",
-    "render a template with a context",
-    "set basic authentication credentials",
-]
+QUERIES = teammate.QUERIES  # the teammate bench's questions about requests and flask
 
 
 # -- the database and the replicas -------------------------------------------------------
