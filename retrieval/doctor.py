@@ -447,7 +447,8 @@ def _repair(root: Path, plan: _Plan, embedder: Embedder | None, report: DoctorRe
     with Index(root, embedder=embedder) as idx:
         report.index = idx.index(reupload=reupload)
         chunks = _all_chunks(root)
-        sealed = load_config(root).sealed
+        config = load_config(root)
+        sealed = config.sealed
         missing = [c.embed_text for c in chunks]
         missing += sorted({c.header for c in chunks}) if sealed else []
         idx.embedder.embed(missing)  # fills what the cache lacks; a no-op when it is full
@@ -459,7 +460,6 @@ def _repair(root: Path, plan: _Plan, embedder: Embedder | None, report: DoctorRe
                 LocalChunks(db).mark_headers_embedded(idx.embedder.model_id)
             LexicalStore(codeveil_dir(root) / "lexical").current(db)  # rebuilt and saved
             if sealed:  # only a sealed workspace searches its own vectors
-                config = load_config(root)
                 LocalVectorStore(codeveil_dir(root) / "vectors").current(
                     db, idx.embedder.cache, config.model_id, config.dim)
         finally:
