@@ -554,6 +554,9 @@ def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
 
 
 SHIPPED = "codeveil (shipped defaults)"
+# The ranking before the signals chosen on bench/multilang.py's tune half: Python's
+# names only, every kind of file alike.
+BEFORE_MULTILANG = {"identifier_refs": False, "w_non_code": 1.0}
 
 
 # What the model reads of a chunk: what `codeveil index` embeds (`Chunk.embed_text`,
@@ -609,6 +612,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         if n == 0:
             rows += [("chunks, no header, vector, query cut", o, dict(step), a) for o in other]
     rows.append((SHIPPED, fmt, {}, agg))
+    rows.append(("defaults, before the multi-language signals", fmt, dict(BEFORE_MULTILANG), agg))
     rows += [("defaults, no header", o, {}, agg) for o in other]
     rows += [("defaults, no BM25", fmt, {"hybrid": False}, agg)]
     rows += [(f"defaults, file agg {a}", fmt, {}, a)
@@ -683,6 +687,8 @@ def partial_variants() -> list[tuple[str, str, dict, str]]:
     return [
         ("first index, no vectors yet", SHIPPED_RENDERING,
          {"w_vector": 0.0, "w_header_vector": 0.0}, agg),
+        ("first index, no vectors yet, before the multi-language signals", SHIPPED_RENDERING,
+         {"w_vector": 0.0, "w_header_vector": 0.0, **BEFORE_MULTILANG}, agg),
         *((f"first index, half the vectors, {order} order",
            partial_key(SHIPPED_RENDERING, order),
            {"w_vector": PARTIAL_SHARE, "w_header_vector": header * PARTIAL_SHARE}, agg)

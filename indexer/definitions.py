@@ -15,6 +15,7 @@ finds the identifier nodes of a name (`identifier_lines`), for references.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -76,6 +77,7 @@ _VALUES: Final[dict[str, frozenset[str]]] = {
     "cpp": frozenset({"preproc_def", "preproc_function_def", "alias_declaration"}),
     "java": frozenset({"field_declaration"}),
     "ruby": frozenset({"assignment"}),
+    "lua": frozenset({"assignment_statement"}),
 }
 
 # Scope nodes whose names the value nodes above already give, more precisely.
@@ -182,13 +184,20 @@ def _definitions(tree: ParsedTree, text: str) -> list[Definition]:
             start, end = node.start_point.row + 1, node.end_point.row + 1
             if node.end_point.column == 0 and end > start:
                 end -= 1  # a node that ends after its newline (C macros)
-            out.append(Definition(scope + names, _kind(node.type, scope + names[:-1]), start, end,
+            if node.type == "assignment_statement":  # Lua, naming a function: a table's
+                kind = "method" if len(names) > 1 else "function"  # field, or a variable
+            else:
+                kind = _kind(node.type, scope + names[:-1])
+            out.append(Definition(scope + names, kind, start, end,
                                   _signature(source_lines[start - 1])))
     return out
 
 
 def _names_of(node: Node, language: str, values: frozenset[str]) -> Iterator[Path]:
     """The names `node` defines (several for `var a, b int`); none if it defines none."""
+    if node.type == "assignment_statement":  # Lua: functions are values
+        yield from _lua_function_names(node)
+        return
     if node.type in values:
         if not _at_definition_level(node) and not _holds_function(node):
             return
@@ -215,6 +224,19 @@ def _holds_function(node: Node) -> bool:
     """`const handler = () => ...` names a function wherever it stands."""
     value = node.child_by_field_name("value")
     return value is not None and value.type in _FUNCTION_VALUES
+
+
+def _lua_function_names(node: Node) -> Iterator[Path]:
+    """`local f = function() end`, `M.f = function() end`: the names given a function,
+    wherever they stand (a module's functions are often locals of its body)."""
+    targets = node.named_children[0].named_children if node.named_children else []
+    values = node.named_children[1].named_children if len(node.named_children) > 1 else []
+    for target, value in zip(targets, values, strict=False):
+        if value.type != "function_definition":
+            continue
+        names = tuple(p for p in re.split(r"[.:]", _text(target)) if p)
+        if names and all(n.isidentifier() for n in names):
+            yield names
 
 
 def _value_names(node: Node, language: str) -> Iterator[Path]:

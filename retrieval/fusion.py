@@ -34,12 +34,14 @@ from retrieval.query import (
     lexical_terms,
     split_query,
 )
+from retrieval.signals import prefer_code
 
 # Measured (docs/benchmarks.md, "Search quality"): 20 beats the customary 60 on SWE-bench
 # and CoSQA alike. At 60 the fused scores of the first ranks are nearly equal, so summing
 # a file's chunks (grouping) counts its chunks more than it weighs how good they are.
 RRF_K: Final = 20.0
 DEPTH: Final = 100
+WORD_SOURCES: Final = frozenset({"lexical", "evidence"})  # the votes cast by words and names
 
 K = TypeVar("K", bound=Hashable)
 
@@ -150,6 +152,19 @@ class SearchOptions:
     # (identifiers, code lines, traceback frames) count this many times, prose words
     # once (1: all alike). Chosen with stopwords on the SWE-bench tune half.
     code_term_weight: int = 2
+    # Read the names of every language in a query (`lowerCamel`, `A::B`, `A#b`) and take
+    # a query that is one bare name as a definition lookup.
+    identifier_refs: bool = True
+    # A query's name that is a file's stem (`NetworkError` -> NetworkError.ts) counts as
+    # evidence for that file. Measured on the multi-language tune half: no gain (+0.000
+    # NDCG@10 with no vectors), so off.
+    stem_evidence: bool = False
+    # Scores of chunks in tests, docs, examples and config files are scaled by this,
+    # unless the query asks for that kind (retrieval.signals): 1 ranks every kind alike.
+    # Chosen on the multi-language tune half (bench/multilang.py): 0.4 is where the
+    # curve flattens (0.8: +3.3 points, 0.4: +6.2, 0.2: +6.9 with no vectors); lower
+    # would bury a README for a question only docs answer, which that set does not ask.
+    w_non_code: float = 0.4
 
 
 @dataclass
@@ -240,6 +255,7 @@ class HybridRanker:
         weights: list[float] = []
         docs: dict[tuple[str, int, int], ChunkLocation] = {}
         sources: dict[str, int] = {}
+        voters: list[str] = []  # the source of each ranking in `lists`
 
         def vote(source: str, ranking: Iterable[ChunkLocation], weight: float) -> None:
             """Add one ranking to the fusion, with its weight."""
@@ -249,6 +265,7 @@ class HybridRanker:
                 keys.append(d.key)
             lists.append(keys)
             weights.append(weight)
+            voters.append(source)
             sources[source] = len(keys)
 
         parts = (split_query(query, self.count_tokens, self.max_tokens,
@@ -256,7 +273,7 @@ class HybridRanker:
                  if o.split != "none" else [query])
         if o.split == "first":
             parts = parts[:1]
-        refs = extract_refs(query)
+        refs = extract_refs(query, identifiers=o.identifier_refs)
         prose = not refs
         w_header = o.w_header_vector_prose if prose else o.w_header_vector
         header = bool(w_header and self.nearest_header is not None)
@@ -290,12 +307,18 @@ class HybridRanker:
 
         matched: dict[str, list[str]] = {}
         if o.evidence and len(self.lexical):
-            ev_list = self._evidence_ranking(refs, bm25, mask, o.depth)
+            ev_list = self._evidence_ranking(refs, bm25, mask, o.depth, stems=o.stem_evidence)
             if ev_list is not None:
                 vote("evidence", (self.lexical.doc(i) for i in ev_list[0]), o.w_evidence)
                 matched = ev_list[1]
 
         fused = rrf(lists, k=o.rrf_k, weights=weights)
+        if o.w_non_code != 1.0:
+            # Code first: what the word votes gave tests, docs and examples counts less.
+            word = [i for i, source in enumerate(voters) if source in WORD_SOURCES]
+            words = rrf([lists[i] for i in word], k=o.rrf_k, weights=[weights[i] for i in word])
+            fused = prefer_code(fused, words, {key: d.path for key, d in docs.items()},
+                                query, o.w_non_code)
         chunks = [(docs[key], score) for key, score in ranked(fused)]
         if keep is not None:
             chunks = [(d, s) for d, s in chunks if keep(d)]
@@ -359,12 +382,12 @@ class HybridRanker:
 
     def _evidence_ranking(
         self, refs: QueryRefs, bm25: list[tuple[int, float]], mask: np.ndarray | None,
-        depth: int,
+        depth: int, *, stems: bool = False,
     ) -> tuple[list[int], dict[str, list[str]]] | None:
         """Docs the query names, strongest evidence first, ties broken by BM25."""
         if not refs:
             return None
-        ev = Evidence.resolve(refs, self.names())
+        ev = Evidence.resolve(refs, self.names(), stems=stems)
         if not ev:
             return None
         lexical_score = dict(bm25)

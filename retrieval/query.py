@@ -220,6 +220,16 @@ _BACKTICK: Final = re.compile(r"`([^`\n]{1,80})`")
 _CAMEL: Final = re.compile(r"(?<![\w.])([A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+|[A-Z]{2,}[a-z]\w*)(?!\w)")
 _SNAKE: Final = re.compile(r"(?<![\w.])(_*[a-z][a-z0-9]*(?:_[a-z0-9]+)+)(?!\w)")
 _IDENT: Final = re.compile(r"[A-Za-z_]\w*")
+# `fromRawHeaders`: the method and variable names of JavaScript, Java, Go, Kotlin, Swift.
+_LOWER_CAMEL: Final = re.compile(r"(?<![\w.$#])([a-z][a-z0-9]*(?:[A-Z][a-z0-9]*)+)(?!\w)")
+# `Sinatra::Base`, `Rack::Request#params`, `$obj->method`: scoped names of C++, Rust,
+# Ruby and PHP, resolved as dotted ones.
+_SCOPED: Final = re.compile(r"(?<![\w:])([A-Za-z_]\w*(?:(?:::|#|->)[A-Za-z_]\w*[?!]?)+)")
+_SCOPE_SEP: Final = re.compile(r"::|#|->")
+# A query that is one name and nothing else (`Signer`, `has_name?`, `#parseJson`,
+# `pkg.Func`, `Sinatra::Base`, `send()`): a lookup, whatever its case.
+_IDENTIFIER_QUERY: Final = re.compile(
+    r"[#$@]?[A-Za-z_][\w$]*[?!]?(?:(?:\.|::|#|->)[#$]?[A-Za-z_][\w$]*[?!]?)*(?:\(\))?")
 
 # Words that look like code in prose but name nothing specific.
 _COMMON_NAMES: Final = frozenset({
@@ -247,13 +257,18 @@ class QueryRefs:
     modules: list[str] = field(default_factory=list)
     symbols: list[str] = field(default_factory=list)
     frames: list[Frame] = field(default_factory=list)
+    identifier: bool = False  # the whole query is one name: a definition lookup
 
     def __bool__(self) -> bool:
         return bool(self.paths or self.modules or self.symbols or self.frames)
 
 
-def extract_refs(text: str) -> QueryRefs:
-    """File paths, module paths, symbol names and stack frames named in `text`."""
+def extract_refs(text: str, *, identifiers: bool = True) -> QueryRefs:
+    """File paths, module paths, symbol names and stack frames named in `text`.
+
+    `identifiers` also reads the names other languages write (`lowerCamel`, `A::B`,
+    `A#b`) and takes a query that is one bare name as a lookup (`QueryRefs.identifier`);
+    off, only what Python's names look like (the ranking tuned on Python issues)."""
     refs = QueryRefs()
     seen_frames: set[Frame] = set()
 
@@ -295,10 +310,32 @@ def extract_refs(text: str) -> QueryRefs:
     names += [m.group(1) for m in _CALL.finditer(text)]
     names += [m.group(1) for m in _CAMEL.finditer(text)]
     names += [m.group(1) for m in _SNAKE.finditer(text)]
+    if identifiers:
+        names += [m.group(1) for m in _LOWER_CAMEL.finditer(text)]
+        names += [_dotted(m.group(1)) for m in _SCOPED.finditer(text)]
     names += [f.function for f in refs.frames if f.function]
+    whole = text.strip()
+    if identifiers and _IDENTIFIER_QUERY.fullmatch(whole) and not refs.paths:
+        # A bare name is a lookup even in lower case or one word (`Signer`, `headers`):
+        # resolved against the names the repo defines, it either names code or nothing.
+        refs.identifier = True
+        name = _dotted(whole.removesuffix("()").lstrip("#$@"))
+        names.insert(0, name)
+        if name.endswith(("?", "!")):
+            names.insert(1, name[:-1])
     refs.symbols = _unique([*refs.symbols, *(n for n in names if _is_specific(n))])
     refs.modules = _unique(refs.modules)
     return refs
+
+
+def stem_key(name: str) -> str:
+    """A file stem or a name, compared without case or separators (`network_error`,
+    `network-error` and `NetworkError` are one key)."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def _dotted(name: str) -> str:
+    return _SCOPE_SEP.sub(".", name)
 
 
 def _is_specific(name: str) -> bool:
@@ -334,6 +371,7 @@ W_FRAME_FILE: Final = 1.0  # a frame's file
 W_PATH: Final = 2.0  # a file path named in the text
 W_MODULE: Final = 2.0  # a module path resolved to a file
 W_SYMBOL: Final = 2.0  # a symbol name defined in the chunk
+W_STEM: Final = 1.0  # a name that is the file's stem (`NetworkError` -> NetworkError.ts)
 
 
 def _symbol_names(symbol: str) -> list[str]:
@@ -356,6 +394,7 @@ class RepoNames:
         self.by_basename: dict[str, set[str]] = defaultdict(set)
         self.by_name: dict[str, list[int]] = defaultdict(list)
         self.by_name_lower: dict[str, list[int]] = defaultdict(list)
+        self.by_stem: dict[str, set[str]] = defaultdict(set)
         self.doc_names: list[list[str]] = []
         for i, (path, symbol) in enumerate(zip(paths, symbols, strict=True)):
             names = _symbol_names(symbol)
@@ -363,8 +402,11 @@ class RepoNames:
             if not path:
                 continue  # a deleted chunk keeps its slot but resolves from nothing
             self.by_path[path].append(i)
-            self.by_basename[posixpath.basename(path)].add(path)
-            for name in dict.fromkeys(names):
+            base = posixpath.basename(path)
+            self.by_basename[base].add(path)
+            self.by_stem[stem_key(base.split(".", 1)[0])].add(path)
+            # `#parseJson`, `$value`, `@name`: found by the bare name too.
+            for name in dict.fromkeys([*names, *(n.lstrip("#$@") for n in names)]):
                 self.by_name[name].append(i)
                 self.by_name_lower[name.lower()].append(i)
 
@@ -432,7 +474,7 @@ class Evidence:
 
     @classmethod
     def resolve(cls, refs: QueryRefs, names: RepoNames, *,
-                max_symbol_docs: int = 50) -> Evidence:
+                max_symbol_docs: int = 50, stems: bool = False) -> Evidence:
         scores: dict[int, float] = defaultdict(float)
         matched: dict[str, list[str]] = defaultdict(list)
 
@@ -474,6 +516,13 @@ class Evidence:
             w = W_SYMBOL / math.log2(1 + len(docs))
             for i in docs:
                 scores[i] += w
+        if stems:
+            for sym in refs.symbols:
+                files = names.by_stem.get(stem_key(sym.split(".")[-1]), ())
+                for path in files:
+                    matched["stems"].append(path)
+                    for i in file_docs(path):
+                        scores[i] += W_STEM / len(files)
         return cls(dict(scores), dict(matched))
 
     def __bool__(self) -> bool:

@@ -7,7 +7,7 @@ older codeveil: read once from its chunks, then kept) or the file changed on dis
 it was indexed (`outline` then parses the file as it is now, and says so).
 
 Names. A query `Session.send`, `Sinatra::Base`, `pkg.Func`, `a/b#c` or `Session > send`
-is split at any of `.`, `::`, `/`, `#` and `>`; it matches a definition whose symbol
+is split at any of `.`, `::`, `:` (Lua), `/`, `#` and `>`; it matches a definition whose symbol
 path ends with those names, or whose file's module path (folders, then the file's stem)
 followed by its symbol path ends with them (`pkg.Func` for `Func` in `pkg/func.go`,
 `sessions.Session` for `sessions.py`). Ranking: the whole symbol path spelled out
@@ -45,7 +45,7 @@ __all__ = [
     "split_name",
 ]
 
-_SEPARATORS: Final = re.compile(r"\s*(?:::|>|[.#/\\])\s*")
+_SEPARATORS: Final = re.compile(r"\s*(?:::|>|[.#/\\:])\s*")  # `:`: Lua's `Job:pid`
 # Kinds that are not the definition a reader means when several share the name.
 _SECONDARY_KINDS: Final = {"impl": 1, "variable": 1, "field": 1}
 

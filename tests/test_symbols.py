@@ -146,6 +146,7 @@ def test_names_split_at_every_separator() -> None:
     assert split_name("pkg.Func") == ("pkg", "Func")
     assert split_name("a/b#c") == ("a", "b", "c")
     assert split_name("Session > send") == ("Session", "send")
+    assert split_name("Job:pid") == ("Job", "pid")  # Lua's method call syntax
     with pytest.raises(ToolInputError):
         split_name(" :: ")
 
@@ -170,3 +171,21 @@ def test_a_long_name_is_found_whole(tmp_path: Path) -> None:
     Index(root, embedder=HashingEmbedder()).index()
     hits = Index(root, embedder=HashingEmbedder()).definition(f"Suite.{name}")
     assert [(h.path, h.start_line, h.symbol) for h in hits] == [("t.py", 2, f"Suite > {name}")]
+
+
+def test_lua_functions_held_by_variables_and_methods_are_definitions(tmp_path: Path) -> None:
+    source = ("local Job = {}\n"
+              "function Job:pid()\n  return 1\nend\n"
+              "local helper = function(a) return a end\n"
+              "Job.reset = function() end\n"
+              "local function loader()\n  local filter = function() end\n  return filter\nend\n"
+              "local LIMIT = 5\n"
+              "return Job\n")
+    root = write_repo(tmp_path / "repo", {"lua/job.lua": source})
+    idx = Index(root, embedder=HashingEmbedder())
+    idx.index()
+    found = {name: [(h.start_line, h.kind) for h in idx.definition(name)]
+             for name in ("Job:pid", "helper", "Job.reset", "filter", "LIMIT")}
+    assert found == {"Job:pid": [(2, "method")], "helper": [(5, "function")],
+                     "Job.reset": [(6, "method")], "filter": [(8, "function")],
+                     "LIMIT": []}  # a plain value inside no table is no definition

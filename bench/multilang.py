@@ -1,0 +1,349 @@
+"""Short questions in many languages: codeveil against whole-file BM25, file-level NDCG@10.
+
+    python bench/multilang.py --data DIR [--mirrors DIR] [--stage plan|warm|eval]
+        [--repos a/b,c/d] [--threads N] [--out multilang]
+
+The benchmark (bench/multilang_build.py, built into `--data` on first use from the git
+mirrors): 42 repositories in 16 languages, each pinned to a commit, with three kinds of
+query drawn from what their authors wrote: a symbol name (gold: the one file defining it),
+a doc comment's first sentence (gold: the defining file; the comment is cut out of the
+tree), a commit subject (gold: the 1-3 code files it touched). The split is by repository
+(`multilang_build.half_of`): settings are chosen on tune, numbers published from report.
+
+Systems, over the files `codeveil index` keeps (code and docs; assets skipped):
+- BM25 files: `bm25s` over whole files, English stop words.
+- codeveil (shipped defaults): the production ranking (`retrieval.fusion.HybridRanker`,
+  `retrieval.grouping`) over the chunks' vectors in memory, as bench/quality.py runs it.
+- codeveil with no vectors: the same ranking with no vote by meaning, what a first index
+  serves before its vectors exist.
+- each ranking signal switched off in turn (the ablation).
+
+Prints per-kind, per-language and per-repo tables for each half; writes
+bench/results/multilang.json. The embedding cache lives in `--data/cache`, so a rerun
+embeds nothing it embedded before; `--stage warm` only fills it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import MIRRORS, table, write_json
+from bench.multilang_build import Pin, Query, build, is_built, load, read_pins, tree_path
+
+log = logging.getLogger("bench.multilang")
+
+DEPTH = 50
+NDCG_AT = 10
+HALVES = ("tune", "report")
+READ_DEPTH = 10  # hits an agent reads at most, chunks or files
+TOP_KEPT = 5  # files kept per query and system in the result file, to read the misses
+
+
+def ndcg(files: Sequence[str], gold: set[str], k: int = NDCG_AT) -> float:
+    """Binary-relevance NDCG@k over distinct files."""
+    dcg = sum(1.0 / math.log2(i + 2) for i, f in enumerate(files[:k]) if f in gold)
+    ideal = sum(1.0 / math.log2(i + 2) for i in range(min(len(gold), k)))
+    return dcg / ideal if ideal else 0.0
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    options: dict  # SearchOptions fields changed from the defaults
+    vectors: bool = True
+
+
+# The ranking before the signals measured here (what `codeveil` shipped): Python's names
+# only, evidence at its one weight, every kind of file alike.
+BEFORE = {"identifier_refs": False, "stem_evidence": False, "w_non_code": 1.0}
+NO_VECTORS = {"w_vector": 0.0, "w_header_vector": 0.0}
+
+
+def systems(grid: bool = False) -> list[System]:
+    """The rows: the shipped ranking, the ranking before, each new signal switched off in
+    turn (the ablation) and, with `grid`, the settings tried on the tune half."""
+    from retrieval.fusion import SearchOptions
+
+    d = SearchOptions()
+    out = [
+        System("codeveil (shipped defaults)", {}),
+        System("codeveil before (Python names, kinds alike)", BEFORE),
+        System("defaults, Python names only", {"identifier_refs": False}),
+        System("defaults, no stem evidence" if d.stem_evidence else "defaults + stem evidence",
+               {"stem_evidence": not d.stem_evidence}),
+        System("defaults, every kind alike", {"w_non_code": 1.0}),
+        System("defaults, no evidence", {"evidence": False}),
+        System("defaults, no header vector", {"w_header_vector": 0.0,
+                                               "w_header_vector_prose": 0.0}),
+        System("codeveil, no vectors (first index)", NO_VECTORS, vectors=False),
+        System("no vectors, before", {**NO_VECTORS, **BEFORE}, vectors=False),
+        System("BM25 chunks only", {**NO_VECTORS, "evidence": False, "w_non_code": 1.0},
+               vectors=False),
+    ]
+    if grid:
+        for vec, base in (("", {}), ("no vectors, ", NO_VECTORS)):
+            out += [System(f"{vec}non-code x{f}", {**base, "w_non_code": f},
+                           vectors=not base) for f in (1.0, 0.8, 0.6, 0.4, 0.2)]
+            out += [System(f"{vec}stem evidence {on}", {**base, "stem_evidence": on},
+                           vectors=not base) for on in (False, True)]
+    # One row per name: a grid setting equal to a named row is not run twice.
+    seen: set[str] = set()
+    unique = []
+    for s in out:
+        if s.name not in seen:
+            seen.add(s.name)
+            unique.append(s)
+    return unique
+
+
+BM25 = "BM25 files"
+
+
+@dataclass
+class Repo:
+    pin: Pin
+    rank: Callable[[str, System], list[str]]
+    bm25: Callable[[str], list[str]]
+    chunks: int
+    files: int
+    # What an agent reads before the first gold file: (tokens as `search` returns chunks,
+    # tokens as whole files in the same file order), None when no gold is in the top 10.
+    reading: Callable[[str, set[str], System], tuple[int, int] | None]
+
+
+def prepare_repo(pin: Pin, data: Path, queries: Sequence[Query], enc, memo,
+                 *, embed: bool = True) -> Repo:
+    import bm25s
+
+    from bench.quality import VectorIndex, embed_all, lexical_index, load_tree
+    from indexer.location import ChunkLocation
+    from indexer.tokens import default_counter
+    from retrieval.fusion import HybridRanker, SearchOptions, group_ranking
+    from retrieval.grouping import DEFAULT_AGG
+    from retrieval.lexical import lexical_text
+
+    corpus = load_tree(tree_path(data, pin.repo), pin.repo,
+                       data / "chunks" / (pin.repo.replace("/", "+") + ".json"))
+    paths = list(corpus.files)
+    tok = bm25s.tokenize([corpus.files[p] for p in paths], stopwords="en",
+                         return_ids=False, show_progress=False)
+    bm = bm25s.BM25()
+    bm.index(tok, show_progress=False)
+
+    def bm25_files(q: str) -> list[str]:
+        qt = bm25s.tokenize([q], stopwords="en", return_ids=False, show_progress=False)
+        qt = [[t for t in qt[0] if t in bm.vocab_dict]]
+        if not qt[0]:
+            return []
+        docs, _ = bm.retrieve(qt, k=min(DEPTH, len(paths)), show_progress=False)
+        return [paths[i] for i in docs[0]]
+
+    chunks = corpus.chunks
+    docs = [ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language)
+            for c in chunks]
+    lex = lexical_index(docs, [lexical_text(c) for c in chunks], memo)
+    counter = default_counter()
+    dim = enc.dim
+    if embed:
+        vectors = embed_all(enc, [c.embed_text for c in chunks], f"{pin.repo} chunks")
+        hvec = embed_all(enc, [c.header for c in chunks], f"{pin.repo} headers")
+        embed_all(enc, [q.text for q in queries], f"{pin.repo} queries")
+    else:
+        vectors = hvec = np.zeros((len(chunks), dim), dtype=np.float32)
+
+    def embed_parts(parts: Sequence[str]) -> np.ndarray:
+        return embed_all(enc, parts, "query parts")
+
+    ranker = HybridRanker(lex, embed_parts, VectorIndex(docs, vectors).nearest, counter.count,
+                          enc.embedder.max_tokens, count_many=counter.count_batch,
+                          nearest_header=VectorIndex(docs, hvec).nearest)
+    agg = DEFAULT_AGG["file"]
+
+    def rank(q: str, system: System) -> list[str]:
+        ranking = ranker.rank(q, replace(SearchOptions(), **system.options))
+        return [g.key[0] for g in group_ranking(ranking, "file", agg)][:DEPTH]
+
+    chunk_tokens = dict(zip((d.key for d in docs),
+                            counter.count_batch([c.text for c in chunks]), strict=True))
+    file_tokens = dict(zip(paths, counter.count_batch([corpus.files[p] for p in paths]),
+                           strict=True))
+
+    def reading(q: str, gold: set[str], system: System) -> tuple[int, int] | None:
+        """Tokens read down the chunk hits (`codeveil search`, k=10) to the first hit in a
+        gold file, and down the whole files of the file ranking to the first gold file."""
+        ranking = ranker.rank(q, replace(SearchOptions(), **system.options))
+        as_chunks = 0
+        for d, _ in ranking.chunks[:READ_DEPTH]:
+            as_chunks += chunk_tokens[d.key]
+            if d.path in gold:
+                break
+        else:
+            return None
+        as_files = 0
+        for g in group_ranking(ranking, "file", agg)[:READ_DEPTH]:
+            as_files += file_tokens.get(g.key[0], 0)
+            if g.key[0] in gold:
+                return as_chunks, as_files
+        return None
+
+    return Repo(pin, rank, bm25_files, len(chunks), len(paths), reading)
+
+
+def evaluate(repos: dict[str, Repo], queries: Sequence[Query], chosen: list[System],
+             *, vectors: bool) -> list[dict]:
+    rows = []
+    for q in queries:
+        repo = repos.get(q.repo)
+        if repo is None:
+            continue
+        gold = set(q.gold)
+        got = repo.bm25(q.text)
+        scores = {BM25: ndcg(got, gold)}
+        top = {BM25: got[:TOP_KEPT]}
+        for s in chosen:
+            if s.vectors and not vectors:
+                continue
+            got = repo.rank(q.text, s)
+            scores[s.name] = ndcg(got, gold)
+            top[s.name] = got[:TOP_KEPT]
+        read = repo.reading(q.text, gold, chosen[0]) if vectors or not chosen[0].vectors \
+            else None
+        rows.append({"repo": q.repo, "kind": q.kind, "language": q.language,
+                     "half": repo.pin.half, "query": q.text, "gold": list(q.gold),
+                     "scores": scores, "top": top, "reading": read})
+    return rows
+
+
+def mean_by(rows: list[dict], key: Callable[[dict], str]) -> dict[str, dict[str, float]]:
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[key(r)].append(r)
+    out = {}
+    for g, rs in sorted(groups.items()):
+        names = rs[0]["scores"].keys()
+        out[g] = {n: float(np.mean([r["scores"][n] for r in rs])) for n in names}
+        out[g]["queries"] = len(rs)
+    return out
+
+
+def reading_table(rows: list[dict]) -> dict:
+    """Median tokens read to the first gold hit, chunks against whole files, per half:
+    over the queries both reach within 10 hits."""
+    out = {}
+    for half in HALVES:
+        pairs = [r["reading"] for r in rows if r["half"] == half and r.get("reading")]
+        if pairs:
+            chunks, files = zip(*pairs, strict=True)
+            out[half] = {"queries": len(pairs), "reached_of": sum(r["half"] == half for r in rows),
+                         "median_chunks": float(np.median(chunks)),
+                         "median_files": float(np.median(files))}
+    if out:
+        print("\nTokens read to the first relevant result (shipped ranking, top 10 hits)")
+        print(table(["half", "queries reached", "median, chunk hits", "median, whole files"],
+                    [[h, f"{v['queries']} of {v['reached_of']}", v["median_chunks"],
+                      v["median_files"]] for h, v in out.items()]))
+    return out
+
+
+def print_tables(rows: list[dict], names: list[str]) -> dict:
+    report: dict = {}
+    short = {n: n.replace("codeveil", "cv").replace("(shipped defaults)", "defaults")
+             for n in names}
+    for half in HALVES:
+        hr = [r for r in rows if r["half"] == half]
+        if not hr:
+            continue
+        by_kind = mean_by(hr, lambda r: r["kind"])
+        by_kind["all"] = mean_by(hr, lambda r: "all")["all"]
+        report[half] = {"kind": by_kind, "language": mean_by(hr, lambda r: r["language"]),
+                        "repo": mean_by(hr, lambda r: r["repo"])}
+        print(f"\n{half} half: NDCG@{NDCG_AT} by kind ({len(hr)} queries)")
+        print(table(["system", *[f"{k} ({by_kind[k]['queries']})" for k in by_kind]],
+                    [[n, *[by_kind[k].get(n, float("nan")) for k in by_kind]] for n in names]))
+        for what in ("language", "repo"):
+            groups = report[half][what]
+            print(f"\n{half} half: NDCG@{NDCG_AT} by {what}")
+            print(table([what, "queries", *[short[n] for n in names]],
+                        [[g, v["queries"], *[v.get(n, float("nan")) for n in names]]
+                         for g, v in groups.items()]))
+    return report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, required=True,
+                    help="Folder for trees, queries, chunk lists and the embedding cache.")
+    ap.add_argument("--mirrors", type=Path, default=MIRRORS)
+    ap.add_argument("--stage", choices=("plan", "warm", "lexical", "eval"), default="eval",
+                    help="plan: count chunks; warm: only embed; lexical: rank without "
+                         "vectors (BM25 and the no-vector rows); eval: everything.")
+    ap.add_argument("--repos", default="", help="Only these owner/name, comma-separated.")
+    ap.add_argument("--halves", default="tune,report")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--grid", action="store_true",
+                    help="Also rank with each setting tried on the tune half.")
+    ap.add_argument("--out", default="multilang")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
+                        datefmt="%H:%M:%S")
+    import bm25s  # noqa: F401  (it sets its logger to DEBUG on import; quiet it after)
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    os.environ.setdefault("CODEVEIL_CACHE_DIR", str(args.data / "cache"))
+    pins = read_pins()
+    if not is_built(args.data, pins):
+        build(args.data, args.mirrors, pins)
+    pins, queries = load(args.data)
+    halves = set(args.halves.split(","))
+    wanted = set(filter(None, args.repos.split(",")))
+    pins = [p for p in pins if p.half in halves and (not wanted or p.repo in wanted)]
+
+    from bench.quality import Memo, _embedders
+
+    enc, _plain = _embedders(None, args.threads)
+    memo = Memo()
+    started = time.perf_counter()
+    repos: dict[str, Repo] = {}
+    vectors = args.stage in ("warm", "eval")
+    for pin in pins:
+        mine = [q for q in queries if q.repo == pin.repo]
+        repos[pin.repo] = prepare_repo(pin, args.data, mine, enc, memo, embed=vectors)
+        r = repos[pin.repo]
+        log.info("%s: %d files, %d chunks", pin.repo, r.files, r.chunks)
+    if args.stage == "plan":
+        print(table(["repo", "half", "files", "chunks"],
+                    [[r.pin.repo, r.pin.half, r.files, r.chunks] for r in repos.values()]))
+        print(f"total chunks {sum(r.chunks for r in repos.values()):,}")
+        return
+    if args.stage == "warm":
+        return
+    chosen = systems(args.grid)
+    rows = evaluate(repos, queries, chosen, vectors=vectors)
+    names = [BM25, *[s.name for s in chosen if vectors or not s.vectors]]
+    report = print_tables(rows, names)
+    report["tokens_to_first_relevant"] = reading_table(rows)
+    write_json(args.out, {
+        "model": enc.model_id, "stage": args.stage, "ndcg_at": NDCG_AT,
+        "repos": [{"repo": r.pin.repo, "commit": r.pin.commit, "language": r.pin.language,
+                   "half": r.pin.half, "files": r.files, "chunks": r.chunks}
+                  for r in repos.values()],
+        "systems": names, "report": report, "queries": rows,
+        "seconds": round(time.perf_counter() - started, 1),
+    })
+
+
+if __name__ == "__main__":
+    main()
