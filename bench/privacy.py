@@ -336,7 +336,13 @@ def ground_truth(setup: Setup, view: ServerView) -> Truth:
 
     labels, plain, row_files = [], [], []
     for cid, blob, fid in zip(view.chunk_ids, view.metas, view.fids, strict=True):
-        meta = (sealer.open(cid, file_keys[fid], blob).meta if setup.sealed
+        opened = sealer.open(cid, file_keys[fid], blob) if setup.sealed else None
+        if setup.sealed and opened is None:  # a padding row: no chunk, no public label
+            labels.append(-1)
+            plain.append(np.zeros(setup.dim, np.float32))
+            row_files.append("")
+            continue
+        meta = (opened.meta if opened is not None
                 else open_meta(setup.key, setup.workspace_id, cid, blob))
         i = by_hash[(meta.path, meta.chunk_hash)]
         labels.append(public_index.get(i, -1))
@@ -660,8 +666,9 @@ def attack_structure(shape: StoredShape, public: dict[str, PublicFile],
 
     A stored file's candidates are the public files whose rows it could be: as many rows
     as the file's chunks take in the store, each chunk's envelope length among the
-    stored ones, at the same depth; narrowed to those under directories of the same
-    shape (files and directories per directory, up to the root) where any are; then a
+    stored ones, at the same depth (where stored files differ in depth); narrowed to
+    those under directories of the same shape (files and directories per directory, up
+    to the root) where any are; then a
     file that is the only candidate left for some stored file is taken off the others'
     lists, until nothing changes. A file with no candidate is flagged as not public.
     Rows are labelled within a labelled file by their rank (upload order) or by their
@@ -683,13 +690,18 @@ def attack_structure(shape: StoredShape, public: dict[str, PublicFile],
     for p, f in public.items():
         by_rows[_rows_for(len(f.lengths))].append(p)
 
+    # Where every stored file sits at one depth, the depth says nothing of the path.
+    by_depth = len({s_depth[s] for s in stored_files}) > 1
     cands: dict[bytes, set[str]] = {}
     for s in stored_files:
         lengths = Counter(length for _, length in shape.rows[s])
         fit = {p for p in by_rows.get(len(shape.rows[s]), [])
-               if p_depth[p] == s_depth[s] and not p_counts[p] - lengths}
+               if (p_depth[p] == s_depth[s] or not by_depth) and not p_counts[p] - lengths}
         exact = {p for p in fit if p_anc[p] == s_anc[s]}
         cands[s] = exact or fit
+    # Flagged: no public file fits at all (before the one-to-one step below, whose
+    # guesses can leave a public file without candidates too).
+    unfit = {s for s, c in cands.items() if not c}
     changed = True
     while changed:
         changed = False
@@ -727,8 +739,8 @@ def attack_structure(shape: StoredShape, public: dict[str, PublicFile],
             if n_real > 1:
                 chunks_multi[name] += p_file * hits
     files_multi = [s for s in public_keys if len(public[truth[s]].lengths) > 1]
-    flagged_private = sum(1 for s in private_keys if not cands[s])
-    flagged_public = sum(1 for s in public_keys if not cands[s])
+    flagged_private = sum(1 for s in private_keys if s in unfit)
+    flagged_public = sum(1 for s in public_keys if s in unfit)
     copy_candidates = {truth[s]: len(cands[s]) for s in private_keys if cands[s]}
 
     # Category from upload order.
@@ -797,6 +809,42 @@ def structure_truth(setup: Setup, public: dict[str, PublicFile]
     return paths, rows
 
 
+def padding_schemes(public: dict[str, PublicFile]) -> list[dict[str, object]]:
+    """What other row buckets would cost and leave: for each scheme, the rows stored per
+    chunk, and the share of files (of files with more than one chunk) an attacker labels
+    from the row count alone (a file among k of the same count: 1/k)."""
+    from collections import Counter
+
+    from sync import sealed_rows
+
+    counts = [len(f.lengths) for f in public.values()]
+    top = max(counts)
+
+    def geometric(ratio: float):
+        def pad(n: int) -> int:
+            size = 1
+            while size < n:
+                size = max(size + 1, int(size * ratio))
+            return size
+        return pad
+
+    schemes = {"none": lambda n: n}
+    if hasattr(sealed_rows, "padded_row_count"):  # the codeveil measured pads rows
+        schemes["ROW_BUCKETS (steps of 1.5x)"] = sealed_rows.padded_row_count
+    schemes.update({"powers of 2": geometric(2), "powers of 4": geometric(4),
+                    "every file as the largest": lambda n: top})
+    out = []
+    for name, pad in schemes.items():
+        padded = [max(pad(n), 1) for n in counts]
+        same = Counter(padded)
+        multi = [s for s, n in zip(padded, counts, strict=True) if n > 1]
+        out.append({"scheme": name, "rows_per_chunk": sum(padded) / max(sum(counts), 1),
+                    "file_labelled": float(np.mean([1 / same[s] for s in padded])),
+                    "file_labelled_multi": float(np.mean([1 / same[s] for s in multi]))
+                    if multi else 0.0})
+    return out
+
+
 PRIVATE_TEST = '''
 """Tests of the internal billing reconciliation."""
 
@@ -829,6 +877,7 @@ def run_structure(args: argparse.Namespace) -> int:
         public = public_files(setup.repo, private, setup.dim)
         truth, row_truth = structure_truth(setup, public)
         attack = attack_structure(shape, public, truth, row_truth)
+        schemes = padding_schemes(public)
         cost = sync_cost(setup, Index, first.seconds)
     finally:
         server.stop()
@@ -860,9 +909,13 @@ def run_structure(args: argparse.Namespace) -> int:
     ]))
     print()
     print(table(["cost", "value"], [[k, v] for k, v in cost.items()]))
+    print("\nRow buckets: rows stored per chunk, and files labelled from the row count alone")
+    print(table(["scheme", "rows per chunk", "files labelled", "of >1 chunk"],
+                [[s["scheme"], f"{s['rows_per_chunk']:.2f}", pct(s["file_labelled"]),
+                  pct(s["file_labelled_multi"])] for s in schemes]))
     path = write_json(args.out, {"tree": str(args.tree or args.mirror), "mirror_commit": commit,
                                  "embedder": os.environ["CODEVEIL_EMBEDDER"],
-                                 "attack": attack, "cost": cost})
+                                 "attack": attack, "cost": cost, "row_buckets": schemes})
     print(f"\nwrote {path}")
     return 0
 
@@ -876,6 +929,8 @@ def sync_cost(setup: Setup, index_cls: type, first_seconds: float) -> dict[str, 
         (n_rows, row_bytes), = conn.execute(
             "SELECT count(*), sum(length(meta)) + 16 * count(*) FROM rows").fetchall()
         (n_nodes,), = conn.execute("SELECT count(*) FROM nodes").fetchall()
+    # The workspace's files as they are (the server holds its write-ahead log open).
+    tree_bytes = sum(f.stat().st_size for f in ws_dir.iterdir() if f.is_file())
     with index_cls(setup.repo) as idx:
         same = idx.index()
         path = setup.repo / setup.duplicate[0]
@@ -885,7 +940,7 @@ def sync_cost(setup: Setup, index_cls: type, first_seconds: float) -> dict[str, 
         "first index, seconds (hashing embedder)": round(first_seconds, 2),
         "rows stored": n_rows, "row bytes stored (id + envelope)": int(row_bytes),
         "nodes stored": n_nodes,
-        "tree.sqlite bytes": (ws_dir / "tree.sqlite").stat().st_size,
+        "workspace files bytes (tree.sqlite and its log)": tree_bytes,
         "no-change sync: requests": same.requests,
         "no-change sync: bytes sent + received": same.bytes_sent + same.bytes_received,
         "one-file sync: requests": edit.requests,
