@@ -878,6 +878,7 @@ def run_structure(args: argparse.Namespace) -> int:
         truth, row_truth = structure_truth(setup, public)
         attack = attack_structure(shape, public, truth, row_truth)
         schemes = padding_schemes(public)
+        edit = server_search_edit(tree, base)
         cost = sync_cost(setup, Index, first.seconds)
     finally:
         server.stop()
@@ -909,15 +910,61 @@ def run_structure(args: argparse.Namespace) -> int:
     ]))
     print()
     print(table(["cost", "value"], [[k, v] for k, v in cost.items()]))
+    print(f"\nserver-search, one line edited twice within a minute: "
+          f"{edit['rows_keeping_their_vector']} of {edit['file_rows']} rows of the file keep"
+          f" their encrypted vector; {edit['superseded_in_search_index_while_open']} of"
+          f" {edit['superseded_rows']} superseded rows still in search.index while open")
     print("\nRow buckets: rows stored per chunk, and files labelled from the row count alone")
     print(table(["scheme", "rows per chunk", "files labelled", "of >1 chunk"],
                 [[s["scheme"], f"{s['rows_per_chunk']:.2f}", pct(s["file_labelled"]),
                   pct(s["file_labelled_multi"])] for s in schemes]))
     path = write_json(args.out, {"tree": str(args.tree or args.mirror), "mirror_commit": commit,
                                  "embedder": os.environ["CODEVEIL_EMBEDDER"],
-                                 "attack": attack, "cost": cost, "row_buckets": schemes})
+                                 "attack": attack, "cost": cost, "row_buckets": schemes,
+                                 "server_search_edit": edit})
     print(f"\nwrote {path}")
     return 0
+
+
+def server_search_edit(tree: Path, work: Path) -> dict[str, object]:
+    """Server-search: edit one line in the middle of a many-chunk file, then again within
+    the minute. How many of the file's rows came back from the first edit with the very
+    encrypted vector they had (the chunk an edit changed is the one whose vector moved),
+    and how many of the rows the second edit superseded the search snapshot still holds,
+    read while the store is open (the first edit's apply may write the snapshot; the
+    second's is within the minute, when none is due)."""
+    from retrieval import Index
+    from sync.crypto import node_key
+    from sync.store import fid_of
+
+    setup = build_repo(tree, work, server_search=True)
+    fid = fid_of(node_key(setup.key, setup.duplicate[0]))
+    path = setup.repo / setup.duplicate[0]
+    lines = path.read_text().splitlines(keepends=True)
+    middle = len(lines) // 2
+    snapshot = next(p for p in setup.store_dir.rglob("search.index"))
+
+    def rows() -> list[tuple[bytes, bytes]]:
+        view = read_server(setup.store_dir)
+        assert view.vectors is not None
+        return [(view.vectors[i].tobytes(), view.metas[i]) for i, f in enumerate(view.fids)
+                if f == fid]
+
+    versions = [rows()]
+    with Index(setup.repo) as idx:
+        for n in (1, 2):
+            lines[middle] = lines[middle].rstrip("\n") + f"  # edited {n}\n"
+            path.write_text("".join(lines))
+            idx.index()
+            versions.append(rows())
+        held = snapshot.read_bytes() if snapshot.exists() else b""
+    first, second = {v for v, _ in versions[1]}, {m for _, m in versions[2]}
+    superseded = [m for _, m in versions[1] if m not in second]
+    return {"file_rows": len(versions[0]),
+            "rows_keeping_their_vector": sum(1 for v, _ in versions[0] if v in first),
+            "superseded_rows": len(superseded),
+            "superseded_in_search_index_while_open": sum(1 for m in superseded
+                                                         if m[:48] in held)}
 
 
 def sync_cost(setup: Setup, index_cls: type, first_seconds: float) -> dict[str, object]:

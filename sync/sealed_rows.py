@@ -56,10 +56,12 @@ _VERSION_BYTE = bytes([ROW_VERSION])
 _DIM = struct.Struct("<H")
 _META_LEN = struct.Struct("<I")
 
-#: Sizes the length prefix and metadata of a row are padded to. Measured on the requests
-#: repo: every row fits the first (paths and symbols of up to ~200 bytes), for 16% more
-#: bytes per row at dim 384; the others only keep a very long name from failing.
-META_BUCKETS = (256, 1024, 4096, 16384, 49152)
+#: Sizes the length prefix and metadata of a row are padded to. The first holds a path,
+#: symbol and language of up to ~130 bytes together: 1,240 of the requests repo's 1,241
+#: chunks; at dim 384 its rows are 967 bytes, four to a 4 KiB SQLite page (at 256 only
+#: three fit, and the data dir grew 1.5x where the rows grew 1.4x). The others keep long
+#: names apart from the rest in a few wide steps.
+META_BUCKETS = (168, 512, 2048, 8192, 49152)
 #: Rows per file: a file of n chunks is stored as the first of these at least n (and at
 #: least 1, so an empty file looks like a small one). Steps of at most 1.5x: 17% more
 #: rows on the requests repo; past the last, multiples of half of it.

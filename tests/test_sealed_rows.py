@@ -101,8 +101,8 @@ def _meta(path: str, symbol: str = "def f") -> ChunkMeta:
 def test_envelopes_fall_in_a_few_wide_buckets() -> None:
     sealer = RowSealer(KEY, "ws", DIM)
     lengths = {len(sealer.seal(new_row_id(), FILE, _meta("a" * n, "s" * (n // 2)), _vector()))
-               for n in range(1, 120, 3)}
-    # Paths of 1 to 120 bytes: one length (it moved every 32 bytes before).
+               for n in range(1, 80, 3)}
+    # Paths of 1 to 80 bytes: one length (it moved every 32 bytes before).
     assert lengths == {_ENVELOPE + META_BUCKETS[0]}
     long_one = sealer.seal(new_row_id(), FILE, _meta("p/" * 300), _vector())
     assert len(long_one) - _ENVELOPE in META_BUCKETS[1:]
