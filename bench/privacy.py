@@ -35,13 +35,22 @@ at chance for every vector attack: there is nothing to compare). Beside each bet
 recall the client keeps (encrypted top-100 re-ranked with the plain vectors, against
 the plain top-10).
 
+    structure       (--structure, a sealed store behind `codeveil serve`, no key and no
+                    vector needed) the stored tree's shape, rows per file key, envelope
+                    lengths and row order matched against the public tree chunked with
+                    our own chunker: public files and chunks labelled, private files
+                    flagged, file category read from the order; and the store's cost
+                    (bytes held, requests and bytes of a no-change and a one-file sync)
+
     python bench/privacy.py                      # the installed `requests` package
     python bench/privacy.py --tree PATH --betas 0.5,1,2,4,8
+    python bench/privacy.py --structure          # the psf/requests mirror, hashing embedder
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import shutil
@@ -56,7 +65,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import Timer, isolate, table, write_json
+from bench._common import Server, Timer, isolate, table, unpack_mirror, write_json
 
 KNOWN_PAIRS = (10, 50, 100, 384)
 BETAS = (0.5, 1.0, 2.0, 4.0, 8.0)
@@ -151,6 +160,7 @@ class Setup:
     private: str  # the private module's path
     sealed: bool
     dim: int
+    private_test: str = ""  # a private test beside the copied file's original, if any
 
 
 def default_tree() -> Path:
@@ -159,9 +169,12 @@ def default_tree() -> Path:
     return Path(requests.__file__).resolve().parent
 
 
-def build_repo(tree: Path, work: Path, *, server_search: bool) -> Setup:
+def build_repo(tree: Path, work: Path, *, server_search: bool,
+               private_test: bool = False, server: tuple[str, Path] | None = None) -> Setup:
     """Index `tree` (as `<name>/`) plus a private module with canaries and a private copy
-    of one public file, in the embedded store, in the given mode."""
+    of one public file, in the embedded store (or `server`: its URL and data dir), in the
+    given mode; with `private_test` also a private file in the copied file's public
+    directory."""
     from retrieval import Index
     from sync.config import load_config, store_path
     from sync.keys import load_key
@@ -184,17 +197,22 @@ def build_repo(tree: Path, work: Path, *, server_search: bool) -> Setup:
     original = sources[len(sources) // 2]
     copy = repo / "internal" / f"vendored_{original.name}"
     shutil.copyfile(original, copy)
+    beside = original.parent / f"test_{canaries[5]}.py"
+    if private_test:
+        beside.write_text(PRIVATE_TEST.lstrip())
 
     with Index(repo) as idx:
-        idx.init(server_search=server_search)
+        idx.init(server_search=server_search, server=None if server is None else server[0])
         idx.index()
     config = load_config(repo)
-    return Setup(repo=repo, store_dir=store_path(repo), workspace_id=config.workspace_id,
+    return Setup(repo=repo, store_dir=store_path(repo) if server is None else server[1],
+                 workspace_id=config.workspace_id,
                  key=load_key(config.workspace_id), canaries=canaries, public_prefix=prefix,
                  duplicate=(original.relative_to(repo).as_posix(),
                             copy.relative_to(repo).as_posix()),
                  private=private.relative_to(repo).as_posix(), sealed=config.sealed,
-                 dim=config.dim)
+                 dim=config.dim,
+                 private_test=beside.relative_to(repo).as_posix() if private_test else "")
 
 
 def edit_and_reindex(setup: Setup, before: ServerView) -> dict[str, int]:
@@ -318,7 +336,13 @@ def ground_truth(setup: Setup, view: ServerView) -> Truth:
 
     labels, plain, row_files = [], [], []
     for cid, blob, fid in zip(view.chunk_ids, view.metas, view.fids, strict=True):
-        meta = (sealer.open(cid, file_keys[fid], blob).meta if setup.sealed
+        opened = sealer.open(cid, file_keys[fid], blob) if setup.sealed else None
+        if setup.sealed and opened is None:  # a padding row: no chunk, no public label
+            labels.append(-1)
+            plain.append(np.zeros(setup.dim, np.float32))
+            row_files.append("")
+            continue
+        meta = (opened.meta if opened is not None
                 else open_meta(setup.key, setup.workspace_id, cid, blob))
         i = by_hash[(meta.path, meta.chunk_hash)]
         labels.append(public_index.get(i, -1))
@@ -513,6 +537,465 @@ def scan_canaries(store_dir: Path, canaries: list[str]) -> int:
     return hits
 
 
+# -- the structure attack: no key, no vector, only the shape of what is stored ----------
+
+
+@dataclass
+class StoredShape:
+    """What a sealed store's data dir shows without a key: the tree's nodes (key, parent,
+    is_dir), each file's rows as (rid, envelope length), and every node's depth."""
+
+    parent: dict[bytes, bytes | None]
+    is_dir: dict[bytes, bool]
+    rows: dict[bytes, list[tuple[int, int]]]  # file key -> [(rid, length)], rid order
+
+
+def read_shape(store_dir: Path) -> StoredShape:
+    from sync.store import fid_of
+
+    (ws_dir,) = [p for p in (store_dir / "workspaces").iterdir() if p.is_dir()]
+    conn = sqlite3.connect(f"file:{ws_dir / 'tree.sqlite'}?mode=ro", uri=True)
+    try:
+        nodes = [(bytes(k), None if p is None else bytes(p), bool(d))
+                 for k, p, d in conn.execute("SELECT key, parent, is_dir FROM nodes")]
+        stored = conn.execute("SELECT rid, fid, length(meta) FROM rows ORDER BY rid").fetchall()
+    finally:
+        conn.close()
+    by_fid = {fid_of(k): k for k, _, d in nodes if not d}
+    rows: dict[bytes, list[tuple[int, int]]] = {k: [] for k, _, d in nodes if not d}
+    for rid, fid, length in stored:
+        rows[by_fid[fid]].append((int(rid), int(length)))
+    return StoredShape(parent={k: p for k, p, _ in nodes}, is_dir={k: d for k, _, d in nodes},
+                       rows=rows)
+
+
+@dataclass
+class PublicFile:
+    path: str
+    lengths: list[int]  # the envelope length of each chunk, in chunk order
+    chunks: list[tuple[bytes, int]]  # (chunk hash, start line) of each, for the truth
+
+
+def public_files(repo: Path, private: set[str], dim: int) -> dict[str, PublicFile]:
+    """The attacker's side: the public files as our walker and chunker see them, each
+    chunk's envelope length from sealing its metadata under a key of its own (the length
+    does not depend on the key)."""
+    from indexer.definitions import chunk_and_define
+    from indexer.walk import SourceFile, read_source, walk_repo
+    from sync.crypto import ChunkMeta
+    from sync.keys import WorkspaceKey
+    from sync.sealed_rows import RowSealer
+
+    sealer = RowSealer(WorkspaceKey(os.urandom(32)), "attacker", dim)
+    zero = np.zeros(dim, np.float32)
+    out: dict[str, PublicFile] = {}
+    for entry in walk_repo(repo).files:
+        if entry.path in private or entry.path.startswith(".codeveil"):
+            continue
+        source = read_source(repo, entry.path)
+        if not isinstance(source, SourceFile):
+            continue
+        chunks, _ = chunk_and_define(entry.path, source.text)
+        lengths = [len(sealer.seal(bytes(16), bytes(16), ChunkMeta(
+            path=c.path, start_line=c.start_line, end_line=c.end_line, symbol=c.symbol,
+            language=c.language, chunk_hash=c.chunk_hash), zero)) for c in chunks]
+        out[entry.path] = PublicFile(entry.path, lengths,
+                                     [(c.chunk_hash, c.start_line) for c in chunks])
+    return out
+
+
+def _rows_for(n: int) -> int:
+    """How many rows the store holds for a file of n chunks (its padding, if any)."""
+    from sync import sealed_rows
+
+    pad = getattr(sealed_rows, "padded_row_count", None)
+    return n if pad is None else int(pad(n))
+
+
+def _public_shape(paths: list[str]) -> tuple[dict[str, str | None], dict[str, bool]]:
+    parent: dict[str, str | None] = {"": None}
+    is_dir: dict[str, bool] = {"": True}
+    for path in paths:
+        is_dir[path] = False
+        child = path
+        while child:
+            up = child.rpartition("/")[0]
+            parent[child] = up
+            if up in is_dir:
+                break
+            is_dir[up] = True
+            child = up
+    return parent, is_dir
+
+
+def _depths(parent: dict) -> dict:
+    out: dict = {}
+
+    def depth(node: object) -> int:
+        if node not in out:
+            up = parent[node]
+            out[node] = 0 if up is None else depth(up) + 1
+        return out[node]
+
+    for node in parent:
+        depth(node)
+    return out
+
+
+def _ancestor_shapes(parent: dict, is_dir: dict) -> dict:
+    """node -> the (files, directories) counts of each directory above it, root first:
+    what a directory listing of the public tree and of the store both give."""
+    counts: dict = defaultdict(lambda: [0, 0])
+    for node, up in parent.items():
+        if up is not None:
+            counts[up][0 if not is_dir[node] else 1] += 1
+    out: dict = {}
+    for node in parent:
+        chain, up = [], parent[node]
+        while up is not None:
+            chain.append(tuple(counts[up]))
+            up = parent[up]
+        out[node] = tuple(reversed(chain))
+    return out
+
+
+def attack_structure(shape: StoredShape, public: dict[str, PublicFile],
+                     truth: dict[bytes, str], row_truth: dict[bytes, list[int]]
+                     ) -> dict[str, object]:
+    """Label the stored files and rows with public ones from structure alone.
+
+    A stored file's candidates are the public files whose rows it could be: as many rows
+    as the file's chunks take in the store, each chunk's envelope length among the
+    stored ones, at the same depth (where stored files differ in depth); narrowed to
+    those under directories of the same shape (files and directories per directory, up
+    to the root) where any are; then a
+    file that is the only candidate left for some stored file is taken off the others'
+    lists, until nothing changes. A file with no candidate is flagged as not public.
+    Rows are labelled within a labelled file by their rank (upload order) or by their
+    length, whichever labels more. Rates are expected values (a guess among k is right
+    1/k of the time; `row_truth` is, per stored file, the chunk index each row in rid
+    order holds, -1 for padding). The file category is read off the upload order: files sorted by
+    their first row, cut where the public counts of source, tests and other fall."""
+    from collections import Counter
+
+    from indexer.priority import category
+
+    s_parent, s_dir = shape.parent, shape.is_dir
+    p_parent, p_dir = _public_shape(sorted(public))
+    s_depth, p_depth = _depths(s_parent), _depths(p_parent)
+    s_anc, p_anc = _ancestor_shapes(s_parent, s_dir), _ancestor_shapes(p_parent, p_dir)
+    stored_files = [k for k, d in s_dir.items() if not d]
+    p_counts = {p: Counter(f.lengths) for p, f in public.items()}
+    by_rows: dict[int, list[str]] = defaultdict(list)
+    for p, f in public.items():
+        by_rows[_rows_for(len(f.lengths))].append(p)
+
+    # Where every stored file sits at one depth, the depth says nothing of the path.
+    by_depth = len({s_depth[s] for s in stored_files}) > 1
+    cands: dict[bytes, set[str]] = {}
+    for s in stored_files:
+        lengths = Counter(length for _, length in shape.rows[s])
+        fit = {p for p in by_rows.get(len(shape.rows[s]), [])
+               if (p_depth[p] == s_depth[s] or not by_depth) and not p_counts[p] - lengths}
+        exact = {p for p in fit if p_anc[p] == s_anc[s]}
+        cands[s] = exact or fit
+    # Flagged: no public file fits at all (before the one-to-one step below, whose
+    # guesses can leave a public file without candidates too).
+    unfit = {s for s, c in cands.items() if not c}
+    changed = True
+    while changed:
+        changed = False
+        taken = {next(iter(c)): s for s, c in cands.items() if len(c) == 1}
+        for s, c in cands.items():
+            if len(c) > 1 and c & taken.keys():
+                c -= {p for p in c if taken[p] != s}
+                changed = True
+
+    public_keys = [s for s in stored_files if truth.get(s) in public]
+    private_keys = [s for s in stored_files if s in truth and truth[s] not in public]
+
+    def file_score(s: bytes) -> float:
+        return 1.0 / len(cands[s]) if truth[s] in cands[s] else 0.0
+
+    chunk_hits = {"order": 0.0, "length": 0.0}
+    chunks_multi = {"order": 0.0, "length": 0.0}
+    n_chunks = n_multi = 0
+    for s in public_keys:
+        f = public[truth[s]]
+        n_real = len(f.lengths)
+        n_chunks += n_real
+        n_multi += n_real if n_real > 1 else 0
+        p_file = file_score(s)
+        if not p_file:
+            continue
+        per_length = Counter(f.lengths)
+        # By upload order: the k-th row by rid taken for the k-th chunk. By length: a
+        # row taken for one of the chunks of its envelope length.
+        by_order = sum(1 for k, chunk in enumerate(row_truth[s]) if chunk == k)
+        by_length = sum(1.0 / per_length[f.lengths[chunk]] for chunk in row_truth[s]
+                        if chunk >= 0)
+        for name, hits in (("order", by_order), ("length", by_length)):
+            chunk_hits[name] += p_file * hits
+            if n_real > 1:
+                chunks_multi[name] += p_file * hits
+    files_multi = [s for s in public_keys if len(public[truth[s]].lengths) > 1]
+    flagged_private = sum(1 for s in private_keys if s in unfit)
+    flagged_public = sum(1 for s in public_keys if s in unfit)
+    copy_candidates = {truth[s]: len(cands[s]) for s in private_keys if cands[s]}
+
+    # Category from upload order.
+    firsts = sorted((min(r for r, _ in shape.rows[s]), s) for s in public_keys
+                    if shape.rows[s])
+    cats = Counter(category(p) for p in public)
+    cut, guess = 0, {}
+    ordered = [s for _, s in firsts]
+    for c in sorted(cats):
+        share = round(cats[c] * len(ordered) / max(sum(cats.values()), 1))
+        for s in ordered[cut: cut + share]:
+            guess[s] = c
+        cut += share
+    for s in ordered[cut:]:
+        guess[s] = max(cats)
+    cat_right = float(np.mean([guess[s] == category(truth[s]) for s in ordered]))
+    shares = np.array([cats[c] / sum(cats.values()) for c in cats])
+    return {
+        "stored_files": len(stored_files), "public_files": len(public_keys),
+        "private_files": len(private_keys), "public_chunks": n_chunks,
+        "file_labelled": float(np.mean([file_score(s) for s in public_keys])),
+        "file_labelled_multi": float(np.mean([file_score(s) for s in files_multi]))
+        if files_multi else 0.0,
+        "files_multi": len(files_multi),
+        "file_chance": 1.0 / len(public), "file_chance_multi": 1.0 / max(len(files_multi), 1),
+        "chunk_labelled": max(chunk_hits.values()) / max(n_chunks, 1),
+        "chunk_labelled_by": max(chunk_hits, key=lambda k: chunk_hits[k]),
+        "chunk_labelled_multi": max(chunks_multi.values()) / max(n_multi, 1),
+        "chunk_chance": 1.0 / max(n_chunks, 1), "chunk_chance_multi": 1.0 / max(n_multi, 1),
+        "private_flagged": flagged_private, "public_flagged": flagged_public,
+        "private_flag_rate": flagged_private / max(len(private_keys), 1),
+        "public_flag_rate": flagged_public / max(len(public_keys), 1),
+        "private_copy_candidates": copy_candidates,
+        "category_from_order": cat_right, "category_chance": float(np.sum(shares**2)),
+        "max_depth": max(s_depth.values()),
+        "root_children": sum(1 for p in s_parent.values() if p is not None
+                             and s_parent[p] is None),
+    }
+
+
+
+def structure_truth(setup: Setup, public: dict[str, PublicFile]
+                    ) -> tuple[dict[bytes, str], dict[bytes, list[int]]]:
+    """With the key: each stored file's path, and the public chunk index each of its rows
+    holds in rid order (-1 for a private chunk or a padding row)."""
+    from indexer.walk import walk_repo
+    from sync.crypto import node_key
+    from sync.sealed_rows import RowSealer
+    from sync.store import fid_of
+
+    paths = {node_key(setup.key, e.path): e.path for e in walk_repo(setup.repo).files}
+    by_fid = {fid_of(k): k for k in paths}
+    sealer = RowSealer(setup.key, setup.workspace_id, setup.dim)
+    (ws_dir,) = [p for p in (setup.store_dir / "workspaces").iterdir() if p.is_dir()]
+    with contextlib.closing(sqlite3.connect(f"file:{ws_dir / 'tree.sqlite'}?mode=ro",
+                                            uri=True)) as conn:
+        stored = conn.execute("SELECT chunk_id, fid, meta FROM rows ORDER BY rid").fetchall()
+    rows: dict[bytes, list[int]] = defaultdict(list)
+    index = {p: {c: i for i, c in enumerate(f.chunks)} for p, f in public.items()}
+    for cid, fid, blob in stored:
+        key = by_fid[fid]
+        opened = sealer.open(bytes(cid), key, bytes(blob))
+        meta = getattr(opened, "meta", None)
+        rows[key].append(-1 if meta is None else
+                         index.get(meta.path, {}).get((meta.chunk_hash, meta.start_line), -1))
+    return paths, rows
+
+
+def padding_schemes(public: dict[str, PublicFile]) -> list[dict[str, object]]:
+    """What other row buckets would cost and leave: for each scheme, the rows stored per
+    chunk, and the share of files (of files with more than one chunk) an attacker labels
+    from the row count alone (a file among k of the same count: 1/k)."""
+    from collections import Counter
+
+    from sync import sealed_rows
+
+    counts = [len(f.lengths) for f in public.values()]
+    top = max(counts)
+
+    def geometric(ratio: float):
+        def pad(n: int) -> int:
+            size = 1
+            while size < n:
+                size = max(size + 1, int(size * ratio))
+            return size
+        return pad
+
+    schemes = {"none": lambda n: n}
+    if hasattr(sealed_rows, "padded_row_count"):  # the codeveil measured pads rows
+        schemes["ROW_BUCKETS (steps of 1.5x)"] = sealed_rows.padded_row_count
+    schemes.update({"powers of 2": geometric(2), "powers of 4": geometric(4),
+                    "every file as the largest": lambda n: top})
+    out = []
+    for name, pad in schemes.items():
+        padded = [max(pad(n), 1) for n in counts]
+        same = Counter(padded)
+        multi = [s for s, n in zip(padded, counts, strict=True) if n > 1]
+        out.append({"scheme": name, "rows_per_chunk": sum(padded) / max(sum(counts), 1),
+                    "file_labelled": float(np.mean([1 / same[s] for s in padded])),
+                    "file_labelled_multi": float(np.mean([1 / same[s] for s in multi]))
+                    if multi else 0.0})
+    return out
+
+
+PRIVATE_TEST = '''
+"""Tests of the internal billing reconciliation."""
+
+
+def test_settle_quarter_leaves_recent_accounts():
+    assert settle_quarter([], 0.02) == []
+'''
+
+
+def run_structure(args: argparse.Namespace) -> int:
+    """The structure attack on a sealed store of a public tree with private files in it,
+    and what the store costs: its bytes, and the requests and bytes of the syncs a user
+    runs most (nothing changed; one file edited)."""
+    from retrieval import Index
+
+    os.environ.setdefault("CODEVEIL_EMBEDDER", "hashing")
+    base = isolate()
+    server = Server(base / "server-data")
+    try:
+        commit = None
+        tree = args.tree
+        if tree is None:
+            tree = base / "public" / args.mirror.split("/")[-1]
+            commit = unpack_mirror(args.mirror, tree)
+        with Timer() as first:
+            setup = build_repo(tree, base, server_search=False, private_test=True,
+                               server=(server.url, server.data_dir))
+        shape = read_shape(setup.store_dir)
+        private = {setup.private, setup.duplicate[1], setup.private_test}
+        public = public_files(setup.repo, private, setup.dim)
+        truth, row_truth = structure_truth(setup, public)
+        attack = attack_structure(shape, public, truth, row_truth)
+        schemes = padding_schemes(public)
+        edit = server_search_edit(tree, base)
+        cost = sync_cost(setup, Index, first.seconds)
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+    def pct(v: object) -> str:
+        return f"{100 * float(v):.2f}%"  # type: ignore[arg-type]
+
+    a = attack
+    print(f"{a['stored_files']} stored files ({a['private_files']} private), "
+          f"{a['public_chunks']} public chunks; tree depth {a['max_depth']}, "
+          f"{a['root_children']} children of the root")
+    print(table(["structure attack (sealed, no key, no vector)", "rate", "chance"], [
+        ["public files labelled", pct(a["file_labelled"]), pct(a["file_chance"])],
+        [f"  of them with more than one chunk ({a['files_multi']})",
+         pct(a["file_labelled_multi"]), pct(a["file_chance_multi"])],
+        [f"public chunks labelled (by {a['chunk_labelled_by']})", pct(a["chunk_labelled"]),
+         pct(a["chunk_chance"])],
+        ["  of files with more than one chunk", pct(a["chunk_labelled_multi"]),
+         pct(a["chunk_chance_multi"])],
+        ["private files flagged as not public",
+         f"{a['private_flagged']} of {a['private_files']}",
+         f"public files flagged: {a['public_flagged']} of {a['public_files']}"],
+        ["private files not flagged: public candidates",
+         ", ".join(f"{p.rsplit('/', 1)[-1][:24]}: {n}"
+                   for p, n in a["private_copy_candidates"].items()) or "-", ""],
+        ["file category read from upload order", pct(a["category_from_order"]),
+         pct(a["category_chance"])],
+    ]))
+    print()
+    print(table(["cost", "value"], [[k, v] for k, v in cost.items()]))
+    print(f"\nserver-search, one line edited twice within a minute: "
+          f"{edit['rows_keeping_their_vector']} of {edit['file_rows']} rows of the file keep"
+          f" their encrypted vector; {edit['superseded_in_search_index_while_open']} of"
+          f" {edit['superseded_rows']} superseded rows still in search.index while open")
+    print("\nRow buckets: rows stored per chunk, and files labelled from the row count alone")
+    print(table(["scheme", "rows per chunk", "files labelled", "of >1 chunk"],
+                [[s["scheme"], f"{s['rows_per_chunk']:.2f}", pct(s["file_labelled"]),
+                  pct(s["file_labelled_multi"])] for s in schemes]))
+    path = write_json(args.out, {"tree": str(args.tree or args.mirror), "mirror_commit": commit,
+                                 "embedder": os.environ["CODEVEIL_EMBEDDER"],
+                                 "attack": attack, "cost": cost, "row_buckets": schemes,
+                                 "server_search_edit": edit})
+    print(f"\nwrote {path}")
+    return 0
+
+
+def server_search_edit(tree: Path, work: Path) -> dict[str, object]:
+    """Server-search: edit one line in the middle of a many-chunk file, then again within
+    the minute. How many of the file's rows came back from the first edit with the very
+    encrypted vector they had (the chunk an edit changed is the one whose vector moved),
+    and how many of the rows the second edit superseded the search snapshot still holds,
+    read while the store is open (the first edit's apply may write the snapshot; the
+    second's is within the minute, when none is due)."""
+    from retrieval import Index
+    from sync.crypto import node_key
+    from sync.store import fid_of
+
+    setup = build_repo(tree, work, server_search=True)
+    fid = fid_of(node_key(setup.key, setup.duplicate[0]))
+    path = setup.repo / setup.duplicate[0]
+    lines = path.read_text().splitlines(keepends=True)
+    middle = len(lines) // 2
+    snapshot = next(p for p in setup.store_dir.rglob("search.index"))
+
+    def rows() -> list[tuple[bytes, bytes]]:
+        view = read_server(setup.store_dir)
+        assert view.vectors is not None
+        return [(view.vectors[i].tobytes(), view.metas[i]) for i, f in enumerate(view.fids)
+                if f == fid]
+
+    versions = [rows()]
+    with Index(setup.repo) as idx:
+        for n in (1, 2):
+            lines[middle] = lines[middle].rstrip("\n") + f"  # edited {n}\n"
+            path.write_text("".join(lines))
+            idx.index()
+            versions.append(rows())
+        held = snapshot.read_bytes() if snapshot.exists() else b""
+    first, second = {v for v, _ in versions[1]}, {m for _, m in versions[2]}
+    superseded = [m for _, m in versions[1] if m not in second]
+    return {"file_rows": len(versions[0]),
+            "rows_keeping_their_vector": sum(1 for v, _ in versions[0] if v in first),
+            "superseded_rows": len(superseded),
+            "superseded_in_search_index_while_open": sum(1 for m in superseded
+                                                         if m[:48] in held)}
+
+
+def sync_cost(setup: Setup, index_cls: type, first_seconds: float) -> dict[str, object]:
+    """Bytes the store holds, and requests and bytes of a sync with nothing to do and of
+    one after a one-line edit of one file."""
+    (ws_dir,) = [p for p in (setup.store_dir / "workspaces").iterdir() if p.is_dir()]
+    with contextlib.closing(sqlite3.connect(f"file:{ws_dir / 'tree.sqlite'}?mode=ro",
+                                            uri=True)) as conn:
+        (n_rows, row_bytes), = conn.execute(
+            "SELECT count(*), sum(length(meta)) + 16 * count(*) FROM rows").fetchall()
+        (n_nodes,), = conn.execute("SELECT count(*) FROM nodes").fetchall()
+    # The workspace's files as they are (the server holds its write-ahead log open).
+    tree_bytes = sum(f.stat().st_size for f in ws_dir.iterdir() if f.is_file())
+    with index_cls(setup.repo) as idx:
+        same = idx.index()
+        path = setup.repo / setup.duplicate[0]
+        path.write_text(path.read_text() + "\n# one more line\n")
+        edit = idx.index()
+    return {
+        "first index, seconds (hashing embedder)": round(first_seconds, 2),
+        "rows stored": n_rows, "row bytes stored (id + envelope)": int(row_bytes),
+        "nodes stored": n_nodes,
+        "workspace files bytes (tree.sqlite and its log)": tree_bytes,
+        "no-change sync: requests": same.requests,
+        "no-change sync: bytes sent + received": same.bytes_sent + same.bytes_received,
+        "one-file sync: requests": edit.requests,
+        "one-file sync: bytes sent + received": edit.bytes_sent + edit.bytes_received,
+        "one-file sync: seconds": round(edit.seconds, 3),
+    }
+
+
 # -- the run ---------------------------------------------------------------------------
 
 
@@ -550,8 +1033,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="public source tree to index (default: the requests package)")
     parser.add_argument("--betas", default=",".join(str(b) for b in BETAS))
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--out", default="privacy")
+    parser.add_argument("--out", default=None,
+                        help="result name under bench/results/ (default: privacy, or"
+                        " privacy_structure with --structure)")
+    parser.add_argument("--structure", action="store_true",
+                        help="only the structure attack and the store's cost, on a sealed"
+                        " store of --tree or --mirror (hashing embedder unless"
+                        " CODEVEIL_EMBEDDER says otherwise)")
+    parser.add_argument("--mirror", default="psf/requests",
+                        help="git mirror (bench/_common.unpack_mirror) for --structure")
     args = parser.parse_args(argv)
+    if args.structure:
+        args.out = args.out or "privacy_structure"
+        return run_structure(args)
+    args.out = args.out or "privacy"
     betas = [float(b) for b in args.betas.split(",") if b]
 
     from indexer.embedder_registry import default_embedder

@@ -340,17 +340,19 @@ def _files_differing(root: Path, config: RepoConfig, key: WorkspaceKey,
             rows = ws.file_rows(keys)
             for path, file_key in zip(part, keys, strict=True):
                 want = sorted(c.chunk_hash for c in local.for_file(path))
-                have = sorted(_chunk_hash(sealer, key, config.workspace_id, file_key, r, b)
-                              for r, b in rows.get(file_key, []))
+                hashes = (_chunk_hash(sealer, key, config.workspace_id, file_key, r, b)
+                          for r, b in rows.get(file_key, []))
+                have = sorted(h for h in hashes if h is not None)  # None: padding
                 if have != want:
                     out.append(path)
     return out
 
 
 def _chunk_hash(sealer: RowSealer | None, key: WorkspaceKey, workspace_id: str,
-                file_key: bytes, row_id: bytes, blob: bytes) -> bytes:
+                file_key: bytes, row_id: bytes, blob: bytes) -> bytes | None:
     if sealer is not None:
-        return sealer.open(row_id, file_key, blob).meta.chunk_hash
+        opened = sealer.open(row_id, file_key, blob)
+        return None if opened is None else opened.meta.chunk_hash
     return crypto.open_meta(key, workspace_id, row_id, blob).chunk_hash
 
 

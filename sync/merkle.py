@@ -1,12 +1,22 @@
 """The client's Merkle tree of the repo, and the diff against the tree a store holds.
 
-Locally, a leaf is a file (its xxh3-128 content digest) and a directory's digest is the
-xxh3-128 of its sorted children's names, kinds and digests. What the server sees is keyed:
-node key = HMAC(k_path, path), node value = HMAC(k_tree, digest); see sync.crypto.
+The tree the store sees does not follow the repo's directories: every file hangs under
+two levels of buckets picked by its keyed file id (`node_key`, which the store never
+links to a path), so the store learns how many files there are and nothing of where
+they sit (how many files a directory has, how deep a file is). Locally, a leaf is a file
+(its xxh3-128 content digest) and a bucket's digest is the xxh3-128 of its sorted
+children's names, kinds and digests. What the server sees is keyed: node key =
+HMAC(k_path, name), node value = HMAC(k_tree, name, digest); see sync.crypto.
 
 The diff compares roots (one request when nothing changed), then descends one batched
-request per tree level, into mismatched directories only, so its cost grows with the
-number of changed paths times the depth, not with the size of the repo.
+request per level into mismatched buckets only: a sync's requests are 1 with nothing
+changed and 1 + LEVELS otherwise, whatever the size or depth of the repo; the bytes of
+the answers grow with the changed files times a bucket's size (files / FANOUT^LEVELS).
+
+A store written before buckets holds the repo's directories under the same root key:
+the diff finds none of its root's children among the buckets, so it deletes them and
+sends every file again in the bucket layout (`Diff.relayout`); the deletes go out after
+the files, so each file's rows stay in the store until its new ones replace them.
 """
 
 from __future__ import annotations
@@ -24,48 +34,66 @@ from sync.records import DirValue, children_digest
 ROOT = ""
 # Directory keys per `children` request (the server accepts up to 10,000).
 CHILDREN_BATCH = 5_000
+# Buckets per level and levels: 4,096 buckets hold 250 files each at a million files,
+# so a one-file sync's answers stay small at any size; and a small repo's buckets hold
+# one file each, which tells the store nothing either.
+FANOUT = 64
+LEVELS = 2
+# Bucket names start with NUL, which no path holds: they never share a key with a file.
+_BUCKET = "\0"
 
 
-def parent_of(path: str) -> str:
-    return path.rpartition("/")[0]
+def bucket_path(key: WorkspaceKey, path: str) -> list[str]:
+    """The buckets above file `path`, root first: [ROOT, level 1, level 2]."""
+    file_key = crypto.node_key(key, path)
+    out, name = [ROOT], _BUCKET
+    for level in range(LEVELS):
+        name += f"{file_key[level] % FANOUT:02x}"
+        out.append(name)
+    return out
 
 
-def ancestors_of(path: str) -> list[str]:
-    """Directory paths above `path`, root ("") first."""
-    parts = path.split("/")[:-1]
-    return [ROOT] + ["/".join(parts[: i + 1]) for i in range(len(parts))]
+def level_of(name: str) -> int:
+    """0 for the root, 1.. for a bucket, LEVELS + 1 for a file."""
+    if name == ROOT:
+        return 0
+    if name.startswith(_BUCKET):
+        return (len(name) - len(_BUCKET)) // 2
+    return LEVELS + 1
+
+
+def deepest_first(dirs: Iterable[str]) -> list[str]:
+    """Buckets bottom-up (each after its children), the root last."""
+    return sorted(dirs, key=lambda d: (-level_of(d), d))
 
 
 @dataclass
 class LocalTree:
-    """The repo as a tree of digests: files -> content digest, dirs -> digest of children."""
+    """The repo as a tree of digests: files -> content digest, buckets -> digest of
+    their children (see the module docstring)."""
 
     files: dict[str, bytes]
     dirs: dict[str, bytes] = field(default_factory=dict)
     children: dict[str, list[str]] = field(default_factory=dict)
+    ancestors: dict[str, list[str]] = field(default_factory=dict)
+    file_keys: set[bytes] = field(default_factory=set)  # the server's keys of `files`
 
     @classmethod
-    def build(cls, files: dict[str, bytes]) -> LocalTree:
+    def build(cls, files: dict[str, bytes], key: WorkspaceKey) -> LocalTree:
         children: dict[str, set[str]] = {}
+        ancestors: dict[str, list[str]] = {}
         for path in files:
-            child = path
-            parent = parent_of(child)
-            while True:
-                siblings = children.setdefault(parent, set())
-                if child in siblings:
-                    break
-                siblings.add(child)
-                if parent == ROOT:
-                    break
-                child, parent = parent, parent_of(parent)
-        tree = cls(files=files, children={d: sorted(c) for d, c in children.items()})
-        # Deepest directories first, so each directory's children are done before it.
-        for d in sorted(tree.children, key=lambda p: -p.count("/") - (p != ROOT)):
+            chain = ancestors[path] = bucket_path(key, path)
+            for up, down in zip(chain, [*chain[1:], path], strict=True):
+                children.setdefault(up, set()).add(down)
+        tree = cls(files=files, children={d: sorted(c) for d, c in children.items()},
+                   ancestors=ancestors, file_keys={crypto.node_key(key, p) for p in files})
+        for d in deepest_first(tree.children):
             h = xxhash.xxh3_128()
             for child in tree.children[d]:
                 is_dir = child in tree.children
                 digest = tree.dirs[child] if is_dir else files[child]
-                name = child.rpartition("/")[2].encode("utf-8", "surrogateescape")
+                name = child.encode("utf-8", "surrogateescape")
                 h.update(len(name).to_bytes(4, "little") + name + (b"d" if is_dir else b"f"))
                 h.update(digest)
             tree.dirs[d] = h.digest()
@@ -99,6 +127,9 @@ class Diff:
     delete: list[bytes] = field(default_factory=list)  # server node keys to remove
     dirs: list[str] = field(default_factory=list)  # directory values to set, deepest first
     requests: int = 0
+    #: The store's tree is in a layout from before buckets: every file is sent again, and
+    #: the old directories are deleted after them.
+    relayout: bool = False
 
     @property
     def empty(self) -> bool:
@@ -137,7 +168,10 @@ def diff(tree: LocalTree, client: StoreClient, key: WorkspaceKey) -> Diff:
                 for node in answer.get(dir_key, []):
                     path = local.get(node.key)
                     if path is None:
-                        out.delete.append(node.key)
+                        # A file of ours in another place (the layout from before
+                        # buckets) moves when it is sent; deleting it would lose it.
+                        if node.key not in tree.file_keys:
+                            out.delete.append(node.key)
                         continue
                     seen.add(path)
                     if node.is_dir != tree.is_dir(path):
@@ -152,11 +186,13 @@ def diff(tree: LocalTree, client: StoreClient, key: WorkspaceKey) -> Diff:
                 for path in tree.children[d]:
                     if path not in seen:
                         out.upload.extend(tree.files_under(path))
+                if d == ROOT and answer.get(dir_key) and not seen:
+                    out.relayout = True
             frontier = next_frontier
     for path in out.upload:
-        touched_dirs.update(ancestors_of(path))
+        touched_dirs.update(tree.ancestors[path])
     out.upload.sort()
-    out.dirs = sorted(touched_dirs, key=lambda p: (-(p.count("/") + (p != ROOT)), p))
+    out.dirs = deepest_first(touched_dirs)
     return out
 
 

@@ -7,12 +7,23 @@ that a teammate or a new machine can pull the vectors instead of embedding again
     row id      16 random bytes, fresh every time a file is sent: ids carry no order and
                 do not survive an edit, so the server learns which file changed, never
                 which of its chunks.
-    envelope    version (1 byte, 0x02) || nonce (12) || ciphertext || tag (16)
+    envelope    version (1 byte, 0x03) || nonce (12) || ciphertext || tag (16)
         AES-256-GCM under k_row with a random nonce
         associated data  version || u16 len(workspace id) || workspace id || row id
                          || file key (16)
         plaintext        u16 dim || vector as little-endian float16 (2 * dim bytes)
-                         || the metadata encoding of sync.crypto (padded to 32 bytes)
+                         || u32 n || the metadata encoding of sync.crypto (n bytes)
+                         || zeros up to the next of META_BUCKETS
+        padding row      u16 0 || zeros, as long as the smallest bucket's plaintext
+
+Lengths. The metadata (path, symbol, language) and its length prefix are padded to the
+first of META_BUCKETS they fit, so every row of an ordinary chunk has one length, and a
+rare long path or symbol one of a few others: the length no longer bounds a path's.
+Padding rows. The store groups rows by file, so it learns how many each file has; the
+client adds padding rows up to the next of ROW_BUCKETS (`padded_row_count`), which the
+store cannot tell from chunk rows (same length, same key, random ids), and drops them
+when it opens a file's rows (`RowSealer.open` returns None). Rows of version 2 (no
+length prefix, no padding) still open.
 
 The associated data binds a row to its workspace, its id and the file it was sent with,
 so a server that moves a row to another file, chunk or workspace makes it fail to open.
@@ -39,9 +50,39 @@ from sync.errors import MetadataAuthError, MetadataFormatError
 from sync.keys import WorkspaceKey
 from sync.records import KEY_BYTES
 
-ROW_VERSION = 2  # 1 is sync.crypto's metadata envelope: the two never pass for each other
+ROW_VERSION = 3  # 1 is sync.crypto's metadata envelope: the two never pass for each other
+UNPADDED_VERSION = 2  # rows written before padding: still opened
 _VERSION_BYTE = bytes([ROW_VERSION])
 _DIM = struct.Struct("<H")
+_META_LEN = struct.Struct("<I")
+
+#: Sizes the length prefix and metadata of a row are padded to. The first holds a path,
+#: symbol and language of up to ~130 bytes together: 1,240 of the requests repo's 1,241
+#: chunks; at dim 384 its rows are 967 bytes, four to a 4 KiB SQLite page (at 256 only
+#: three fit, and the data dir grew 1.5x where the rows grew 1.4x). The others keep long
+#: names apart from the rest in a few wide steps.
+META_BUCKETS = (168, 512, 2048, 8192, 49152)
+#: Rows per file: a file of n chunks is stored as the first of these at least n (and at
+#: least 1, so an empty file looks like a small one). Steps of at most 1.5x: 17% more
+#: rows on the requests repo; past the last, multiples of half of it.
+ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+def padded_row_count(chunks: int) -> int:
+    """How many rows a file of `chunks` chunks is stored as (see the module docstring)."""
+    for size in ROW_BUCKETS:
+        if chunks <= size:
+            return size
+    step = ROW_BUCKETS[-1] // 2
+    return -(-chunks // step) * step
+
+
+def _meta_bucket(n: int) -> int:
+    for size in META_BUCKETS:
+        if n <= size:
+            return size
+    raise ValueError(f"a chunk's metadata of {n} bytes is past the largest row bucket"
+                     f" ({META_BUCKETS[-1]}): its path or symbol is too long")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +98,12 @@ def new_row_id() -> bytes:
 
 
 def _aad(workspace_id: str, row_id: bytes, file_key: bytes) -> bytes:
+    return _aad_of(ROW_VERSION, workspace_id, row_id, file_key)
+
+
+def _aad_of(version: int, workspace_id: str, row_id: bytes, file_key: bytes) -> bytes:
     ws = workspace_id.encode("utf-8")
-    return _VERSION_BYTE + len(ws).to_bytes(2, "big") + ws + row_id + file_key
+    return bytes([version]) + len(ws).to_bytes(2, "big") + ws + row_id + file_key
 
 
 class RowSealer:
@@ -76,17 +121,27 @@ class RowSealer:
         vec = np.asarray(vector, dtype="<f2").reshape(-1)
         if vec.shape[0] != self.dim:
             raise ValueError(f"expected a vector of {self.dim} values, got {vec.shape[0]}")
-        plain = _DIM.pack(self.dim) + vec.tobytes() + encode_meta(meta)
+        encoded = encode_meta(meta)
+        tail = _META_LEN.pack(len(encoded)) + encoded
+        tail += bytes(_meta_bucket(len(tail)) - len(tail))
+        return self._seal(row_id, file_key, _DIM.pack(self.dim) + vec.tobytes() + tail)
+
+    def seal_padding(self, row_id: bytes, file_key: bytes) -> bytes:
+        """A padding row of the file: as long as a chunk row of the smallest bucket."""
+        return self._seal(row_id, file_key, bytes(_DIM.size + 2 * self.dim + META_BUCKETS[0]))
+
+    def _seal(self, row_id: bytes, file_key: bytes, plain: bytes) -> bytes:
         nonce = os.urandom(NONCE_SIZE)
         sealed = self._aead.encrypt(nonce, plain, _aad(self.workspace_id, row_id, file_key))
         return _VERSION_BYTE + nonce + sealed
 
-    def open(self, row_id: bytes, file_key: bytes, blob: bytes) -> OpenRow:
-        """Decrypt and check a row sealed by `seal` for the same workspace, id and file."""
+    def open(self, row_id: bytes, file_key: bytes, blob: bytes) -> OpenRow | None:
+        """Decrypt and check a row sealed by `seal` for the same workspace, id and file;
+        None for a padding row (`seal_padding`), which holds no chunk."""
         where = f"row {row_id.hex()} of workspace {self.workspace_id}"
         if len(blob) < 1 + NONCE_SIZE + TAG_SIZE:
             raise MetadataAuthError(f"{where} is truncated ({len(blob)} bytes)")
-        if blob[0] != ROW_VERSION:
+        if blob[0] not in (ROW_VERSION, UNPADDED_VERSION):
             raise MetadataFormatError(
                 f"{where} has envelope version {blob[0]}, not a sealed row ({ROW_VERSION}):"
                 " the workspace is not sealed, or this codeveil is older than the one that"
@@ -94,23 +149,33 @@ class RowSealer:
             )
         try:
             plain = self._aead.decrypt(blob[1 : 1 + NONCE_SIZE], blob[1 + NONCE_SIZE :],
-                                       _aad(self.workspace_id, row_id, file_key))
+                                       _aad_of(blob[0], self.workspace_id, row_id, file_key))
         except InvalidTag:
             raise MetadataAuthError(
                 f"{where} does not authenticate: the workspace key is wrong, or the store"
                 " returned a row that was altered or belongs to another file or chunk"
             ) from None
         try:
-            return self._decode(plain)
+            return self._decode(plain, padded=blob[0] == ROW_VERSION)
         except (ValueError, struct.error) as exc:
             raise MetadataFormatError(f"{where} is malformed ({exc})") from None
 
-    def _decode(self, plain: bytes) -> OpenRow:
+    def _decode(self, plain: bytes, *, padded: bool) -> OpenRow | None:
         (dim,) = _DIM.unpack_from(plain)
+        if padded and dim == 0:
+            if any(plain):
+                raise ValueError("a padding row holds something")
+            return None
         if dim != self.dim:
             raise ValueError(f"it holds a vector of {dim} values, the workspace's are {self.dim}")
         end = _DIM.size + 2 * dim
         vector = np.frombuffer(plain[_DIM.size : end], dtype="<f2").astype(np.float32)
         if not np.all(np.isfinite(vector)):
             raise ValueError("its vector is not finite")
-        return OpenRow(decode_meta(plain[end:]), vector)
+        meta = plain[end:]
+        if padded:
+            (n,) = _META_LEN.unpack_from(meta)
+            if _META_LEN.size + n > len(meta) or any(meta[_META_LEN.size + n :]):
+                raise ValueError("its metadata length does not match the plaintext")
+            meta = meta[_META_LEN.size : _META_LEN.size + n]
+        return OpenRow(decode_meta(meta), vector)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import random
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -48,13 +49,14 @@ from sync import crypto
 from sync.client import StoreClient
 from sync.errors import MetadataAuthError, MetadataFormatError
 from sync.keys import WorkspaceKey
-from sync.merkle import Diff, LocalTree, diff, dir_values
+from sync.merkle import Diff, LocalTree, bucket_path, deepest_first, diff, dir_values
 from sync.progress import Progress
 from sync.records import ChunkRecord, FileUpdate
-from sync.sealed_rows import RowSealer, new_row_id
+from sync.sealed_rows import RowSealer, new_row_id, padded_row_count
 from sync.wire import LIMITS
 
 log = logging.getLogger(__name__)
+_random = random.SystemRandom()
 
 # Upload batches: big enough to keep the model busy, small enough to bound a request.
 BATCH_CHUNKS = 512
@@ -215,13 +217,13 @@ class Syncer:
         before = (self.client.stats.requests, self.client.stats.bytes_sent,
                   self.client.stats.bytes_received)
         files = self.scan(report)
-        tree = LocalTree.build(files)
+        tree = LocalTree.build(files, self.key)
 
         t0 = time.perf_counter()
         plan = diff(tree, self.client, self.key)
         if reupload:
             plan.upload = sorted(tree.files)
-            plan.dirs = sorted(tree.children, key=lambda p: (-(p.count("/") + (p != "")), p))
+            plan.dirs = deepest_first(tree.children)
         report.seconds_sync += time.perf_counter() - t0
 
         local_digests = self.local.file_digests()
@@ -240,7 +242,8 @@ class Syncer:
             # Pending files the store holds all the same: a crash hit between its commit
             # and ours. (Those it lacks are in `upload` and are sent again.)
             self.local.mark_stored(pending - upload)
-        todo = embed_order(upload | set(stale_local), self.root)
+        todo = self._order(embed_order(upload | set(stale_local), self.root), upload,
+                           relayout=plan.relayout)
         self.progress.planned(len(todo), 0)
 
         complete = self._send(todo, upload, files, plan, report)
@@ -291,7 +294,8 @@ class Syncer:
 
         def produce() -> None:
             try:
-                for batch in self._batches(todo, upload, files, moved, report):
+                for batch in self._batches(todo, upload, files, moved, report,
+                                           relayout=plan.relayout):
                     put(batch)
                     if stop.is_set():  # the consumer failed: stop chunking at once
                         return
@@ -301,7 +305,11 @@ class Syncer:
 
         producer = threading.Thread(target=produce, name="codeveil-chunker", daemon=True)
         producer.start()
-        deletes = list(plan.delete)
+        # Deletes go with the first batch; in a relayout after the last, so that the old
+        # directories hold no file of ours any more when they go (sync.merkle).
+        deletes = [] if plan.relayout else list(plan.delete)
+        # Sealed: files are embedded in `todo` order, and sent afterwards in a random one.
+        deferred: list[_Pending] | None = [] if self.sealed else None
         try:
             while True:
                 item = batches.get()
@@ -309,14 +317,51 @@ class Syncer:
                     break
                 if isinstance(item, BaseException):
                     raise item
-                self._flush(item, deletes, report)
-                deletes = []
-            if deletes:
-                self._flush([], deletes, report)
+                self._flush(item, [] if deferred is not None else deletes, report, deferred)
+                deletes = deletes if deferred is not None else []
         finally:
             stop.set()
             producer.join()
+        if deferred:
+            deletes = self._send_shuffled(deferred, deletes, report)
+        deletes += list(plan.delete) if plan.relayout else []
+        if deletes:
+            self._flush([], deletes, report)
         return not moved.is_set()
+
+    def _order(self, todo: list[str], upload: set[str], *, relayout: bool) -> list[str]:
+        """The order files are read, pulled and embedded in. What the store sees of it
+        never follows the priority: sealed, the files to pull come first in a random
+        order (their rows are asked for in it) and the rest in priority order, whose rows
+        `_send_shuffled` sends in a random one; server-search (its rows are searched as
+        they land, so they cannot wait) in a random order throughout."""
+        if not self.sealed or relayout:
+            return _random.sample(todo, len(todo))
+        pulls = [p for p in todo if p not in upload]
+        return _random.sample(pulls, len(pulls)) + [p for p in todo if p in upload]
+
+    def _send_shuffled(self, files: list[_Pending], deletes: list[bytes],
+                       report: SyncReport) -> list[bytes]:
+        """Seal and send the rows of `files` (embedded already: their vectors are in the
+        cache) in a random order, in batches of about BATCH_CHUNKS chunks; the first
+        batch carries `deletes`. Returns the deletes left unsent (no batch to carry them)."""
+        files = _random.sample(files, len(files))
+        while files:
+            batch: list[tuple[_Pending, list[Chunk]]] = []
+            n = 0
+            while files and n < BATCH_CHUNKS and len(batch) < BATCH_FILES:
+                p = files.pop()
+                batch.append((p, self.local.for_file(p.path)))
+                n += len(batch[-1][1])
+            t0 = time.perf_counter()
+            vectors = self.embedder.embed([c.embed_text for _, cs in batch for c in cs]).vectors
+            updates = self._updates(batch, vectors)
+            report.seconds_encrypt += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            self.client.apply(updates, deletes[:DELETE_BATCH])
+            deletes = deletes[DELETE_BATCH:]
+            report.seconds_sync += time.perf_counter() - t0
+        return deletes
 
     def _batches(
         self,
@@ -325,9 +370,13 @@ class Syncer:
         files: dict[str, bytes],
         moved: threading.Event,
         report: SyncReport,
+        *,
+        relayout: bool = False,
     ) -> Iterator[list[_Pending]]:
         """Read and chunk `todo` into the local chunk table (files to upload marked
-        pending), in batches of about BATCH_CHUNKS chunks to send."""
+        pending), in batches of about BATCH_CHUNKS chunks to send. In a sealed `relayout`
+        every file is also pulled before it is sent: its rows in the old layout fill the
+        cache of a machine that lacks its vectors, instead of the model."""
         if not todo:
             return  # nothing to read: no connection, no parsers
         # Imported here: the parsers cost ~30 ms that a sync with nothing to send skips.
@@ -375,7 +424,7 @@ class Syncer:
                     write()
                 report.seconds_chunk += time.perf_counter() - t0
                 batch.append(_Pending(path, source.digest, len(chunks), path in upload,
-                                      pull=self.sealed and path not in upload))
+                                      pull=self.sealed and (relayout or path not in upload)))
                 batch_chunks += len(chunks) if waits(path) else 0
                 if batch_chunks >= target or len(batch) >= BATCH_FILES:
                     write()  # a batch is only sent once its chunks are in the table
@@ -388,7 +437,10 @@ class Syncer:
             if batch:
                 yield batch
 
-    def _flush(self, batch: list[_Pending], deletes: list[bytes], report: SyncReport) -> None:
+    def _flush(self, batch: list[_Pending], deletes: list[bytes], report: SyncReport,
+               deferred: list[_Pending] | None = None) -> None:
+        """Pull, embed and send one batch; with `deferred`, the files to send are added to
+        it instead (sent later by `_send_shuffled`) and marked as having their vectors."""
         sending = [(p, self.local.for_file(p.path)) for p in batch if p.upload]
         pulling = [(p, self.local.for_file(p.path)) for p in batch if p.pull]
         texts = [c.embed_text for _, chunks in sending for c in chunks]
@@ -413,6 +465,15 @@ class Syncer:
             report.headers_embedded += self.embedder.embed(headers).embedded
         report.seconds_embed += time.perf_counter() - t0
 
+        if deferred is not None:
+            # Sealed: "pending" means "no vectors here yet"; a crash before the rows are
+            # sent leaves the store's tree short, and the next diff sends them.
+            deferred.extend(p for p, _ in sending)
+            self.local.mark_stored([p.path for p, _ in sending + pulling])
+            report._rate()
+            self.progress.files_done(len(batch))
+            self.progress.stages(report.stages(), report.embed_chunks_per_s)
+            return
         t0 = time.perf_counter()
         updates = self._updates(sending, result.vectors[:n_sending])
         report.seconds_encrypt += time.perf_counter() - t0
@@ -491,6 +552,8 @@ class Syncer:
             except (MetadataAuthError, MetadataFormatError) as exc:
                 log.warning("ignoring a row of %s the store returned: %s", path, exc)
                 continue
+            if opened is None:
+                continue  # a padding row
             if opened.meta.path != path:
                 log.warning("ignoring a row the store returned for %s: it belongs to %s",
                             path, opened.meta.path)
@@ -531,7 +594,8 @@ class Syncer:
             row += n
             updates.append(FileUpdate(
                 file_key=file_key,
-                ancestors=tuple(crypto.node_key(self.key, a) for a in _ancestors(p.path)),
+                ancestors=tuple(crypto.node_key(self.key, a)
+                                for a in bucket_path(self.key, p.path)),
                 value=crypto.node_value(self.key, p.path, p.digest),
                 chunks=self._records(file_key, [row_ids[i] for i in rows],
                                      [noise_ids[i] for i in rows], [metas[i] for i in rows],
@@ -541,19 +605,21 @@ class Syncer:
 
     def _records(self, file_key: bytes, row_ids: list[bytes], noise_ids: list[bytes],
                  metas: list[crypto.ChunkMeta], vectors: np.ndarray) -> tuple[ChunkRecord, ...]:
+        if self.sealer is not None:
+            # Padding rows up to the file's row bucket, and every row in a random place:
+            # the store learns the bucket, not the chunk count, and not which row is which.
+            records = [ChunkRecord(rid, None, self.sealer.seal(rid, file_key, meta, vec))
+                       for rid, meta, vec in zip(row_ids, metas, vectors, strict=True)]
+            for _ in range(padded_row_count(len(records)) - len(records)):
+                rid = new_row_id()
+                records.append(ChunkRecord(rid, None, self.sealer.seal_padding(rid, file_key)))
+            _random.shuffle(records)
+            return tuple(records)
         if not row_ids:
             return ()
-        if self.sealer is not None:
-            return tuple(ChunkRecord(rid, None, self.sealer.seal(rid, file_key, meta, vec))
-                         for rid, meta, vec in zip(row_ids, metas, vectors, strict=True))
         assert self.cipher is not None
         enc = self.cipher.encrypt(vectors, noise_ids)
         return tuple(
             ChunkRecord(rid, enc[i], crypto.seal_meta(self.key, self.workspace_id, rid, meta))
             for i, (rid, meta) in enumerate(zip(row_ids, metas, strict=True)))
 
-
-def _ancestors(path: str) -> list[str]:
-    from sync.merkle import ancestors_of
-
-    return ancestors_of(path)

@@ -17,6 +17,7 @@ here or on a Ray cluster). Searching is retrieval's: it ranks over what `open` r
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -45,6 +46,7 @@ from sync.errors import KeyMismatchError
 from sync.keys import ENV_KEY, WorkspaceKey, create_key, load_key
 from sync.progress import Progress, SyncFollower
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
+from sync.sealed_rows import padded_row_count
 from sync.syncer import Syncer, SyncReport
 
 if TYPE_CHECKING:
@@ -302,6 +304,7 @@ class Workspace:
         try:
             local = LocalChunks(db)
             files, chunks = local.count_files(), local.count()
+            padding = _padding_rows(db, local) if config.sealed else 0
         finally:
             db.close()
         return {
@@ -312,7 +315,10 @@ class Workspace:
             "model_id": config.model_id,
             "files": files,
             "chunks": chunks,
-            "server_chunks": info.chunks,
+            # A sealed store's rows include the padding rows of each file (sync.sealed_rows):
+            # its chunks are its rows less the padding this machine's files account for.
+            "server_chunks": info.chunks - padding,
+            "server_rows": info.chunks,
             "server_nodes": info.nodes,
         }
 
@@ -321,6 +327,13 @@ class Workspace:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _padding_rows(db: sqlite3.Connection, local: LocalChunks) -> int:
+    """The padding rows a sealed store holds for this machine's files."""
+    per_file = dict(db.execute("SELECT path, count(*) FROM chunks GROUP BY path").fetchall())
+    return sum(padded_row_count(n) - n
+               for n in (per_file.get(p, 0) for p in local.file_digests()))
 
 
 def _open_client(root: Path, config: RepoConfig) -> StoreClient:

@@ -9,7 +9,7 @@ import pytest
 from sync.crypto import ChunkMeta, seal_meta
 from sync.errors import MetadataAuthError, MetadataFormatError
 from sync.keys import WorkspaceKey
-from sync.sealed_rows import RowSealer, new_row_id
+from sync.sealed_rows import META_BUCKETS, ROW_BUCKETS, RowSealer, new_row_id, padded_row_count
 
 KEY = WorkspaceKey(bytes(range(32)))
 OTHER = WorkspaceKey(bytes(range(1, 33)))
@@ -87,3 +87,53 @@ def test_a_row_of_another_dimension_is_refused() -> None:
         RowSealer(KEY, "ws", DIM).open(rid, FILE, blob)
     with pytest.raises(ValueError, match="384"):
         RowSealer(KEY, "ws", DIM).seal(rid, FILE, META, np.ones(8, np.float32))
+
+
+# -- padding: lengths and rows per file --------------------------------------------------
+
+_ENVELOPE = 1 + 12 + 16 + 2 + 2 * DIM  # version, nonce, tag, dim, float16 vector
+
+
+def _meta(path: str, symbol: str = "def f") -> ChunkMeta:
+    return ChunkMeta(path, 1, 2, symbol, "python", bytes(16))
+
+
+def test_envelopes_fall_in_a_few_wide_buckets() -> None:
+    sealer = RowSealer(KEY, "ws", DIM)
+    lengths = {len(sealer.seal(new_row_id(), FILE, _meta("a" * n, "s" * (n // 2)), _vector()))
+               for n in range(1, 80, 3)}
+    # Paths of 1 to 80 bytes: one length (it moved every 32 bytes before).
+    assert lengths == {_ENVELOPE + META_BUCKETS[0]}
+    long_one = sealer.seal(new_row_id(), FILE, _meta("p/" * 300), _vector())
+    assert len(long_one) - _ENVELOPE in META_BUCKETS[1:]
+
+
+def test_a_padding_row_looks_like_a_chunk_row_and_opens_to_nothing() -> None:
+    sealer, rid = RowSealer(KEY, "ws", DIM), new_row_id()
+    padding = sealer.seal_padding(rid, FILE)
+    assert len(padding) == len(sealer.seal(new_row_id(), FILE, META, _vector()))
+    assert sealer.open(rid, FILE, padding) is None
+    with pytest.raises(MetadataAuthError):  # bound to its file like any row
+        sealer.open(rid, bytes([1]) * 16, padding)
+
+
+def test_rows_per_file_are_padded_to_buckets_of_at_most_one_and_a_half() -> None:
+    counts = [padded_row_count(n) for n in range(0, 2000)]
+    assert counts[0] == 1 and counts == sorted(counts)
+    assert all(c >= max(n, 1) for n, c in enumerate(counts))
+    assert all(c <= 1.5 * n for n, c in enumerate(counts) if n >= 2)
+    assert set(counts[:513]) == set(ROW_BUCKETS)
+
+
+def test_a_row_from_before_padding_still_opens() -> None:
+    # Version 2: u16 dim || float16 vector || metadata, no length prefix, no padding.
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from sync.crypto import encode_meta
+
+    rid, vec, nonce = new_row_id(), _vector(), bytes(12)
+    plain = DIM.to_bytes(2, "little") + vec.astype("<f2").tobytes() + encode_meta(META)
+    aad = b"\x02" + (2).to_bytes(2, "big") + b"ws" + rid + FILE
+    blob = b"\x02" + nonce + AESGCM(KEY.row_key).encrypt(nonce, plain, aad)
+    opened = RowSealer(KEY, "ws", DIM).open(rid, FILE, blob)
+    assert opened is not None and opened.meta == META

@@ -130,7 +130,7 @@ def test_one_change_costs_its_depth_not_the_repo(tmp_path: Path, backend: Backen
     target.write_text(target.read_text() + "\ndef freshly_added_helper():\n    return 1\n")
     report = idx.index()
     assert report.files_changed == 1 and report.files_deleted == 0
-    # root + one children request per level (root, pkg3, pkg3/sub2) + apply + dirs.
+    # root + one children request per bucket level (root, level 1, level 2) + apply + dirs.
     assert report.requests <= 6
     if backend.server is not None:
         assert report.bytes_sent < 20_000  # one file's chunks, not the repo's 200

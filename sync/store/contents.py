@@ -20,7 +20,8 @@ from sync.store.lance_table import TABLE
 from sync.store.rows import fid_of
 
 #: (root value, sorted rows, sorted nodes); a row is (fid, path, start line, end line,
-#: symbol, language, chunk hash), a node (key, parent, value, is_dir).
+#: symbol, language, chunk hash), a node (key, parent, value, is_dir). A sealed
+#: workspace's padding rows hold no chunk and are left out.
 Contents = tuple[bytes | None, list[tuple], list[tuple]]
 
 
@@ -43,13 +44,8 @@ def workspace_contents(data_dir: Path, workspace_id: str, key: WorkspaceKey) -> 
                          table.column("meta").to_pylist(), strict=True))
     file_keys = {fid_of(k): k for k, _, _, is_dir in nodes if not is_dir}
     sealer = RowSealer(key, workspace_id, dim) if mode == MODE_SEALED else None
-    rows = []
-    for cid, fid, blob in found:
-        meta = (sealer.open(cid, file_keys[fid], blob).meta if sealer is not None
-                else open_meta(key, workspace_id, cid, blob))
-        rows.append((fid, meta.path, meta.start_line, meta.end_line, meta.symbol,
-                     meta.language, meta.chunk_hash))
-    return (root[0] if root else None), sorted(rows), nodes
+    return (root[0] if root else None), _opened(found, file_keys, sealer, key,
+                                                workspace_id), nodes
 
 
 def pg_workspace_contents(url: str, workspace_id: str, key: WorkspaceKey) -> Contents:
@@ -77,11 +73,23 @@ def pg_workspace_contents(url: str, workspace_id: str, key: WorkspaceKey) -> Con
     root = [v for _, p, v, _ in nodes if p is None]
     file_keys = {fid_of(k): k for k, _, _, is_dir in nodes if not is_dir}
     sealer = RowSealer(key, workspace_id, dim) if mode == MODE_SEALED else None
+    rows = [(bytes(cid), fid, bytes(blob)) for fid, cid, blob in found]
+    return (root[0] if root else None), _opened(rows, file_keys, sealer, key,
+                                                workspace_id), nodes
+
+
+def _opened(found: list, file_keys: dict[int, bytes], sealer: RowSealer | None,
+            key: WorkspaceKey, workspace_id: str) -> list[tuple]:
+    """The sorted rows of `found` (chunk id, fid, blob), opened; padding rows left out."""
     rows = []
-    for fid, cid, blob in found:
-        cid, blob = bytes(cid), bytes(blob)
-        meta = (sealer.open(cid, file_keys[fid], blob).meta if sealer is not None
-                else open_meta(key, workspace_id, cid, blob))
+    for cid, fid, blob in found:
+        if sealer is not None:
+            opened = sealer.open(cid, file_keys[fid], blob)
+            if opened is None:
+                continue
+            meta = opened.meta
+        else:
+            meta = open_meta(key, workspace_id, cid, blob)
         rows.append((fid, meta.path, meta.start_line, meta.end_line, meta.symbol,
                      meta.language, meta.chunk_hash))
-    return (root[0] if root else None), sorted(rows), nodes
+    return sorted(rows)

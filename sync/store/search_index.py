@@ -11,7 +11,9 @@ by comparing its rids with LanceDB's ("catching up"), without a rebuild.
 
 The index and its rows are written to `search.index` now and then, with the generation
 they reflect: by an apply, at most every `index_save_interval` seconds or right after a
-rebuild, and on close; never while a search waits. A snapshot is only written from an
+rebuild, and on close; never while a search waits. An apply that deletes rows while no
+save is due removes the snapshot instead (it holds those rows' vectors and metadata),
+so superseded rows never wait in it for the next save. A snapshot is only written from an
 index known to equal LanceDB's rows at that generation: one built or caught up while
 holding the writer lock, and kept in step by this process's own applies since. On open,
 a snapshot of the current generation is used as it is; an older one is caught up; none,
@@ -354,6 +356,16 @@ class SearchIndexLifecycle(WorkspaceFiles):
             and self._loaded_generation != self._saved_generation
             and time.monotonic() >= self._next_save
         )
+
+    def _drop_snapshot(self) -> None:
+        """Remove the snapshot: it holds the vectors and metadata of rows an apply just
+        deleted, and the next save is not due yet. Caller holds _write_lock and the
+        flock. The next due save (an apply past `index_save_interval`) or the close
+        writes it again; a process that opens the workspace before that builds its index
+        from LanceDB instead of loading it."""
+        with contextlib.suppress(FileNotFoundError):
+            (self.path / SNAPSHOT).unlink()
+        self._saved_generation = -1
 
     def _save_index(self) -> None:
         """Caller holds _write_lock and the flock. Snapshot the index if it is clean and

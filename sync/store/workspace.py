@@ -330,6 +330,8 @@ class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
             self._maybe_rebuild()
             if self._save_due():
                 self._save_index()
+            elif deleted:
+                self._drop_snapshot()  # it holds the rows just deleted
 
     def set_dir_values(self, values: Sequence[DirValue | tuple[bytes, bytes, bytes]]) -> None:
         """Set the values of existing directories, each only over the children it was

@@ -1,0 +1,128 @@
+"""What a sealed store holds per file is padded: every envelope in a few length buckets,
+rows per file in row buckets, rows in random order. The padding rows never reach a
+search hit, a pull, doctor or the status counts."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from indexer.chunker import chunk_file
+from indexer.embedder import HashingEmbedder
+from retrieval import Index
+from retrieval.doctor import doctor
+from sync.config import load_config, state_path, store_path
+from sync.keys import load_key
+from sync.sealed_rows import META_BUCKETS, ROW_BUCKETS, RowSealer
+from sync.store.rows import fid_of
+from tests.conftest import write_repo
+
+
+def _repo(root: Path) -> Path:
+    files = {}
+    for i in range(12):
+        # 1 to 12 functions a file: chunk counts of every size up to a bucket's.
+        body = "\n\n".join(f"def f{i}_{j}(x):\n    '''Step {j} of {i}.'''\n"
+                           + "\n".join(f"    x = x * {j} + {k}" for k in range(40))
+                           + "\n    return x" for j in range(i + 1))
+        files[f"pkg{i % 3}/mod_{i}.py"] = body + "\n"
+    return write_repo(root, files)
+
+
+def _stored(repo: Path) -> list[tuple[int, int, bytes, bytes]]:
+    """(rid, fid, chunk id, envelope) of every row, as the data dir holds them."""
+    (ws,) = (store_path(repo) / "workspaces").iterdir()
+    with sqlite3.connect(ws / "tree.sqlite") as db:
+        return [(r, f, bytes(c), bytes(m)) for r, f, c, m in db.execute(
+            "SELECT rid, fid, chunk_id, meta FROM rows ORDER BY rid")]
+
+
+def test_envelopes_and_rows_per_file_fall_in_buckets(tmp_path: Path) -> None:
+    repo = _repo(tmp_path / "repo")
+    with Index(repo, embedder=HashingEmbedder()) as idx:
+        idx.index()
+        status = idx.status()
+    config = load_config(repo)
+    rows = _stored(repo)
+    envelope = 1 + 12 + 16 + 2 + 2 * config.dim
+    assert {len(m) for *_, m in rows} <= {envelope + b for b in META_BUCKETS}
+    per_file = Counter(fid for _, fid, _, _ in rows)
+    assert set(per_file.values()) <= set(ROW_BUCKETS)
+    chunks = {p.relative_to(repo).as_posix(): len(chunk_file(p.relative_to(repo).as_posix(),
+                                                             p.read_text()))
+              for p in repo.rglob("*.py")}
+    assert len(set(chunks.values())) > len(set(per_file.values()))  # buckets merge counts
+    assert status["server_rows"] == len(rows) > status["chunks"]
+    assert status["server_chunks"] == status["chunks"] == sum(chunks.values())
+
+
+def test_rows_are_stored_out_of_chunk_order(tmp_path: Path) -> None:
+    repo = _repo(tmp_path / "repo")
+    with Index(repo, embedder=HashingEmbedder()) as idx:
+        idx.index()
+    config = load_config(repo)
+    key = load_key(config.workspace_id)
+    sealer = RowSealer(key, config.workspace_id, config.dim)
+    from sync.crypto import node_key
+
+    keys = {fid_of(node_key(key, p.relative_to(repo).as_posix())):
+            node_key(key, p.relative_to(repo).as_posix()) for p in repo.rglob("*.py")}
+    lines: dict[int, list[int]] = {}
+    for _, fid, cid, blob in _stored(repo):
+        opened = sealer.open(cid, keys[fid], blob)
+        lines.setdefault(fid, []).append(-1 if opened is None else opened.meta.start_line)
+    # In chunk order, every file's real rows would come by start line, padding last.
+    in_order = [ls for ls in lines.values() if ls == sorted(x for x in ls if x >= 0)
+                + [-1] * ls.count(-1)]
+    assert len(in_order) < len(lines) / 2
+
+
+@pytest.mark.parametrize("server", [False, True])
+def test_padding_rows_never_reach_a_pull_a_hit_or_doctor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: bool, request) -> None:
+    repo = _repo(tmp_path / "repo")
+    url = request.getfixturevalue("live_server").url if server else None
+    with Index(repo, embedder=HashingEmbedder()) as idx:
+        if url:
+            idx.init(server=url)
+        first = idx.index()
+    # Another machine: no vectors, no local state; its vectors come from the rows.
+    monkeypatch.setenv("CODEVEIL_CACHE_DIR", str(tmp_path / "empty-cache"))
+    state_path(repo).unlink()
+    with Index(repo, embedder=HashingEmbedder()) as idx:
+        report = idx.index()
+        assert report.chunks_embedded == 0
+        assert report.chunks_pulled == report.chunks_total == first.chunks_total
+        hits = idx.search("step of x", k=200)
+        assert len(hits) == first.chunks_total  # every chunk, none twice, nothing else
+        assert all(h.path.startswith("pkg") and h.end_line >= h.start_line for h in hits)
+        status = idx.status()
+        assert status["server_chunks"] == status["chunks"] < status["server_rows"]
+    if not server:
+        found = doctor(repo, embedder=HashingEmbedder())
+        assert found.healthy, found.lines()
+
+
+def test_the_store_sees_files_in_a_random_order_not_by_category(tmp_path: Path) -> None:
+    from indexer.priority import category
+    from sync.crypto import node_key
+
+    files = {}
+    for i in range(20):
+        files[f"lib/mod_{i}.py"] = f"def source_{i}(x):\n    return x + {i}\n"
+        files[f"tests/test_mod_{i}.py"] = f"def test_{i}():\n    assert source_{i}(1)\n"
+        files[f"docs/page_{i}.md"] = f"# Page {i}\n\nHow to call source_{i}.\n"
+    repo = write_repo(tmp_path / "repo", files)
+    with Index(repo, embedder=HashingEmbedder()) as idx:
+        idx.index()
+    key = load_key(load_config(repo).workspace_id)
+    by_fid = {fid_of(node_key(key, p)): p for p in files}
+    first_row: dict[str, int] = {}
+    for rid, fid, _, _ in _stored(repo):
+        first_row.setdefault(by_fid[fid], rid)
+    order = [category(p) for p in sorted(first_row, key=first_row.__getitem__)]
+    # In priority order the 20 source files would take the first 20 places.
+    assert sum(1 for c in order[:20] if c == category("lib/mod_0.py")) < 15
