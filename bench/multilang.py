@@ -295,8 +295,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--grid", action="store_true",
                     help="Also rank with each setting tried on the tune half.")
+    ap.add_argument("--latency", type=int, default=0, metavar="CHUNKS",
+                    help="Only time the ranking at this many chunks, shipped against before "
+                         "these signals (bench/quality.py run_latency); writes "
+                         "multilang_latency.json.")
     ap.add_argument("--out", default="multilang")
     args = ap.parse_args()
+    if args.latency:
+        from bench.quality import SHARED, run_latency
+
+        got = run_latency(args.latency, [SHARED / "swebench" / "verified_dev.jsonl"])
+        for label in ("short", "issue"):
+            print(label, {k: round(v, 2) for k, v in got[label].items()})
+        write_json("multilang_latency", got)
+        return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
     import bm25s  # noqa: F401  (it sets its logger to DEBUG on import; quiet it after)

@@ -222,9 +222,12 @@ _SNAKE: Final = re.compile(r"(?<![\w.])(_*[a-z][a-z0-9]*(?:_[a-z0-9]+)+)(?!\w)")
 _IDENT: Final = re.compile(r"[A-Za-z_]\w*")
 # `fromRawHeaders`: the method and variable names of JavaScript, Java, Go, Kotlin, Swift.
 _LOWER_CAMEL: Final = re.compile(r"(?<![\w.$#])([a-z][a-z0-9]*(?:[A-Z][a-z0-9]*)+)(?!\w)")
-# `Sinatra::Base`, `Rack::Request#params`, `$obj->method`: scoped names of C++, Rust,
-# Ruby and PHP, resolved as dotted ones.
-_SCOPED: Final = re.compile(r"(?<![\w:])([A-Za-z_]\w*(?:(?:::|#|->)[A-Za-z_]\w*[?!]?)+)")
+# `Sinatra::Base`, `$obj->method`: scoped names of C++, Rust, Ruby and PHP, and Ruby's
+# `Rack::Request#params` (a capitalised class before the `#`, so that a URL's
+# `README.md#install` is no name), resolved as dotted ones.
+_SCOPED: Final = re.compile(
+    r"(?<![\w:./#-])([A-Za-z_]\w*(?:(?:::|->)[A-Za-z_]\w*[?!]?)+(?:#[a-z_]\w*[?!]?)?"
+    r"|[A-Z]\w*#[a-z_]\w*[?!]?)(?![\w/])")
 _SCOPE_SEP: Final = re.compile(r"::|#|->")
 # A query that is one name and nothing else (`Signer`, `has_name?`, `#parseJson`,
 # `pkg.Func`, `Sinatra::Base`, `send()`): a lookup, whatever its case.

@@ -101,6 +101,9 @@ def test_names_of_every_language_are_read_from_a_query() -> None:
     refs = extract_refs("where does parseJson fail")
     assert refs.symbols == ["parseJson"] and not refs.identifier
     assert extract_refs("Sinatra::Base").symbols == ["Sinatra.Base"]
+    assert "Request.params" in extract_refs("where is Request#params set").symbols
+    # A URL's fragment is no Ruby method.
+    assert not any("filing" in s for s in extract_refs("see CONTRIBUTING.md#filing").symbols)
     assert extract_refs("#parseJson").symbols == ["parseJson"]
     assert extract_refs("has_name?").symbols == ["has_name?", "has_name"]
     one_word = extract_refs("Signer")
