@@ -99,6 +99,14 @@ def systems(grid: bool = False) -> list[System]:
                            vectors=not base) for f in (1.0, 0.8, 0.6, 0.4, 0.2)]
             out += [System(f"{vec}stem evidence {on}", {**base, "stem_evidence": on},
                            vectors=not base) for on in (False, True)]
+        for scope in ("words", "all"):
+            out += [System(f"non-code x{f}, scaling {scope}",
+                           {"w_non_code": f, "non_code_scope": scope}) for f in (0.4, 0.2)]
+        out += [System(f"bare names' vector share {w}", {"w_meaning_identifier": w})
+                for w in (1.0, 0.5, 0.25, 0.0)]
+        out += [System("no header vector", {"w_header_vector": 0.0,
+                                            "w_header_vector_prose": 0.0})]
+        out += [System(f"vector weight {w}", {"w_vector": w}) for w in (1.0, 0.5, 0.25)]
     # One row per name: a grid setting equal to a named row is not run twice.
     seen: set[str] = set()
     unique = []

@@ -165,6 +165,12 @@ class SearchOptions:
     # curve flattens (0.8: +3.3 points, 0.4: +6.2, 0.2: +6.9 with no vectors); lower
     # would bury a README for a question only docs answer, which that set does not ask.
     w_non_code: float = 0.4
+    # Which votes `w_non_code` scales: "words" (BM25 and names) or "all" (the vectors'
+    # too).
+    non_code_scope: Literal["words", "all"] = "words"
+    # The vectors' vote (body and header) for a query that is one bare name, as a share
+    # of their usual weight.
+    w_meaning_identifier: float = 1.0
 
 
 @dataclass
@@ -276,13 +282,17 @@ class HybridRanker:
         refs = extract_refs(query, identifiers=o.identifier_refs)
         prose = not refs
         w_header = o.w_header_vector_prose if prose else o.w_header_vector
+        w_vector = o.w_vector
+        if refs.identifier:  # a bare name: its definition is found by name, not meaning
+            w_vector *= o.w_meaning_identifier
+            w_header *= o.w_meaning_identifier
         header = bool(w_header and self.nearest_header is not None)
         # No vote by meaning (an index with no vectors yet): the query is not embedded,
         # so such a search neither loads the model nor waits for its graph.
-        if o.w_vector or header:
+        if w_vector or header:
             vectors = self.embed(parts)
             vec = self._vector_ranking(vectors, o, keep, self.nearest, self.nearest_each)
-            vote("vector", (d for d, _ in vec), o.w_vector)
+            vote("vector", (d for d, _ in vec), w_vector)
             if header:
                 assert self.nearest_header is not None
                 hv = self._vector_ranking(vectors, o, keep, self.nearest_header,
@@ -315,7 +325,8 @@ class HybridRanker:
         fused = rrf(lists, k=o.rrf_k, weights=weights)
         if o.w_non_code != 1.0:
             # Code first: what the word votes gave tests, docs and examples counts less.
-            word = [i for i, source in enumerate(voters) if source in WORD_SOURCES]
+            word = [i for i, source in enumerate(voters)
+                    if o.non_code_scope == "all" or source in WORD_SOURCES]
             words = rrf([lists[i] for i in word], k=o.rrf_k, weights=[weights[i] for i in word])
             fused = prefer_code(fused, words, {key: d.path for key, d in docs.items()},
                                 query, o.w_non_code)

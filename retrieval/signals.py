@@ -39,11 +39,10 @@ def kinds_asked(query: str) -> frozenset[FileKind]:
 
 def prefer_code(fused: dict[K, float], words: dict[K, float], paths: dict[K, str],
                 query: str, factor: float) -> dict[K, float]:
-    """`fused` scores with the part that word votes (`words`: BM25, names) gave chunks of
-    tests, docs, examples and config files scaled by `factor` (below 1: code first),
-    except for the kinds the query asks for. Only the words' part: those files share the
-    code's words, which is why they outrank it; what the vectors say of them stands, so
-    a question only a docs page answers still finds it by meaning."""
+    """`fused` scores with the part that the votes in `words` gave chunks of tests, docs,
+    examples and config files scaled by `factor` (below 1: code first), except for the
+    kinds the query asks for. `words` is what the fusion passes: the word votes' part
+    (BM25, names), so that what the vectors say of those files stands, or every vote's."""
     asked = kinds_asked(query) | {FileKind.CODE}
     out = dict(fused)
     for key, part in words.items():
