@@ -13,6 +13,9 @@ import sys
 import time
 from pathlib import Path
 
+from click.testing import CliRunner
+
+from retrieval.cli import main as cli_main
 from sync.config import init_lock, load_config
 from sync.store import Store
 from tests.conftest import write_repo
@@ -28,6 +31,16 @@ def codeveil(*args: str, cwd: Path) -> subprocess.Popen[str]:
 def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
     out, err = proc.communicate(timeout=180)
     return proc.returncode, out, err
+
+
+PROC_LOCKS = Path("/proc/locks")
+
+
+def blocked_on(lock_file: Path) -> set[int]:
+    """The pids waiting for an flock on `lock_file` (the `->` lines of /proc/locks)."""
+    inode = f":{lock_file.stat().st_ino} "
+    return {int(line.split()[5]) for line in PROC_LOCKS.read_text().splitlines()
+            if "->" in line and inode in line}
 
 
 def server_workspaces(live_server: ServerProcess) -> list[str]:
@@ -48,12 +61,15 @@ def test_many_folders_initialised_at_once_each_get_one_usable_workspace(
     ids = [load_config(r).workspace_id for r in repos]
     assert len(set(ids)) == len(repos)
     assert set(server_workspaces(live_server)) - before == set(ids)
+    # Usable afterwards: in this process (only the inits' concurrency needs processes).
+    runner = CliRunner(env={"CODEVEIL_EMBEDDER": "hashing"})
     for i, repo in enumerate(repos):
-        rc, _, err = finish(codeveil("index", "-q", cwd=repo))
-        assert rc == 0, err
-        rc, out, err = finish(codeveil("search", f"unique_handler_{i}", "--json", cwd=repo))
-        assert rc == 0, err
-        assert json.loads(out)["hits"][0]["path"] == "app.py"
+        indexed = runner.invoke(cli_main, ["index", str(repo), "-q"])
+        assert indexed.exit_code == 0, indexed.output
+        found = runner.invoke(cli_main, ["search", f"unique_handler_{i}", "--json",
+                                         "-C", str(repo)])
+        assert found.exit_code == 0, found.output
+        assert json.loads(found.stdout)["hits"][0]["path"] == "app.py"
 
 
 def test_two_inits_of_one_folder_at_once_leave_one_workspace(
@@ -61,12 +77,19 @@ def test_two_inits_of_one_folder_at_once_leave_one_workspace(
 ) -> None:
     before = set(server_workspaces(live_server))
     repo = write_repo(tmp_path / "repo")
-    # Held here while both start, so that both are past their start-up and waiting on
-    # it at once: the overlap a slow server or a loaded machine gives.
+    # Held here until both are past their start-up and waiting on it at once: the
+    # overlap a slow server or a loaded machine gives.
     with init_lock(repo.resolve()):
         procs = [codeveil("init", ".", "--server", live_server.url, cwd=repo)
                  for _ in range(2)]
-        time.sleep(6)
+        pids = {p.pid for p in procs}
+        deadline = time.monotonic() + 120
+        if not PROC_LOCKS.exists():  # no lock table to read (not Linux): a fixed wait
+            time.sleep(6)
+        while PROC_LOCKS.exists() and not pids <= blocked_on(repo / ".codeveil" / "init.lock"):
+            assert all(p.poll() is None for p in procs), [finish(p) for p in procs]
+            assert time.monotonic() < deadline, "the inits never both waited on the lock"
+            time.sleep(0.02)
     results = [finish(p) for p in procs]
     codes = sorted(rc for rc, _, _ in results)
     assert codes == [0, 1], results

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from indexer.chunker import chunk_file
 from retrieval.api import OVERFETCH
@@ -29,15 +30,17 @@ def project_chunks():
     return chunks
 
 
-def test_encrypted_top10_matches_plain_top10(real_embedder) -> None:
-    chunks = project_chunks()
-    assert len(chunks) > 100
-    vectors = real_embedder.embed([c.embed_text for c in chunks])
-    # Queries a developer would type: the symbol names and module docstrings' words.
+def project_queries(chunks) -> list[str]:
+    """Queries a developer would type: the symbol names and module docstrings' words."""
     queries = sorted({c.symbol.replace(" > ", " ").replace("_", " ") for c in chunks
                       if c.symbol})[:80]
-    queries += ["where are vectors encrypted", "merkle tree diff", "load the workspace key",
-                "walk the repository honouring gitignore", "embedding cache lookup"]
+    return [*queries, "where are vectors encrypted", "merkle tree diff",
+            "load the workspace key", "walk the repository honouring gitignore",
+            "embedding cache lookup"]
+
+
+def assert_encrypted_recall(real_embedder, chunks, queries: list[str]) -> None:
+    vectors = real_embedder.embed([c.embed_text for c in chunks])
     qvecs = real_embedder.embed(queries)
 
     # Recall depends on the key's noise draw: measured over three fixed keys, so that one
@@ -61,3 +64,21 @@ def test_encrypted_top10_matches_plain_top10(real_embedder) -> None:
           f" {cipher.beta}: server order {raw:.4f}, re-ranked top-{depth} {shown:.4f}")
     assert shown >= 0.99  # within 1 point of plain search
     assert raw >= 0.8  # the server's own order is already close
+
+
+def test_encrypted_top10_matches_plain_top10_on_a_sample_of_the_project(
+        real_embedder) -> None:
+    # Every fourth chunk, the same queries: the model's cost is most of this test's time.
+    # Recall on such a sample follows the whole project's within a point or two at every
+    # beta (1.25 or more fails here as it does there), so this still catches a loss.
+    chunks = project_chunks()
+    sample = chunks[::4]
+    assert len(sample) > 100
+    assert_encrypted_recall(real_embedder, sample, project_queries(chunks))
+
+
+@pytest.mark.slow  # every chunk of the project through the model: minutes on two cores
+def test_encrypted_top10_matches_plain_top10(real_embedder) -> None:
+    chunks = project_chunks()
+    assert len(chunks) > 100
+    assert_encrypted_recall(real_embedder, chunks, project_queries(chunks))

@@ -15,6 +15,7 @@ from indexer.embedder import SentenceTransformerEmbedder
 from retrieval import Index
 from sync.config import load_config
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
+from tests.cli_in_process import run_in_process
 from tests.conftest import codeveil_env
 
 QUERIES = ["retry failed uploads", "hash a password", "distance between two points"]
@@ -49,26 +50,25 @@ def test_both_modes_rank_alike(sample_repo: Path, tmp_path: Path,
 
 def test_the_cli_says_when_a_workspace_ranks_on_the_server(tmp_path: Path,
                                                            sample_repo: Path) -> None:
-    env = codeveil_env({"CODEVEIL_EMBEDDER": "hashing"})
-
-    def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "retrieval.cli", *args], cwd=cwd,
-                              env=env, capture_output=True, text=True, timeout=120)
-
+    # What the commands say runs in-process; the refusal, an error, in a real process.
     other = tmp_path / "other"
     shutil.copytree(sample_repo, other)
-    made = cli("init", "--server-search", cwd=other)
+    made = run_in_process(["init", "--server-search"], other)
     assert made.returncode == 0, made.stderr
     assert "server-search" in made.stdout
     assert load_config(other).mode == MODE_SERVER_SEARCH
-    indexed = cli("index", cwd=other)
+    indexed = run_in_process(["index"], other)
     assert indexed.returncode == 0 and "ranks on the server" in indexed.stderr
-    sealed = cli("index", cwd=sample_repo)
+    sealed = run_in_process(["index"], sample_repo)
     assert sealed.returncode == 0 and "ranks on the server" not in sealed.stderr
     assert load_config(sample_repo).mode == MODE_SEALED
-    refused = cli("init", "--server", "http://127.0.0.1:9", "--workspace", "abc",
-                  "--server-search", cwd=tmp_path / "other2" if (tmp_path / "other2").mkdir()
-                  is None else tmp_path)
+    elsewhere = tmp_path / "other2"
+    elsewhere.mkdir()
+    refused = subprocess.run(
+        [sys.executable, "-m", "retrieval.cli", "init", "--server", "http://127.0.0.1:9",
+         "--workspace", "abc", "--server-search"], cwd=elsewhere,
+        env=codeveil_env({"CODEVEIL_EMBEDDER": "hashing"}), capture_output=True, text=True,
+        timeout=120)
     assert refused.returncode != 0 and "keeps its own mode" in refused.stderr
 
 

@@ -1,11 +1,13 @@
 """What gets indexed and how results are classed, end to end through the `codeveil`
-command: a real process on real files, with the hashing embedder."""
+command on real files, with the hashing embedder: run in-process (the command's code,
+not the process, is what these measure), but for the one-line error of a real process."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from tests.cli_in_process import run_in_process
 from tests.conftest import write_repo
 from tests.test_cli import assert_one_line_error, run
 
@@ -47,14 +49,14 @@ QUERY = "retry failed request with exponential backoff"
 
 
 def search(repo: Path, *args: str) -> list[dict]:
-    proc = run(["search", QUERY, "--json", "-k", "20", *args], repo)
+    proc = run_in_process(["search", QUERY, "--json", "-k", "20", *args], repo)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)["hits"]
 
 
 def test_every_hit_has_a_kind_and_kind_filters_keep_those_kinds(tmp_path: Path) -> None:
     repo = write_repo(tmp_path / "repo", FILES)
-    assert run(["index", "-q"], repo).returncode == 0
+    assert run_in_process(["index", "-q"], repo).returncode == 0
 
     everything = search(repo)
     assert {h["path"]: h["kind"] for h in everything} == {
@@ -86,7 +88,7 @@ def test_assets_are_skipped_with_a_reason_and_a_negation_brings_one_back(
         "data/attempts.csv": "attempt,delay\n1,0.5\n",
         "vendor/lib/backoff.go": "package lib\n// retry backoff\n",
     })
-    proc = run(["index", ".", "--json"], repo)
+    proc = run_in_process(["index", ".", "--json"], repo)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert {s["path"]: s["reason"] for s in summary["skipped"]} == {
@@ -98,7 +100,7 @@ def test_assets_are_skipped_with_a_reason_and_a_negation_brings_one_back(
     assert summary["files_scanned"] == len(FILES)
 
     (repo / ".codeveilignore").write_text("!docs/diagram.svg\n!vendor/\n")
-    summary = json.loads(run(["index", ".", "--json"], repo).stdout)
+    summary = json.loads(run_in_process(["index", ".", "--json"], repo).stdout)
     assert sorted(s["path"] for s in summary["skipped"]) == [
         "data/attempts.csv", "tests/fixtures/requests.json"]
     assert summary["files_changed"] == 3  # the two brought back and the ignore file
@@ -107,7 +109,7 @@ def test_assets_are_skipped_with_a_reason_and_a_negation_brings_one_back(
 
     # Taking the negation away drops them from the index again.
     (repo / ".codeveilignore").unlink()
-    run(["index", "-q"], repo)
+    run_in_process(["index", "-q"], repo)
     assert {h["path"] for h in search(repo)}.isdisjoint(
         {"docs/diagram.svg", "vendor/lib/backoff.go"})
 
@@ -126,10 +128,10 @@ def test_notebook_hits_open_at_the_cell_and_never_show_outputs(tmp_path: Path) -
                       indent=1) + "\n"
     repo = write_repo(tmp_path / "repo", {"analysis/penguins.ipynb": text,
                                           "broken.ipynb": '{"cells": ['})
-    summary = json.loads(run(["index", ".", "--json"], repo).stdout)
+    summary = json.loads(run_in_process(["index", ".", "--json"], repo).stdout)
     assert summary["skipped"] == [{"path": "broken.ipynb", "reason": "not a valid notebook"}]
 
-    proc = run(["search", "load_flipper_lengths", "--json", "-k", "5"], repo)
+    proc = run_in_process(["search", "load_flipper_lengths", "--json", "-k", "5"], repo)
     hits = json.loads(proc.stdout)["hits"]
     top = hits[0]
     lines = text.splitlines(keepends=True)
@@ -139,5 +141,5 @@ def test_notebook_hits_open_at_the_cell_and_never_show_outputs(tmp_path: Path) -
     assert lines[top["start_line"] - 1].strip() == '"def load_flipper_lengths(table):\\n",'
     assert top["text"] == "".join(lines[top["start_line"] - 1 : top["end_line"]])
     assert {h["language"] for h in hits} == {"python", "markdown"}
-    outputs = run(["search", "zebra giraffe output line", "--json"], repo)
+    outputs = run_in_process(["search", "zebra giraffe output line", "--json"], repo)
     assert all("zebra" not in h["text"] for h in json.loads(outputs.stdout)["hits"])
