@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -24,6 +24,7 @@ from retrieval.cli_tools import definition, grep, outline, uses
 from sync.progress import Progress
 
 if TYPE_CHECKING:
+    from retrieval.coverage import Coverage
     from retrieval.hits import Hit
     from sync.syncer import SyncReport
 
@@ -206,10 +207,10 @@ def search(query: str, k: int, path_glob: str | None, language: str | None,
                           group=group)
         coverage = idx.coverage()
     if as_json:
-        click.echo(json.dumps({"hits": [h.to_dict() for h in hits], "index": coverage},
-                              indent=2))
+        click.echo(json.dumps({"hits": [h.to_dict() for h in hits],
+                               "index": coverage.to_dict()}, indent=2))
         return
-    if coverage["partial"]:
+    if coverage.partial:
         click.echo(_partial_note(coverage), err=True)
     if not hits:
         click.echo("no results", err=True)
@@ -227,11 +228,12 @@ def _search_many(query: str, k: int, path_glob: str | None, language: str | None
                            kind=kinds or None, group=group)
         coverage = many.coverage()
     if as_json:
-        click.echo(json.dumps({"hits": [h.to_dict() for h in hits], "index": coverage},
+        click.echo(json.dumps({"hits": [h.to_dict() for h in hits],
+                               "index": {r: c.to_dict() for r, c in coverage.items()}},
                               indent=2))
         return
     for root, cov in coverage.items():
-        if cov["partial"]:
+        if cov.partial:
             click.echo(f"{root}: {_partial_note(cov)}", err=True)
     if not hits:
         click.echo("no results", err=True)
@@ -246,8 +248,8 @@ def _repo_names(roots: list[Path]) -> dict[str, str]:
     return {str(r): (r.name if names.count(r.name) == 1 else str(r)) for r in roots}
 
 
-def _partial_note(coverage: dict[str, Any]) -> str:
-    return (f"index is partial: {coverage['chunks_with_vectors']} of {coverage['chunks']}"
+def _partial_note(coverage: Coverage) -> str:
+    return (f"index is partial: {coverage.chunks_with_vectors} of {coverage.chunks}"
             " chunks have vectors so far (all are searched by name and words); results"
             " improve as `codeveil index` goes on")
 

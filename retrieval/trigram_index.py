@@ -32,8 +32,7 @@ import numpy as np
 from indexer.private_files import write_atomic
 from indexer.trigrams import text_trigrams
 from retrieval.derived.columns import digest_rows, pack, unpack
-from retrieval.derived.store import DerivedStore, FileDiff, Saved, chunk_rows
-from retrieval.lexical.store import Stamp, read_stamp
+from retrieval.derived.store import DerivedStore, FileDiff, Saved, Stamp, chunk_rows, read_stamp
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Generic, Protocol, Self, TypeVar
 
-from indexer.local_chunks import SQL_BATCH, snapshot_reader
+from indexer.local_chunks import SQL_BATCH, change_stamp, snapshot_reader
 
 #: What reading a damaged saved file raises (besides FileNotFoundError: no index yet).
 UNREADABLE: Final = (OSError, ValueError, EOFError, KeyError, IndexError, TypeError,
@@ -260,6 +260,17 @@ class DerivedStore(Generic[I, R]):
 
 
 # -- reading the chunk table -----------------------------------------------------------
+
+Stamp = tuple[int, int, bytes]  # (change counter, chunk count, database epoch)
+
+
+def read_stamp(db: sqlite3.Connection) -> Stamp:
+    """(change counter, chunk count, database epoch) of the chunk table as it is now:
+    the stamp of the indexes that cover every file (lexical, grep)."""
+    n, epoch = change_stamp(db)
+    count = db.execute("SELECT count(*) FROM chunks").fetchone()[0]
+    return n, int(count), epoch
+
 
 
 def read_files(db: sqlite3.Connection, *, ready_only: bool = False) -> dict[str, bytes]:

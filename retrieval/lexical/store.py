@@ -25,9 +25,16 @@ from typing import Any, Final
 import numpy as np
 
 from indexer.chunk import Chunk
-from indexer.local_chunks import change_stamp, count_chunks
+from indexer.local_chunks import count_chunks
 from retrieval.derived.columns import digest_rows, pack, unpack
-from retrieval.derived.store import DerivedStore, FileDiff, Saved, chunk_rows
+from retrieval.derived.store import (
+    DerivedStore,
+    FileDiff,
+    Saved,
+    Stamp,
+    chunk_rows,
+    read_stamp,
+)
 from retrieval.lexical.index import K1, B, LexicalIndex
 from retrieval.lexical.segments import _Counts, _doc, _save_npz, _Segment
 from retrieval.lexical.tokens import Tokenizer, _counts_of, lexical_text
@@ -41,14 +48,8 @@ DELTA_FILE: Final = "delta.npz"
 # A refresh that would re-tokenize more than this share of chunks rebuilds from scratch.
 REBUILD_SHARE: Final = 0.5
 
-Stamp = tuple[int, int, bytes]  # (change counter, chunk count, database epoch)
-
-
-def read_stamp(db: sqlite3.Connection) -> Stamp:
-    """(change counter, chunk count, database epoch) of the chunk table as it is now."""
-    n, epoch = change_stamp(db)
-    count = db.execute("SELECT count(*) FROM chunks").fetchone()[0]
-    return n, int(count), epoch
+__all__ = ["BASE_FILE", "DELTA_FILE", "FORMAT_VERSION", "REBUILD_SHARE", "LexicalStore",
+           "Stamp", "read_stamp"]
 
 
 class LexicalStore(DerivedStore[LexicalIndex, list[Chunk]]):

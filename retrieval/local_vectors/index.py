@@ -30,6 +30,9 @@ class LocalVectorIndex:
     makes a new index.
     """
 
+    #: Every row holds a header vector or is marked as lacking one (`header=True`).
+    headers = True
+
     def __init__(self, base: np.ndarray, base_docs: VectorDocs, deleted: np.ndarray,
                  delta: np.ndarray, delta_docs: VectorDocs, missing: int) -> None:
         self.base = base
