@@ -1,13 +1,16 @@
 """The same benchmarks on two commits, in one run, taking turns: did a change move them?
 
     python bench/before_after.py --before REV [--after REV] [--name NAME]
+        [--only index_speed,query_latency,local_vectors]
 
 Both commits are unpacked (`git archive`) into temp folders and each benchmark runs in
 each, before and after alternating, so that a shared machine's load falls on both alike:
 `bench/index_speed.py` on its small tree (the installed `httpx`; a 2,000-file synthetic
 tree, one encode round) and `bench/query_latency.py` at 100k chunks (100 queries, no
-crossover). Each run writes its result inside its own folder; the pair is kept as
-bench/results/<NAME>.json (default before_after), with both commits.
+crossover), and `bench/local_vectors.py` (the client's vector index) at 100k. Each run
+writes its result inside its own folder; the pairs are kept as
+bench/results/<NAME>.json (default before_after), with both commits; a run that fails
+is recorded as failed (with its last line of output), the others still kept.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ RUNS = {
     "index_speed": ["bench/index_speed.py", "--files", "2000", "--rounds", "1"],
     "query_latency": ["bench/query_latency.py", "--sizes", "100000", "--queries", "100",
                       "--crossover", ""],
+    "local_vectors": ["bench/local_vectors.py", "--sizes", "100000", "--queries", "100"],
 }
 
 
@@ -48,8 +52,13 @@ def unpack(rev: str, dest: Path) -> str:
 
 def run(tree: Path, name: str) -> dict[str, Any]:
     started = time.perf_counter()
-    subprocess.run([sys.executable, *RUNS[name]], cwd=tree, check=True,
-                   env={**os.environ, "PYTHONPATH": str(tree)}, stdout=subprocess.DEVNULL)
+    proc = subprocess.run([sys.executable, *RUNS[name]], cwd=tree, check=False,
+                          env={**os.environ, "PYTHONPATH": str(tree)},
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"failed": f"exit status {proc.returncode}: {last}",
+                "wall_s": time.perf_counter() - started}
     result = json.loads((tree / "bench" / "results" / f"{name}.json").read_text())
     result.pop("provenance", None)  # the pair's own records commits, command and load
     result["wall_s"] = time.perf_counter() - started
@@ -58,6 +67,14 @@ def run(tree: Path, name: str) -> dict[str, Any]:
 
 def figures(name: str, r: dict[str, Any]) -> dict[str, float]:
     """The headline figures of one result."""
+    if "failed" in r:
+        return {"failed": r["failed"]}
+    if name == "local_vectors":
+        row = r["results"][0]
+        return {key: row[key] for key in ("cold_build_s", "open_s", "unchanged_p50_ms",
+                                          "one_file_p50_ms", "nearest_n10_p50_ms",
+                                          "nearest_mask1%_n10_p50_ms",
+                                          "nearest_header_n10_p50_ms")}
     if name == "index_speed":
         return {"cold index s": r["cold"]["seconds"],
                 "cold chunks/s": r["cold"]["chunks_per_s"],
@@ -74,24 +91,32 @@ def main() -> None:
     parser.add_argument("--before", required=True, help="the commit before the change")
     parser.add_argument("--after", default="HEAD")
     parser.add_argument("--name", default="before_after")
+    parser.add_argument("--only", default=",".join(RUNS),
+                        help="which benchmarks, comma-separated")
     args = parser.parse_args()
+    names = [n for n in args.only.split(",") if n]
+    unknown = [n for n in names if n not in RUNS]
+    if unknown:
+        raise SystemExit(f"unknown benchmark {unknown[0]!r}; use {', '.join(RUNS)}")
     work = Path(tempfile.mkdtemp(prefix="codeveil-before-after-"))
     try:
         trees = {"before": work / "before", "after": work / "after"}
         commits = {side: unpack(getattr(args, side), tree) for side, tree in trees.items()}
-        out: dict[str, dict[str, Any]] = {name: {} for name in RUNS}
-        for name in RUNS:
+        out: dict[str, dict[str, Any]] = {name: {} for name in names}
+        for name in names:
             for side in ("before", "after"):
                 out[name][side] = run(trees[side], name)
                 print(f"{name} {side}: {out[name][side]['wall_s']:.0f} s", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rows = []
-    for name in RUNS:
+    for name in names:
         before, after = (figures(name, out[name][s]) for s in ("before", "after"))
-        rows += [[name, key, before[key], after[key]] for key in before]
+        rows += [[name, key, before.get(key, "-"), after.get(key, "-")]
+                 for key in dict.fromkeys([*before, *after])]
     print(table(["benchmark", "figure", "before", "after"], rows))
-    path = write_json(args.name, {"commits": commits, "runs": RUNS, "results": out,
+    path = write_json(args.name, {"commits": commits,
+                                  "runs": {n: RUNS[n] for n in names}, "results": out,
                                   "figures": [dict(zip(("benchmark", "figure", "before",
                                                         "after"), r, strict=True))
                                               for r in rows]})
