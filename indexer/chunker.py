@@ -7,15 +7,15 @@ cutting where the tree is shallowest. Comments and attributes directly above a
 definition are glued to it. Chunks are runs of whole lines that together cover
 every non-blank line of the file exactly once.
 
-Every tree-sitter call of the project lives in this module and in indexer.definitions,
-which reads the definitions of the same tree (`parse` hands it over: one parse a file).
+Every tree-sitter call of the project lives in this module, in indexer.syntax_names
+(which nodes define what, and their names) and in indexer.definitions, which reads
+the definitions of the same tree (`parse` hands it over: one parse a file).
 """
 
 from __future__ import annotations
 
-import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from itertools import accumulate, pairwise
 from typing import Final
 
@@ -25,11 +25,11 @@ from tree_sitter_language_pack import get_parser
 from indexer.chunk import Chunk
 from indexer.languages import GRAMMAR_LANGUAGES, NOTEBOOK, language_for_path
 from indexer.notebook import Cell, NotebookError, parse_notebook
+from indexer.syntax_names import DEFINITIONS, LEADING, WRAPPERS, definition_names
 from indexer.textsplit import (
     GLUE,
     Path,
     Pieces,
-    clean_name,
     format_symbol,
     line_costs,
     pack,
@@ -222,170 +222,6 @@ def _fit_symbol(common: Path, names: tuple[str, ...], limit: int, counter: Token
 
 # --- syntax tree -> pieces ------------------------------------------------------------
 
-_JS_DEFINITIONS: Final = frozenset(
-    {
-        "function_declaration",
-        "generator_function_declaration",
-        "class_declaration",
-        "class",
-        "method_definition",
-        "lexical_declaration",
-        "variable_declaration",
-        "export_statement",
-        "field_definition",
-        "pair",
-    }
-)
-_TS_DEFINITIONS: Final = _JS_DEFINITIONS | {
-    "abstract_class_declaration",
-    "interface_declaration",
-    "type_alias_declaration",
-    "enum_declaration",
-    "internal_module",
-    "module",
-    "function_signature",
-    "method_signature",
-    "abstract_method_signature",
-    "public_field_definition",
-}
-_C_DEFINITIONS: Final = frozenset(
-    {
-        "function_definition",
-        "struct_specifier",
-        "union_specifier",
-        "enum_specifier",
-        "type_definition",
-    }
-)
-
-# Node types that open a named scope, per language.
-_DEFINITIONS: Final[dict[str, frozenset[str]]] = {
-    "python": frozenset({"function_definition", "class_definition", "decorated_definition"}),
-    "javascript": _JS_DEFINITIONS,
-    "typescript": _TS_DEFINITIONS,
-    "tsx": _TS_DEFINITIONS,
-    "go": frozenset({"function_declaration", "method_declaration", "type_declaration"}),
-    "rust": frozenset(
-        {
-            "function_item",
-            "function_signature_item",
-            "struct_item",
-            "enum_item",
-            "union_item",
-            "trait_item",
-            "impl_item",
-            "mod_item",
-            "macro_definition",
-        }
-    ),
-    "java": frozenset(
-        {
-            "class_declaration",
-            "interface_declaration",
-            "enum_declaration",
-            "record_declaration",
-            "annotation_type_declaration",
-            "method_declaration",
-            "constructor_declaration",
-            "compact_constructor_declaration",
-        }
-    ),
-    "c": _C_DEFINITIONS,
-    "cpp": _C_DEFINITIONS
-    | {"class_specifier", "namespace_definition", "template_declaration", "concept_definition"},
-    "csharp": frozenset(
-        {
-            "class_declaration",
-            "struct_declaration",
-            "interface_declaration",
-            "enum_declaration",
-            "record_declaration",
-            "record_struct_declaration",
-            "method_declaration",
-            "constructor_declaration",
-            "destructor_declaration",
-            "operator_declaration",
-            "property_declaration",
-            "namespace_declaration",
-            "local_function_statement",
-            "delegate_declaration",
-        }
-    ),
-    "ruby": frozenset({"class", "module", "method", "singleton_method"}),
-    "php": frozenset(
-        {
-            "class_declaration",
-            "interface_declaration",
-            "trait_declaration",
-            "enum_declaration",
-            "function_definition",
-            "method_declaration",
-            "namespace_definition",
-        }
-    ),
-    "kotlin": frozenset(
-        {"class_declaration", "object_declaration", "function_declaration", "companion_object"}
-    ),
-    "swift": frozenset(
-        {
-            "class_declaration",
-            "protocol_declaration",
-            "function_declaration",
-            "protocol_function_declaration",
-            "init_declaration",
-            "deinit_declaration",
-            "subscript_declaration",
-        }
-    ),
-    "scala": frozenset(
-        {
-            "class_definition",
-            "object_definition",
-            "trait_definition",
-            "enum_definition",
-            "function_definition",
-            "function_declaration",
-            "given_definition",
-        }
-    ),
-    "bash": frozenset({"function_definition"}),
-    "lua": frozenset({"function_declaration"}),
-}
-
-# Definitions that only wrap another one: the inner node names the scope.
-_WRAPPERS: Final = frozenset({"decorated_definition", "export_statement", "template_declaration"})
-
-# Comment-like nodes that belong to the definition right below them.
-_LEADING: Final = frozenset({"attribute_item", "decorator", "annotation"})
-
-_IDENTIFIERS: Final = frozenset(
-    {
-        "identifier",
-        "type_identifier",
-        "simple_identifier",
-        "constant",
-        "field_identifier",
-        "property_identifier",
-        "name",
-        "word",
-        "namespace_identifier",
-        "qualified_name",
-        "scope_resolution",
-        "dot_index_expression",
-        "method_index_expression",
-    }
-)
-_QUALIFIED: Final = frozenset(
-    {"scope_resolution", "qualified_identifier", "dot_index_expression", "method_index_expression"}
-)
-_QUALIFIER_SEPARATOR: Final = re.compile(r"::|[.:]")
-_FUNCTION_VALUES: Final = frozenset(
-    {"arrow_function", "function_expression", "function", "generator_function", "class"}
-)
-_DECLARATOR_NAMES: Final = frozenset(
-    {"identifier", "field_identifier", "type_identifier", "destructor_name", "operator_name"}
-)
-
 _local = threading.local()
 
 
@@ -423,7 +259,7 @@ def _syntax_pieces(
     if tree is None:
         return None
     language, root = tree
-    builder = _TreeSplitter(lines, prefix, budget, _DEFINITIONS[language])
+    builder = _TreeSplitter(lines, prefix, budget, DEFINITIONS[language])
     try:
         builder.visit(_items(root.children, ()), 0, len(lines) - 1, 0, 0)
     except RecursionError:
@@ -579,8 +415,8 @@ class _TreeSplitter:
         return expanded if grew else None
 
     def _inner_scope(self, node: Node, scope: Path) -> Path:
-        if node.type in self.definitions and node.type not in _WRAPPERS:
-            return scope + _names(node)
+        if node.type in self.definitions and node.type not in WRAPPERS:
+            return scope + definition_names(node)
         return scope
 
     def _paths(self, members: list[_Item]) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
@@ -588,7 +424,7 @@ class _TreeSplitter:
         defined: list[Path] = []
         within: list[Path] = []
         for node, scope, _, _ in members:
-            names = _names(node) if node.type in self.definitions else ()
+            names = definition_names(node) if node.type in self.definitions else ()
             if names:
                 defined.append(scope + names)
             else:
@@ -607,158 +443,4 @@ def _is_header(members: list[_Item]) -> bool:
 
 def _is_leading(members: list[_Item]) -> bool:
     """Whether the group is only comments or attributes (which describe what follows)."""
-    return all("comment" in item[0].type or item[0].type in _LEADING for item in members)
-
-
-# --- names of definitions -----------------------------------------------------------------
-
-
-def _text(node: Node) -> str:
-    return (node.text or b"").decode("utf-8", "replace")
-
-
-def _names(node: Node) -> Path:
-    """Name of a definition node as path components: `impl Foo` -> (Foo,), Go
-    `func (s *Session) Send` -> (Session, Send); () when it has none."""
-    handler = _NAME_HANDLERS.get(node.type)
-    return handler(node) if handler is not None else _plain_name(node)
-
-
-def _plain_name(node: Node) -> Path:
-    name = node.child_by_field_name("name")
-    if name is None:
-        name = next((c for c in node.named_children if c.type in _IDENTIFIERS), None)
-    return _name_of(name)
-
-
-def _name_of(name: Node | None) -> Path:
-    if name is None:
-        return ()
-    text = _text(name)
-    if name.type in _QUALIFIED:
-        return tuple(clean_name(part) for part in _QUALIFIER_SEPARATOR.split(text) if part)
-    cleaned = clean_name(text)
-    return (cleaned,) if cleaned else ()
-
-
-def _field_names(field: str) -> Callable[[Node], Path]:
-    """Names of the definition held in `field` (decorators, exports)."""
-
-    def names(node: Node) -> Path:
-        inner = node.child_by_field_name(field)
-        return _names(inner) if inner is not None else ()
-
-    return names
-
-
-def _template_names(node: Node) -> Path:
-    for child in reversed(node.named_children):
-        names = _names(child)
-        if names:
-            return names
-    return ()
-
-
-def _variable_names(node: Node) -> Path:
-    """`const handler = () => ...`: the variable names a function or class."""
-    for child in node.named_children:
-        if child.type == "variable_declarator":
-            value = child.child_by_field_name("value")
-            if value is not None and value.type in _FUNCTION_VALUES:
-                return _plain_name(child)
-    return ()
-
-
-def _member_names(node: Node) -> Path:
-    """Class fields and object pairs count only when they hold a function."""
-    value = node.child_by_field_name("value")
-    if value is None or value.type not in _FUNCTION_VALUES:
-        return ()
-    key = (
-        node.child_by_field_name("name")
-        or node.child_by_field_name("property")
-        or node.child_by_field_name("key")
-    )
-    return _name_of(key)
-
-
-def _method_names(node: Node) -> Path:
-    """Go methods are named after their receiver type; elsewhere a plain name."""
-    name = _plain_name(node)
-    receiver = node.child_by_field_name("receiver")
-    if receiver is None or not name:
-        return name
-    found = _first_of_type(receiver, "type_identifier")
-    return (clean_name(_text(found)), *name) if found is not None else name
-
-
-def _first_of_type(node: Node, kind: str) -> Node | None:
-    for child in node.named_children:
-        if child.type == kind:
-            return child
-        found = _first_of_type(child, kind)
-        if found is not None:
-            return found
-    return None
-
-
-def _impl_names(node: Node) -> Path:
-    """`impl<T> Trait for Foo<T>` -> (Foo,)."""
-    target = node.child_by_field_name("type")
-    if target is not None and target.type == "generic_type":
-        target = target.child_by_field_name("type") or target
-    return _name_of(target)
-
-
-def _declarator_names(node: Node) -> Path:
-    """C/C++: the declared name sits at the bottom of a chain of declarators."""
-    if node.child_by_field_name("name") is not None:
-        return _plain_name(node)
-    current = node.child_by_field_name("declarator")
-    while current is not None:
-        if current.type in _DECLARATOR_NAMES:
-            return _name_of(current)
-        if current.type == "qualified_identifier":
-            return tuple(clean_name(p) for p in _text(current).split("::") if p.strip())
-        inner = current.child_by_field_name("declarator")
-        if inner is None and current.named_child_count:
-            inner = current.named_children[0]
-        current = inner
-    return ()
-
-
-def _go_type_names(node: Node) -> Path:
-    for child in node.named_children:
-        if child.type in ("type_spec", "type_alias"):
-            return _plain_name(child)
-    return ()
-
-
-def _block_namespace_names(node: Node) -> Path:
-    """PHP `namespace Foo;` is a statement, not a scope; `namespace Foo { }` is."""
-    if node.child_by_field_name("body") is None:
-        return ()
-    return _plain_name(node)
-
-
-def _companion_names(node: Node) -> Path:
-    return _plain_name(node) or ("Companion",)
-
-
-_NAME_HANDLERS: Final[dict[str, Callable[[Node], Path]]] = {
-    "decorated_definition": _field_names("definition"),
-    "export_statement": _field_names("declaration"),
-    "template_declaration": _template_names,
-    "lexical_declaration": _variable_names,
-    "variable_declaration": _variable_names,
-    "field_definition": _member_names,
-    "public_field_definition": _member_names,
-    "pair": _member_names,
-    "method_declaration": _method_names,
-    "impl_item": _impl_names,
-    "function_definition": _declarator_names,
-    "type_definition": _declarator_names,
-    "type_declaration": _go_type_names,
-    "namespace_definition": _block_namespace_names,
-    "companion_object": _companion_names,
-}
+    return all("comment" in item[0].type or item[0].type in LEADING for item in members)

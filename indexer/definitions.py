@@ -25,21 +25,18 @@ from tree_sitter import Node, Query, QueryCursor
 from tree_sitter_language_pack import get_language
 
 from indexer.chunk import Chunk
-from indexer.chunker import (
-    _DEFINITIONS,
-    _FUNCTION_VALUES,
-    _IDENTIFIERS,
-    _WRAPPERS,
-    DEFAULT_MAX_TOKENS,
-    ParsedTree,
-    _name_of,
-    _names,
-    _plain_name,
-    _text,
-    chunk_file,
-    parse,
-)
+from indexer.chunker import DEFAULT_MAX_TOKENS, ParsedTree, chunk_file, parse
 from indexer.languages import GRAMMAR_LANGUAGES, language_for_path
+from indexer.syntax_names import (
+    DEFINITIONS,
+    FUNCTION_VALUES,
+    IDENTIFIERS,
+    WRAPPERS,
+    definition_names,
+    name_of,
+    node_text,
+    plain_name,
+)
 from indexer.textsplit import Path
 from indexer.tokens import TokenCounter
 
@@ -146,7 +143,7 @@ _local = threading.local()
 
 
 def _node_types(language: str) -> frozenset[str]:
-    scopes = _DEFINITIONS[language] - _WRAPPERS - _REPLACED.get(language, frozenset())
+    scopes = DEFINITIONS[language] - WRAPPERS - _REPLACED.get(language, frozenset())
     return scopes | _VALUES.get(language, frozenset())
 
 
@@ -157,7 +154,7 @@ def _query(language: str, what: str) -> Query | None:
     key = (language, what)
     if key not in cache:
         grammar = get_language(language)  # type: ignore[arg-type]
-        wanted = _node_types(language) if what == "definitions" else _IDENTIFIERS
+        wanted = _node_types(language) if what == "definitions" else IDENTIFIERS
         kinds = sorted(k for k in wanted if grammar.id_for_node_kind(k, True))
         capture = "def" if what == "definitions" else "id"
         source = "[" + " ".join(f"({k})" for k in kinds) + f"] @{capture}"
@@ -203,7 +200,7 @@ def _names_of(node: Node, language: str, values: frozenset[str]) -> Iterator[Pat
             return
         yield from _value_names(node, language)
         return
-    names = _names(node)
+    names = definition_names(node)
     if names:
         yield _untruncated(names, node)
 
@@ -214,7 +211,7 @@ def _untruncated(names: Path, node: Node) -> Path:
     if not names[-1].endswith("…"):
         return names
     name = node.child_by_field_name("name")
-    full = " ".join(_text(name).split()) if name is not None else ""
+    full = " ".join(node_text(name).split()) if name is not None else ""
     if full.startswith(names[-1][:-1]):
         return (*names[:-1], full)
     return names
@@ -223,7 +220,7 @@ def _untruncated(names: Path, node: Node) -> Path:
 def _holds_function(node: Node) -> bool:
     """`const handler = () => ...` names a function wherever it stands."""
     value = node.child_by_field_name("value")
-    return value is not None and value.type in _FUNCTION_VALUES
+    return value is not None and value.type in FUNCTION_VALUES
 
 
 def _lua_function_names(node: Node) -> Iterator[Path]:
@@ -244,21 +241,21 @@ def _value_names(node: Node, language: str) -> Iterator[Path]:
     if kind == "assignment":
         left = node.child_by_field_name("left")
         if left is not None and left.type in ("identifier", "constant"):
-            yield _name_of(left)
+            yield name_of(left)
     elif kind in ("const_spec", "var_spec"):
         for name in node.children_by_field_name("name"):
-            yield _name_of(name)
+            yield name_of(name)
     elif kind == "variable_declarator":
         declared = node.child_by_field_name("name")
         if declared is not None and declared.type == "identifier":
-            yield _name_of(declared)
+            yield name_of(declared)
     elif kind == "field_declaration":  # Java: every declarator of the field
         for declarator in node.children_by_field_name("declarator"):
             found = declarator.child_by_field_name("name")
             if found is not None:
-                yield _name_of(found)
+                yield name_of(found)
     else:
-        names = _plain_name(node)
+        names = plain_name(node)
         if names:
             yield names
 

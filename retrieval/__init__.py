@@ -13,6 +13,7 @@ from indexer.lazy import lazy_exports
 if TYPE_CHECKING:
     from indexer.errors import CodeveilError
     from retrieval.api import Index, SearchError, WrongKeyError
+    from retrieval.coverage import Coverage
     from retrieval.hits import Hit
     from retrieval.multi import MultiIndex
     from sync.syncer import SyncReport
@@ -20,11 +21,12 @@ if TYPE_CHECKING:
 
 # CodeveilError is the base of every error codeveil raises on purpose (indexer.errors
 # draws the tree): one `except` catches them all.
-__all__ = ["CodeveilError", "Hit", "Index", "ModelMismatchError", "MultiIndex", "SearchError",
-           "SyncReport", "WrongKeyError"]
+__all__ = ["CodeveilError", "Coverage", "Hit", "Index", "ModelMismatchError", "MultiIndex",
+           "SearchError", "SyncReport", "WrongKeyError"]
 
 _HOMES = {
     "CodeveilError": "indexer.errors",
+    "Coverage": "retrieval.coverage",
     "Index": "retrieval.api",
     "ModelMismatchError": "sync.workspace",
     "SearchError": "retrieval.api",

@@ -13,8 +13,6 @@ import logging
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -24,46 +22,42 @@ from indexer.embed_cache import CachedEmbedder
 from indexer.embedder import Embedder
 from indexer.errors import CodeveilError
 from indexer.local_chunks import LocalChunks, open_state_db
+from retrieval.coverage import Coverage
 from retrieval.filters import HitFilter
 from retrieval.hits import Hit
+from retrieval.searcher import (
+    MAX_DEPTH,
+    OVERFETCH,
+    QUERY_CACHE_SIZE,
+    SearchReader,
+    ranking_depth,
+)
 from sync.client import StoreClient
 from sync.config import (
     RepoConfig,
-    codeveil_dir,
     find_root,
     state_path,
 )
 from sync.errors import KeyMismatchError
-from sync.keys import WorkspaceKey
 from sync.syncer import Progress, SyncReport
 from sync.workspace import Workspace
 
 if TYPE_CHECKING:
     # The ranking stack is imported on the first search: `codeveil index` never ranks.
-    from indexer.location import ChunkLocation
     from retrieval.agent_tools import AgentTools
-    from retrieval.fusion import HybridRanker, Keep, SearchOptions
+    from retrieval.fusion import SearchOptions
     from retrieval.grep import GrepResult
     from retrieval.grouping import Group, Level
-    from retrieval.lexical import LexicalIndex, LexicalStore
+    from retrieval.lexical import LexicalStore
     from retrieval.local_vectors import LocalVectorIndex, LocalVectorStore
     from retrieval.references import ReferenceHit
-    from retrieval.rerank import PlainReranker
     from retrieval.symbols import DefinitionHit, Outline
 
 log = logging.getLogger(__name__)
 
-# Ask the server for more neighbours than shown: filters and stale hits drop some.
-OVERFETCH = 4
-MAX_DEPTH = 1000
-QUERY_CACHE_SIZE = 256
-
-
-def ranking_depth(depth: int, k: int) -> int:
-    """How deep each ranking is read for `k` results: the options' depth, deeper when `k`
-    asks for more (filters, stale hits and grouping drop some of what is read). Up to
-    k = depth / OVERFETCH the results do not depend on k."""
-    return min(max(depth, k * OVERFETCH), MAX_DEPTH)
+# How deep a search reads, and its query cache: retrieval.searcher (names kept here).
+__all__ = ["MAX_DEPTH", "OVERFETCH", "QUERY_CACHE_SIZE", "Index", "SearchError",
+           "WrongKeyError", "lost_state_message", "ranking_depth"]
 
 
 class SearchError(CodeveilError):
@@ -79,12 +73,7 @@ class Index:
 
     def __init__(self, path: str | Path = ".", *, embedder: Embedder | None = None) -> None:
         self._ws = Workspace(path, embedder=embedder)
-        self._query_cache: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._lexical_store: LexicalStore | None = None
-        self._vector_store: LocalVectorStore | None = None
-        self._vectors: LocalVectorIndex | None = None
-        self._ranker: HybridRanker | None = None
-        self._rerank_db: sqlite3.Connection | None = None
+        self._reader = SearchReader(self._ws)
         self._search_db: sqlite3.Connection | None = None
         self._search_db_identity: tuple[int, int] | None = None
         self._search_options: SearchOptions | None = None
@@ -178,52 +167,15 @@ class Index:
         keeps one language (`python`, `go`, ...); `kind` keeps files of some kinds
         (`"code"`, `"code,docs"` or `["tests", "examples"]`; see `indexer.kinds`).
         """
-        if not query or not query.strip():
-            raise SearchError("the query is empty")
-        if k < 1:
-            raise SearchError(f"k must be at least 1, got {k}")
-        from indexer.kinds import parse_kinds
-
-        try:
-            kinds = parse_kinds(kind if kind is None or isinstance(kind, str) else list(kind))
-        except ValueError as exc:
-            raise SearchError(str(exc)) from None
+        keep, level = _search_arguments(query, k, path, language, kind, group)
         from retrieval.fusion import group_ranking
-        from retrieval.grouping import LEVELS
 
-        if group not in LEVELS:
-            raise SearchError(f"unknown group {group!r}; use one of {', '.join(LEVELS)}")
         root, config, key, client = self._ws.open()
         db = self._state_db(root)  # kept: opening one costs more than a query
         self._check_state(root, LocalChunks(db), client)
-        lexical = self._lexical(root).current(db)
-        if config.sealed:
-            self._vectors = self._vector_index(root, db, config)
-        ranker = self._hybrid_ranker(config, key, client, lexical)
-        keep = HitFilter.of(path, language, kinds)
-        options = replace(self.search_options,
-                          depth=ranking_depth(self.search_options.depth, k))
-        total, with_vectors = LocalChunks(db).coverage()
-        if self._vectors is not None and config.sealed:
-            # Chunks whose vector this machine lacks (an emptied cache) are not
-            # searched by meaning either, pending or not.
-            with_vectors = min(with_vectors, self._vectors.count)
-        if with_vectors < total:
-            # While an index builds, the vector ranking ranks only the chunks embedded
-            # so far: its first place is first among a few. Its vote shrinks with
-            # the share it covers, so a hundred early vectors do not outvote BM25
-            # and the evidence over the whole repo.
-            options = replace(options, w_vector=options.w_vector * with_vectors / total)
-        if self._vectors is not None and config.sealed and total:
-            # The header vectors' vote, likewise: a workspace indexed before chunks
-            # carried them has none until `codeveil index` embeds them.
-            share = min(self._vectors.header_count / total, 1.0)
-            options = replace(options, w_header_vector=options.w_header_vector * share,
-                              w_header_vector_prose=options.w_header_vector_prose * share)
-        ranking = ranker.rank(query, options,
-                              mask=None if keep is None else lexical.mask(keep), keep=keep)
-        groups = group_ranking(ranking, cast("Level", group))  # checked above
-        return self._read_hits(root, LocalChunks(db), groups, k)
+        searcher = self._reader.searcher(root, db, config, key, client)
+        ranking = searcher.rank(query, self.search_options, k, keep)
+        return self._read_hits(root, LocalChunks(db), group_ranking(ranking, level), k)
 
     def _state_db(self, root: Path) -> sqlite3.Connection:
         """The connection searches read the client state through: opened once and kept,
@@ -248,109 +200,36 @@ class Index:
         if held:
             raise CodeveilError(lost_state_message(root, held))
 
-    def _lexical(self, root: Path) -> LexicalStore:
-        from retrieval.lexical import LexicalStore
-
-        if self._lexical_store is None or self._lexical_store.directory.parent != codeveil_dir(
-                root):
-            self._lexical_store = LexicalStore(codeveil_dir(root) / "lexical")
-        return self._lexical_store
-
     def _vector_index(self, root: Path, db: sqlite3.Connection,
                       config: RepoConfig) -> LocalVectorIndex:
         """This machine's own vector index, brought in step with the chunk table."""
-        from retrieval.local_vectors import LocalVectorStore
-
-        folder = codeveil_dir(root) / "vectors"
-        if self._vector_store is None or self._vector_store.directory != folder:
-            self._vector_store = LocalVectorStore(folder)
-        embedder = self._ws.embedder
-        return self._vector_store.current(db, embedder.cache, config.model_id, config.dim)
-
-    def _hybrid_ranker(self, config: RepoConfig, key: WorkspaceKey, client: StoreClient,
-                       lexical: LexicalIndex) -> HybridRanker:
-        """The ranker of this index; its vector side is this machine's own vector index
-        (sealed) or the server's encrypted one (server-search)."""
-        from indexer.tokens import default_counter
-        from retrieval.fusion import HybridRanker
-
-        if self._ranker is not None:
-            self._ranker.use(lexical)
-            return self._ranker
-        embedder = self._ws.embedder.embedder
-        counter = default_counter()
-        if config.sealed:
-            self._ranker = HybridRanker(
-                lexical, self._query_vectors, self._nearest_here, counter.count,
-                embedder.max_tokens, count_many=counter.count_batch,
-                nearest_header=partial(self._nearest_here, header=True),
-                nearest_each=self._nearest_each,
-                nearest_header_each=partial(self._nearest_each, header=True))
-            return self._ranker
-        from sync.server_search import ServerSearch
-
-        server = ServerSearch(client, key, config.workspace_id, config.dim)
-        reranker = self._plain_reranker(config)
-
-        def nearest(vector: np.ndarray, n: int, *,
-                    keep: Keep | None = None) -> list[tuple[ChunkLocation, float]]:
-            # The opened metadata is a chunk location like the lexical index's docs.
-            out: list[tuple[ChunkLocation, float]] = list(server.nearest(vector, n))
-            # The server cannot filter by path (it holds none): ask it for more until
-            # `n` are kept, or it has no more.
-            wanted = n
-            while keep is not None:
-                kept = [(d, s) for d, s in out if keep(d)]
-                if len(kept) >= n or len(out) < wanted or wanted >= 16 * n:
-                    out = kept[:n]
-                    break
-                wanted *= 4
-                out = list(server.nearest(vector, wanted))
-            # Exact cosines from this machine's own plain vectors, where it has them.
-            exact = reranker.scores([(d.path, d.symbol, d.chunk_hash) for d, _ in out], vector)
-            out = [(d, approx if e is None else e)
-                   for (d, approx), e in zip(out, exact, strict=True)]
-            out.sort(key=lambda pair: -pair[1])
-            return out
-
-        self._ranker = HybridRanker(lexical, self._query_vectors, nearest, counter.count,
-                                    embedder.max_tokens, count_many=counter.count_batch)
-        return self._ranker
-
-    def _nearest_here(self, vector: np.ndarray, n: int, *, keep: Keep | None = None,
-                      header: bool = False) -> list[tuple[ChunkLocation, float]]:
-        """This machine's vector index (sealed), as `search` last brought it in step."""
-        assert self._vectors is not None  # set by `search` before it ranks
-        return self._vectors.nearest(vector, n, keep=keep, header=header)
-
-    def _nearest_each(self, vectors: np.ndarray, n: int, *, keep: HitFilter | None = None,
-                      header: bool = False) -> list[list[tuple[ChunkLocation, float]]]:
-        assert self._vectors is not None
-        return self._vectors.nearest_each(vectors, n, keep=keep, header=header)
-
-    def _plain_reranker(self, config: RepoConfig) -> PlainReranker:
-        from retrieval.rerank import PlainReranker
-
-        if self._rerank_db is None:
-            self._rerank_db = open_state_db(state_path(find_root(self._ws.root)))
-        embedder = self._ws.embedder
-        return PlainReranker(LocalChunks(self._rerank_db), embedder.cache, embedder.model_id,
-                             config.dim)
+        return self._reader.vector_index(root, db, config)
 
     def _query_vectors(self, texts: Sequence[str]) -> np.ndarray:
         """Vectors of query texts (each fits the window), through a small LRU cache."""
-        missing = [t for t in dict.fromkeys(texts) if t not in self._query_cache]
-        if missing:
-            vecs = self._ws.embedder.embedder.embed(missing)
-            for text, vec in zip(missing, vecs, strict=True):
-                self._query_cache[text] = vec
-        out = []
-        for text in texts:
-            self._query_cache.move_to_end(text)
-            out.append(self._query_cache[text])
-        while len(self._query_cache) > QUERY_CACHE_SIZE:
-            self._query_cache.popitem(last=False)
-        return np.stack(out)
+        return self._reader.queries(texts)
+
+    # What the last search read (retrieval.searcher), for the lookups and tests below.
+
+    @property
+    def _query_cache(self) -> OrderedDict[str, np.ndarray]:
+        return self._reader.queries.cache
+
+    @_query_cache.setter
+    def _query_cache(self, cache: OrderedDict[str, np.ndarray]) -> None:
+        self._reader.queries.cache = cache
+
+    @property
+    def _lexical_store(self) -> LexicalStore | None:
+        return self._reader.lexical_store
+
+    @property
+    def _vector_store(self) -> LocalVectorStore | None:
+        return self._reader.vector_store
+
+    @property
+    def _vectors(self) -> LocalVectorIndex | None:
+        return self._reader.vectors
 
     def _read_hits(self, root: Path, local: LocalChunks, groups: list[Group],
                    k: int) -> list[Hit]:
@@ -413,28 +292,23 @@ class Index:
         """The chunks that use `name`: `retrieval.agent_tools.AgentTools.references`."""
         return self.tools.references(name, path=path, limit=limit)
 
-    def coverage(self) -> dict[str, int | bool]:
-        """How much of the index search by meaning covers: `chunks` (all, searchable by
-        name and words), `chunks_with_vectors` (also by meaning) and `partial` (True
-        while an index, say a first one, has not sent every vector yet)."""
+    def coverage(self) -> Coverage:
+        """How much of the index search by meaning covers (`retrieval.coverage`):
+        `chunks`, `chunks_with_vectors` and `partial`."""
         total, with_vectors = LocalChunks(self._state_db(find_root(self._ws.root))).coverage()
-        if self._vectors is not None:
+        vectors = self._reader.vectors
+        if vectors is not None:
             # As the last search saw it: chunks whose vector this machine lacks (an
             # emptied cache) are not searched by meaning.
-            with_vectors = min(with_vectors, self._vectors.count)
-        return {"partial": with_vectors < total, "chunks": total,
-                "chunks_with_vectors": with_vectors}
+            with_vectors = min(with_vectors, vectors.count)
+        return Coverage.of(total, with_vectors)
 
     def status(self) -> dict:
         """Where the index is, what it holds, and where its store lives."""
         return self._ws.status()
 
     def close(self) -> None:
-        self._ranker = None  # it holds the client and the connection closed here
-        self._vectors = None
-        if self._rerank_db is not None:
-            self._rerank_db.close()
-            self._rerank_db = None
+        self._reader.close()
         if self._search_db is not None:
             self._search_db.close()
             self._search_db = None
@@ -445,6 +319,26 @@ class Index:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _search_arguments(query: str, k: int, path: str | None, language: str | None,
+                      kind: str | Sequence[str] | None, group: str,
+                      ) -> tuple[HitFilter | None, Level]:
+    """`Index.search`'s arguments checked: the filter they ask for, and the level."""
+    if not query or not query.strip():
+        raise SearchError("the query is empty")
+    if k < 1:
+        raise SearchError(f"k must be at least 1, got {k}")
+    from indexer.kinds import parse_kinds
+    from retrieval.grouping import LEVELS
+
+    try:
+        kinds = parse_kinds(kind if kind is None or isinstance(kind, str) else list(kind))
+    except ValueError as exc:
+        raise SearchError(str(exc)) from None
+    if group not in LEVELS:
+        raise SearchError(f"unknown group {group!r}; use one of {', '.join(LEVELS)}")
+    return HitFilter.of(path, language, kinds), cast("Level", group)  # checked above
 
 
 def _file_identity(path: Path) -> tuple[int, int] | None:

@@ -1,5 +1,9 @@
 """The `codeveil` command. Thin: check the arguments, call the library, report.
 
+This module holds the group and the index, search, status, init, key, serve and mcp
+commands; `retrieval.cli_tools` the lookups beside search, `retrieval.cli_daemon` the
+daemon's, `retrieval.cli_base` what they share.
+
 Every CodeveilError becomes one line on stderr and exit status 1; nothing prints a
 traceback unless CODEVEIL_DEBUG=1.
 """
@@ -7,58 +11,22 @@ traceback unless CODEVEIL_DEBUG=1.
 from __future__ import annotations
 
 import json
-import os
-import sqlite3
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 from indexer.errors import CodeveilError
+from retrieval.cli_base import EXIT_ERROR, _fail, _Group, _index
+from retrieval.cli_daemon import daemon
+from retrieval.cli_tools import definition, grep, outline, uses
 from sync.progress import Progress
 
 if TYPE_CHECKING:
-    from retrieval.agent_tools import AgentTools
-    from retrieval.api import Index
+    from retrieval.coverage import Coverage
     from retrieval.hits import Hit
     from sync.syncer import SyncReport
-
-EXIT_ERROR = 1
-
-
-class _Group(click.Group):
-    """Turns library errors into one clear line instead of a traceback."""
-
-    def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
-            raise
-        except CodeveilError as exc:
-            _fail(str(exc))
-        except sqlite3.DatabaseError as exc:
-            _fail(f"an index file is corrupt ({exc}); `codeveil doctor` finds which,"
-                  " `codeveil doctor --repair` rebuilds it")
-        except KeyboardInterrupt:
-            _fail("interrupted; nothing is lost, run the command again to continue")
-        except Exception as exc:
-            if os.environ.get("CODEVEIL_DEBUG"):
-                raise
-            _fail(f"unexpected {type(exc).__name__}: {exc} (CODEVEIL_DEBUG=1 shows a traceback)")
-
-
-def _index(*args: Any, **kwargs: Any) -> Index:
-    """`retrieval.api.Index`, imported on first use: the model, store and ranking stack
-    take about a second to import, which `--help` and `daemon status` need not pay."""
-    from retrieval.api import Index
-
-    return Index(*args, **kwargs)
-
-
-def _fail(message: str) -> None:
-    click.echo(f"codeveil: error: {message}", err=True)
-    sys.exit(EXIT_ERROR)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -77,7 +45,6 @@ def main() -> None:
       codeveil uses send                    list the references to a name
       codeveil grep 'retr(y|ies)' --path '*.py'   regex over the indexed files
     """
-
 
 # -- index --------------------------------------------------------------------------
 
@@ -240,10 +207,10 @@ def search(query: str, k: int, path_glob: str | None, language: str | None,
                           group=group)
         coverage = idx.coverage()
     if as_json:
-        click.echo(json.dumps({"hits": [h.to_dict() for h in hits], "index": coverage},
-                              indent=2))
+        click.echo(json.dumps({"hits": [h.to_dict() for h in hits],
+                               "index": coverage.to_dict()}, indent=2))
         return
-    if coverage["partial"]:
+    if coverage.partial:
         click.echo(_partial_note(coverage), err=True)
     if not hits:
         click.echo("no results", err=True)
@@ -261,11 +228,12 @@ def _search_many(query: str, k: int, path_glob: str | None, language: str | None
                            kind=kinds or None, group=group)
         coverage = many.coverage()
     if as_json:
-        click.echo(json.dumps({"hits": [h.to_dict() for h in hits], "index": coverage},
+        click.echo(json.dumps({"hits": [h.to_dict() for h in hits],
+                               "index": {r: c.to_dict() for r, c in coverage.items()}},
                               indent=2))
         return
     for root, cov in coverage.items():
-        if cov["partial"]:
+        if cov.partial:
             click.echo(f"{root}: {_partial_note(cov)}", err=True)
     if not hits:
         click.echo("no results", err=True)
@@ -280,8 +248,8 @@ def _repo_names(roots: list[Path]) -> dict[str, str]:
     return {str(r): (r.name if names.count(r.name) == 1 else str(r)) for r in roots}
 
 
-def _partial_note(coverage: dict[str, Any]) -> str:
-    return (f"index is partial: {coverage['chunks_with_vectors']} of {coverage['chunks']}"
+def _partial_note(coverage: Coverage) -> str:
+    return (f"index is partial: {coverage.chunks_with_vectors} of {coverage.chunks}"
             " chunks have vectors so far (all are searched by name and words); results"
             " improve as `codeveil index` goes on")
 
@@ -306,125 +274,6 @@ def _print_hits(hits: list[Hit], query: str, *, names: dict[str, str] | None = N
                              start_line=hit.start_line, word_wrap=False,
                              theme="ansi_dark"))
         console.print()
-
-
-# -- agent tools: def, outline, uses, grep ------------------------------------------
-# Answered from the client state and the grep index alone (retrieval.agent_tools): no
-# model or store is loaded.
-
-_REPO_OPTION = click.option("-C", "--repo", "repo", default=".",
-                            type=click.Path(path_type=Path),
-                            help="Use the index of this folder (default: the one around here).")
-_JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-
-
-def _tools(repo: Path) -> AgentTools:
-    from retrieval.agent_tools import AgentTools
-
-    return AgentTools(repo)
-
-
-def _echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
-
-
-@main.command(name="def")
-@click.argument("name")
-@click.option("-n", "--limit", default=10, show_default=True, type=click.IntRange(1, 200),
-              help="How many candidates.")
-@_JSON_OPTION
-@_REPO_OPTION
-def definition(name: str, limit: int, as_json: bool, repo: Path) -> None:
-    """Where NAME is defined: send, Session.send, Sinatra::Base, pkg.Func.
-
-    From the syntax trees read at index time; best candidate first (the whole name
-    over a tail of it, source over tests and docs).
-    """
-    hits = _tools(repo).definition(name, limit=limit)
-    if as_json:
-        _echo_json({"name": name, "definitions": [h.to_dict() for h in hits]})
-        return
-    if not hits:
-        click.echo(f"no definition of {name} in the index", err=True)
-        return
-    for hit in hits:
-        stale = "  (changed since indexed)" if hit.stale else ""
-        click.echo(f"{hit.path}:{hit.start_line}-{hit.end_line}  {hit.kind}  {hit.symbol}{stale}")
-        click.echo(f"    {hit.signature}")
-
-
-@main.command()
-@click.argument("path", type=click.Path(path_type=Path))
-@_JSON_OPTION
-@_REPO_OPTION
-def outline(path: Path, as_json: bool, repo: Path) -> None:
-    """The symbols of the file at PATH, with their lines and signatures."""
-    result = _tools(repo).outline(path.absolute())
-    if as_json:
-        _echo_json(result.to_dict())
-        return
-    if result.reparsed:
-        click.echo(f"{result.path} changed since indexed: parsed as it is now", err=True)
-    for entry in result.symbols:
-        where = f"{entry.start_line}-{entry.end_line}"
-        click.echo(f"{where:>11}  {'  ' * entry.depth}{entry.kind} {entry.name}  "
-                   f"| {entry.signature}")
-
-
-@main.command()
-@click.argument("name")
-@click.option("--path", "path_glob", metavar="GLOB", help="Only paths matching GLOB.")
-@click.option("-n", "--limit", default=20, show_default=True, type=click.IntRange(1, 500),
-              help="How many chunks.")
-@_JSON_OPTION
-@_REPO_OPTION
-def uses(name: str, path_glob: str | None, limit: int, as_json: bool, repo: Path) -> None:
-    """List the references to NAME: the chunks that use it.
-
-    In languages with a grammar only identifiers count (not comments or strings);
-    elsewhere whole words, marked approximate. The definition itself is left out.
-    """
-    hits = _tools(repo).references(name, path=path_glob, limit=limit)
-    if as_json:
-        _echo_json({"name": name, "references": [h.to_dict() for h in hits]})
-        return
-    if not hits:
-        click.echo(f"no uses of {name} in the index", err=True)
-        return
-    for hit in hits:
-        note = "  (approximate)" if hit.approximate else ""
-        symbol = f"  {hit.symbol}" if hit.symbol else ""
-        click.echo(f"{hit.path}:{hit.start_line}-{hit.end_line}{symbol}{note}")
-        for line in hit.text.split("\n"):
-            click.echo(f"    {line}")
-        if hit.truncated:
-            click.echo(f"    ... and {len(hit.lines) - len(hit.text.splitlines())} more")
-
-
-@main.command()
-@click.argument("pattern")
-@click.option("--path", "path_glob", metavar="GLOB", help="Only paths matching GLOB.")
-@click.option("-i", "--ignore-case", is_flag=True, help="Match regardless of case.")
-@click.option("-n", "--limit", default=None, type=click.IntRange(1),
-              help="Stop after this many lines.")
-@_JSON_OPTION
-@_REPO_OPTION
-def grep(pattern: str, path_glob: str | None, ignore_case: bool, limit: int | None,
-         as_json: bool, repo: Path) -> None:
-    """The lines of the indexed files matching the regular expression PATTERN.
-
-    Python regex syntax, matched line by line; files are read as they are on disk now,
-    and only those the index cannot rule out are read. Prints path:line:text.
-    """
-    result = _tools(repo).grep(pattern, path=path_glob, ignore_case=ignore_case, limit=limit)
-    if as_json:
-        _echo_json(result.to_dict())
-        return
-    for match in result.matches:
-        click.echo(f"{match.path}:{match.line}:{match.text}")
-    if result.truncated:
-        click.echo(f"stopped after {limit} lines (--limit)", err=True)
-
 
 # -- doctor ---------------------------------------------------------------------------
 
@@ -610,159 +459,11 @@ def mcp(repo: Path) -> None:
     run(repo)
 
 
-# -- daemon -------------------------------------------------------------------------
-# `codeveil daemon start|stop|status|run`. The machinery lives in sync.daemon (what it
-# syncs: sync.daemon.target); this section checks the folder, calls it and reports.
-# See docs/daemon.md.
+__all__ = ["EXIT_ERROR", "main"]
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-
-def _daemon_options(func: Callable[..., None]) -> Callable[..., None]:
-    """The tuning options shared by `daemon start` and `daemon run`."""
-    func = click.option(
-        "--max-backoff", "max_backoff", default=60.0, show_default=True, metavar="SECONDS",
-        type=click.FloatRange(min=0.1), help="Longest wait between retries of a failed sync.",
-    )(func)
-    func = click.option(
-        "--debounce", default=0.5, show_default=True, metavar="SECONDS",
-        type=click.FloatRange(min=0.0),
-        help="Sync once the tree has been quiet this long after a change.",
-    )(func)
-    func = click.option(
-        "--interval", default=300.0, show_default=True, metavar="SECONDS",
-        type=click.FloatRange(min=0.0),
-        help="Also sync this often without any event (0: only on events).",
-    )(func)
-    return func
-
-
-def _daemon_root(path: Path) -> Path:
-    """The folder a daemon serves: the indexed folder around PATH, else PATH itself."""
-    if not path.is_dir():
-        raise CodeveilError(f"no such folder: {path}")
-    from sync.workspace import Workspace
-
-    return Workspace(path).root
-
-
-@main.group()
-def daemon() -> None:
-    """Keep the index in step with the working tree, within seconds.
-
-    The daemon watches the folder, syncs a moment after files change (a branch switch is
-    one sync), re-checks everything every --interval seconds, and retries with backoff
-    while the server is down. One daemon per folder; state and log in .codeveil/.
-    """
-
-
-@daemon.command("start")
-@click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
-@_daemon_options
-@click.option("--timeout", default=30.0, show_default=True, metavar="SECONDS",
-              type=click.FloatRange(min=1.0), help="How long to wait for it to come up.")
-def daemon_start(path: Path, interval: float, debounce: float, max_backoff: float,
-                 timeout: float) -> None:
-    """Start the daemon for PATH (default: here) in the background.
-
-    Does nothing but say so if a daemon already runs for PATH.
-    """
-    from sync.daemon import AlreadyRunningError, DaemonFiles, spawn
-
-    root = _daemon_root(path)
-    argv = [sys.executable, "-P", "-m", "retrieval.cli", "daemon", "run", str(root),
-            "--interval", repr(interval), "--debounce", repr(debounce),
-            "--max-backoff", repr(max_backoff), "--detached"]
-    try:
-        pid = spawn(root, argv, timeout=timeout)
-    except AlreadyRunningError as exc:
-        click.echo(f"codeveil daemon: already running (pid {exc.pid or '?'}) for {root}")
-        return
-    click.echo(f"codeveil daemon: started (pid {pid}) for {root}")
-    click.echo(f"log: {DaemonFiles.for_root(root).log}")
-
-
-@daemon.command("run")
-@click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
-@_daemon_options
-@click.option("--detached", is_flag=True, hidden=True,
-              help="Set by `daemon start`: log to the file only, and capture stdout/stderr.")
-def daemon_run(path: Path, interval: float, debounce: float, max_backoff: float,
-               detached: bool) -> None:
-    """Run the daemon for PATH in the foreground (for systemd, launchd or a terminal).
-
-    Logs to stderr and .codeveil/daemon.log; SIGTERM or Ctrl-C stop it cleanly.
-    """
-    from retrieval.search_ready import SearchReady
-    from sync.daemon import Daemon, DaemonFiles, DaemonLock, WorkspaceSync, setup_logging
-    from sync.workspace import Workspace
-
-    root = _daemon_root(path)
-    files = DaemonFiles.for_root(root)
-    lock = DaemonLock.acquire(files)
-    try:
-        setup_logging(files, to_stderr=not detached, capture_std=detached)
-        workspace = Workspace(root)
-        # A large sync (a branch switch) also leaves the search side built.
-        target = WorkspaceSync(workspace, follower=lambda: SearchReady(workspace))
-        runner = Daemon(root, target, full_interval=interval, debounce=debounce,
-                        backoff_max=max_backoff)
-        try:
-            code = runner.run(lock)
-        finally:
-            target.close()
-    finally:
-        lock.release()
-    if code:
-        sys.exit(code)
-
-
-@daemon.command("stop")
-@click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--timeout", default=30.0, show_default=True, metavar="SECONDS",
-              type=click.FloatRange(min=0.1), help="How long to wait for it to exit.")
-def daemon_stop(path: Path, timeout: float) -> None:
-    """Stop the daemon for PATH (SIGTERM, then wait for it to exit)."""
-    from sync.daemon import DaemonFiles, read_status
-    from sync.daemon import stop as stop_daemon
-
-    root = _daemon_root(path)
-    pid = stop_daemon(root, timeout=timeout)
-    if pid is None:
-        click.echo(f"codeveil daemon: not running for {root}")
-        return
-    final = read_status(DaemonFiles.for_root(root)) or {}
-    how = "" if final.get("state") == "stopped" else f" (final state: {final.get('state')})"
-    click.echo(f"codeveil daemon: stopped (pid {pid}){how}")
-
-
-@daemon.command("status")
-@click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def daemon_status(path: Path, as_json: bool) -> None:
-    """Show whether the daemon for PATH runs, its last sync, pending changes and errors.
-
-    Exit status: 0 if it runs, 3 if not.
-    """
-    from sync.daemon import EXIT_NOT_RUNNING, DaemonFiles, probe
-    from sync.daemon.report import status_lines
-
-    root = _daemon_root(path)
-    state = probe(root)
-    if as_json:
-        click.echo(json.dumps({
-            "root": str(state.root), "running": state.running, "pid": state.pid,
-            "stale_pid_cleared": state.stale_pid, "status": state.status,
-        }, indent=2))
-    else:
-        for line in status_lines(state, DaemonFiles.for_root(root).log):
-            click.echo(line)
-    if not state.running:
-        sys.exit(EXIT_NOT_RUNNING)
-
-
-# -- end of daemon ------------------------------------------------------------------
+# The commands of their own modules (the help lists every command by name).
+for _command in (definition, outline, uses, grep, daemon):
+    main.add_command(_command)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ A long query is cut into parts that fit the model's window (`retrieval.query`); 
 part is embedded and searched, and the parts' rankings are first fused into one vector
 ranking, so a query of ten parts weighs no more against BM25 than a query of one.
 
-The vector side is a callable, so that `Index.search` can feed it from the encrypted
-store and the benchmarks from plain vectors, through the same ranking code.
+The vector side is a `VectorSearch` (this machine's own index, or the server's ranking
+re-scored here; `retrieval.searcher` picks it), or plain callables, so that the
+benchmarks can feed it from plain vectors through the same ranking code.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Final, Literal, Protocol, TypeVar
 
 import numpy as np
@@ -72,6 +74,22 @@ class NearestEach(Protocol):
 
     def __call__(self, vectors: np.ndarray, n: int, *,
                  keep: HitFilter | None = None) -> list[list[tuple[ChunkLocation, float]]]: ...
+
+
+class VectorSearch(Protocol):
+    """The vector side of a search: chunks nearest to query vectors, by each chunk's body
+    vector or, with `header`, by its `path > symbol` header vector. Implemented by the
+    sealed workspace's own index (`retrieval.local_vectors.LocalVectorIndex`) and by the
+    server-search re-ranker (`retrieval.server_vectors.ServerVectors`)."""
+
+    #: Whether `header=True` ranks anything (else no header-vector vote is cast).
+    headers: bool
+
+    def nearest(self, vector: np.ndarray, n: int, *, keep: Keep | None = None,
+                header: bool = False) -> list[tuple[ChunkLocation, float]]: ...
+
+    def nearest_each(self, vectors: np.ndarray, n: int, *, keep: HitFilter | None = None,
+                     header: bool = False) -> list[list[tuple[ChunkLocation, float]]]: ...
 
 
 def rrf(rankings: Sequence[Sequence[K]], *, k: float = RRF_K,
@@ -234,6 +252,27 @@ class HybridRanker:
         self.count_many = count_many
         self.max_tokens = max_tokens
         self._names: RepoNames | None = None
+
+    @classmethod
+    def over(cls, lexical: LexicalIndex, embed: Embed, vectors: VectorSearch,
+             count_tokens: Callable[[str], int], max_tokens: int, *,
+             count_many: Callable[[Sequence[str]], list[int]] | None = None) -> HybridRanker:
+        """A ranker whose vector side is `vectors`."""
+        ranker = cls(lexical, embed, vectors.nearest, count_tokens, max_tokens,
+                     count_many=count_many)
+        ranker.use_vectors(vectors)
+        return ranker
+
+    def use_vectors(self, vectors: VectorSearch) -> None:
+        """Rank by `vectors` from now on (a refreshed local index, say): its nearest
+        chunks by body vectors, and by header vectors where it has them."""
+        self.nearest = vectors.nearest
+        self.nearest_each = vectors.nearest_each
+        if vectors.headers:
+            self.nearest_header = partial(vectors.nearest, header=True)
+            self.nearest_header_each = partial(vectors.nearest_each, header=True)
+        else:
+            self.nearest_header = self.nearest_header_each = None
 
     def use(self, lexical: LexicalIndex) -> None:
         """Rank over another (refreshed) lexical index from now on."""

@@ -125,13 +125,14 @@ def build_server(repo: Path) -> MCPServer:
                 hits = many.search(query, k=k, group=group, path=path, language=language,
                                    kind=kind)
                 return {"query": query, "group": group,
-                        "hits": [h.to_dict() for h in hits], "index": many.coverage()}
+                        "hits": [h.to_dict() for h in hits],
+                        "index": {r: c.to_dict() for r, c in many.coverage().items()}}
         with state.use() as idx:
             hits = idx.search(query, k=k, group=group, path=path, language=language,
                               kind=kind)
             coverage = idx.coverage()
         return {"query": query, "group": group,
-                "hits": [h.to_dict() for h in hits], "index": coverage}
+                "hits": [h.to_dict() for h in hits], "index": coverage.to_dict()}
 
     @server.tool()
     def definition(name: str, limit: int = 5) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from indexer.embedder import Embedder
 from indexer.embedder_registry import embedder_for_model_id
 from indexer.errors import CodeveilError
 from retrieval.api import Index
+from retrieval.coverage import Coverage
 from retrieval.hits import Hit
 from sync.config import find_root, load_config
 
@@ -112,7 +113,7 @@ class MultiIndex:
                     out[i] = float(vectors[key] @ q)
         return out
 
-    def coverage(self) -> dict[str, dict[str, int | bool]]:
+    def coverage(self) -> dict[str, Coverage]:
         """`Index.coverage()` of each repository, by its folder."""
         return {str(idx.root): idx.coverage() for idx in self.indexes}
 

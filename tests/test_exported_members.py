@@ -1,5 +1,5 @@
-"""The faces of the three packages, of the store and of the lexical index: exactly these
-names, each importable, none eager."""
+"""The faces of the three packages, of the store and of the lexical and vector indexes:
+exactly these names, each importable, none eager."""
 
 from __future__ import annotations
 
@@ -25,11 +25,15 @@ EXPORTED = {
         "WorkspaceExists", "WorkspaceNotFound", "WorkspaceStore", "fid_of",
     ],
     "retrieval": [
-        "CodeveilError", "Hit", "Index", "ModelMismatchError", "MultiIndex", "SearchError",
-        "SyncReport", "WrongKeyError",
+        "CodeveilError", "Coverage", "Hit", "Index", "ModelMismatchError", "MultiIndex",
+        "SearchError", "SyncReport", "WrongKeyError",
     ],
     "retrieval.lexical": [
         "LexicalIndex", "LexicalStore", "Tokenizer", "lexical_text",
+    ],
+    "retrieval.local_vectors": [
+        "DELTA_FILE", "FORMAT_VERSION", "MERGE_SHARE", "ONE_THREAD_VALUES", "REBUILD_SHARE",
+        "LocalVectorIndex", "LocalVectorStore", "one_blas_thread", "read_stamp",
     ],
 }
 PACKAGES = {package.split(".")[0] for package in EXPORTED}
@@ -47,7 +51,7 @@ def test_every_exported_name_resolves_to_its_home(package: str) -> None:
     module = importlib.import_module(package)
     for name in module.__all__:
         value = getattr(module, name)
-        if isinstance(value, int | str):  # a constant (STORE_FORMAT) has no home to check
+        if isinstance(value, int | float | str):  # a constant (STORE_FORMAT) has no home
             continue
         home = getattr(value, "__module__", None)
         assert home is not None and home.split(".")[0] in PACKAGES, (name, home)
@@ -57,7 +61,8 @@ def test_every_exported_name_resolves_to_its_home(package: str) -> None:
 
 def test_importing_the_faces_loads_no_heavy_stack() -> None:
     """A fresh interpreter imports all the faces without torch, LanceDB or faiss."""
-    probe = ("import sys, indexer, sync, sync.store, retrieval, retrieval.lexical; "
+    probe = ("import sys, indexer, sync, sync.store, retrieval, retrieval.lexical,"
+             " retrieval.local_vectors; "
              "print(sorted(m for m in ('torch', 'lancedb', 'faiss', 'onnxruntime')"
              " if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

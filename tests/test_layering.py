@@ -60,3 +60,29 @@ def test_the_embedders_import_one_way() -> None:
     for backend in ("indexer.onnx_embedder", "indexer.cuda_embedder"):
         assert not imported(backend, "indexer.embedder_registry"), backend
     assert not imported("indexer.onnx_embedder", "indexer.cuda_embedder")
+
+
+def test_the_local_indexes_build_on_one_machinery_and_not_on_each_other() -> None:
+    mods = _modules("retrieval")
+    indexes = ("retrieval.lexical", "retrieval.local_vectors", "retrieval.trigram_index")
+
+    def imported(module: str, target: str) -> bool:
+        return any(n == target or n.startswith(target + ".") for n in mods[module])
+
+    for module in (m for m in mods if m.startswith("retrieval.derived")):
+        assert not any(imported(module, t) for t in indexes), module
+    for module in mods:
+        own = next((t for t in indexes if module == t or module.startswith(t + ".")), None)
+        if own is not None:
+            assert not any(imported(module, t) for t in indexes if t != own), module
+            assert any(imported(m, "retrieval.derived") for m in mods
+                       if m == own or m.startswith(own + ".")), own
+
+
+def test_ranking_never_calls_back_into_what_assembles_a_search() -> None:
+    mods = _modules("retrieval")
+    for target in ("retrieval.api", "retrieval.searcher", "retrieval.multi"):
+        for module in ("retrieval.fusion", "retrieval.server_vectors", "retrieval.query",
+                       "retrieval.grouping"):
+            assert not any(n == target or n.startswith(target + ".")
+                           for n in mods[module]), (module, target)

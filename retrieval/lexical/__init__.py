@@ -23,8 +23,8 @@ frequencies, so when the delta outgrows a tenth of the base the two are merged w
 sparse-matrix operations, without tokenizing again. Until a merge, base weights keep the
 statistics of their build, as Lucene's do; the delta is weighted with the combined ones.
 
-How terms are kept: retrieval.lexical.segments. Knowing when to refresh:
-retrieval.lexical.store.
+How terms are kept: retrieval.lexical.segments. Knowing when to refresh, and the
+refresh itself, shared with the vector and grep indexes: retrieval.derived.store.
 
 Modules, one job each::
 
@@ -34,7 +34,7 @@ Modules, one job each::
     index.py      LexicalIndex: base + delta + deleted mask; chunk and file scores,
                   filters, updating and merging the segments
     store.py      LexicalStore: `.codeveil/lexical/` on disk, kept in step with the chunk
-                  table (its change stamp, the chunks of the files that changed)
+                  table (a retrieval.derived DerivedStore: what it covers, how it builds)
 
 The names below are imported on first use (indexer.lazy): importing the package loads
 none of its modules.

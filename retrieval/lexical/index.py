@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 
 from indexer.chunk import Chunk
+from indexer.location import ChunkLocation
+from retrieval.derived.columns import ChunkColumns
 from retrieval.lexical.segments import (
-    ChunkLocation,
     _Counts,
     _doc,
-    _DocCols,
     _drop_terms,
     _rows,
     _Segment,
@@ -286,7 +286,19 @@ class LexicalIndex:
                       int(base.lengths[self._alive].sum()))
 
     def updated(self, drop_paths: Iterable[str], add: _Counts) -> LexicalIndex:
-        """A new index without the docs of `drop_paths`, with the docs of `add`."""
+        """A new index without the docs of `drop_paths`, with the docs of `add`,
+        merged into one segment once the changes pass MERGE_SHARE of the base."""
+        out = self.with_changes(drop_paths, add)
+        return out.merged() if out.needs_merge() else out
+
+    def needs_merge(self) -> bool:
+        """Whether the delta and the deleted base docs pass MERGE_SHARE of the base."""
+        changed = int(self.deleted.sum()) + (len(self.delta) if self.delta is not None else 0)
+        return changed > MERGE_SHARE * max(len(self.base), 1)
+
+    def with_changes(self, drop_paths: Iterable[str], add: _Counts) -> LexicalIndex:
+        """A new index without the docs of `drop_paths`, with the docs of `add` in its
+        delta (not merged)."""
         drop = set(drop_paths)
         deleted = self.deleted.copy()
         if drop and len(self.base):
@@ -306,12 +318,8 @@ class LexicalIndex:
                                tokenizer=self.tokenizer)
         delta = (_Segment.from_counts(kept, interim._stats(), self.k1, self.b)
                  if kept.docs else None)
-        out = LexicalIndex(self.base, delta, deleted, k1=self.k1, b=self.b,
-                           tokenizer=self.tokenizer)
-        changed = int(deleted.sum()) + len(kept.docs)
-        if changed > MERGE_SHARE * max(len(self.base), 1):
-            out = out.merged()
-        return out
+        return LexicalIndex(self.base, delta, deleted, k1=self.k1, b=self.b,
+                            tokenizer=self.tokenizer)
 
     def merged(self) -> LexicalIndex:
         """One segment holding the live docs of base and delta, weights recomputed."""
@@ -332,7 +340,7 @@ class LexicalIndex:
             tfs_c.append(seg.col_tf[keep])
             lengths.append(seg.lengths[rows])
             offset += len(rows)
-        docs = _DocCols.concat(segs)
+        docs = ChunkColumns.concat([(s.cols, rows) for s, rows in segs])
         seg = _Segment._assemble(terms, np.concatenate(cols_c), np.concatenate(rows_c),
                                  np.concatenate(tfs_c), np.concatenate(lengths), docs, None,
                                  self.k1, self.b)

@@ -1,0 +1,120 @@
+"""`codeveil def|outline|uses|grep`: the lookups beside search."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from retrieval.cli_base import _JSON_OPTION, _REPO_OPTION, _echo_json
+
+if TYPE_CHECKING:
+    from retrieval.agent_tools import AgentTools
+
+# -- agent tools: def, outline, uses, grep ------------------------------------------
+# Answered from the client state and the grep index alone (retrieval.agent_tools): no
+# model or store is loaded.
+
+def _tools(repo: Path) -> AgentTools:
+    from retrieval.agent_tools import AgentTools
+
+    return AgentTools(repo)
+
+
+@click.command(name="def")
+@click.argument("name")
+@click.option("-n", "--limit", default=10, show_default=True, type=click.IntRange(1, 200),
+              help="How many candidates.")
+@_JSON_OPTION
+@_REPO_OPTION
+def definition(name: str, limit: int, as_json: bool, repo: Path) -> None:
+    """Where NAME is defined: send, Session.send, Sinatra::Base, pkg.Func.
+
+    From the syntax trees read at index time; best candidate first (the whole name
+    over a tail of it, source over tests and docs).
+    """
+    hits = _tools(repo).definition(name, limit=limit)
+    if as_json:
+        _echo_json({"name": name, "definitions": [h.to_dict() for h in hits]})
+        return
+    if not hits:
+        click.echo(f"no definition of {name} in the index", err=True)
+        return
+    for hit in hits:
+        stale = "  (changed since indexed)" if hit.stale else ""
+        click.echo(f"{hit.path}:{hit.start_line}-{hit.end_line}  {hit.kind}  {hit.symbol}{stale}")
+        click.echo(f"    {hit.signature}")
+
+
+@click.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@_JSON_OPTION
+@_REPO_OPTION
+def outline(path: Path, as_json: bool, repo: Path) -> None:
+    """The symbols of the file at PATH, with their lines and signatures."""
+    result = _tools(repo).outline(path.absolute())
+    if as_json:
+        _echo_json(result.to_dict())
+        return
+    if result.reparsed:
+        click.echo(f"{result.path} changed since indexed: parsed as it is now", err=True)
+    for entry in result.symbols:
+        where = f"{entry.start_line}-{entry.end_line}"
+        click.echo(f"{where:>11}  {'  ' * entry.depth}{entry.kind} {entry.name}  "
+                   f"| {entry.signature}")
+
+
+@click.command()
+@click.argument("name")
+@click.option("--path", "path_glob", metavar="GLOB", help="Only paths matching GLOB.")
+@click.option("-n", "--limit", default=20, show_default=True, type=click.IntRange(1, 500),
+              help="How many chunks.")
+@_JSON_OPTION
+@_REPO_OPTION
+def uses(name: str, path_glob: str | None, limit: int, as_json: bool, repo: Path) -> None:
+    """List the references to NAME: the chunks that use it.
+
+    In languages with a grammar only identifiers count (not comments or strings);
+    elsewhere whole words, marked approximate. The definition itself is left out.
+    """
+    hits = _tools(repo).references(name, path=path_glob, limit=limit)
+    if as_json:
+        _echo_json({"name": name, "references": [h.to_dict() for h in hits]})
+        return
+    if not hits:
+        click.echo(f"no uses of {name} in the index", err=True)
+        return
+    for hit in hits:
+        note = "  (approximate)" if hit.approximate else ""
+        symbol = f"  {hit.symbol}" if hit.symbol else ""
+        click.echo(f"{hit.path}:{hit.start_line}-{hit.end_line}{symbol}{note}")
+        for line in hit.text.split("\n"):
+            click.echo(f"    {line}")
+        if hit.truncated:
+            click.echo(f"    ... and {len(hit.lines) - len(hit.text.splitlines())} more")
+
+
+@click.command()
+@click.argument("pattern")
+@click.option("--path", "path_glob", metavar="GLOB", help="Only paths matching GLOB.")
+@click.option("-i", "--ignore-case", is_flag=True, help="Match regardless of case.")
+@click.option("-n", "--limit", default=None, type=click.IntRange(1),
+              help="Stop after this many lines.")
+@_JSON_OPTION
+@_REPO_OPTION
+def grep(pattern: str, path_glob: str | None, ignore_case: bool, limit: int | None,
+         as_json: bool, repo: Path) -> None:
+    """The lines of the indexed files matching the regular expression PATTERN.
+
+    Python regex syntax, matched line by line; files are read as they are on disk now,
+    and only those the index cannot rule out are read. Prints path:line:text.
+    """
+    result = _tools(repo).grep(pattern, path=path_glob, ignore_case=ignore_case, limit=limit)
+    if as_json:
+        _echo_json(result.to_dict())
+        return
+    for match in result.matches:
+        click.echo(f"{match.path}:{match.line}:{match.text}")
+    if result.truncated:
+        click.echo(f"stopped after {limit} lines (--limit)", err=True)

@@ -1,0 +1,274 @@
+"""The vector index of one repo on disk, under `.codeveil/vectors/` (0700), kept in step
+with the chunk table and the embedding cache (`retrieval.derived.store`).
+
+Layout (the package's docstring says why): `base-<id>.npy` the base's two vector planes,
+memory-mapped; `base-<id>.npz` its chunk metadata and checksum; `delta.npz` the pointer
+(model, base id, stamp, masked rows, the delta, the file list). Write order: base
+vectors, base metadata, then the pointer, each atomically; the replaced base last.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sqlite3
+from collections.abc import Hashable, Iterator
+from pathlib import Path
+from typing import IO, Any, Final
+
+import numpy as np
+import xxhash
+
+from indexer.chunk import Chunk
+from indexer.embed_cache import EmbeddingCache, cache_key
+from indexer.local_chunks import change_stamp, count_chunks, headers_embedded
+from indexer.location import ChunkLocation
+from indexer.private_files import private_dir, write_atomic
+from retrieval.derived.columns import digest_rows, pack, unpack
+from retrieval.derived.store import (
+    UNREADABLE,
+    DerivedStore,
+    FileDiff,
+    Saved,
+    chunk_rows,
+    read_files,
+)
+from retrieval.local_vectors.docs import VectorDocs
+from retrieval.local_vectors.index import LocalVectorIndex, no_vectors
+
+# Log lines name the package, whichever of its modules writes them.
+log = logging.getLogger("retrieval.local_vectors")
+
+# 2: the vectors are two planes, the chunks' body vectors and their header vectors.
+FORMAT_VERSION: Final = 2
+DELTA_FILE: Final = "delta.npz"
+# A refresh that would re-read more than this share of chunks rebuilds from scratch.
+REBUILD_SHARE: Final = 0.5
+
+_READ_BATCH: Final = 4096  # chunks whose vectors are looked up at once
+_BASE_NAME = re.compile(r"^base-([0-9a-f]{16})\.(npy|npz)$")
+
+Stamp = tuple[int, bytes]  # (change counter, database epoch)
+Model = tuple[str, int]  # (model id, dim)
+# What a refresh reads: (rows of body and header vectors, their chunks' locations).
+_Rows = tuple[np.ndarray, VectorDocs]
+
+
+def read_stamp(db: sqlite3.Connection) -> Stamp:
+    """(change counter, database epoch) of the chunk table and pending list as they are."""
+    return change_stamp(db)
+
+
+class LocalVectorStore(DerivedStore[LocalVectorIndex, _Rows]):
+    """The vector index of one repo, under `.codeveil/vectors/`, kept current.
+
+    `current(...)` returns an index matching the chunk table: the one in memory if still
+    current, else the saved one if current, else an updated one (reading only the chunks
+    and vectors of files that changed), which is then saved. Thread-safe.
+    """
+
+    label = "vector index"
+    log = log
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self._cache: EmbeddingCache | None = None
+
+    def current(self, db: sqlite3.Connection, cache: EmbeddingCache, model_id: str,
+                dim: int) -> LocalVectorIndex:
+        with self._lock:
+            self._cache = cache  # what the refresh reads vectors from, under the same lock
+            return self._current(db, (model_id, dim))
+
+    def problem(self, model_id: str, dim: int) -> str | None:
+        """What is wrong with the saved index, if its files exist but cannot be used
+        (truncated, garbled, a delta without its base); None when they are fine, absent,
+        or of another model or format, which a search replaces as a matter of course
+        (`codeveil doctor`)."""
+        if not (self.directory / DELTA_FILE).exists():
+            return None
+        try:
+            self._read_saved((model_id, dim))
+        except FileNotFoundError as exc:
+            return f"its base is missing ({exc.filename or exc})"
+        except UNREADABLE as exc:
+            return str(exc) or type(exc).__name__
+        return None
+
+    # -- what the refresh reads and builds ------------------------------------------
+
+    def read_stamp(self, db: sqlite3.Connection) -> Stamp:
+        return read_stamp(db)
+
+    def _covered(self, reader: sqlite3.Connection) -> dict[str, bytes]:
+        # A pending file's vectors are not ready yet.
+        return read_files(reader, ready_only=True)
+
+    def _continues(self, old: Saved[LocalVectorIndex], stamp: Hashable) -> bool:
+        return old.stamp[1] == stamp[1]  # type: ignore[index]  # the same database
+
+    def _reread(self, reader: sqlite3.Connection, old: Saved[LocalVectorIndex],
+                key: Hashable) -> set[str]:
+        # Chunks without a header vector are re-read once the cache holds them all
+        # (the sync records that), not on every refresh before.
+        model_id = key[0]  # type: ignore[index]
+        return old.index.paths_without_headers() if headers_embedded(reader, model_id) else set()
+
+    def _rebuilds(self, reader: sqlite3.Connection, changed: list[str],
+                  files: dict[str, bytes]) -> bool:
+        total = reader.execute("SELECT count(*) FROM chunks").fetchone()[0]
+        return count_chunks(reader, changed) > REBUILD_SHARE * max(total, 1)
+
+    def _read_rows(self, reader: sqlite3.Connection, diff: FileDiff,
+                   key: Hashable) -> tuple[_Rows, dict[str, int]]:
+        assert self._cache is not None, "current() sets the cache before a refresh"
+        rows = ((Chunk(p, s, e, lang, sym, text), bytes(h)) for p, s, e, lang, sym, text, h
+                in chunk_rows(reader, "path, start_line, end_line, language, symbol, text,"
+                              " chunk_hash", diff.to_read, order="path, ordinal",
+                              ready_only=True))
+        vectors, docs, incomplete = _vectors_of(rows, self._cache, key)  # type: ignore[arg-type]
+        return (vectors, docs), incomplete
+
+    def _build(self, rows: _Rows, key: Hashable, missing: int) -> LocalVectorIndex:
+        vectors, docs = rows
+        return LocalVectorIndex(vectors, docs, np.zeros(len(docs), dtype=bool),
+                                no_vectors(key[1]), VectorDocs.empty(),  # type: ignore[index]
+                                missing)
+
+    def _update(self, index: LocalVectorIndex, drop: set[str], rows: _Rows, key: Hashable,
+                missing: int) -> LocalVectorIndex:
+        return index.updated(drop, *rows, missing)
+
+    def _report(self, saved: Saved[LocalVectorIndex], mode: str, rows: _Rows) -> dict[str, Any]:
+        index = saved.index
+        return {"mode": mode, "chunks": index.count, "read": len(rows[1]),
+                "missing": index.missing}
+
+    # -- disk -----------------------------------------------------------------------
+
+    def _read_saved(self, key: Hashable) -> Saved[LocalVectorIndex] | None:
+        with np.load(self.directory / DELTA_FILE, allow_pickle=False) as z:
+            zd = {k: z[k] for k in z.files}
+        if int(zd["version"][0]) != FORMAT_VERSION:
+            log.info("the vector index in %s is of format %d, not %d; rebuilding it",
+                     self.directory, int(zd["version"][0]), FORMAT_VERSION)
+            return None
+        model = (zd["model_id"].tobytes().decode("utf-8"), int(zd["dim"][0]))
+        if model != key:
+            log.debug("the saved vector index is of %s, not %s", model, key)
+            return None
+        base_id = zd["base_id"].tobytes()
+        base, base_docs = self._load_base(base_id, model[1])
+        delta = zd["delta"]
+        delta_docs = VectorDocs.load(zd, "d_")
+        deleted = zd["deleted"].astype(bool)
+        if (delta.shape != (2, len(delta_docs), model[1]) or delta.dtype != np.float32
+                or deleted.shape != (len(base_docs),)):
+            raise ValueError("the delta does not fit its base")
+        files = dict(zip(unpack(zd["file_paths"]),
+                         (row.tobytes() for row in zd["file_digests"]), strict=True))
+        incomplete = dict(zip(unpack(zd["incomplete_paths"]),
+                              zd["incomplete_counts"].tolist(), strict=True))
+        stamp = (int(zd["counter"][0]), zd["epoch"].tobytes())
+        index = LocalVectorIndex(base, base_docs, deleted, delta, delta_docs,
+                                 sum(incomplete.values()))
+        return Saved(index, stamp, files, base_id, model, incomplete)
+
+    def _load_base(self, base_id: bytes, dim: int) -> tuple[np.ndarray, VectorDocs]:
+        stem = self.directory / f"base-{base_id.hex()}"
+        with np.load(stem.with_suffix(".npz"), allow_pickle=False) as z:
+            zb = {k: z[k] for k in z.files}
+        if int(zb["version"][0]) != FORMAT_VERSION or zb["base_id"].tobytes() != base_id:
+            raise ValueError("the base's metadata belongs to another base")
+        docs = VectorDocs.load(zb, "b_")
+        # Mapped, not read: a new process pays for the pages its searches touch, once.
+        vectors = np.load(stem.with_suffix(".npy"), mmap_mode="r", allow_pickle=False)
+        if vectors.shape != (2, len(docs), dim) or vectors.dtype != np.float32:
+            raise ValueError(f"base vectors of shape {vectors.shape} for {len(docs)} chunks")
+        if _checksum(vectors) != int(zb["checksum"][0]):
+            raise ValueError("the base vectors fail their checksum")
+        return vectors, docs
+
+    def _write(self, saved: Saved[LocalVectorIndex], old: Saved[LocalVectorIndex] | None,
+               *, base_changed: bool) -> None:
+        private_dir(self.directory)
+        index = saved.index
+        model: Model = saved.key  # type: ignore[assignment]
+        stamp: Stamp = saved.stamp  # type: ignore[assignment]
+        old_base = old.base_id if old is not None else None
+        if saved.base_id != old_base:
+            stem = self.directory / f"base-{saved.base_id.hex()}"
+            write_atomic(stem.with_suffix(".npy"),
+                         lambda f: np.save(f, np.ascontiguousarray(index.base)))
+            write_atomic(stem.with_suffix(".npz"), lambda f: _savez(f, {
+                "version": np.array([FORMAT_VERSION]),
+                "base_id": np.frombuffer(saved.base_id, dtype=np.uint8),
+                "checksum": np.array([_checksum(index.base)], dtype=np.uint64),
+                **index.base_docs.arrays("b_")}))
+        paths = list(saved.files)
+        inc = list(saved.incomplete)
+        write_atomic(self.directory / DELTA_FILE, lambda f: _savez(f, {
+            "version": np.array([FORMAT_VERSION]),
+            "model_id": np.frombuffer(model[0].encode("utf-8"), dtype=np.uint8),
+            "dim": np.array([model[1]]),
+            "base_id": np.frombuffer(saved.base_id, dtype=np.uint8),
+            "counter": np.array([stamp[0]], dtype=np.int64),
+            "epoch": np.frombuffer(stamp[1], dtype=np.uint8),
+            "deleted": index.deleted,
+            "delta": index.delta,
+            **index.delta_docs.arrays("d_"),
+            "file_paths": pack(paths),
+            "file_digests": digest_rows([saved.files[p] for p in paths]),
+            "incomplete_paths": pack(inc),
+            "incomplete_counts": np.array([saved.incomplete[p] for p in inc], dtype=np.int64),
+        }))
+        self.remove_old_bases(_BASE_NAME, saved.base_id, old_base, temp_prefix=".vec-")
+
+
+def _vectors_of(rows: Iterator[tuple[Chunk, bytes]], cache: EmbeddingCache,
+                model: Model) -> tuple[np.ndarray, VectorDocs, dict[str, int]]:
+    """(rows of body and header vectors, metadata, path -> chunks without a body
+    vector) of the chunks `rows`."""
+    model_id, dim = model
+    parts: list[np.ndarray] = []
+    docs: list[ChunkLocation] = []
+    has_header: list[bool] = []
+    incomplete: dict[str, int] = {}
+    no_header = np.zeros(dim, dtype=np.float32)
+    while batch := list(_take(rows, _READ_BATCH)):
+        keys = [cache_key(model_id, c.embed_text) for c, _ in batch]
+        header_keys = [cache_key(model_id, c.header) for c, _ in batch]
+        found = cache.get_many([*keys, *header_keys], dim)
+        have = []
+        for (c, h), k, hk in zip(batch, keys, header_keys, strict=True):
+            if k not in found:
+                incomplete[c.path] = incomplete.get(c.path, 0) + 1
+                continue
+            head = found.get(hk)
+            have.append((c, h, found[k], no_header if head is None else head))
+            has_header.append(head is not None)
+        if have:
+            part = np.empty((2, len(have), dim), dtype=np.float32)
+            part[0] = np.stack([v for _, _, v, _ in have])
+            part[1] = np.stack([hv for _, _, _, hv in have])
+            parts.append(part)
+            docs.extend(ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language, h)
+                        for c, h, _, _ in have)
+    vectors = np.concatenate(parts, axis=1) if parts else no_vectors(dim)
+    return vectors, VectorDocs.of(docs, has_header), incomplete
+
+
+def _take(it: Iterator[tuple[Chunk, bytes]], n: int) -> Iterator[tuple[Chunk, bytes]]:
+    for _ in range(n):
+        try:
+            yield next(it)
+        except StopIteration:
+            return
+
+
+def _checksum(vectors: np.ndarray) -> int:
+    return xxhash.xxh3_64_intdigest(np.ascontiguousarray(vectors).reshape(-1).view(np.uint8).data)
+
+
+def _savez(f: IO[bytes], arrays: dict[str, np.ndarray]) -> None:
+    np.savez(f, **arrays)  # type: ignore[arg-type]
