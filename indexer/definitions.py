@@ -231,7 +231,7 @@ def _lua_function_names(node: Node) -> Iterator[Path]:
     for target, value in zip(targets, values, strict=False):
         if value.type != "function_definition":
             continue
-        names = tuple(p for p in re.split(r"[.:]", _text(target)) if p)
+        names = tuple(p for p in re.split(r"[.:]", node_text(target)) if p)
         if names and all(n.isidentifier() for n in names):
             yield names
 
