@@ -85,6 +85,8 @@ def systems(grid: bool = False) -> list[System]:
         System("defaults, no stem evidence" if d.stem_evidence else "defaults + stem evidence",
                {"stem_evidence": not d.stem_evidence}),
         System("defaults, every kind alike", {"w_non_code": 1.0}),
+        System("defaults, kinds scaled on word votes only", {"non_code_scope": "words"}),
+        System("defaults, bare names' vectors at full weight", {"w_meaning_identifier": 1.0}),
         System("defaults, no evidence", {"evidence": False}),
         System("defaults, no header vector", {"w_header_vector": 0.0,
                                                "w_header_vector_prose": 0.0}),

@@ -179,16 +179,19 @@ class SearchOptions:
     stem_evidence: bool = False
     # Scores of chunks in tests, docs, examples and config files are scaled by this,
     # unless the query asks for that kind (retrieval.signals): 1 ranks every kind alike.
-    # Chosen on the multi-language tune half (bench/multilang.py): 0.4 is where the
-    # curve flattens (0.8: +3.3 points, 0.4: +6.2, 0.2: +6.9 with no vectors); lower
-    # would bury a README for a question only docs answer, which that set does not ask.
+    # Chosen on the multi-language tune half (bench/multilang.py), with vectors: 0.4
+    # where the curve flattens (0.8: +0.7 NDCG@10, 0.4: +1.7, 0.2: +1.9 scaling the
+    # word votes); lower would bury a README for a question only docs answer.
     w_non_code: float = 0.4
     # Which votes `w_non_code` scales: "words" (BM25 and names) or "all" (the vectors'
-    # too).
-    non_code_scope: Literal["words", "all"] = "words"
+    # too). "all": +3.1 NDCG@10 over "words" on that tune half; the vectors also rank a
+    # test or a README for the words it shares with the code.
+    non_code_scope: Literal["words", "all"] = "all"
     # The vectors' vote (body and header) for a query that is one bare name, as a share
-    # of their usual weight.
-    w_meaning_identifier: float = 1.0
+    # of their usual weight. 0 on that tune half: symbol lookups 0.966 -> 0.996, since
+    # a name's definition is found by name and the vectors only add its look-alikes;
+    # and the query is not embedded at all.
+    w_meaning_identifier: float = 0.0
 
 
 @dataclass
@@ -320,9 +323,27 @@ class HybridRanker:
             parts = parts[:1]
         refs = extract_refs(query, identifiers=o.identifier_refs)
         prose = not refs
+        bm25: list[tuple[int, float]] = []
+        lex_query: str | list[str] = query
+        dedupe = o.dedupe_terms
+        # Query handling for queries that name code (issue texts, identifier lookups);
+        # a query in plain words keeps plain BM25 terms.
+        if not prose and (o.stopwords or o.code_term_weight > 1):
+            lex_query = lexical_terms(query, stopwords=o.stopwords,
+                                      code_weight=o.code_term_weight)
+            dedupe = False  # each term listed once, or code_term_weight times
+        if o.hybrid and len(self.lexical):
+            bm25 = self.lexical.top(lex_query, o.depth, mask=mask, dedupe=dedupe,
+                                    max_terms=o.max_query_terms)
+        ev_list = None
+        if o.evidence and len(self.lexical):
+            ev_list = self._evidence_ranking(refs, bm25, mask, o.depth, stems=o.stem_evidence)
+
         w_header = o.w_header_vector_prose if prose else o.w_header_vector
         w_vector = o.w_vector
-        if refs.identifier:  # a bare name: its definition is found by name, not meaning
+        if refs.identifier and ev_list is not None:
+            # A bare name the repo defines: its definition is found by name, and the
+            # vectors only add look-alikes. A name nothing defines keeps them.
             w_vector *= o.w_meaning_identifier
             w_header *= o.w_meaning_identifier
         header = bool(w_header and self.nearest_header is not None)
@@ -337,29 +358,14 @@ class HybridRanker:
                 hv = self._vector_ranking(vectors, o, keep, self.nearest_header,
                                           self.nearest_header_each)
                 vote("header_vector", (d for d, _ in hv), w_header)
-
-        bm25: list[tuple[int, float]] = []
-        lex_query: str | list[str] = query
-        dedupe = o.dedupe_terms
-        # Query handling for queries that name code (issue texts, identifier lookups);
-        # a query in plain words keeps plain BM25 terms.
-        if not prose and (o.stopwords or o.code_term_weight > 1):
-            lex_query = lexical_terms(query, stopwords=o.stopwords,
-                                      code_weight=o.code_term_weight)
-            dedupe = False  # each term listed once, or code_term_weight times
         if o.hybrid and len(self.lexical):
-            bm25 = self.lexical.top(lex_query, o.depth, mask=mask, dedupe=dedupe,
-                                    max_terms=o.max_query_terms)
             prose_weight = o.w_lexical_prose if prose else None
             vote("lexical", (self.lexical.doc(i) for i, _ in bm25),
                  o.w_lexical if prose_weight is None else prose_weight)
-
         matched: dict[str, list[str]] = {}
-        if o.evidence and len(self.lexical):
-            ev_list = self._evidence_ranking(refs, bm25, mask, o.depth, stems=o.stem_evidence)
-            if ev_list is not None:
-                vote("evidence", (self.lexical.doc(i) for i in ev_list[0]), o.w_evidence)
-                matched = ev_list[1]
+        if ev_list is not None:
+            vote("evidence", (self.lexical.doc(i) for i in ev_list[0]), o.w_evidence)
+            matched = ev_list[1]
 
         fused = rrf(lists, k=o.rrf_k, weights=weights)
         if o.w_non_code != 1.0:
