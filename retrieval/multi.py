@@ -64,6 +64,11 @@ class MultiIndex:
             idx = Index(root, embedder=embedder or shared[model_id])
             # One query cache per model: a query is embedded once, not once per repo.
             idx._query_cache = query_caches.setdefault(model_id, idx._query_cache)
+            # The merge compares fused scores across repositories, which holds only when
+            # every repository casts the same votes: a bare name keeps its vectors here,
+            # also in the repository that defines it (there its vote is otherwise
+            # dropped, and its fused scores would sink below the others').
+            idx.search_options = replace(idx.search_options, w_meaning_identifier=1.0)
             self.indexes.append(idx)
 
     @property
