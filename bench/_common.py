@@ -30,20 +30,36 @@ def isolate() -> Path:
 MIRRORS = Path("/work/.mirror")  # where `fetch` puts git mirrors: <owner>+<name>/repo
 
 
-def unpack_mirror(name: str, dest: Path, mirrors: Path = MIRRORS) -> str:
-    """The HEAD of the git mirror of `name` (owner/repo) unpacked into `dest` (made
-    here); returns the commit, for the result file."""
-    git_dir = mirrors / name.replace("/", "+") / "repo"
+def mirror_git_dir(name: str, mirrors: Path = MIRRORS) -> Path:
+    """The git directory of the mirror of `name` (owner/repo): `repo`, or `repo/.git`
+    where the snapshot is a clone with a work tree."""
+    base = mirrors / name.replace("/", "+") / "repo"
+    return base / ".git" if (base / ".git").is_dir() else base
+
+
+def unpack_mirror(name: str, dest: Path, mirrors: Path = MIRRORS, commit: str = "HEAD") -> str:
+    """The tree of the git mirror of `name` (owner/repo) at `commit` unpacked into `dest`
+    (made here); returns the commit's hash, for the result file."""
+    git_dir = mirror_git_dir(name, mirrors)
     if not git_dir.is_dir():
         raise SystemExit(f"no mirror of {name} at {git_dir}: fetch github:{name} first")
     dest.mkdir(parents=True)
-    archive = subprocess.Popen(["git", "--git-dir", str(git_dir), "archive", "HEAD"],
+    archive = subprocess.Popen(["git", "--git-dir", str(git_dir), "archive", commit],
                                stdout=subprocess.PIPE)
     subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, check=True)
     if archive.wait() != 0:
-        raise SystemExit(f"git archive of {git_dir} failed")
-    return subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", "HEAD"],
+        raise SystemExit(f"git archive of {git_dir} at {commit} failed")
+    return subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", commit],
                           capture_output=True, text=True, check=True).stdout.strip()
+
+
+def bench_cache(name: str) -> Path:
+    """Point codeveil's cache and config dirs at bench/.cache/<name> (kept between runs,
+    so that a rerun embeds nothing it embedded before); returns that folder."""
+    cache = ROOT / "bench" / ".cache" / name
+    os.environ["CODEVEIL_CACHE_DIR"] = str(cache / "cache")
+    os.environ["CODEVEIL_CONFIG_DIR"] = str(cache / "config")
+    return cache
 
 
 def copy_tree(src: Path, dst: Path) -> Path:

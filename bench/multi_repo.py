@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
-import os
 import random
 import shutil
 import sys
@@ -35,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._common import table, unpack_mirror, write_json  # noqa: E402
+from bench._common import bench_cache, table, unpack_mirror, write_json  # noqa: E402
 
 
 def unpack(name: str, into: Path) -> tuple[Path, str]:
@@ -72,9 +71,7 @@ def main() -> None:
     parser.add_argument("--per-repo", type=int, default=120)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    cache = ROOT / "bench" / ".cache" / "multi_repo"
-    os.environ["CODEVEIL_CACHE_DIR"] = str(cache / "cache")
-    os.environ["CODEVEIL_CONFIG_DIR"] = str(cache / "config")
+    bench_cache("multi_repo")
     work = Path(tempfile.mkdtemp(prefix="codeveil-multi-"))
     from retrieval import Index, MultiIndex
 

@@ -42,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import MIRRORS, table, write_json
 from bench.multilang_build import Pin, Query, build, is_built, load, read_pins, tree_path
+from bench.quality import BEFORE_MULTILANG
+from indexer.location import ChunkLocation
 
 log = logging.getLogger("bench.multilang")
 
@@ -67,8 +69,8 @@ class System:
 
 
 # The ranking before the signals measured here (what `codeveil` shipped): Python's names
-# only, evidence at its one weight, every kind of file alike.
-BEFORE = {"identifier_refs": False, "stem_evidence": False, "w_non_code": 1.0}
+# only, every kind of file alike (bench/quality.py's rows of the same name use it too).
+BEFORE = BEFORE_MULTILANG
 NO_VECTORS = {"w_vector": 0.0, "w_header_vector": 0.0}
 
 
@@ -125,21 +127,37 @@ BM25 = "BM25 files"
 @dataclass
 class Repo:
     pin: Pin
-    rank: Callable[[str, System], list[str]]
+    # A query's ranking under a system: the chunks best first, and their files.
+    rank: Callable[[str, System], tuple[list[ChunkLocation], list[str]]]
     bm25: Callable[[str], list[str]]
     chunks: int
     files: int
-    # What an agent reads before the first gold file: (tokens as `search` returns chunks,
-    # tokens as whole files in the same file order), None when no gold is in the top 10.
-    reading: Callable[[str, set[str], System], tuple[int, int] | None]
+    chunk_tokens: dict[tuple[str, int, int], int]  # word pieces of each chunk's lines
+    file_tokens: dict[str, int]  # and of each whole file
+
+    def reading(self, chunks: Sequence[ChunkLocation], files: Sequence[str], gold: set[str]
+                ) -> tuple[int, int] | None:
+        """Tokens an agent reads before the first gold file: down the chunk hits (`codeveil
+        search`, k=10) to the first hit in a gold file, and down the same ranking's whole
+        files; None when either list has no gold file in its top 10."""
+        as_chunks = 0
+        for d in chunks[:READ_DEPTH]:
+            as_chunks += self.chunk_tokens[d.key]
+            if d.path in gold:
+                break
+        else:
+            return None
+        as_files = 0
+        for path in files[:READ_DEPTH]:
+            as_files += self.file_tokens.get(path, 0)
+            if path in gold:
+                return as_chunks, as_files
+        return None
 
 
 def prepare_repo(pin: Pin, data: Path, queries: Sequence[Query], enc, memo,
                  *, embed: bool = True) -> Repo:
-    import bm25s
-
-    from bench.quality import VectorIndex, embed_all, lexical_index, load_tree
-    from indexer.location import ChunkLocation
+    from bench.quality import VectorIndex, bm25_file_ranker, embed_all, lexical_index, load_tree
     from indexer.tokens import default_counter
     from retrieval.fusion import HybridRanker, SearchOptions, group_ranking
     from retrieval.grouping import DEFAULT_AGG
@@ -148,19 +166,6 @@ def prepare_repo(pin: Pin, data: Path, queries: Sequence[Query], enc, memo,
     corpus = load_tree(tree_path(data, pin.repo), pin.repo,
                        data / "chunks" / (pin.repo.replace("/", "+") + ".json"))
     paths = list(corpus.files)
-    tok = bm25s.tokenize([corpus.files[p] for p in paths], stopwords="en",
-                         return_ids=False, show_progress=False)
-    bm = bm25s.BM25()
-    bm.index(tok, show_progress=False)
-
-    def bm25_files(q: str) -> list[str]:
-        qt = bm25s.tokenize([q], stopwords="en", return_ids=False, show_progress=False)
-        qt = [[t for t in qt[0] if t in bm.vocab_dict]]
-        if not qt[0]:
-            return []
-        docs, _ = bm.retrieve(qt, k=min(DEPTH, len(paths)), show_progress=False)
-        return [paths[i] for i in docs[0]]
-
     chunks = corpus.chunks
     docs = [ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language)
             for c in chunks]
@@ -182,38 +187,23 @@ def prepare_repo(pin: Pin, data: Path, queries: Sequence[Query], enc, memo,
                           nearest_header=VectorIndex(docs, hvec).nearest)
     agg = DEFAULT_AGG["file"]
 
-    def rank(q: str, system: System) -> list[str]:
+    def rank(q: str, system: System) -> tuple[list[ChunkLocation], list[str]]:
         ranking = ranker.rank(q, replace(SearchOptions(), **system.options))
-        return [g.key[0] for g in group_ranking(ranking, "file", agg)][:DEPTH]
+        files = [g.key[0] for g in group_ranking(ranking, "file", agg)][:DEPTH]
+        return [d for d, _ in ranking.chunks], files
 
     chunk_tokens = dict(zip((d.key for d in docs),
                             counter.count_batch([c.text for c in chunks]), strict=True))
     file_tokens = dict(zip(paths, counter.count_batch([corpus.files[p] for p in paths]),
                            strict=True))
-
-    def reading(q: str, gold: set[str], system: System) -> tuple[int, int] | None:
-        """Tokens read down the chunk hits (`codeveil search`, k=10) to the first hit in a
-        gold file, and down the whole files of the file ranking to the first gold file."""
-        ranking = ranker.rank(q, replace(SearchOptions(), **system.options))
-        as_chunks = 0
-        for d, _ in ranking.chunks[:READ_DEPTH]:
-            as_chunks += chunk_tokens[d.key]
-            if d.path in gold:
-                break
-        else:
-            return None
-        as_files = 0
-        for g in group_ranking(ranking, "file", agg)[:READ_DEPTH]:
-            as_files += file_tokens.get(g.key[0], 0)
-            if g.key[0] in gold:
-                return as_chunks, as_files
-        return None
-
-    return Repo(pin, rank, bm25_files, len(chunks), len(paths), reading)
+    return Repo(pin, rank, bm25_file_ranker(corpus.files, DEPTH), len(chunks), len(paths),
+                chunk_tokens, file_tokens)
 
 
 def evaluate(repos: dict[str, Repo], queries: Sequence[Query], chosen: list[System],
              *, vectors: bool) -> list[dict]:
+    """Per query, each system's NDCG@10 and top files; and for the first system (the
+    shipped one) the tokens read to the first relevant result, where it runs."""
     rows = []
     for q in queries:
         repo = repos.get(q.repo)
@@ -223,14 +213,15 @@ def evaluate(repos: dict[str, Repo], queries: Sequence[Query], chosen: list[Syst
         got = repo.bm25(q.text)
         scores = {BM25: ndcg(got, gold)}
         top = {BM25: got[:TOP_KEPT]}
-        for s in chosen:
+        read = None
+        for n, s in enumerate(chosen):
             if s.vectors and not vectors:
                 continue
-            got = repo.rank(q.text, s)
-            scores[s.name] = ndcg(got, gold)
-            top[s.name] = got[:TOP_KEPT]
-        read = repo.reading(q.text, gold, chosen[0]) if vectors or not chosen[0].vectors \
-            else None
+            hits, files = repo.rank(q.text, s)
+            scores[s.name] = ndcg(files, gold)
+            top[s.name] = files[:TOP_KEPT]
+            if n == 0:  # the shipped ranking
+                read = repo.reading(hits, files, gold)
         rows.append({"repo": q.repo, "kind": q.kind, "language": q.language,
                      "half": repo.pin.half, "query": q.text, "gold": list(q.gold),
                      "scores": scores, "top": top, "reading": read})

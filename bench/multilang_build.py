@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import MIRRORS, ROOT
+from bench._common import MIRRORS, ROOT, mirror_git_dir, unpack_mirror
 
 REPOS_FILE = ROOT / "bench" / "multilang_repos.tsv"
 KINDS = ("symbol", "doc", "commit")
@@ -95,13 +95,8 @@ def half_of(repo: str) -> str:
     return "tune" if hashlib.sha256(repo.encode()).digest()[0] % 2 == 0 else "report"
 
 
-def git_dir(repo: str, mirrors: Path = MIRRORS) -> Path:
-    base = mirrors / repo.replace("/", "+") / "repo"
-    return base / ".git" if (base / ".git").is_dir() else base
-
-
 def git(repo: str, mirrors: Path, *args: str) -> str:
-    return subprocess.run(["git", "--git-dir", str(git_dir(repo, mirrors)), *args],
+    return subprocess.run(["git", "--git-dir", str(mirror_git_dir(repo, mirrors)), *args],
                           capture_output=True, text=True, check=True).stdout
 
 
@@ -325,12 +320,7 @@ def cut_lines(root: Path, cuts: dict[str, list[tuple[int, int]]]) -> None:
 def export(pin: Pin, mirrors: Path, dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    archive = subprocess.Popen(["git", "--git-dir", str(git_dir(pin.repo, mirrors)), "archive",
-                                pin.commit], stdout=subprocess.PIPE)
-    subprocess.run(["tar", "-x", "-C", str(dest)], stdin=archive.stdout, check=True)
-    if archive.wait() != 0:
-        raise SystemExit(f"git archive of {pin.repo} at {pin.commit} failed")
+    unpack_mirror(pin.repo, dest, mirrors, pin.commit)
 
 
 def tree_path(data: Path, repo: str) -> Path:
@@ -340,8 +330,6 @@ def tree_path(data: Path, repo: str) -> Path:
 def build(data: Path, mirrors: Path, pins: list[Pin]) -> list[Query]:
     queries: list[Query] = []
     for pin in pins:
-        if not git_dir(pin.repo, mirrors).is_dir():
-            raise SystemExit(f"no mirror of {pin.repo} under {mirrors}: fetch github:{pin.repo}")
         root = tree_path(data, pin.repo)
         export(pin, mirrors, root)
         files = _code_files(root)

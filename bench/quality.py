@@ -467,10 +467,30 @@ def embedding_work(corpus: Corpus, query_texts: Sequence[str], formats: Sequence
     return work
 
 
-def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
-            query_texts: Sequence[str], recency: dict[str, int] | None = None) -> Prepared:
+def bm25_file_ranker(files: dict[str, str], depth: int) -> Callable[[str], list[str]]:
+    """BM25 over whole files (path -> text), the library's defaults and English stop
+    words: a query's best `depth` paths."""
     import bm25s
 
+    paths = list(files)
+    tok = bm25s.tokenize([files[p] for p in paths], stopwords="en", return_ids=False,
+                         show_progress=False)
+    bm = bm25s.BM25()
+    bm.index(tok, show_progress=False)
+
+    def bm25_files(q: str) -> list[str]:
+        qt = bm25s.tokenize([q], stopwords="en", return_ids=False, show_progress=False)
+        qt = [[t for t in qt[0] if t in bm.vocab_dict]]
+        if not qt[0]:
+            return []
+        docs, _ = bm.retrieve(qt, k=min(depth, len(paths)), show_progress=False)
+        return [paths[i] for i in docs[0]]
+
+    return bm25_files
+
+
+def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
+            query_texts: Sequence[str], recency: dict[str, int] | None = None) -> Prepared:
     from indexer.location import ChunkLocation
     from indexer.tokens import default_counter
     from retrieval.fusion import HybridRanker
@@ -484,19 +504,7 @@ def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
     embed_all(enc, work["queries"], "queries")
 
     paths = list(corpus.files)
-    # BM25 over whole files, the library's defaults.
-    tok = bm25s.tokenize([corpus.files[p] for p in paths], stopwords="en",
-                         return_ids=False, show_progress=False)
-    bm = bm25s.BM25()
-    bm.index(tok, show_progress=False)
-
-    def bm25_files(q: str) -> list[str]:
-        qt = bm25s.tokenize([q], stopwords="en", return_ids=False, show_progress=False)
-        qt = [[t for t in qt[0] if t in bm.vocab_dict]]
-        if not qt[0]:
-            return []
-        docs, _ = bm.retrieve(qt, k=min(DEPTH_FILES, len(paths)), show_progress=False)
-        return [paths[i] for i in docs[0]]
+    bm25_files = bm25_file_ranker(corpus.files, DEPTH_FILES)
 
     # BM25 over whole files with codeveil's code-aware tokens (no chunks, no vectors).
     file_docs = [ChunkLocation(p, 1, 1, "", "") for p in paths]

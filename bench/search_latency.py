@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._common import table, unpack_mirror, write_json  # noqa: E402
+from bench._common import bench_cache, table, unpack_mirror, write_json  # noqa: E402
 
 QUESTIONS = [
     "where is the retry policy applied to outgoing requests",
@@ -57,9 +57,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    cache = ROOT / "bench" / ".cache" / "search_latency"
-    os.environ["CODEVEIL_CACHE_DIR"] = str(cache / "cache")
-    os.environ["CODEVEIL_CONFIG_DIR"] = str(cache / "config")
+    bench_cache("search_latency")
     work = Path(tempfile.mkdtemp(prefix="codeveil-latency-"))
     try:
         repo = work / "repo"

@@ -369,12 +369,14 @@ class HybridRanker:
 
         fused = rrf(lists, k=o.rrf_k, weights=weights)
         if o.w_non_code != 1.0:
-            # Code first: what the word votes gave tests, docs and examples counts less.
-            word = [i for i, source in enumerate(voters)
-                    if o.non_code_scope == "all" or source in WORD_SOURCES]
-            words = rrf([lists[i] for i in word], k=o.rrf_k, weights=[weights[i] for i in word])
-            fused = prefer_code(fused, words, {key: d.path for key, d in docs.items()},
-                                query, o.w_non_code)
+            # Code first: what the votes (every vote's, or the words') gave tests, docs
+            # and examples counts less.
+            scaled = fused
+            if o.non_code_scope == "words":
+                word = [i for i, source in enumerate(voters) if source in WORD_SOURCES]
+                scaled = rrf([lists[i] for i in word], k=o.rrf_k,
+                             weights=[weights[i] for i in word])
+            fused = prefer_code(fused, scaled, docs, query, o.w_non_code)
         chunks = [(docs[key], score) for key, score in ranked(fused)]
         if keep is not None:
             chunks = [(d, s) for d, s in chunks if keep(d)]

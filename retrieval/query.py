@@ -397,7 +397,7 @@ class RepoNames:
         self.by_basename: dict[str, set[str]] = defaultdict(set)
         self.by_name: dict[str, list[int]] = defaultdict(list)
         self.by_name_lower: dict[str, list[int]] = defaultdict(list)
-        self.by_stem: dict[str, set[str]] = defaultdict(set)
+        self._by_stem: dict[str, set[str]] | None = None
         self.doc_names: list[list[str]] = []
         for i, (path, symbol) in enumerate(zip(paths, symbols, strict=True)):
             names = _symbol_names(symbol)
@@ -405,13 +405,21 @@ class RepoNames:
             if not path:
                 continue  # a deleted chunk keeps its slot but resolves from nothing
             self.by_path[path].append(i)
-            base = posixpath.basename(path)
-            self.by_basename[base].add(path)
-            self.by_stem[stem_key(base.split(".", 1)[0])].add(path)
+            self.by_basename[posixpath.basename(path)].add(path)
             # `#parseJson`, `$value`, `@name`: found by the bare name too.
             for name in dict.fromkeys([*names, *(n.lstrip("#$@") for n in names)]):
                 self.by_name[name].append(i)
                 self.by_name_lower[name.lower()].append(i)
+
+    @property
+    def by_stem(self) -> dict[str, set[str]]:
+        """Paths by `stem_key` of their file stem, derived from `by_basename` on first
+        use (only the stem evidence asks)."""
+        if self._by_stem is None:
+            self._by_stem = defaultdict(set)
+            for base, paths in self.by_basename.items():
+                self._by_stem[stem_key(base.split(".", 1)[0])].update(paths)
+        return self._by_stem
 
     def resolve_path(self, path: str) -> list[str]:
         """Repo paths a named path means: those sharing the most trailing components.

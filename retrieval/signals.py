@@ -9,10 +9,11 @@ policy", "docs for routing") asks for it, and then it is not held back.
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import Final, TypeVar
 
 from indexer.kinds import FileKind, file_kind
+from indexer.location import ChunkLocation
 
 K = TypeVar("K", bound=Hashable)
 
@@ -37,15 +38,16 @@ def kinds_asked(query: str) -> frozenset[FileKind]:
     return frozenset(kind for kind, asks in _ASKS.items() if not words.isdisjoint(asks))
 
 
-def prefer_code(fused: dict[K, float], words: dict[K, float], paths: dict[K, str],
-                query: str, factor: float) -> dict[K, float]:
-    """`fused` scores with the part that the votes in `words` gave chunks of tests, docs,
-    examples and config files scaled by `factor` (below 1: code first), except for the
-    kinds the query asks for. `words` is what the fusion passes: the word votes' part
-    (BM25, names), so that what the vectors say of those files stands, or every vote's."""
+def prefer_code(fused: dict[K, float], scaled: dict[K, float],
+                docs: Mapping[K, ChunkLocation], query: str, factor: float
+                ) -> dict[K, float]:
+    """`fused` scores with the part `scaled` of them (the votes the fusion chose: every
+    vote's, or only the word votes') scaled by `factor` for chunks of tests, docs,
+    examples and config files (below 1: code first), except the kinds the query asks
+    for. The word votes alone leave what the vectors say of those files standing."""
     asked = kinds_asked(query) | {FileKind.CODE}
     out = dict(fused)
-    for key, part in words.items():
-        if file_kind(paths[key]) not in asked:
+    for key, part in scaled.items():
+        if file_kind(docs[key].path) not in asked:
             out[key] -= (1.0 - factor) * part
     return out

@@ -12,6 +12,7 @@ import pytest
 
 from indexer.embedder import HashingEmbedder
 from indexer.kinds import FileKind
+from indexer.location import ChunkLocation
 from retrieval import Index
 from retrieval.query import extract_refs
 from retrieval.signals import kinds_asked, prefer_code
@@ -123,15 +124,20 @@ def test_kinds_a_query_asks_for() -> None:
 
 
 def test_prefer_code_scales_only_what_words_gave_other_kinds() -> None:
-    paths = {"r": "README.md", "t": "tests/test_a.py", "c": "src/a.py"}
+    docs = {"r": ChunkLocation("README.md", 1, 2, "", "markdown"),
+            "t": ChunkLocation("tests/test_a.py", 1, 2, "", "python"),
+            "c": ChunkLocation("src/a.py", 1, 2, "", "python")}
     fused = {"r": 3.0, "t": 2.0, "c": 1.5}
     words = {"r": 2.0, "t": 1.0, "c": 1.0}  # the rest of each score came from vectors
 
     def order(query: str) -> list[str]:
-        scores = prefer_code(fused, words, paths, query, 0.4)
+        scores = prefer_code(fused, words, docs, query, 0.4)
         return sorted(scores, key=lambda key: -scores[key])
 
     # README: 3 - 0.6 * 2 = 1.8; the test: 2 - 0.6 = 1.4; code keeps its 1.5.
     assert order("retry") == ["r", "c", "t"]
-    scores = prefer_code(fused, words, paths, "tests of retry", 0.4)
+    scores = prefer_code(fused, words, docs, "tests of retry", 0.4)
     assert scores["t"] == 2.0 and scores["c"] == 1.5 and scores["r"] == pytest.approx(1.8)
+    # Every vote scaled: the README and the test keep 0.4 of their whole scores.
+    assert prefer_code(fused, fused, docs, "retry", 0.4) == pytest.approx(
+        {"r": 1.2, "t": 0.8, "c": 1.5})
