@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import MIRRORS, table, write_json
 from bench.multilang_build import Pin, Query, build, is_built, load, read_pins, tree_path
-from bench.quality import BEFORE_MULTILANG
+from bench.quality import BEFORE_MULTILANG, PEAK_GRID
 from indexer.location import ChunkLocation
 
 log = logging.getLogger("bench.multilang")
@@ -90,6 +90,8 @@ def systems(grid: bool = False) -> list[System]:
         System("defaults, kinds scaled on word votes only", {"non_code_scope": "words"}),
         System("defaults, bare names' vectors at full weight", {"w_meaning_identifier": 1.0}),
         System("defaults, no evidence", {"evidence": False}),
+        System("defaults, prose BM25 weight whatever its ranking's shape",
+               {"w_lexical_prose_peaked": None}),
         System("defaults, no header vector", {"w_header_vector": 0.0,
                                                "w_header_vector_prose": 0.0}),
         System("codeveil, no vectors (first index)", NO_VECTORS, vectors=False),
@@ -111,6 +113,9 @@ def systems(grid: bool = False) -> list[System]:
         out += [System("no header vector", {"w_header_vector": 0.0,
                                             "w_header_vector_prose": 0.0})]
         out += [System(f"vector weight {w}", {"w_vector": w}) for w in (1.0, 0.5, 0.25)]
+        out += [System(f"peaked prose BM25 {w} at ratio {r}",
+                       {"w_lexical_prose_peaked": w, "prose_peak_ratio": r})
+                for w, r in PEAK_GRID]
     # One row per name: a grid setting equal to a named row is not run twice.
     seen: set[str] = set()
     unique = []

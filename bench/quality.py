@@ -562,9 +562,14 @@ def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
 
 
 SHIPPED = "codeveil (shipped defaults)"
+# (BM25 weight, peak ratio) tried for prose queries whose BM25 ranking is peaked, on the
+# tune halves of CoSQA and the multi-language benchmark (SearchOptions.w_lexical_prose_peaked).
+PEAK_GRID = ((0.5, 1.5), (0.5, 2.0), (0.5, 3.0), (1.0, 1.2), (1.0, 1.3), (1.0, 1.5),
+             (1.0, 1.75), (1.0, 3.0), (1.5, 1.5), (2.0, 1.5), (2.0, 2.0))
 # The ranking before the signals chosen on bench/multilang.py's tune half: Python's
 # names only, every kind of file alike.
-BEFORE_MULTILANG = {"identifier_refs": False, "w_non_code": 1.0}
+BEFORE_MULTILANG = {"identifier_refs": False, "w_non_code": 1.0,
+                    "w_lexical_prose_peaked": None}
 
 
 # What the model reads of a chunk: what `codeveil index` embeds (`Chunk.embed_text`,
@@ -621,6 +626,11 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
             rows += [("chunks, no header, vector, query cut", o, dict(step), a) for o in other]
     rows.append((SHIPPED, fmt, {}, agg))
     rows.append(("defaults, before the multi-language signals", fmt, dict(BEFORE_MULTILANG), agg))
+    rows.append(("defaults, prose BM25 weight whatever its ranking's shape", fmt,
+                 {"w_lexical_prose_peaked": None}, agg))
+    rows += [(f"defaults, peaked prose BM25 {w} at ratio {r}", fmt,
+              {"w_lexical_prose_peaked": w, "prose_peak_ratio": r}, agg)
+             for w, r in PEAK_GRID]
     rows += [("defaults, no header", o, {}, agg) for o in other]
     rows += [("defaults, no BM25", fmt, {"hybrid": False}, agg)]
     rows += [(f"defaults, file agg {a}", fmt, {}, a)

@@ -119,6 +119,19 @@ def ranked(scores: dict[K, float]) -> list[tuple[K, float]]:
     return sorted(scores.items(), key=lambda kv: -kv[1])
 
 
+PEAK_AT = 10  # the rank a prose query's best BM25 score is compared with
+
+
+def peaked(bm25: Sequence[tuple[int, float]], ratio: float) -> bool:
+    """Whether a BM25 ranking's best score is at least `ratio` times its `PEAK_AT`-th
+    (a ranking shorter than that: its words are rare, so it is peaked)."""
+    if not bm25:
+        return False
+    if len(bm25) < PEAK_AT:
+        return True
+    return bm25[0][1] >= ratio * bm25[PEAK_AT - 1][1]
+
+
 @dataclass(frozen=True)
 class SearchOptions:
     """How a query is ranked. The defaults are what the benchmarks found best."""
@@ -139,6 +152,17 @@ class SearchOptions:
     # alone MRR ~0.3 against the vectors' ~0.5) and an equal vote only pulls the vector
     # ranking down. None: w_lexical for every query.
     w_lexical_prose: float | None = 0.25
+    # BM25's weight for a query in plain words whose BM25 ranking is peaked: its best
+    # chunk scores at least `prose_peak_ratio` times its tenth. Such a query's words are
+    # the code's own (a doc comment's first sentence names what the code calls things),
+    # where a flat ranking means they match everything a little (CoSQA's web queries).
+    # None: w_lexical_prose whatever the ranking's shape. Chosen on the tune halves of
+    # the multi-language benchmark and CoSQA together: the largest multi-language gain
+    # (doc comments 0.834 -> 0.854 NDCG@10, all +0.8) costing CoSQA at most half an MRR
+    # point (-0.2); a ratio of 1.5 gains +1.3 and costs CoSQA 1.0, 1.2 gains +1.5 and
+    # costs 4.0 (docs/benchmarks.md).
+    w_lexical_prose_peaked: float | None = 1.0
+    prose_peak_ratio: float = 2.0
     w_evidence: float = 1.0
     depth: int = DEPTH  # chunks taken from each ranking
     dedupe_terms: bool = True  # BM25: a query term counts once
@@ -360,6 +384,8 @@ class HybridRanker:
                 vote("header_vector", (d for d, _ in hv), w_header)
         if o.hybrid and len(self.lexical):
             prose_weight = o.w_lexical_prose if prose else None
+            if prose and o.w_lexical_prose_peaked is not None and peaked(bm25, o.prose_peak_ratio):
+                prose_weight = o.w_lexical_prose_peaked
             vote("lexical", (self.lexical.doc(i) for i, _ in bm25),
                  o.w_lexical if prose_weight is None else prose_weight)
         matched: dict[str, list[str]] = {}

@@ -212,7 +212,7 @@ def test_a_long_querys_parts_can_be_searched_at_once() -> None:
 
 def test_prose_query_gives_bm25_a_smaller_vote(ranker: HybridRanker) -> None:
     only_bm25 = SearchOptions(w_vector=0.0, evidence=False, w_lexical=1.0,
-                              w_lexical_prose=0.25)
+                              w_lexical_prose=0.25, w_lexical_prose_peaked=None)
     prose = ranker.rank("password fails when the stored hash differs", only_bm25)
     code = ranker.rank("verify_password fails when the stored hash differs", only_bm25)
     # The best BM25 chunk's fused score is its one vote: weight / (k + 1).
@@ -221,6 +221,31 @@ def test_prose_query_gives_bm25_a_smaller_vote(ranker: HybridRanker) -> None:
     same = ranker.rank("password fails when the stored hash differs",
                        replace(only_bm25, w_lexical_prose=None))
     assert same.chunks[0][1] == pytest.approx(1.0 / (only_bm25.rrf_k + 1))
+
+
+def test_a_prose_query_whose_words_single_out_a_chunk_gets_bm25_back() -> None:
+    # 40 handlers share the words "request" and "page"; one chunk alone says "invoice".
+    chunks = [Chunk(f"pkg/mod{i}.py", 1, 3, "python", f"handler_{i}",
+                    f"def handler_{i}(request):\n    return render(request, 'page {i}')\n")
+              for i in range(40)]
+    chunks.append(Chunk("billing/invoice.py", 1, 3, "python", "send_invoice",
+                        "def send_invoice(customer):\n    mail(customer, invoice_pdf())\n"))
+    model = HashingEmbedder()
+    ranker = HybridRanker(LexicalIndex.from_chunks(chunks), model.embed,
+                          _Vectors(chunks, model).nearest, default_counter().count, 40)
+    only_bm25 = SearchOptions(w_vector=0.0, evidence=False, w_lexical_prose=0.25,
+                              w_lexical_prose_peaked=1.0, prose_peak_ratio=2.0)
+    top = 1.0 / (only_bm25.rrf_k + 1)
+    # Flat: every handler matches a little, so BM25 keeps its small prose vote.
+    flat = ranker.rank("render the page for a request", only_bm25)
+    assert flat.chunks[0][1] == pytest.approx(0.25 * top)
+    # Peaked: the best chunk scores far above the tenth, so BM25 gets a full vote.
+    peaked = ranker.rank("mail the invoice to a customer", only_bm25)
+    assert peaked.chunks[0][0].path == "billing/invoice.py"
+    assert peaked.chunks[0][1] == pytest.approx(top)
+    off = ranker.rank("mail the invoice to a customer",
+                      replace(only_bm25, w_lexical_prose_peaked=None))
+    assert off.chunks[0][1] == pytest.approx(0.25 * top)
 
 
 def test_filters_apply_to_every_source(ranker: HybridRanker) -> None:
