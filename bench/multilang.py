@@ -116,6 +116,7 @@ def systems(grid: bool = False) -> list[System]:
         out += [System(f"peaked prose BM25 {w} at ratio {r}",
                        {"w_lexical_prose_peaked": w, "prose_peak_ratio": r})
                 for w, r in PEAK_GRID]
+        out += [System("prose BM25 weight 1.0", {"w_lexical_prose": 1.0})]
     # One row per name: a grid setting equal to a named row is not run twice.
     seen: set[str] = set()
     unique = []
