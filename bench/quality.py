@@ -599,7 +599,8 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
     step = {"hybrid": False, "evidence": False, "split": "first", "w_file_lexical": 0.0,
             "w_lexical_prose": None, "max_query_terms": None, "w_lexical": 0.5,
             "stopwords": False, "code_term_weight": 1, "w_first_part": 1.0,
-            "w_header_vector": 0.0, "w_header_vector_prose": 0.0}
+            "w_header_vector": 0.0, "w_header_vector_prose": 0.0,
+            "w_lexical_prose_peaked": None}
     ladder = [
         ("chunks+header, vector, query cut", {}, "max"),
         ("+ whole query (windows averaged)", {"split": "none"}, "max"),
@@ -616,6 +617,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
         ("+ first part weight 2", {"w_first_part": 2.0}, agg),
         ("+ header vector 0.5", {"w_header_vector": 0.5}, agg),
         ("+ header vector 1", {"w_header_vector": 1.0}, agg),
+        ("+ full BM25 vote for peaked prose rankings", {"w_lexical_prose_peaked": 1.0}, agg),
     ]
     fmt, *other = renderings(ablation)
     rows: list[tuple[str, str, dict, str]] = []
