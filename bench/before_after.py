@@ -1,7 +1,7 @@
 """The same benchmarks on two commits, in one run, taking turns: did a change move them?
 
     python bench/before_after.py --before REV [--after REV] [--name NAME]
-        [--only index_speed,query_latency,local_vectors]
+        [--only index_speed,query_latency,local_vectors] [--bench-of after]
 
 Both commits are unpacked (`git archive`) into temp folders and each benchmark runs in
 each, before and after alternating, so that a shared machine's load falls on both alike:
@@ -11,6 +11,8 @@ crossover), and `bench/local_vectors.py` (the client's vector index) at 100k. Ea
 writes its result inside its own folder; the pairs are kept as
 bench/results/<NAME>.json (default before_after), with both commits; a run that fails
 is recorded as failed (with its last line of output), the others still kept.
+`--bench-of after` runs the after commit's bench/ on both, for a benchmark that the
+before commit's own copy cannot run (a bench fixed since).
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ def main() -> None:
     parser.add_argument("--name", default="before_after")
     parser.add_argument("--only", default=",".join(RUNS),
                         help="which benchmarks, comma-separated")
+    parser.add_argument("--bench-of", choices=("each", "after"), default="each",
+                        help="whose bench/ runs: each commit its own, or the after's on both")
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n]
     unknown = [n for n in names if n not in RUNS]
@@ -102,6 +106,9 @@ def main() -> None:
     try:
         trees = {"before": work / "before", "after": work / "after"}
         commits = {side: unpack(getattr(args, side), tree) for side, tree in trees.items()}
+        if args.bench_of == "after":
+            shutil.rmtree(trees["before"] / "bench")
+            shutil.copytree(trees["after"] / "bench", trees["before"] / "bench")
         out: dict[str, dict[str, Any]] = {name: {} for name in names}
         for name in names:
             for side in ("before", "after"):
@@ -115,7 +122,7 @@ def main() -> None:
         rows += [[name, key, before.get(key, "-"), after.get(key, "-")]
                  for key in dict.fromkeys([*before, *after])]
     print(table(["benchmark", "figure", "before", "after"], rows))
-    path = write_json(args.name, {"commits": commits,
+    path = write_json(args.name, {"commits": commits, "bench_of": args.bench_of,
                                   "runs": {n: RUNS[n] for n in names}, "results": out,
                                   "figures": [dict(zip(("benchmark", "figure", "before",
                                                         "after"), r, strict=True))

@@ -105,7 +105,7 @@ def mutate(root: Path, rng: random.Random, tag: str) -> None:
 def snapshot(data_dir: Path, workspace_id: str, key: str) -> tuple:
     """What the workspace of a data dir holds, opened with its (exported) key."""
     from sync.keys import parse_key
-    from sync.store.contents import workspace_contents
+    from sync.store_contents import workspace_contents
 
     return workspace_contents(data_dir, workspace_id, parse_key(key))
 
@@ -116,7 +116,7 @@ def contents(repo: Path, workspace_id: str, key: str, server: Server | None) -> 
         return snapshot(repo / ".codeveil" / "store", workspace_id, key)
     if server.database is not None:
         from sync.keys import parse_key
-        from sync.store.contents import pg_workspace_contents
+        from sync.store_contents import pg_workspace_contents
 
         return pg_workspace_contents(server.database, workspace_id, parse_key(key))
     return snapshot(server.data, workspace_id, key)

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import isolate, table, write_json
 from indexer.embedder import Embedder, HashingEmbedder, SentenceTransformerEmbedder
 from retrieval import Index
-from sync.daemon import DaemonFiles, read_status
+from sync.daemon import DaemonFiles, DaemonStatus, read_status
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,16 +104,16 @@ def wait(what: str, check: Callable[[], Any], timeout: float, interval: float = 
         time.sleep(interval)
 
 
-def daemon_status(repo: Path) -> dict[str, Any]:
-    return read_status(DaemonFiles.for_root(repo)) or {}
+def daemon_status(repo: Path) -> DaemonStatus:
+    return read_status(DaemonFiles.for_root(repo)) or DaemonStatus()
 
 
-def settled_after(repo: Path, wall: float) -> dict[str, Any] | None:
+def settled_after(repo: Path, wall: float) -> DaemonStatus | None:
     """The daemon's status once a sync that started after `wall` has finished, with no
     changes pending and nothing failed; else None."""
     s = daemon_status(repo)
-    if ((s.get("last_sync_started") or 0) > wall and s.get("state") == "idle"
-            and s.get("pending_changes") == 0 and s.get("last_sync_ok")):
+    if ((s.last_sync_started or 0) > wall and s.state == "idle"
+            and s.pending_changes == 0 and s.last_sync_ok):
         return s
     return None
 
@@ -167,7 +167,7 @@ def main() -> None:
     started_wall = time.time()
     out = cli("daemon", "start", repo)
     print(out.stdout.strip(), file=sys.stderr)
-    pid = int(daemon_status(repo)["pid"])
+    pid = int(daemon_status(repo).pid or 0)
     first = wait("the daemon's first sync", lambda: settled_after(repo, started_wall - 1), 600)
     periodic_sync = first["last_result"]["seconds"]
     idx = Index(repo, embedder=embedder)
@@ -185,9 +185,9 @@ def main() -> None:
     finally:
         idx.close()
 
-    wait("the daemon to be idle", lambda: daemon_status(repo).get("state") == "idle", 600)
+    wait("the daemon to be idle", lambda: daemon_status(repo).state == "idle", 600)
     time.sleep(2)  # let the last status write and log line settle
-    syncs_before = daemon_status(repo).get("syncs", 0)
+    syncs_before = daemon_status(repo).syncs
     c0, w0 = proc_cpu_seconds(pid), time.monotonic()
     print(f"measuring the idle daemon for {args.idle_seconds:.0f} s ...", file=sys.stderr)
     time.sleep(args.idle_seconds)
@@ -200,7 +200,7 @@ def main() -> None:
         "rss_mb": round(int(st["VmRSS"].split()[0]) / 1024, 1),
         "peak_rss_mb": round(int(st["VmHWM"].split()[0]) / 1024, 1),
         "threads": int(st["Threads"]),
-        "syncs_during_idle": daemon_status(repo).get("syncs", 0) - syncs_before,
+        "syncs_during_idle": daemon_status(repo).syncs - syncs_before,
     }
     cli("daemon", "stop", repo)
     report_results(results)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import logging
 import os
 import shutil
@@ -169,8 +170,10 @@ def fill(client: LocalClient, cipher: VectorCipher, corpus: np.ndarray) -> np.nd
                 ChunkRecord(ids[f - start + j], vectors[f - start + j], os.urandom(96))
                 for j in range(n)
             )
-            # The store groups a file's rows by its key's first 8 bytes: keep them distinct.
-            file_key = f.to_bytes(8, "big") + b"\xff" * 8
+            # Random-looking, as real keys (keyed hashes of paths) are: the store groups
+            # a file's rows by its key's first 8 bytes, and refuses two keys that share
+            # them (a counter's keys share all but their last bytes, and the root's).
+            file_key = hashlib.blake2b(f.to_bytes(8, "big"), digest_size=16).digest()
             updates.append(FileUpdate(file_key, (root, b"\x01" + area[1:]), file_key, chunks))
         client.apply(updates, [])
     return encrypted

@@ -12,20 +12,33 @@ from indexer.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from indexer.errors import CodeveilError
+    from indexer.sqlite_files import CorruptFileError
     from retrieval.api import Index, SearchError, WrongKeyError
     from retrieval.coverage import Coverage
     from retrieval.hits import Hit
     from retrieval.multi import MultiIndex
+    from sync.config import NoIndexError
+    from sync.errors import KeyMissingError
+    from sync.http_client import ServerUnavailable
     from sync.syncer import SyncReport
     from sync.workspace import ModelMismatchError
+    from sync.workspace_status import WorkspaceStatus
 
 # CodeveilError is the base of every error codeveil raises on purpose (indexer.errors
-# draws the tree): one `except` catches them all.
-__all__ = ["CodeveilError", "Coverage", "Hit", "Index", "ModelMismatchError", "MultiIndex",
-           "SearchError", "SyncReport", "WrongKeyError"]
+# draws the tree): one `except` catches them all. The others here are the ones worth
+# telling apart: no index, no key, a wrong key, another model, a damaged file, a server
+# that does not answer, bad search options.
+__all__ = ["CodeveilError", "CorruptFileError", "Coverage", "Hit", "Index", "KeyMissingError",
+           "ModelMismatchError", "MultiIndex", "NoIndexError", "SearchError",
+           "ServerUnavailable", "SyncReport", "WorkspaceStatus", "WrongKeyError"]
 
 _HOMES = {
     "CodeveilError": "indexer.errors",
+    "CorruptFileError": "indexer.sqlite_files",
+    "KeyMissingError": "sync.errors",
+    "NoIndexError": "sync.config",
+    "ServerUnavailable": "sync.http_client",
+    "WorkspaceStatus": "sync.workspace_status",
     "Coverage": "retrieval.coverage",
     "Index": "retrieval.api",
     "ModelMismatchError": "sync.workspace",

@@ -41,6 +41,7 @@ from sync.config import (
 from sync.errors import KeyMismatchError
 from sync.syncer import Progress, SyncReport
 from sync.workspace import Workspace
+from sync.workspace_status import WorkspaceStatus
 
 if TYPE_CHECKING:
     # The ranking stack is imported on the first search: `codeveil index` never ranks.
@@ -303,8 +304,9 @@ class Index:
             with_vectors = min(with_vectors, vectors.count)
         return Coverage.of(total, with_vectors)
 
-    def status(self) -> dict:
-        """Where the index is, what it holds, and where its store lives."""
+    def status(self) -> WorkspaceStatus:
+        """Where the index is, what it holds, and where its store lives: read as
+        attributes, or as the dict it used to be."""
         return self._ws.status()
 
     def close(self) -> None:

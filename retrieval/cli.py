@@ -316,16 +316,16 @@ def status(as_json: bool, repo: Path) -> None:
     with _index(repo) as idx:
         info = idx.status()
     if as_json:
-        click.echo(json.dumps(info, indent=2))
+        click.echo(json.dumps(info.to_dict(), indent=2))
     else:
         for name, value in info.items():
             click.echo(f"{name:>14}: {value}")
-    if not info["files"] and info["server_chunks"]:
+    if not info.files and info.server_chunks:
         # The same state search refuses, in its words: a script must see it in the exit
         # code, not read "files: 0" as an empty index.
         from retrieval.api import lost_state_message
 
-        _fail(lost_state_message(Path(info["root"]), info["server_chunks"]))
+        _fail(lost_state_message(Path(info.root), info.server_chunks))
 
 
 @main.command()

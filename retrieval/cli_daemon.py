@@ -133,8 +133,9 @@ def daemon_stop(path: Path, timeout: float) -> None:
     if pid is None:
         click.echo(f"codeveil daemon: not running for {root}")
         return
-    final = read_status(DaemonFiles.for_root(root)) or {}
-    how = "" if final.get("state") == "stopped" else f" (final state: {final.get('state')})"
+    final = read_status(DaemonFiles.for_root(root))
+    final_state = final.state if final is not None else None
+    how = "" if final_state == "stopped" else f" (final state: {final_state})"
     click.echo(f"codeveil daemon: stopped (pid {pid}){how}")
 
 
@@ -154,7 +155,8 @@ def daemon_status(path: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({
             "root": str(state.root), "running": state.running, "pid": state.pid,
-            "stale_pid_cleared": state.stale_pid, "status": state.status,
+            "stale_pid_cleared": state.stale_pid,
+            "status": state.status.to_dict() if state.status is not None else None,
         }, indent=2))
     else:
         for line in status_lines(state, DaemonFiles.for_root(root).log):

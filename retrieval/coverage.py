@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
+
+from indexer.record_view import FieldsMapping
 
 
 @dataclass(frozen=True, eq=False)
-class Coverage(Mapping[str, int | bool]):
+class Coverage(FieldsMapping):
     """`chunks` (all, searchable by name and words), `chunks_with_vectors` (also by
     meaning) and `partial` (True while an index, say a first one, has not sent every
     vector yet).
@@ -23,22 +24,3 @@ class Coverage(Mapping[str, int | bool]):
     @classmethod
     def of(cls, chunks: int, chunks_with_vectors: int) -> Coverage:
         return cls(chunks_with_vectors < chunks, chunks, chunks_with_vectors)
-
-    def to_dict(self) -> dict[str, int | bool]:
-        return asdict(self)
-
-    def __getitem__(self, key: str) -> int | bool:
-        if key not in self._names():
-            raise KeyError(key)
-        value: int | bool = getattr(self, key)
-        return value
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names())
-
-    def __len__(self) -> int:
-        return len(self._names())
-
-    @classmethod
-    def _names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))

@@ -197,7 +197,7 @@ def build_server(repo: Path) -> MCPServer:
         """Where the index is and what it holds: root folder, workspace, server (or
         embedded), model, number of files and chunks."""
         with state.use() as idx:
-            return idx.status()
+            return idx.status().to_dict()
 
     @server.tool()
     def sync_index() -> dict[str, Any]:

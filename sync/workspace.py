@@ -48,6 +48,7 @@ from sync.progress import Progress, SyncFollower
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
 from sync.sealed_rows import padded_row_count
 from sync.syncer import Syncer, SyncReport
+from sync.workspace_status import WorkspaceStatus
 
 if TYPE_CHECKING:
     from indexer.ray_embedder import RayEmbedder
@@ -296,7 +297,7 @@ class Workspace:
             raise CodeveilError(f"the model {model_id} cannot be run on a Ray cluster")
         return RayEmbedder(address, actors=actors or 2, model=name)
 
-    def status(self) -> dict:
+    def status(self) -> WorkspaceStatus:
         """Where the workspace is, what it holds here and in the store, where that is."""
         root, config, _key, client = self.open()
         info = client.info()
@@ -307,20 +308,12 @@ class Workspace:
             padding = _padding_rows(db, local) if config.sealed else 0
         finally:
             db.close()
-        return {
-            "root": str(root),
-            "workspace_id": config.workspace_id,
-            "server": config.server or "embedded",
-            "mode": config.mode,
-            "model_id": config.model_id,
-            "files": files,
-            "chunks": chunks,
-            # A sealed store's rows include the padding rows of each file (sync.sealed_rows):
-            # its chunks are its rows less the padding this machine's files account for.
-            "server_chunks": info.chunks - padding,
-            "server_rows": info.chunks,
-            "server_nodes": info.nodes,
-        }
+        return WorkspaceStatus(
+            root=str(root), workspace_id=config.workspace_id,
+            server=config.server or "embedded", mode=config.mode, model_id=config.model_id,
+            files=files, chunks=chunks, server_chunks=info.chunks - padding,
+            server_rows=info.chunks, server_nodes=info.nodes,
+        )
 
     def close(self) -> None:
         """Close the client (a later call opens it again)."""

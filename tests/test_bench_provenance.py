@@ -68,3 +68,36 @@ def test_no_benchmark_writes_a_result_around_the_helpers(script: str) -> None:
     tree = ast.parse((BENCH / script).read_text())
     assert not _calls(tree, "savefig"), f"{script}: use bench._common.save_figure"
     assert not _calls(tree, "dump"), f"{script}: use bench._common.write_json"
+
+
+FULL = {"commit", "command", "date", "machine", "load"}
+
+
+def _result_files() -> list[Path]:
+    """The result files in the repository (git's list where there is one: a local run's
+    uncommitted result is no business of this test), else those on disk."""
+    results = BENCH / "results"
+    if shutil.which("git") and (BENCH.parent / ".git").exists():
+        listed = subprocess.run(["git", "ls-files", "bench/results/*.json"], cwd=BENCH.parent,
+                                capture_output=True, text=True, check=True).stdout.split()
+        return sorted(BENCH.parent / name for name in listed)
+    return sorted(results.glob("*.json"))
+
+
+@pytest.mark.parametrize("path", _result_files(), ids=lambda p: p.name)
+def test_every_result_says_where_it_came_from_or_that_it_cannot(path: Path) -> None:
+    prov = json.loads(path.read_text()).get("provenance")
+    assert isinstance(prov, dict), f"{path.name}: no provenance block"
+    if prov.get("missing") is True:
+        # A result older than the helper: it says so, why, and the last commit that
+        # changed it, never a made-up commit or load.
+        assert isinstance(prov.get("reason"), str) and prov["reason"], path.name
+        commit = prov.get("last_commit")
+        assert isinstance(commit, str) and len(commit) == 40, path.name
+        assert not FULL & set(prov), f"{path.name}: a missing block with provenance in it"
+    else:
+        assert set(prov) >= FULL, f"{path.name}: lacks {sorted(FULL - set(prov))}"
+
+
+def test_the_result_files_are_found() -> None:
+    assert len(_result_files()) > 10

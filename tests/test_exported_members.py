@@ -25,8 +25,9 @@ EXPORTED = {
         "WorkspaceExists", "WorkspaceNotFound", "WorkspaceStore", "fid_of",
     ],
     "retrieval": [
-        "CodeveilError", "Coverage", "Hit", "Index", "ModelMismatchError", "MultiIndex",
-        "SearchError", "SyncReport", "WrongKeyError",
+        "CodeveilError", "CorruptFileError", "Coverage", "Hit", "Index", "KeyMissingError",
+        "ModelMismatchError", "MultiIndex", "NoIndexError", "SearchError", "ServerUnavailable",
+        "SyncReport", "WorkspaceStatus", "WrongKeyError",
     ],
     "retrieval.lexical": [
         "LexicalIndex", "LexicalStore", "Tokenizer", "lexical_text",

@@ -86,3 +86,16 @@ def test_ranking_never_calls_back_into_what_assembles_a_search() -> None:
                        "retrieval.grouping"):
             assert not any(n == target or n.startswith(target + ".")
                            for n in mods[module]), (module, target)
+
+
+def test_the_store_imports_no_key_code() -> None:
+    # The store keeps what clients send and never holds a key: no module of sync.store
+    # reaches the keys, the ciphers or the sealing of rows (a checker that opens a store's
+    # rows with a key, sync.store_contents, lives outside it).
+    key_code = ("sync.keys", "sync.crypto", "sync.sealed_rows", "sync.server_search")
+    mods = _modules("sync")
+    store = [m for m in mods if m == "sync.store" or m.startswith("sync.store.")]
+    assert len(store) > 5, store
+    reached = [(m, n) for m in store for n in mods[m]
+               if any(n == t or n.startswith(t + ".") for t in key_code)]
+    assert not reached, reached

@@ -19,7 +19,7 @@ import pytest
 
 from sync.errors import SyncError
 from sync.http_client import HttpClient
-from sync.store.contents import Contents, pg_workspace_contents
+from sync.store_contents import Contents, pg_workspace_contents
 from tests.conftest import write_repo
 from tests.pg_fixtures import KillablePostgres, other_database
 from tests.server_fixtures import ServerProcess, start_server

@@ -20,7 +20,7 @@ from sync.keys import WorkspaceKey, load_key
 from sync.local_client import LocalClient
 from sync.merkle import LEVELS, ROOT
 from sync.records import ChunkRecord, FileUpdate
-from sync.store.contents import Contents, pg_workspace_contents, workspace_contents
+from sync.store_contents import Contents, pg_workspace_contents, workspace_contents
 from tests.conftest import write_repo
 from tests.server_fixtures import ServerProcess
 

@@ -210,12 +210,8 @@ def test_file_rows_of_a_pending_leaf_are_empty(tmp_path: Path) -> None:
     client = LocalClient.create_workspace(store, "ws", dim=DIM, model_id=MODEL,
                                           key_check=CHECK, mode=MODE_SEALED)
     client.apply([sealed_update("f.py", 2)], [])
-    ws = store.workspace("ws")
     # An apply that died after its first step: the leaf is pending, its old rows remain.
-    ups, dels = ws._validate_apply([sealed_update("f.py", 3, "2")], [])
-    with ws._write_lock, ws._flock():
-        ws._prepare_write()
-        ws._step1_mark_pending(ups, dels)
+    _crash_after(tmp_path / "s", "ws", [sealed_update("f.py", 3, "2")], [], steps=1)
     assert client.file_rows([key("f.py")]) == {key("f.py"): []}
     client.apply([sealed_update("f.py", 3, "2")], [])
     assert client.file_rows([key("f.py")]) == {key("f.py"): rows_of(sealed_update("f.py", 3, "2"))}
@@ -251,7 +247,7 @@ def test_a_sealed_apply_killed_after_a_step_leaves_pending_values(tmp_path: Path
     client.apply([old, gone], [])
     set_dirs(client, [(key("a"), value("a")), (key(""), value("root"))])
     new = sealed_update("a/x.py", 3, "2")
-    _crash_after(store.workspace("ws"), [new], [key("b.py")], steps)
+    _crash_after(tmp_path / "s", "ws", [new], [key("b.py")], steps)
     store.close()  # the process died here; nothing else ran
 
     store = Store(tmp_path / "s")

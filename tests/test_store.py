@@ -21,8 +21,9 @@ from sync.client import StoreClient
 from sync.http_client import HttpClient
 from sync.local_client import LocalClient
 from sync.records import ChunkRecord, DirValue, FileUpdate, NodeInfo, children_digest
-from sync.store import Store, StoreOptions, WorkspaceStore
+from sync.store import Store, StoreOptions
 from sync.store.backend import StoreBackend
+from sync.store.options import WRITE_POINTS
 from sync.wire import BadRequest
 from tests.pg_fixtures import other_database
 from tests.server_fixtures import ServerProcess
@@ -498,16 +499,28 @@ def test_bad_updates_are_refused_alike(
 # -- restarts and crashes ---------------------------------------------------------------
 
 
-def _crash_after(
-    ws_store: WorkspaceStore, updates: list[FileUpdate], deletes: list[bytes], steps: int
-) -> None:
+class Killed(BaseException):
+    """The process dies here (a BaseException, as no `except Exception` catches a kill)."""
+
+
+def kill_at(point: str) -> Callable[[str], None]:
+    """A `StoreOptions.crash_hook` that stops an apply at `point` of its write order."""
+    assert point in WRITE_POINTS, point
+
+    def hook(reached: str) -> None:
+        if reached == point:
+            raise Killed(point)
+
+    return hook
+
+
+def _crash_after(data_dir: Path, workspace_id: str, updates: list[FileUpdate],
+                 deletes: list[bytes], steps: int) -> None:
     """Run the first `steps` write steps of an apply, then stop as a killed process would."""
-    ups, dels = ws_store._validate_apply(updates, deletes)
-    with ws_store._write_lock, ws_store._flock():
-        ws_store._prepare_write()
-        plan = ws_store._step1_mark_pending(ups, dels)
-        if steps >= 2:
-            ws_store._step2_replace_rows(plan, ups)
+    store = Store(data_dir, options=StoreOptions(crash_hook=kill_at(WRITE_POINTS[steps - 1])))
+    with pytest.raises(Killed):
+        LocalClient(store, workspace_id).apply(updates, deletes)
+    store.close()
 
 
 @pytest.mark.parametrize("steps", [1, 2])
@@ -517,7 +530,7 @@ def test_crash_mid_apply_leaves_pending_values_then_converges(tmp_path: Path, st
     client.apply([update("a/x.py", rand(2, 1), "1"), update("b.py", rand(1, 2))], [])
     set_dirs(client, [(key("a"), value("a")), (key(""), value("root"))])
 
-    _crash_after(store.workspace("ws"), [update("a/x.py", rand(3, 3), "2")], [], steps)
+    _crash_after(tmp_path / "store", "ws", [update("a/x.py", rand(3, 3), "2")], [], steps)
     store.close()  # the process died here; nothing else ran
 
     store = Store(tmp_path / "store")
@@ -548,7 +561,7 @@ def test_crash_mid_delete_keeps_nodes_pending_then_converges(tmp_path: Path) -> 
                   update("z.py", rand(1, 3))], [])
     set_dirs(client, [(key("d/e"), value("e")), (key("d"), value("d")),
                            (key(""), value("r"))])
-    _crash_after(store.workspace("ws"), [], [key("d")], steps=2)
+    _crash_after(tmp_path / "store", "ws", [], [key("d")], steps=2)
     store.close()
 
     store = Store(tmp_path / "store")
@@ -622,9 +635,7 @@ def crash_mid_apply(backend: Backend, workspace_id: str, updates: list[FileUpdat
     if isinstance(backend, HttpBackend) and backend.server.store is not None:
         _pg_crash_mid_apply(backend.server.store, workspace_id, updates)
         return False
-    store = Store(backend.data_dir)
-    _crash_after(store.workspace(workspace_id), updates, [], steps=1)
-    store.close()
+    _crash_after(backend.data_dir, workspace_id, updates, [], steps=1)
     return True
 
 

@@ -26,6 +26,7 @@ from sync.records import ChunkRecord, FileUpdate
 from sync.store import SNAPSHOT, IndexPolicy, Store, StoreOptions, WorkspaceStore
 from sync.store.vector_index import RowTable, VectorIndex, chunk_id_array, pack, read_snapshot_info
 from tests.server_fixtures import ServerProcess
+from tests.test_store import Killed, kill_at
 
 DIM = 32
 PER_FILE = 10
@@ -254,26 +255,26 @@ def test_crash_after_step_two_is_caught_up(tmp_path: Path) -> None:
     w = Workspace(tmp_path / "store")
     w.put(names(0, 120), seed=13, batch=120)
     w.store.close()
-    store = Store(w.data_dir, options=StoreOptions(index_policy=POLICY, index_save_interval=1e9))
-    ws = store.workspace("ws")
+    dying = StoreOptions(index_policy=POLICY, index_save_interval=1e9,
+                         crash_hook=kill_at("rows"))
+    store = Store(w.data_dir, options=dying)
     plain = clustered(PER_FILE, 14)
     ids = [key(f"crash#{j}") for j in range(PER_FILE)]
     vectors = CIPHER.encrypt(plain, ids)
     update = FileUpdate(key("crash.py"), (key(""),), key("v"),
                         tuple(ChunkRecord(c, v, b"m") for c, v in zip(ids, vectors, strict=True)))
-    ups, dels = ws._validate_apply([update], [])
-    with ws._write_lock, ws._flock():
-        ws._prepare_write()
-        plan = ws._step1_mark_pending(ups, dels)
-        ws._step2_replace_rows(plan, ups)
-    ws._saved_generation = ws._loaded_generation  # died: nothing more is written
-    store.close()
+    with pytest.raises(Killed):
+        LocalClient(store, "ws").apply([update], [])
+    # Died after step 2: nothing more is written, not even the snapshot a close saves
+    # (the dead store is left unclosed; its writer lock went with the apply).
+    dead = store
 
     store = Store(w.data_dir, options=StoreOptions(index_policy=POLICY))
     client = LocalClient(store, "ws")
     assert client.search(vectors[0], 1)[0].chunk_id == ids[0]
     assert store.workspace("ws").index_events["caught_up"] == 1
     store.close()
+    assert dead.workspace("ws").root() is not None  # kept open until here
 
 
 def test_another_process_change_is_caught_up(tmp_path: Path) -> None:

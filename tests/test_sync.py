@@ -27,7 +27,7 @@ from indexer.embedder import HashingEmbedder
 from retrieval import Index
 from sync.config import load_config, load_token, store_path
 from sync.keys import WorkspaceKey, export_key, import_key, load_key
-from sync.store.contents import Contents, pg_workspace_contents, workspace_contents
+from sync.store_contents import Contents, pg_workspace_contents, workspace_contents
 from tests.conftest import write_repo
 from tests.pg_fixtures import kill_mid_write, other_database
 from tests.server_fixtures import ServerProcess

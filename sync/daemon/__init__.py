@@ -63,6 +63,7 @@ from sync.daemon.control import (
 )
 from sync.daemon.logs import setup_logging
 from sync.daemon.loop import Daemon
+from sync.daemon.status import DaemonStatus
 from sync.daemon.target import NETWORK_ERRORS, SyncTarget, WorkspaceSync
 from sync.daemon.watch import EventFilter
 
@@ -75,6 +76,7 @@ __all__ = [
     "DaemonFiles",
     "DaemonLock",
     "DaemonState",
+    "DaemonStatus",
     "EventFilter",
     "SyncTarget",
     "WorkspaceSync",

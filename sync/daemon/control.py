@@ -13,12 +13,12 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from indexer.private_files import write_atomic
 from sync.config import codeveil_dir
+from sync.daemon.status import DaemonStatus
 from sync.errors import SyncError
 
 log = logging.getLogger(__name__)
@@ -77,13 +77,16 @@ class DaemonFiles:
         return self.dir / "daemon.log"
 
 
-def read_status(files: DaemonFiles) -> dict[str, Any] | None:
+def read_status(files: DaemonFiles) -> DaemonStatus | None:
     """The last status the daemon wrote, or None if there is none (or it is unreadable)."""
     try:
         data = json.loads(files.status.read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    try:
+        return DaemonStatus.from_dict(data) if isinstance(data, dict) and data else None
+    except TypeError:  # not a status a daemon wrote
+        return None
 
 
 def read_pid(path: Path) -> int | None:
@@ -176,7 +179,7 @@ class DaemonState:
     root: Path
     running: bool
     pid: int | None
-    status: dict[str, Any] | None
+    status: DaemonStatus | None
     # The pid of a daemon that died without cleaning up (kill -9, power loss); its
     # pid file has just been cleared.
     stale_pid: int | None = None
@@ -204,10 +207,10 @@ def probe(root: Path) -> DaemonState:
             stale = read_pid(files.pid)
             if stale is not None:
                 files.pid.unlink(missing_ok=True)
-                if status is not None and status.get("state") not in ("stopped", "died"):
-                    status = {**status, "state": "died"}
+                if status is not None and status.state not in ("stopped", "died"):
+                    status = replace(status, state="died")
                     with contextlib.suppress(OSError):
-                        write_atomic(files.status, json.dumps(status, indent=2) + "\n",
+                        write_atomic(files.status, json.dumps(status.to_dict(), indent=2) + "\n",
                                      durable=False)
             return DaemonState(files.root, False, None, status, stale_pid=stale)
         finally:
@@ -251,7 +254,7 @@ def spawn(root: Path, argv: Sequence[str], *, env: Mapping[str, str] | None = No
                 f" {files.log}:\n{_tail(files.log)}"
             )
         status = read_status(files)
-        if status and status.get("pid") == child.pid and probe(files.root).running:
+        if status and status.pid == child.pid and probe(files.root).running:
             return child.pid
         time.sleep(0.05)
     raise DaemonError(

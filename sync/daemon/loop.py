@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from indexer.errors import CodeveilError
 from indexer.private_files import write_atomic
 from sync.daemon.control import DaemonFiles, DaemonLock, read_pid
+from sync.daemon.status import DaemonStatus
 from sync.daemon.target import SyncTarget
 from sync.daemon.watch import EventFilter, _Watch
 
@@ -136,31 +138,10 @@ class Daemon:
         self._tree_paths: list[str] = []
         self._watch_retry_at: float | None = None
 
-        self._status: dict[str, Any] = {
-            "server": target.server,
-            "pid": os.getpid(),
-            "root": str(self.root),
-            "started": None,
-            "state": "starting",
-            "full_interval": full_interval,
-            "debounce": debounce,
-            "syncs": 0,
-            "last_sync_started": None,
-            "last_sync_finished": None,
-            "last_sync_seconds": None,
-            "last_sync_ok": None,
-            "last_success": None,
-            "last_result": None,
-            "pending_changes": 0,
-            "consecutive_errors": 0,
-            "last_error": None,
-            "last_error_at": None,
-            "next_retry_at": None,
-            "server_reachable": None,
-            "watching": False,
-            "watched_dirs": 0,
-            "watch_error": None,
-        }
+        self._status = DaemonStatus(
+            server=target.server, pid=os.getpid(), root=str(self.root), state="starting",
+            full_interval=full_interval, debounce=debounce,
+        )
 
     # -- control --------------------------------------------------------------------
 
@@ -223,7 +204,7 @@ class Daemon:
         code = 0
         try:
             write_atomic(self.files.pid, f"{os.getpid()}\n", durable=False)
-            self._status["started"] = time.time()
+            self._status.started = time.time()
             self._write_status()
             log.info("daemon started for %s (pid %d): sync every %.0f s, debounce %.1f s",
                      self.root, os.getpid(), self.full_interval, self.debounce)
@@ -248,8 +229,9 @@ class Daemon:
             self._wake_r = self._wake_w = -1
             os.close(wake_r)
             os.close(wake_w)
-            self._status.update(state="stopped" if code == 0 else "failed",
-                                stopped=time.time(), next_retry_at=None)
+            self._status.state = "stopped" if code == 0 else "failed"
+            self._status.stopped = time.time()
+            self._status.next_retry_at = None
             with contextlib.suppress(OSError):
                 self._write_status()
             with contextlib.suppress(OSError):
@@ -284,7 +266,7 @@ class Daemon:
             return self._retry_at  # pending events wait for the backoff too
         if self._pending:
             return min(self._last_event + self.debounce, self._first_event + self.max_wait)
-        if self.full_interval <= 0 and self._status["syncs"]:
+        if self.full_interval <= 0 and self._status.syncs:
             return float("inf")
         return self._next_full
 
@@ -296,8 +278,8 @@ class Daemon:
         else:
             state = "idle"
         pending = len(self._pending)
-        if force or state != self._status["state"] or pending != self._status["pending_changes"]:
-            self._status.update(state=state, pending_changes=pending)
+        if force or state != self._status.state or pending != self._status.pending_changes:
+            self._status.state, self._status.pending_changes = state, pending
             self._write_status()
 
     # -- events ---------------------------------------------------------------------
@@ -367,7 +349,8 @@ class Daemon:
         if old_tree is not None:
             old_tree.close()
         self._tree_paths = paths
-        self._status.update(watching=True, watch_error=None, watched_dirs=len(paths))
+        self._status.watching, self._status.watch_error = True, None
+        self._status.watched_dirs = len(paths)
         log.info("watching %s and %d top-level folders", self.root, len(paths))
         self._write_status()
 
@@ -383,7 +366,7 @@ class Daemon:
                   " the watcher in %.0f s", exc, self.full_interval, WATCH_RETRY_SECONDS)
         self._disarm_watch()
         self._watch_retry_at = time.monotonic() + WATCH_RETRY_SECONDS
-        self._status.update(watching=False, watch_error=str(exc))
+        self._status.watching, self._status.watch_error = False, str(exc)
         self._write_status()
 
     # -- syncing --------------------------------------------------------------------
@@ -402,7 +385,8 @@ class Daemon:
             if self._stopping:
                 self._pending |= taken
                 return
-            self._status.update(state="syncing", last_sync_started=started, pending_changes=0)
+            self._status.state, self._status.last_sync_started = "syncing", started
+            self._status.pending_changes = 0
             self._write_status()
             log.debug("sync started (%s)", reason)
             try:
@@ -419,20 +403,21 @@ class Daemon:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 self._alarm_armed = False
         self._next_full = time.monotonic() + self.full_interval
-        self._status["syncs"] += 1
-        self._status["last_sync_finished"] = time.time()
+        self._status.syncs += 1
+        self._status.last_sync_finished = time.time()
         # Wall time of the whole call, opening the store included (the report's
         # `seconds` covers the sync proper).
-        self._status["last_sync_seconds"] = round(time.time() - started, 3)
+        self._status.last_sync_seconds = round(time.time() - started, 3)
         self._set_state(force=True)
 
     def _sync_done(self, result: Mapping[str, Any], started: float, reason: str) -> None:
         if self._failures:
             log.info("sync succeeded again after %d failed attempts", self._failures)
         self._failures = 0
-        self._status.update(
-            last_sync_ok=True, last_success=time.time(), last_result=_summary(result),
-            consecutive_errors=0, next_retry_at=None, server_reachable=True,
+        self._status = replace(
+            self._status, last_sync_ok=True, last_success=time.time(),
+            last_result=_summary(result), consecutive_errors=0, next_retry_at=None,
+            server_reachable=True,
         )
         changed = int(result.get("files_changed", 0) or 0)
         deleted = int(result.get("files_deleted", 0) or 0)
@@ -450,13 +435,12 @@ class Daemon:
         self._retry_at = time.monotonic() + delay
         unreachable = _caused_by(exc, self.unreachable)
         message = str(exc) or type(exc).__name__
-        self._status.update(
-            last_sync_ok=False, consecutive_errors=self._failures,
-            last_error=message, last_error_at=time.time(),
-            next_retry_at=time.time() + delay,
+        self._status = replace(
+            self._status, last_sync_ok=False, consecutive_errors=self._failures,
+            last_error=message, last_error_at=time.time(), next_retry_at=time.time() + delay,
         )
         if unreachable:
-            self._status["server_reachable"] = False
+            self._status.server_reachable = False
         expected = isinstance(exc, CodeveilError | OSError)
         if expected or message == self._last_error_logged:
             log.warning("sync failed (attempt %d): %s; retrying in %.1f s",
@@ -472,7 +456,7 @@ class Daemon:
         try:
             # Rewritten on every change: worth no fsync (a status lost to a power cut
             # is rewritten by the next start).
-            write_atomic(self.files.status,
-                         json.dumps(self._status, indent=2, default=str) + "\n", durable=False)
+            text = json.dumps(self._status.to_dict(), indent=2, default=str) + "\n"
+            write_atomic(self.files.status, text, durable=False)
         except OSError as exc:  # a full disk must not kill the daemon
             log.warning("cannot write %s: %s", self.files.status, exc)

@@ -7,12 +7,13 @@ import time
 from pathlib import Path
 
 from sync.daemon.control import DaemonState
+from sync.daemon.status import DaemonStatus
 
 
 def status_lines(state: DaemonState, log_path: Path) -> list[str]:
     """What `codeveil daemon status` prints: a headline, then one `name: value` line
     per fact of the last status the daemon wrote (if it ever wrote one)."""
-    s = state.status or {}
+    s = state.status
     lines: list[str] = []
     if state.running:
         lines.append(f"codeveil daemon: running (pid {state.pid or '?'}) for {state.root}")
@@ -21,39 +22,40 @@ def status_lines(state: DaemonState, log_path: Path) -> list[str]:
         if state.stale_pid:
             lines.append(f"  pid {state.stale_pid} died without stopping cleanly;"
                          " its pid file was cleared")
-        if not s:
+        if s is None:
             return lines
+    if s is None:  # running, and has not written a status yet
+        s = DaemonStatus()
     rows: list[tuple[str, str]] = [
-        ("state" if state.running else "last state", str(s.get("state"))),
-        ("started", when(s.get("started"))),
+        ("state" if state.running else "last state", str(s.state)),
+        ("started", when(s.started)),
     ]
-    if s.get("last_sync_finished"):
-        result = s.get("last_result") or {}
-        if s.get("last_sync_ok"):
+    if s.last_sync_finished:
+        result = s.last_result or {}
+        if s.last_sync_ok:
             outcome = (f"ok: {result.get('files_changed', 0)} changed,"
                        f" {result.get('files_deleted', 0)} deleted,"
                        f" {result.get('chunks_total', '?')} chunks in the index,"
                        f" {result.get('seconds', 0):.1f} s")
         else:
             outcome = "failed"
-        rows.append(("last sync", f"{when(s.get('last_sync_finished'))}, {outcome}"))
-    elif s.get("last_sync_started"):
-        rows.append(("last sync", f"first sync running since {when(s['last_sync_started'])}"))
-    rows.append(("pending", f"{s.get('pending_changes', 0)} changed paths"))
-    server = s.get("server", "embedded")
-    if server != "embedded":
+        rows.append(("last sync", f"{when(s.last_sync_finished)}, {outcome}"))
+    elif s.last_sync_started:
+        rows.append(("last sync", f"first sync running since {when(s.last_sync_started)}"))
+    rows.append(("pending", f"{s.pending_changes} changed paths"))
+    if s.server != "embedded":
         reach = {True: "reachable", False: "UNREACHABLE", None: "not contacted yet"}
-        rows.append(("server", f"{server} ({reach.get(s.get('server_reachable'), '?')})"))
-    if s.get("consecutive_errors"):
-        retry = s.get("next_retry_at")
+        rows.append(("server", f"{s.server} ({reach.get(s.server_reachable, '?')})"))
+    if s.consecutive_errors:
+        retry = s.next_retry_at
         wait = (f"; next retry in {max(0.0, retry - time.time()):.0f} s"
                 if retry and state.running else "")
-        rows.append(("errors", f"{s['consecutive_errors']} failed syncs in a row{wait}"))
-        rows.append(("last error", str(s.get("last_error"))))
-    if s.get("watching"):
-        rows.append(("watching", f"yes ({s.get('watched_dirs', 0)} top-level folders)"))
+        rows.append(("errors", f"{s.consecutive_errors} failed syncs in a row{wait}"))
+        rows.append(("last error", str(s.last_error)))
+    if s.watching:
+        rows.append(("watching", f"yes ({s.watched_dirs} top-level folders)"))
     else:
-        rows.append(("watching", f"no{': ' + s['watch_error'] if s.get('watch_error') else ''}"))
+        rows.append(("watching", f"no{': ' + s.watch_error if s.watch_error else ''}"))
     rows.append(("log", str(log_path)))
     lines.extend(f"  {name:>10}: {value}" for name, value in rows)
     return lines

@@ -63,7 +63,6 @@ Modules, one job each::
     postgres.py         PgStore and PgOptions: the store in PostgreSQL (+ pgvector);
                         pg_workspace.py its workspaces, pg_schema.py its tables,
                         pg_conn.py its connections
-    contents.py         what a workspace holds, opened with its key (convergence checks)
 
 The names below are imported on first use (indexer.lazy): importing the package loads
 neither the store's modules nor LanceDB, pyarrow, faiss or psycopg.

@@ -4,6 +4,7 @@ sync.store.postgres.PgOptions.)"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sync.store.vector_index import IndexPolicy
@@ -11,6 +12,11 @@ from sync.wire import LIMITS, Limits
 
 # Seconds between index snapshots while applies keep coming (`index_save_interval`).
 DEFAULT_SAVE_INTERVAL = 60.0
+
+#: The named points of an apply's write order (`WorkspaceStore.apply`) at which
+#: `StoreOptions.crash_hook` is called: the paths marked pending (step 1), the rows
+#: replaced (step 2), the values committed (step 3).
+WRITE_POINTS = ("pending", "rows", "committed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,3 +46,7 @@ class StoreOptions:
     #: The OpenMP thread count of index builds (None: all cores), which unlike a single
     #: search do gain from threads.
     build_threads: int | None = None
+    #: Called with each of WRITE_POINTS as an apply passes it, under the write lock; an
+    #: exception it raises stops the apply there, as a process killed at that point
+    #: would (what the crash tests do). None in service.
+    crash_hook: Callable[[str], None] | None = None

@@ -316,8 +316,11 @@ class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
         with self._write_lock, self._flock():
             self._prepare_write()
             plan = self._step1_mark_pending(ups, dels)
+            self._reached("pending")
             deleted = self._step2_replace_rows(plan, ups)
+            self._reached("rows")
             self._step3_commit(plan, ups)
+            self._reached("committed")
             if self.sealed:
                 if deleted or self._checkpoint_due:
                     self._checkpoint()
@@ -502,7 +505,12 @@ class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
                 self._rconn.close()
             self._wconn.close()
 
-    # -- apply, step by step (also called one by one by the crash tests) ------------------
+    # -- apply, step by step ------------------------------------------------------------
+
+    def _reached(self, point: str) -> None:
+        """Tell the crash hook (StoreOptions.crash_hook) that the apply passed `point`."""
+        if self.options.crash_hook is not None:
+            self.options.crash_hook(point)
 
     def _step1_mark_pending(self, updates: list[_Update], deletes: list[bytes]) -> Plan:
         with transaction(self._wconn) as conn:

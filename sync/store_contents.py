@@ -3,7 +3,7 @@ stores hold the same thing (convergence tests, the fault benchmark).
 
 Row ids are random and fresh on every send, so two stores of one tree never share them;
 a row is compared by what it holds instead: its file and, opened, the chunk it locates.
-Reads the files directly; run it with no writer active. `pg_workspace_contents` reads
+Reads the store's files directly; run it with no writer active. `pg_workspace_contents` reads
 a workspace of a PostgreSQL store the same way.
 """
 

@@ -1,0 +1,30 @@
+"""What `codeveil status` shows: where a workspace is, what it holds here and in its
+store, and where that store is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from indexer.record_view import FieldsMapping
+
+
+@dataclass(frozen=True, eq=False)
+class WorkspaceStatus(FieldsMapping):
+    """One workspace's status (`Workspace.status`, `Index.status`).
+
+    Read as attributes; also as the dict it used to be (`status["files"]`, `.items()`),
+    and `to_dict()` is its JSON, keys in this order.
+    """
+
+    root: str
+    workspace_id: str
+    server: str  # its URL, or "embedded"
+    mode: str
+    model_id: str
+    files: int  # files and chunks indexed on this machine
+    chunks: int
+    # A sealed store's rows include the padding rows of each file (sync.sealed_rows):
+    # its chunks are its rows less the padding this machine's files account for.
+    server_chunks: int
+    server_rows: int
+    server_nodes: int
