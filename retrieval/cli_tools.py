@@ -86,7 +86,8 @@ def uses(name: str, path_glob: str | None, limit: int, as_json: bool, repo: Path
         click.echo(f"no uses of {name} in the index", err=True)
         return
     for hit in hits:
-        note = "  (approximate)" if hit.approximate else ""
+        note = ("  (approximate)" if hit.approximate else "") + (
+            "  (resolved)" if hit.resolved else "")
         symbol = f"  {hit.symbol}" if hit.symbol else ""
         click.echo(f"{hit.path}:{hit.start_line}-{hit.end_line}{symbol}{note}")
         for line in hit.text.split("\n"):

@@ -171,7 +171,10 @@ def build_server(repo: Path) -> MCPServer:
         files must match. limit: how many chunks (1-100). Each: path, start_line,
         end_line, symbol, lines (where the name is), text (up to 3 of those lines),
         truncated, approximate (true where whole words were matched because the
-        language has no grammar here; false means identifiers in the syntax tree).
+        language has no grammar here; false means identifiers in the syntax tree),
+        resolved (true where the file imports the name from a file defining it, or
+        defines it: Python, JavaScript/TypeScript relative imports, Go packages; those
+        rank first).
         """
         limit = max(1, min(int(limit), 100))
         with state.use() as idx:
