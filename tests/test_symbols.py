@@ -210,3 +210,18 @@ def test_a_cpp_header_full_of_macros_is_read_as_cpp(tmp_path: Path) -> None:
     assert found == {"should_color": [("include/sink.h", 12)],
                      "count_named_args": [("include/sink.h", 17)],
                      "color_sink_st": [("include/sink.h", 21)]}
+
+
+def test_javascript_functions_assigned_to_a_field_are_definitions(tmp_path: Path) -> None:
+    source = ("export function makeParser() {\n  const parser = {};\n"
+              "  parser.onHeaderField = function (bytes) {\n    return bytes;\n  };\n"
+              "  this.onEnd = () => {};\n  parser.count = 3;\n  return parser;\n}\n")
+    root = write_repo(tmp_path / "repo", {"src/parser.js": source})
+    idx = Index(root, embedder=HashingEmbedder())
+    idx.index()
+    found = {name: [(h.path, h.start_line) for h in idx.definition(name)]
+             for name in ("onHeaderField", "parser.onHeaderField", "onEnd", "count")}
+    assert found == {"onHeaderField": [("src/parser.js", 3)],
+                     "parser.onHeaderField": [("src/parser.js", 3)],
+                     "onEnd": [("src/parser.js", 6)],
+                     "count": []}  # a plain value set on a field is no definition
