@@ -80,7 +80,7 @@ async def _run(repo: Path, tmp: Path, embedder: str | None) -> list[dict[str, An
     out = []
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
-        for tool, args in [("sync_index", {}), *CALLS]:
+        for tool, args in [("sync_index", {}), ("index_status", {}), *CALLS]:
             t0 = time.perf_counter()
             result = await session.call_tool(tool, args)
             seconds = time.perf_counter() - t0
@@ -89,6 +89,18 @@ async def _run(repo: Path, tmp: Path, embedder: str | None) -> list[dict[str, An
             out.append({"tool": tool, "arguments": args, "seconds": round(seconds, 3),
                         "response": result.structured_content})
     return out
+
+
+def _compact(response: dict[str, Any]) -> str:
+    """One line a key, and a list's items one line each."""
+    out = []
+    for key, value in response.items():
+        if isinstance(value, list) and value:
+            items = [f"   {json.dumps(v, ensure_ascii=False)}" for v in value]
+            out.append(f" {json.dumps(key)}: [\n" + ",\n".join(items) + "]")
+        else:
+            out.append(f" {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}")
+    return "{\n" + ",\n".join(out) + "\n}"
 
 
 def _render(calls: list[dict[str, Any]], model: str, files: int, chunks: int) -> str:
@@ -101,15 +113,15 @@ def _render(calls: list[dict[str, Any]], model: str, files: int, chunks: int) ->
              "(its JSON length / 4).", "",
              "| call | tokens | seconds |", "|---|---|---|"]
     for c in calls:
-        if c["tool"] != "sync_index":
+        if c["tool"] not in ("sync_index", "index_status"):
             lines.append(f"| `{c['tool']}` {json.dumps(c['arguments'])} | "
                          f"{c['response'].get('tokens')} | {c['seconds']} |")
     lines += ["", "```text"]
     for c in calls:
-        if c["tool"] == "sync_index":
+        if c["tool"] in ("sync_index", "index_status"):
             continue
         lines.append(f"> {c['tool']} {json.dumps(c['arguments'])}")
-        lines.append(json.dumps(_trim(c["response"]), indent=1, ensure_ascii=False))
+        lines.append(_compact(_trim(c["response"])))
     lines += ["```", ""]
     return "\n".join(lines)
 
@@ -127,11 +139,10 @@ def main() -> None:
         calls = anyio.run(_run, repo, tmp, args.embedder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    sync = calls[0]["response"]
-    model = next((c["response"].get("model") for c in calls if "model" in c["response"]),
-                 None) or sync.get("model") or args.embedder or "default"
-    text = _render(calls, str(model), int(sync.get("files_changed", 0)),
-                   int(sync.get("chunks", sync.get("chunks_embedded", 0))))
+    sync = {k: v for k, v in calls[0]["response"].items() if k != "skipped"}
+    status = calls[1]["response"]
+    text = _render(calls, str(status.get("model")), int(status.get("files", 0)),
+                   int(status.get("chunks", 0)))
     print(text)
     print(table(["call", "tokens", "seconds"],
                 [[c["tool"], c["response"].get("tokens", ""), c["seconds"]] for c in calls]))
@@ -145,7 +156,7 @@ def main() -> None:
         "command": " ".join(["python", "-m", "bench.mcp_transcript", *sys.argv[1:]]),
         "calls": [{k: c[k] for k in ("tool", "arguments", "seconds")}
                   | {"tokens": c["response"].get("tokens")} for c in calls],
-        "sync": sync})
+        "sync": sync, "status": status})
     print(f"wrote {path}")
 
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 def _tools(repo: Path) -> AgentTools:
     from retrieval.agent_tools import AgentTools
 
-    return AgentTools(repo)
+    return AgentTools(repo, watch=False)  # one call: watches would never be read
 
 
 @click.command(name="def")
