@@ -1,6 +1,6 @@
 """The lookups beside search: grep latency against a full scan, and definition Acc@1.
 
-    python -m bench.agent_tools [--quick | --astropy]
+    python -m bench.agent_tools [--quick | --astropy | --grep-only]
 
 grep. Trees: this repository (a `git archive` of HEAD) and a generated tree of 10,000
 small files; with `--astropy` also astropy (1,866 indexed files, from the local git
@@ -11,7 +11,10 @@ nothing else. The files are dated a minute back, as in any tree not edited this 
 second (a file written within the stat cache's 2 s racy margin is read by every grep,
 whatever the index says). For every pattern: the grep's p50 over REPEATS warm calls
 (BROAD_REPEATS for patterns that read most files), in process with the index in memory
-and the stat check of every file included; the full scan's time (every indexed file
+and the freshness check included (on Linux the tool process watches the indexed files'
+directories, so a warm call stats only the files changed since: retrieval.tree_watch);
+for selective patterns also the p50 with every file stat'ed on every call ("unwatched",
+as on the first call or without inotify); the full scan's time (every indexed file
 read and searched line by line); the files read; and whether the two returned the same
 lines (they must, always). Also the grep index's size on disk and build time.
 
@@ -23,7 +26,8 @@ Only names whose qualified form is unique in the repo are asked (`Class.method` 
 hold Python repositories only, so this measures Python; the other grammars are covered
 by tests/test_symbols.py.
 
-Writes bench/results/agent_tools.json (agent_tools_astropy.json with `--astropy`).
+Writes bench/results/agent_tools.json (agent_tools_astropy.json with `--astropy`,
+agent_tools_grep.json with `--grep-only`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 
 from bench._common import isolate, table, write_json
@@ -157,8 +162,9 @@ def _patterns(root: Path, rng: random.Random) -> list[tuple[str, str]]:
 
 def _grep_bench(label: str, root: Path, rng: random.Random, repeats: int) -> dict:
     from retrieval.agent_tools import AgentTools
-    from retrieval.grep import full_scan
+    from retrieval.grep import Freshness, full_scan, grep_files
 
+    no_watch = Freshness(watch=False)
     seconds_state, files = _fill_state(root)
     tools = AgentTools(root)
     started = time.perf_counter()
@@ -175,6 +181,14 @@ def _grep_bench(label: str, root: Path, rng: random.Random, repeats: int) -> dic
             result = tools.grep(pattern)
             times.append(time.perf_counter() - t0)
             fresh.append(result.seconds_freshness)
+        unwatched = []
+        if kind == "selective":  # the same grep, every file stat'ed on every call
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                with closing(_db(root)) as db:
+                    grep_files(root, db, tools.trigrams(root).current(db), pattern,
+                               freshness=no_watch)
+                unwatched.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         expected = full_scan(root, paths, pattern)
         scan_s = time.perf_counter() - t0
@@ -182,15 +196,19 @@ def _grep_bench(label: str, root: Path, rng: random.Random, repeats: int) -> dic
         equal_all = equal_all and equal
         rows.append({"kind": kind, "pattern": pattern, "p50_ms": statistics.median(times) * 1e3,
                      "freshness_p50_ms": statistics.median(fresh) * 1e3,
+                     "unwatched_p50_ms": (statistics.median(unwatched) * 1e3
+                                          if unwatched else None),
                      "full_scan_ms": scan_s * 1e3, "files_read": result.files_read,
                      "files": result.files_indexed, "lines": len(result.matches),
                      "equal": equal})
     selective = [r["p50_ms"] for r in rows if r["kind"] == "selective"]
     fresh_ms = [r["freshness_p50_ms"] for r in rows if r["kind"] == "selective"]
+    unwatched_ms = [r["unwatched_p50_ms"] for r in rows if r["kind"] == "selective"]
     return {"tree": label, "files": files, "seconds_fill_state": round(seconds_state, 2),
             "index_build_s": round(build, 3), "index_bytes": size,
             "postings": index.postings, "selective_p50_ms": statistics.median(selective),
             "selective_freshness_p50_ms": statistics.median(fresh_ms),
+            "selective_unwatched_p50_ms": statistics.median(unwatched_ms),
             "equal_all": equal_all, "patterns": rows}
 
 
@@ -259,6 +277,8 @@ def main() -> None:
                         help="fewer repeats, a 2,000-file generated tree")
     parser.add_argument("--astropy", action="store_true",
                         help="also grep and look up definitions in astropy (minutes more)")
+    parser.add_argument("--grep-only", action="store_true",
+                        help="the grep part only (writes agent_tools_grep.json)")
     args = parser.parse_args()
     isolate()
     rng = random.Random(29)
@@ -275,8 +295,10 @@ def main() -> None:
         for label, root in trees:
             _age(root)
             grep_rows.append(_grep_bench(label, root, rng, repeats))
-        def_rows = [_definition_bench("codeveil", trees[0][1], rng, NAMES_PER_REPO)]
-        for repo in (*DEF_REPOS, *((MID_TREE,) if args.astropy else ())):
+        def_rows = ([] if args.grep_only
+                    else [_definition_bench("codeveil", trees[0][1], rng, NAMES_PER_REPO)])
+        for repo in ((*DEF_REPOS, *((MID_TREE,) if args.astropy else ()))
+                     if not args.grep_only else ()):
             git_dir = MIRRORS / repo / "repo"
             if not git_dir.is_dir():
                 continue
@@ -289,10 +311,12 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     print(table(["tree", "files", "index MB", "build s", "selective p50 ms",
-                 "of which stat ms", "slowest p50 ms", "its full scan ms", "all equal"],
+                 "of which stat ms", "unwatched p50 ms", "slowest p50 ms", "its full scan ms",
+                 "all equal"],
                 [[g["tree"], g["files"], round(g["index_bytes"] / 2**20, 2),
                   g["index_build_s"], round(g["selective_p50_ms"], 2),
                   round(g["selective_freshness_p50_ms"], 2),
+                  round(g["selective_unwatched_p50_ms"], 2),
                   round(max(r["p50_ms"] for r in g["patterns"]), 1),
                   round(max(g["patterns"], key=lambda r: r["p50_ms"])["full_scan_ms"], 1),
                   g["equal_all"]] for g in grep_rows]))
@@ -313,7 +337,9 @@ def main() -> None:
                  for d in def_rows] + [["all", total, round(overall, 3), ""]]))
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True, check=False).stdout.strip()
-    path = write_json("agent_tools_astropy" if args.astropy else "agent_tools", {
+    name = ("agent_tools_grep" if args.grep_only
+            else "agent_tools_astropy" if args.astropy else "agent_tools")
+    path = write_json(name, {
         "command": " ".join([Path(sys.executable).name, "-m", "bench.agent_tools",
                              *sys.argv[1:]]),
         "commit": commit, "load": os.getloadavg()[0],

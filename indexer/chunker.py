@@ -19,8 +19,8 @@ from collections.abc import Iterable, Sequence
 from itertools import accumulate, pairwise
 from typing import Final
 
-from tree_sitter import Node, Parser
-from tree_sitter_language_pack import get_parser
+from tree_sitter import Node, Parser, Query, QueryCursor
+from tree_sitter_language_pack import get_language, get_parser
 
 from indexer.chunk import Chunk
 from indexer.languages import GRAMMAR_LANGUAGES, NOTEBOOK, language_for_path
@@ -244,12 +244,26 @@ def parse(text: str, language: str) -> ParsedTree | None:
     source = text.encode("utf-8", "replace")
     root = parser.parse(source).root_node
     if language == "c" and root.has_error:
-        # A .h file is as often C++ as C: take the C++ reading if only it parses.
+        # A .h file is as often C++ as C: take the C++ reading if it parses, or if it
+        # breaks in fewer places (a C++ header full of macros parses in neither).
         cpp = _parser("cpp")
         cpp_root = cpp.parse(source).root_node if cpp is not None else None
-        if cpp_root is not None and not cpp_root.has_error:
+        if cpp_root is not None and (not cpp_root.has_error
+                                     or _errors(cpp_root, "cpp") < _errors(root, "c")):
             language, root = "cpp", cpp_root
     return language, root
+
+
+def _errors(root: Node, language: str) -> int:
+    """How many ERROR nodes the tree holds (counted by a query, in C)."""
+    query = _error_queries.get(language)
+    if query is None:
+        grammar = get_language(language)  # type: ignore[arg-type]
+        query = _error_queries[language] = Query(grammar, "(ERROR) @e")
+    return len(QueryCursor(query).captures(root).get("e", []))
+
+
+_error_queries: dict[str, Query] = {}
 
 
 def _syntax_pieces(

@@ -65,9 +65,9 @@ class Definition:
 # Named values that are not scopes: read as definitions, never split along.
 _VALUES: Final[dict[str, frozenset[str]]] = {
     "python": frozenset({"assignment"}),
-    "javascript": frozenset({"variable_declarator"}),
-    "typescript": frozenset({"variable_declarator"}),
-    "tsx": frozenset({"variable_declarator"}),
+    "javascript": frozenset({"variable_declarator", "assignment_expression"}),
+    "typescript": frozenset({"variable_declarator", "assignment_expression"}),
+    "tsx": frozenset({"variable_declarator", "assignment_expression"}),
     "go": frozenset({"const_spec", "var_spec", "type_spec", "type_alias"}),
     "rust": frozenset({"const_item", "static_item", "type_item"}),
     "c": frozenset({"preproc_def", "preproc_function_def"}),
@@ -181,8 +181,9 @@ def _definitions(tree: ParsedTree, text: str) -> list[Definition]:
             start, end = node.start_point.row + 1, node.end_point.row + 1
             if node.end_point.column == 0 and end > start:
                 end -= 1  # a node that ends after its newline (C macros)
-            if node.type == "assignment_statement":  # Lua, naming a function: a table's
-                kind = "method" if len(names) > 1 else "function"  # field, or a variable
+            if node.type in ("assignment_statement", "assignment_expression"):
+                # Lua and JS, naming a function: an object's field, or a variable
+                kind = "method" if len(names) > 1 else "function"
             else:
                 kind = _kind(node.type, scope + names[:-1])
             out.append(Definition(scope + names, kind, start, end,
@@ -194,6 +195,9 @@ def _names_of(node: Node, language: str, values: frozenset[str]) -> Iterator[Pat
     """The names `node` defines (several for `var a, b int`); none if it defines none."""
     if node.type == "assignment_statement":  # Lua: functions are values
         yield from _lua_function_names(node)
+        return
+    if node.type == "assignment_expression":  # JS: `parser.onPart = function () {...}`
+        yield from _assigned_function_names(node)
         return
     if node.type in values:
         if not _at_definition_level(node) and not _holds_function(node):
@@ -234,6 +238,22 @@ def _lua_function_names(node: Node) -> Iterator[Path]:
         names = tuple(p for p in re.split(r"[.:]", node_text(target)) if p)
         if names and all(n.isidentifier() for n in names):
             yield names
+
+
+def _assigned_function_names(node: Node) -> Iterator[Path]:
+    """The name a JavaScript assignment gives a function (`x.f = () => {}`, `f =
+    function () {}`), wherever it stands; `this.` is no part of the name."""
+    value = node.child_by_field_name("right")
+    target = node.child_by_field_name("left")
+    if value is None or target is None or value.type not in FUNCTION_VALUES:
+        return
+    if target.type not in ("identifier", "member_expression"):
+        return
+    names = tuple(node_text(target).split("."))
+    if names[0] == "this":
+        names = names[1:]
+    if names and all(re.fullmatch(r"[\w$]+", n) for n in names):
+        yield names
 
 
 def _value_names(node: Node, language: str) -> Iterator[Path]:

@@ -29,10 +29,13 @@ __all__ = ["AgentTools"]
 class AgentTools:
     """The agent lookups of the index around `path` (found upward like `.git/`)."""
 
-    def __init__(self, path: str | Path = ".") -> None:
+    def __init__(self, path: str | Path = ".", *, watch: bool = True) -> None:
+        """`watch`: keep inotify watches between greps, so that a later grep stats only
+        the files changed since (retrieval.grep.Freshness); off for a one-call process,
+        which would only pay for arming them."""
         self._path = Path(path)
         self._trigram_store: TrigramStore | None = None
-        self._freshness = Freshness()
+        self._freshness = Freshness(watch=watch)
 
     def definition(self, name: str, *, limit: int = 10) -> list[DefinitionHit]:
         """Where `name` (`send`, `Session.send`, `Sinatra::Base`, `pkg.Func`) is defined,

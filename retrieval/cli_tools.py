@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 def _tools(repo: Path) -> AgentTools:
     from retrieval.agent_tools import AgentTools
 
-    return AgentTools(repo)
+    return AgentTools(repo, watch=False)  # one call: watches would never be read
 
 
 @click.command(name="def")
@@ -86,7 +86,8 @@ def uses(name: str, path_glob: str | None, limit: int, as_json: bool, repo: Path
         click.echo(f"no uses of {name} in the index", err=True)
         return
     for hit in hits:
-        note = "  (approximate)" if hit.approximate else ""
+        note = ("  (approximate)" if hit.approximate else "") + (
+            "  (resolved)" if hit.resolved else "")
         symbol = f"  {hit.symbol}" if hit.symbol else ""
         click.echo(f"{hit.path}:{hit.start_line}-{hit.end_line}{symbol}{note}")
         for line in hit.text.split("\n"):

@@ -10,7 +10,9 @@ Speed: the grep index (retrieval.trigram_index) names the files whose indexed ch
 every trigram the pattern requires (retrieval.regex_trigrams); only those are read. A
 file whose content may differ from what was indexed (its stat differs from the stat
 cache's, the cache's digest is not the chunk table's, or the entry is racily clean) is
-read too, whatever its trigrams. A pattern that requires no trigram reads every file:
+read too, whatever its trigrams (`Freshness`: in a process that greps more than once,
+the directories are watched, so only the files changed since the last call are
+stat'ed again). A pattern that requires no trigram reads every file:
 never slower than a full scan, and the results are the same set in every case
 (`full_scan` is the reference the tests and the benchmark compare with).
 """
@@ -21,6 +23,8 @@ import fnmatch
 import os
 import re
 import sqlite3
+import stat as stat_module
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -30,6 +34,7 @@ from typing import Any, Final
 import numpy as np
 
 from indexer.statcache import DEFAULT_RACY_MARGIN_NS
+from retrieval import tree_watch
 from retrieval.regex_trigrams import TrigramQuery, required_trigrams
 from retrieval.symbols import ToolInputError
 from retrieval.trigram_index import TrigramIndex
@@ -146,48 +151,113 @@ class Freshness:
     """Which indexed files may hold other content on disk than the chunk table: those
     with no stat cache entry, another stat now, a digest other than the chunks', or a
     racily clean entry (statcache's rule). The stat cache's side is read once and kept
-    while the chunk table and the stat cache are unchanged; the files are stat'ed on
-    every call (that is what makes grep exact between syncs)."""
+    while the chunk table and the stat cache are unchanged.
 
-    def __init__(self) -> None:
+    The files' side is a stat of every file on every call (what makes grep exact between
+    syncs), unless `watch` and the system has inotify (retrieval.tree_watch): then the
+    directories of the files are watched from the first call on, and later calls stat
+    again only the files that events named since (plus symlinks, files with other hard
+    links and files whose directory could not be watched); a change to a directory
+    itself or a lost event makes the next call stat everything again. `last_stats` is
+    how many files the last call stat'ed."""
+
+    def __init__(self, *, watch: bool = True) -> None:
         self._key: tuple[object, ...] | None = None
-        self._known: dict[str, tuple[str, int, int, int]] = {}
+        self._known: dict[str, tuple[int, int, int]] = {}  # path -> (mtime, size, inode)
+        self._use_watch = watch and tree_watch.available()
+        self._watch: tree_watch.TreeWatch | None = None
+        self._watch_root: str | None = None
+        self._seen: dict[str, tuple[int, int, int] | None] = {}  # stat now; None: gone
+        self._always: set[str] = set()  # stat'ed on every call, whatever the events say
+        self._lock = threading.Lock()
+        self.last_stats = 0
 
     def changed(self, root: Path, db: sqlite3.Connection, stamp: object,
                 paths: Iterable[str]) -> set[str]:
-        key = (os.fspath(root), stamp, *db.execute(
+        with self._lock:
+            return self._changed(root, db, stamp, paths)
+
+    def _changed(self, root: Path, db: sqlite3.Connection, stamp: object,
+                 paths: Iterable[str]) -> set[str]:
+        base = os.fspath(root)
+        key = (base, stamp, *db.execute(
             "SELECT count(*), max(recorded_ns) FROM stat_cache").fetchone())
         if key != self._key:
-            base = os.fspath(root)
             self._known = {
-                p: (os.path.join(base, p), size, mtime, inode % (1 << 64))
+                p: (mtime, size, inode % (1 << 64))
                 for p, size, mtime, inode, recorded in db.execute(
                     "SELECT s.path, s.size, s.mtime_ns, s.inode, s.recorded_ns"
                     " FROM stat_cache s JOIN chunk_files c ON c.path = s.path"
                     " AND c.digest = s.digest")
                 if mtime < recorded - DEFAULT_RACY_MARGIN_NS}
             self._key = key
+        watch = self._current_watch(base)
+        seen, always = self._seen, self._always
+        stats = 0
         out = set()
-        stat = os.stat
         known = self._known
         for rel in paths:
-            entry = known.get(rel)
-            if entry is None:
-                out.add(rel)
-                continue
-            full, size, mtime, inode = entry
-            try:
-                st = stat(full)
-            except OSError:
+            if rel not in seen or rel in always:
+                seen[rel] = self._stat(base, rel, watch)
+                stats += 1
+            now = seen[rel]
+            if now is None:
                 continue  # gone: nothing to read, nothing to match
-            if st.st_mtime_ns != mtime or st.st_size != size or st.st_ino != inode:
+            if known.get(rel) != now:
                 out.add(rel)
+        self.last_stats = stats
         return out
+
+    def _current_watch(self, base: str) -> tree_watch.TreeWatch | None:
+        """The watch of `base` with what it vouches for applied to `_seen` (the paths
+        events named are forgotten, so they are stat'ed again); without a watch, or
+        when it cannot be trusted, everything is forgotten."""
+        if self._use_watch and self._watch is not None and self._watch_root == base:
+            touched = self._watch.drain()
+            if touched is not None:
+                for rel in touched:
+                    self._seen.pop(rel, None)
+                return self._watch
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+        self._seen, self._always = {}, set()
+        if self._use_watch:
+            try:
+                self._watch, self._watch_root = tree_watch.TreeWatch(base), base
+            except OSError:  # out of inotify instances: stat everything, as without
+                self._watch = None
+        return self._watch
+
+    def _stat(self, base: str, rel: str,
+              watch: tree_watch.TreeWatch | None) -> tuple[int, int, int] | None:
+        full = os.path.join(base, rel)
+        try:
+            if watch is None:
+                st = os.stat(full)
+            else:
+                # Watched before the stat: a change after it is an event for the next call.
+                if not watch.watch(rel.rpartition("/")[0]):
+                    self._always.add(rel)
+                st = os.lstat(full)
+                if stat_module.S_ISLNK(st.st_mode) or st.st_nlink > 1:
+                    self._always.add(rel)  # its content can change where no watch sees
+                    st = os.stat(full)
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size, st.st_ino
+
+    def close(self) -> None:
+        with self._lock:
+            if self._watch is not None:
+                self._watch.close()
+                self._watch = None
+            self._seen, self._always = {}, set()
 
 
 def changed_files(root: Path, db: sqlite3.Connection, paths: Iterable[str]) -> set[str]:
     """`Freshness().changed` once: the indexed `paths` whose content may have changed."""
-    return Freshness().changed(root, db, None, paths)
+    return Freshness(watch=False).changed(root, db, None, paths)
 
 
 def search_file(root: Path, rel: str, rx: re.Pattern[str],

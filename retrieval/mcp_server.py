@@ -117,22 +117,23 @@ def build_server(repo: Path) -> MCPServer:
         was indexed and the lines could not be found again: run sync_index), and
         index: {partial, chunks, chunks_with_vectors}; partial is true while an index
         is still embedding (every chunk is searched by name and words already, only
-        chunks_with_vectors of them by meaning).
+        chunks_with_vectors of them by meaning); tokens: what the answer costs to read.
         """
         k = max(1, min(int(k), MAX_K))
         if repos:
             with state.use_many(repos) as many:
                 hits = many.search(query, k=k, group=group, path=path, language=language,
                                    kind=kind)
-                return {"query": query, "group": group,
-                        "hits": [h.to_dict() for h in hits],
-                        "index": {r: c.to_dict() for r, c in many.coverage().items()}}
+                return _with_tokens({
+                    "query": query, "group": group, "hits": [h.to_dict() for h in hits],
+                    "index": {r: c.to_dict() for r, c in many.coverage().items()}})
         with state.use() as idx:
             hits = idx.search(query, k=k, group=group, path=path, language=language,
                               kind=kind)
             coverage = idx.coverage()
-        return {"query": query, "group": group,
-                "hits": [h.to_dict() for h in hits], "index": coverage.to_dict()}
+        return _with_tokens({"query": query, "group": group,
+                             "hits": [h.to_dict() for h in hits],
+                             "index": coverage.to_dict()})
 
     @server.tool()
     def definition(name: str, limit: int = 5) -> dict[str, Any]:
@@ -171,7 +172,10 @@ def build_server(repo: Path) -> MCPServer:
         files must match. limit: how many chunks (1-100). Each: path, start_line,
         end_line, symbol, lines (where the name is), text (up to 3 of those lines),
         truncated, approximate (true where whole words were matched because the
-        language has no grammar here; false means identifiers in the syntax tree).
+        language has no grammar here; false means identifiers in the syntax tree),
+        resolved (true where the file imports the name from a file defining it, or
+        defines it: Python, JavaScript/TypeScript relative imports, Go packages; those
+        rank first).
         """
         limit = max(1, min(int(limit), 100))
         with state.use() as idx:

@@ -9,8 +9,10 @@ grammar here) every whole-word occurrence counts, and the hit says `approximate`
 The definition of the name is not a use of it: an occurrence on the line a definition
 of that name starts on is left out, and a chunk left with none is not returned. A
 qualified name (`Session.send`) looks for its last name (`send`); chunks that also
-mention the qualifiers (`Session`) rank first. Then source before tests before docs,
-more occurrences first, then path and line.
+mention the qualifiers (`Session`) rank first. Then the chunks of files that bind the
+name to a file defining it (`resolved`: they import it from there, or define it;
+retrieval.imports) before mere same-name occurrences, then source before tests before
+docs, more occurrences first, then path and line.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from indexer.languages import language_for_path
 from indexer.local_chunks import LocalChunks
 from indexer.priority import category
 from retrieval.grep import Freshness, grep_files
+from retrieval.imports import binds_to_definition
 from retrieval.symbols import ToolInputError, backfill_definitions, split_name
 from retrieval.trigram_index import TrigramIndex
 
@@ -55,6 +58,7 @@ class ReferenceHit:
     text: str
     approximate: bool
     truncated: bool
+    resolved: bool = False  # the file binds the name to a file defining it (imports)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,18 +80,22 @@ def find_references(root: Path, db: sqlite3.Connection, index: TrigramIndex, nam
         by_file.setdefault(match.path, []).append(match.line)
     backfill_definitions(db)
     local = LocalChunks(db)
+    defining = {p for (p,) in db.execute(
+        "SELECT DISTINCT path FROM definitions WHERE name = ?", (ident,))}
     ranked: list[tuple[tuple[Any, ...], ReferenceHit]] = []
     for rel, lines in by_file.items():
-        for hit in _file_hits(root, db, local, rel, lines, parts):
+        for hit in _file_hits(root, db, local, rel, lines, parts, defining):
             mentions = all(q in hit.text or _chunk_mentions(root, hit, q) for q in parts[:-1])
-            key = (not mentions, category(rel), -len(hit.lines), rel, hit.start_line)
+            key = (not mentions, not hit.resolved, category(rel), -len(hit.lines), rel,
+                   hit.start_line)
             ranked.append((key, hit))
     ranked.sort(key=lambda pair: pair[0])
     return [hit for _, hit in ranked[:limit]]
 
 
 def _file_hits(root: Path, db: sqlite3.Connection, local: LocalChunks, rel: str,
-               grep_lines: list[int], parts: tuple[str, ...]) -> list[ReferenceHit]:
+               grep_lines: list[int], parts: tuple[str, ...],
+               defining: set[str]) -> list[ReferenceHit]:
     try:
         data = (root / rel).read_bytes()
     except OSError:
@@ -109,6 +117,7 @@ def _file_hits(root: Path, db: sqlite3.Connection, local: LocalChunks, rel: str,
 
         chunks = chunk_file(rel, text, language=language)
     file_lines = text.split("\n")
+    resolved = binds_to_definition(rel, text, language, ident, defining)
     out = []
     for chunk in _chunks_holding(chunks, lines):
         held = [n for n in lines if chunk.start_line <= n <= chunk.end_line]
@@ -116,7 +125,7 @@ def _file_hits(root: Path, db: sqlite3.Connection, local: LocalChunks, rel: str,
         out.append(ReferenceHit(
             rel, chunk.start_line, chunk.end_line, chunk.symbol, language, held,
             "\n".join(f"{n}: {file_lines[n - 1]}" for n in shown), exact is None,
-            len(held) > len(shown)))
+            len(held) > len(shown), resolved))
     return out
 
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from indexer.embedder import HashingEmbedder
+from indexer.local_chunks import open_state_db
 from indexer.trigrams import literal_trigrams, text_trigrams
-from retrieval import Index
-from retrieval.grep import full_scan
+from retrieval import Index, tree_watch
+from retrieval.grep import Freshness, full_scan, grep_files
 from retrieval.regex_trigrams import required_trigrams
 from retrieval.symbols import ToolInputError
 from tests.conftest import SAMPLE_FILES, write_repo
@@ -198,3 +199,55 @@ def test_a_final_newline_ends_the_last_line(tmp_path: Path) -> None:
     assert [(m.path, m.line) for m in result.matches] == [("gap.txt", 2)]
     assert [m.line for m in Index(root, embedder=HashingEmbedder()).grep("a*").matches
             if m.path == "two.txt"] == [1, 2]
+
+
+@pytest.mark.skipif(not tree_watch.available(), reason="inotify is Linux-only")
+def test_a_watched_tree_stats_only_the_changed_files_and_misses_no_edit(
+        tmp_path: Path) -> None:
+    root = _repo(tmp_path)
+    paths = _indexed(root)
+    freshness = Freshness()
+    db = open_state_db(root / ".codeveil" / "state.sqlite")
+    index = Index(root, embedder=HashingEmbedder()).tools.trigrams(root).current(db)
+
+    def grep(pattern: str) -> list[tuple[str, int]]:
+        result = grep_files(root, db, index, pattern, freshness=freshness)
+        assert result.narrowed and result.matches == full_scan(root, paths, pattern)
+        return [(m.path, m.line) for m in result.matches]
+
+    assert grep("brand_new_token") == []
+    assert freshness.last_stats == len(paths)  # the first call stats every file
+    assert grep("brand_new_token") == []
+    assert freshness.last_stats == 0  # nothing changed: the watch vouches for all
+    # An edit in place (the directory's mtime stays as it was) of a file the index
+    # rules out: found, and it is the only file stat'ed again.
+    with (root / "units/kelvin.txt").open("r+") as f:
+        f.write("brand_new_token")
+    assert grep("brand_new_token") == [("units/kelvin.txt", 1)]
+    assert freshness.last_stats == 1
+    # An editor's save: a new file renamed over the old one.
+    (root / "net/tmp-save").write_text("x = 1\nbrand_new_token = 2\n")
+    os.replace(root / "net/tmp-save", root / "net/upload.py")
+    assert grep("brand_new_token") == [("net/upload.py", 2), ("units/kelvin.txt", 1)]
+    assert freshness.last_stats == 1
+    # A directory change is not vouched for: everything is stat'ed again.
+    (root / "units/new-folder").mkdir()
+    assert grep("brand_new_token") == [("net/upload.py", 2), ("units/kelvin.txt", 1)]
+    assert freshness.last_stats == len(paths)
+    assert grep("brand_new_token") == [("net/upload.py", 2), ("units/kelvin.txt", 1)]
+    assert freshness.last_stats == 0
+    freshness.close()
+    db.close()
+
+
+def test_without_a_watch_every_call_stats_every_file(tmp_path: Path) -> None:
+    root = _repo(tmp_path)
+    paths = _indexed(root)
+    freshness = Freshness(watch=False)
+    db = open_state_db(root / ".codeveil" / "state.sqlite")
+    index = Index(root, embedder=HashingEmbedder()).tools.trigrams(root).current(db)
+    for _ in range(2):
+        result = grep_files(root, db, index, "hash_password", freshness=freshness)
+        assert result.matches == full_scan(root, paths, "hash_password")
+        assert freshness.last_stats == len(paths)
+    db.close()

@@ -61,6 +61,8 @@ def test_tools_through_a_client_session(tmp_path: Path) -> None:
         hits = found.structured_content["hits"]
         assert hits[0]["path"] == "auth/password.py"
         assert "verify_password" in hits[0]["text"]
+        tokens = found.structured_content["tokens"]  # what the answer costs to read
+        assert tokens > 0 and abs(tokens - len(found.content[0].text) / 4) < 0.2 * tokens
         chunks = status.structured_content["chunks"]
         assert found.structured_content["index"] == {
             "partial": False, "chunks": chunks, "chunks_with_vectors": chunks}

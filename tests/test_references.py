@@ -82,3 +82,46 @@ def test_an_edit_since_indexing_is_seen(repo: Path) -> None:
 def test_a_non_identifier_is_refused(repo: Path) -> None:
     with pytest.raises(ToolInputError, match="not an identifier"):
         Index(repo, embedder=HashingEmbedder()).references("a-b")
+
+
+IMPORTING = {
+    # Python: one module defines `backoff`; three files import it from there, one takes
+    # a `backoff` of a package this repository does not hold.
+    "lib/retry.py": "def backoff(n):\n    return n * 2\n",
+    "lib/inner.py": "from .retry import backoff\n\nWAIT = backoff(3)\n",
+    "app/uses.py": "from lib.retry import backoff\n\n\ndef go():\n    return backoff(1)\n",
+    "app/aliased.py": "import lib.retry as r\n\n\ndef go():\n    return r.backoff(2)\n",
+    "app/aaa_other.py": (
+        "from tenacity import backoff\n\n\ndef go():\n    return backoff(3) + backoff(4)\n"),
+    # TypeScript / JavaScript: relative imports resolve; a package's does not.
+    "web/util.ts": "export function debounce(f: number) {\n  return f;\n}\n",
+    "web/a.ts": "import { debounce } from './util';\nexport const x = debounce(1);\n",
+    "web/b.js": "import * as u from './util.js';\nexport const y = u.debounce(2);\n",
+    "web/aaa.ts": (
+        "import { debounce } from 'lodash';\nexport const z = debounce(1) + debounce(2);\n"),
+    # Go: the same package unqualified, another package through its import path.
+    "pkg/clock/clock.go": "package clock\n\nfunc Tick() int { return 1 }\n",
+    "pkg/clock/later.go": "package clock\n\nfunc later() int { return Tick() + 1 }\n",
+    "cmd/main.go": ("package main\n\nimport (\n\t\"example.com/m/pkg/clock\"\n)\n\n"
+                    "func main() { _ = clock.Tick() }\n"),
+    "cmd/aaa.go": ("package main\n\nimport \"example.com/other/metronome\"\n\n"
+                   "func a() { _ = metronome.Tick(); _ = metronome.Tick() }\n"),
+}
+
+
+@pytest.mark.parametrize(("name", "bound", "unbound"), [
+    ("backoff", {"lib/retry.py", "lib/inner.py", "app/uses.py", "app/aliased.py"},
+     {"app/aaa_other.py"}),
+    ("debounce", {"web/a.ts", "web/b.js"}, {"web/aaa.ts"}),
+    ("Tick", {"pkg/clock/later.go", "cmd/main.go"}, {"cmd/aaa.go"}),
+])
+def test_uses_imported_from_the_defining_file_are_resolved_and_rank_first(
+        tmp_path: Path, name: str, bound: set[str], unbound: set[str]) -> None:
+    root = write_repo(tmp_path / "repo", IMPORTING)
+    Index(root, embedder=HashingEmbedder()).index()
+    hits = Index(root, embedder=HashingEmbedder()).references(name)
+    resolved = {h.path for h in hits if h.resolved}
+    assert resolved == bound - {"lib/retry.py"}  # the definition itself is no use
+    assert {h.path for h in hits if not h.resolved} == unbound
+    flags = [h.resolved for h in hits]
+    assert flags == sorted(flags, reverse=True)  # every resolved use before the others

@@ -189,3 +189,39 @@ def test_lua_functions_held_by_variables_and_methods_are_definitions(tmp_path: P
     assert found == {"Job:pid": [(2, "method")], "helper": [(5, "function")],
                      "Job.reset": [(6, "method")], "filter": [(8, "function")],
                      "LIMIT": []}  # a plain value inside no table is no definition
+
+
+def test_a_cpp_header_full_of_macros_is_read_as_cpp(tmp_path: Path) -> None:
+    # Neither grammar parses a header whose declarations carry macros; the C++ reading
+    # breaks in fewer places, so its templates and aliases are definitions.
+    header = ("#pragma once\n#define APP_INLINE inline\n\nnamespace app {\n"
+              "template <typename Mutex>\nclass color_sink {\npublic:\n"
+              "    APP_INLINE bool should_color();\n};\n\n"
+              "template <typename Mutex>\n"
+              "APP_INLINE bool color_sink<Mutex>::should_color() {\n    return true;\n}\n\n"
+              "template <typename... Args>\n"
+              "constexpr auto count_named_args() -> size_t {\n    return sizeof...(Args);\n}\n\n"
+              "using color_sink_st = color_sink<int>;\n}\n")
+    root = write_repo(tmp_path / "repo", {"include/sink.h": header})
+    idx = Index(root, embedder=HashingEmbedder())
+    idx.index()
+    found = {name: [(h.path, h.start_line) for h in idx.definition(name)][:1]
+             for name in ("should_color", "count_named_args", "color_sink_st")}
+    assert found == {"should_color": [("include/sink.h", 12)],
+                     "count_named_args": [("include/sink.h", 17)],
+                     "color_sink_st": [("include/sink.h", 21)]}
+
+
+def test_javascript_functions_assigned_to_a_field_are_definitions(tmp_path: Path) -> None:
+    source = ("export function makeParser() {\n  const parser = {};\n"
+              "  parser.onHeaderField = function (bytes) {\n    return bytes;\n  };\n"
+              "  this.onEnd = () => {};\n  parser.count = 3;\n  return parser;\n}\n")
+    root = write_repo(tmp_path / "repo", {"src/parser.js": source})
+    idx = Index(root, embedder=HashingEmbedder())
+    idx.index()
+    found = {name: [(h.path, h.start_line) for h in idx.definition(name)]
+             for name in ("onHeaderField", "parser.onHeaderField", "onEnd", "count")}
+    assert found == {"onHeaderField": [("src/parser.js", 3)],
+                     "parser.onHeaderField": [("src/parser.js", 3)],
+                     "onEnd": [("src/parser.js", 6)],
+                     "count": []}  # a plain value set on a field is no definition
