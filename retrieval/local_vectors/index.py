@@ -11,11 +11,15 @@ import numpy as np
 
 from indexer.location import ChunkLocation
 from retrieval.filters import HitFilter
+from retrieval.local_vectors.approx import ApproxPlanes, live_candidates, rerank_width
 from retrieval.local_vectors.docs import VectorDocs
 from retrieval.local_vectors.scoring import ONE_THREAD_VALUES, one_blas_thread, top_rows
 
 # Merge the delta into the base once it (with the masked base rows) passes this share.
 MERGE_SHARE: Final = 0.1
+# With an approximate index, a filter keeping at most this many rows is searched exactly
+# over those rows alone (50k rows cost ~8 ms): cheaper than widening the IVF's answer.
+EXACT_FILTER_ROWS: Final = 50_000
 
 
 def no_vectors(dim: int) -> np.ndarray:
@@ -51,6 +55,9 @@ class LocalVectorIndex:
                              + int(delta_docs.has_header.sum()))
         # The live rows each recent filter keeps (an agent repeats its --path filter).
         self._rows_kept: dict[HitFilter, np.ndarray] = {}
+        #: The base's approximate index, once built (`retrieval.local_vectors.approx`);
+        #: None: every search is exact.
+        self.approx: ApproxPlanes | None = None
 
     def nearest(self, query: np.ndarray, n: int, *,
                 keep: Callable[[ChunkLocation], bool] | None = None,
@@ -66,6 +73,8 @@ class LocalVectorIndex:
         count = self.header_count if header else self.count
         if n <= 0 or count == 0:
             return []
+        if self.approx is not None and (keep is None or isinstance(keep, HitFilter)):
+            return self._approx_each(q[None], n, keep, header)[0]
         if isinstance(keep, HitFilter):
             return self._nearest_in(self.rows_kept(keep), q[:, None], n, header)[0]
         scores = self.scores(q, header=header)
@@ -99,6 +108,8 @@ class LocalVectorIndex:
         count = self.header_count if header else self.count
         if n <= 0 or count == 0:
             return [[] for _ in qs]
+        if self.approx is not None:
+            return self._approx_each(qs, n, keep, header)
         if keep is not None:
             return self._nearest_in(self.rows_kept(keep), qs.T, n, header)
         scores = self.scores(qs.T, header=header)
@@ -176,6 +187,42 @@ class LocalVectorIndex:
             out.append(list(zip(self.docs(rows[best]), column[best].tolist(), strict=True)))
         return out
 
+    def _approx_each(self, qs: np.ndarray, n: int, keep: HitFilter | None,
+                     header: bool) -> list[list[tuple[ChunkLocation, float]]]:
+        """`nearest_each` through the approximate index: its candidates among the base
+        rows, with every (kept) delta row, scored exactly and ranked as exact search
+        ranks them."""
+        assert self.approx is not None
+        nb, plane = self.base.shape[1], int(header)
+        keep_base: np.ndarray | None = None
+        delta_rows = np.arange(self.delta.shape[1])
+        if keep is not None:
+            rows = self.rows_kept(keep)
+            if len(rows) <= EXACT_FILTER_ROWS:
+                return self._nearest_in(rows, qs.T, n, header)
+            keep_base = np.zeros(nb, dtype=bool)
+            keep_base[rows[rows < nb]] = True
+            delta_rows = rows[rows >= nb] - nb
+        if header:
+            delta_rows = delta_rows[self.delta_docs.has_header[delta_rows]]
+        width = min(nb, rerank_width(n))
+        cand = self.approx.candidates(qs, plane, width)
+        out = []
+        for q, found in zip(qs, cand, strict=True):
+            base_rows = live_candidates(found, self.deleted, keep_base)
+            if header:
+                base_rows = base_rows[self.base_docs.has_header[base_rows]]
+            scores = np.concatenate([self.base[plane][base_rows] @ q,
+                                     self.delta[plane][delta_rows] @ q]).astype(np.float32)
+            rows_all = np.concatenate([base_rows, nb + delta_rows])
+            best = top_rows(scores, min(n, len(rows_all)))
+            if len(best) < n and keep is not None:
+                # A filter the IVF's candidates barely meet: exact over what it keeps.
+                out.append(self._nearest_in(self.rows_kept(keep), q[:, None], n, header)[0])
+                continue
+            out.append(list(zip(self.docs(rows_all[best]), scores[best].tolist(), strict=True)))
+        return out
+
     def doc(self, i: int) -> ChunkLocation:
         nb = self.base.shape[1]
         return self.base_docs.doc(i) if i < nb else self.delta_docs.doc(i - nb)
@@ -218,7 +265,9 @@ class LocalVectorIndex:
         else:
             delta = np.concatenate([self.delta[:, kept], vectors], axis=1)
         delta_docs = VectorDocs.concat([(self.delta_docs, kept), (docs, np.arange(len(docs)))])
-        return LocalVectorIndex(self.base, self.base_docs, deleted, delta, delta_docs, missing)
+        out = LocalVectorIndex(self.base, self.base_docs, deleted, delta, delta_docs, missing)
+        out.approx = self.approx  # the same base: its approximate index still fits
+        return out
 
     def paths_without_headers(self) -> set[str]:
         """Paths with a live chunk that lacks its header vector (a refresh re-reads

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import sqlite3
+import threading
 from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import IO, Any, Final
@@ -33,6 +34,7 @@ from retrieval.derived.store import (
     chunk_rows,
     read_files,
 )
+from retrieval.local_vectors.approx import ApproxPlanes, approx_min_chunks
 from retrieval.local_vectors.docs import VectorDocs
 from retrieval.local_vectors.index import LocalVectorIndex, no_vectors
 
@@ -46,7 +48,8 @@ DELTA_FILE: Final = "delta.npz"
 REBUILD_SHARE: Final = 0.5
 
 _READ_BATCH: Final = 4096  # chunks whose vectors are looked up at once
-_BASE_NAME = re.compile(r"^base-([0-9a-f]{16})\.(npy|npz)$")
+# A base's files, its approximate index among them.
+_BASE_NAME = re.compile(r"^(?:base|approx)-([0-9a-f]{16})\.(npy|npz)$")
 
 Stamp = tuple[int, bytes]  # (change counter, database epoch)
 Model = tuple[str, int]  # (model id, dim)
@@ -73,12 +76,81 @@ class LocalVectorStore(DerivedStore[LocalVectorIndex, _Rows]):
     def __init__(self, directory: Path) -> None:
         super().__init__(directory)
         self._cache: EmbeddingCache | None = None
+        # The approximate index of the newest base it was built for, and its builder.
+        self._approx: tuple[bytes, ApproxPlanes] | None = None
+        self._builder: threading.Thread | None = None
+        #: Approximate indexes built (not read from disk) by this store.
+        self.approx_builds = 0
 
     def current(self, db: sqlite3.Connection, cache: EmbeddingCache, model_id: str,
                 dim: int) -> LocalVectorIndex:
         with self._lock:
             self._cache = cache  # what the refresh reads vectors from, under the same lock
-            return self._current(db, (model_id, dim))
+            index = self._current(db, (model_id, dim))
+            self._attach_approx(index)
+            return index
+
+    def wait_approx(self, timeout: float | None = None) -> bool:
+        """Wait for a background build of the approximate index; whether none runs now."""
+        builder = self._builder
+        if builder is not None:
+            builder.join(timeout)
+            return not builder.is_alive()
+        return True
+
+    # -- the approximate index ------------------------------------------------------
+
+    def _attach_approx(self, index: LocalVectorIndex) -> None:
+        """Give a large base its approximate index: the one in memory, the saved one,
+        or one built in the background while exact search answers."""
+        saved = self._saved
+        if (index.approx is not None or saved is None or saved.index is not index
+                or index.base.shape[1] < approx_min_chunks()):
+            return
+        base_id = saved.base_id
+        if self._approx is not None and self._approx[0] == base_id:
+            index.approx = self._approx[1]
+            return
+        path = self.directory / f"approx-{base_id.hex()}.npy"
+        try:
+            planes = ApproxPlanes.load(path, index.base.shape[1], index.dim)
+        except FileNotFoundError:
+            pass
+        except (*UNREADABLE, RuntimeError) as exc:  # faiss raises RuntimeError
+            log.warning("the approximate vector index in %s is damaged (%s); rebuilding it",
+                        self.directory, exc)
+        else:
+            self._approx = (base_id, planes)
+            index.approx = planes
+            return
+        if self._builder is not None and self._builder.is_alive():
+            return  # a build runs; the next current() after it attaches the result
+        like = self._approx[1] if self._approx is not None else None
+        self._builder = threading.Thread(
+            target=self._build_approx, args=(index.base, base_id, like),
+            name="codeveil-approx-vectors", daemon=True)
+        self._builder.start()
+
+    def _build_approx(self, base: np.ndarray, base_id: bytes,
+                      like: ApproxPlanes | None) -> None:
+        try:
+            planes = ApproxPlanes.build(base, like=like)
+        except (RuntimeError, MemoryError) as exc:
+            log.warning("could not build the approximate vector index in %s: %s",
+                        self.directory, exc)
+            return
+        with self._lock:
+            self.approx_builds += 1
+            self._approx = (base_id, planes)
+            saved = self._saved
+            if saved is not None and saved.base_id == base_id:
+                saved.index.approx = planes
+                try:
+                    private_dir(self.directory)
+                    write_atomic(self.directory / f"approx-{base_id.hex()}.npy", planes.save)
+                except OSError as exc:
+                    log.warning("could not save the approximate vector index in %s: %s",
+                                self.directory, exc)
 
     def problem(self, model_id: str, dim: int) -> str | None:
         """What is wrong with the saved index, if its files exist but cannot be used
