@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from indexer import sqlite_files
 from indexer.chunk import Chunk, chunk_header
+from indexer.chunker_stamp import chunker_stamp
 from indexer.formats import check_sqlite_format
 
 if TYPE_CHECKING:
@@ -50,6 +51,11 @@ CREATE TABLE IF NOT EXISTS definition_files (
     digest BLOB NOT NULL
 ) WITHOUT ROWID;
 """
+
+# Which chunker wrote the table (indexer.chunker_stamp), or MIXED_CHUNKERS.
+_META_SCHEMA = ("CREATE TABLE IF NOT EXISTS state_meta (key TEXT PRIMARY KEY, value BLOB)"
+                " WITHOUT ROWID")
+MIXED_CHUNKERS = b"mixed"
 
 _SCHEMA = _DEFINITIONS_SCHEMA + """
 CREATE TABLE IF NOT EXISTS chunk_files (
@@ -153,12 +159,30 @@ class LocalChunks:
 
     def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db
+        self._claimed = False
         # Looks first, so that a reader does not take the write lock once it all exists.
         have = db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'trigger'"
                           " AND name LIKE 'chunk_gen_%'").fetchone()[0]
         if have != _TRIGGERS or _has_old_counter(db) or not _has_definitions(db):
             with db:
                 db.executescript(_SCHEMA)
+
+    def _claim(self) -> None:
+        """Record which chunker writes this table (indexer.chunker_stamp), inside the
+        caller's transaction, once per connection: a table some other chunker wrote to
+        (an older codeveil, or one from before stamps) is marked mixed for good, so that
+        no other checkout reuses its chunks as its own."""
+        if self._claimed:
+            return
+        self._claimed = True
+        self._db.execute(_META_SCHEMA)
+        row = self._db.execute("SELECT value FROM state_meta WHERE key = 'chunker'").fetchone()
+        ours = chunker_stamp()
+        if row is not None and bytes(row[0]) == ours:
+            return
+        empty = self._db.execute("SELECT 1 FROM chunk_files LIMIT 1").fetchone() is None
+        stamp = ours if row is None and empty else MIXED_CHUNKERS
+        self._db.execute("INSERT OR REPLACE INTO state_meta VALUES ('chunker', ?)", (stamp,))
 
     def file_digests(self) -> dict[str, bytes]:
         return dict(self._db.execute("SELECT path, digest FROM chunk_files"))
@@ -171,6 +195,7 @@ class LocalChunks:
         `definitions[path]` is what the file defines; a file missing there has its list
         read from its chunks when first asked for."""
         with self._db:
+            self._claim()
             for path, digest, chunks in items:
                 defined = definitions.get(path) if definitions is not None else None
                 self._write_definitions(path, digest, defined)
@@ -221,6 +246,7 @@ class LocalChunks:
                                    (path,)).fetchone()
             if row is None or bytes(row[0]) != digest:
                 return False
+            self._claim()
             self._write_definitions(path, digest, defined)
             return True
 

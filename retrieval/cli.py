@@ -168,6 +168,8 @@ def _print_report(r: SyncReport) -> None:
         f" ({r.chunks_embedded} embedded, {r.chunks_from_cache} from cache"
         + (f", {r.chunks_pulled} pulled from the workspace" if r.chunks_pulled else "")
         + f") in {r.seconds:.1f}s"
+        + (f"; {r.files_reused} files' chunks taken from another worktree"
+           if r.files_reused else "")
     )
 
 

@@ -78,6 +78,9 @@ class SyncReport:
     files_changed: int = 0
     files_deleted: int = 0
     files_skipped: int = 0
+    #: Files whose chunks were copied from another worktree of the repository
+    #: (indexer.sibling_chunks), not parsed again.
+    files_reused: int = 0
     chunks_total: int = 0
     chunks_embedded: int = 0
     chunks_from_cache: int = 0
@@ -381,9 +384,11 @@ class Syncer:
             return  # nothing to read: no connection, no parsers
         # Imported here: the parsers cost ~30 ms that a sync with nothing to send skips.
         from indexer.definitions import Definition, chunk_and_define
+        from indexer.sibling_chunks import SiblingChunks
 
         # Its own connection: this runs in the chunker thread.
-        with contextlib.closing(open_state_db(self._state_path)) as db:
+        with contextlib.closing(open_state_db(self._state_path)) as db, \
+                contextlib.closing(SiblingChunks.for_root(self.root)) as siblings:
             writer = LocalChunks(db)
             batch: list[_Pending] = []
             batch_chunks = 0
@@ -417,7 +422,12 @@ class Syncer:
                     continue
                 if source.digest != files[path]:
                     moved.set()
-                chunks, defined[path] = chunk_and_define(path, source.text)
+                reused = siblings.lookup(path, source.digest) if siblings else None
+                if reused is not None:  # another worktree chunked this very file
+                    chunks, defined[path] = reused
+                    report.files_reused += 1
+                else:
+                    chunks, defined[path] = chunk_and_define(path, source.text)
                 unwritten.append((path, source.digest, chunks))
                 # One transaction per batch of files, or twice a second: searchable soon.
                 if len(unwritten) >= WRITE_FILES or time.perf_counter() - last_write > 0.5:
