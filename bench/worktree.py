@@ -6,8 +6,9 @@ A clone of `--repo` (default: this repository, at HEAD) is indexed cold, with an
 embedding cache, through the CLI (`codeveil index --json`), as a user would; then
 `git worktree add` makes a second checkout of it, which is indexed the same way with the
 cache the first one filled, and searched (words and vectors both). The embedding cache is
-by content, so the second index embeds nothing the first did; what is left is reading,
-chunking, the local indexes and the store. Prints both rows and their ratio; writes
+by content, so the second index embeds nothing the first did, and the first's chunk
+table gives it every file's chunks (indexer.sibling_chunks); what is left is reading the
+files, the local indexes and the store. Prints both rows and their ratio; writes
 bench/results/<out>.json.
 """
 
@@ -43,7 +44,7 @@ def codeveil(cwd: Path, *args: str) -> tuple[float, Any]:
 
 def index_row(name: str, cwd: Path) -> dict[str, Any]:
     seconds, report = codeveil(cwd, "index", ".")
-    keys = ("files_changed", "chunks_total", "chunks_embedded", "chunks_from_cache",
+    keys = ("files_changed", "files_reused", "chunks_total", "chunks_embedded", "chunks_from_cache",
             "headers_embedded", "seconds_chunk", "seconds_embed", "seconds_sync",
             "seconds_search_ready")
     row = {"checkout": name, "seconds": round(seconds, 2)}
@@ -72,9 +73,11 @@ def main() -> None:
     search_s, hits = codeveil(second, "search", QUERY, "-k", "5")
     found = [h.get("path") for h in (hits.get("hits", hits) if isinstance(hits, dict) else hits)]
     ratio = rows[1]["seconds"] / rows[0]["seconds"]
-    print(table(["checkout", "seconds", "chunks", "embedded", "from cache", "chunk s"],
-                [[r["checkout"], r["seconds"], r["chunks_total"], r["chunks_embedded"],
-                  r["chunks_from_cache"], r["seconds_chunk"]] for r in rows]))
+    print(table(["checkout", "seconds", "files", "files' chunks reused", "chunks",
+                 "embedded", "from cache", "chunk s"],
+                [[r["checkout"], r["seconds"], r["files_changed"], r["files_reused"],
+                  r["chunks_total"], r["chunks_embedded"], r["chunks_from_cache"],
+                  r["seconds_chunk"]] for r in rows]))
     print(f"second / first: {ratio:.3f}; a search in the second: {search_s:.2f} s, "
           f"top files {found[:3]}")
     write_json(args.out, {"repo": str(args.repo), "commit": commit,
