@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import ROOT, isolate, table, write_json
 
-QUERY = "where are vectors encrypted before they leave the client"
+QUERY = "how a file's chunk rows are padded before upload"
 CLI = [sys.executable, "-m", "retrieval.cli"]
 
 
