@@ -1,9 +1,11 @@
 """Approximate search over a large vector base: one faiss IVF-PQ index per vector plane
 (body, header), its candidates re-ranked exactly from the base's own vectors.
 
-Why this shape (measured by `bench/approx_vectors.py` on clustered 384-dim vectors):
-exact search reads every vector on every query, ~17 ms at 100k chunks and ~170 ms at
-1M, so it stays below `APPROX_MIN_CHUNKS`. Above it, an IVF with PQ codes (48 bytes per
+Why this shape (measured by `bench/approx_vectors.py` on clustered 384-dim vectors,
+docs/benchmarks.md): exact search reads every vector on every query, p50 17.5 ms at 100k
+chunks, 39 ms at 300k and 204 ms at 1M, so it crosses a 30 ms budget near 200k: below
+`APPROX_MIN_CHUNKS` it stays exact (the exact answer, no background build of minutes,
+no extra disk). Above it, an IVF with PQ codes (48 bytes per
 vector per plane, against 1,536 for the float32 vector) keeps the coarse search in a
 few tens of MB of memory, and the top `rerank_width` candidates are scored again from
 the memory-mapped float32 base, so the order of what is returned is the exact one (the
