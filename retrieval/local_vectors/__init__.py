@@ -57,13 +57,13 @@ Modules, one job each::
                  body or header vectors, filters, updating and merging
     store.py     LocalVectorStore: `.codeveil/vectors/` on disk, kept in step with the
                  chunk table and the cache (retrieval.derived.store)
+    approx.py    ApproxPlanes: an IVF-PQ index per plane over a large base (past
+                 `APPROX_MIN_CHUNKS`), built in the background, its candidates re-ranked
+                 exactly; the delta and masked rows as for exact search
+    mapped.py    handing the mapped base's pages back after sparse reads, so that the
+                 approximate index's process stays small
 
 The names below are imported on first use (indexer.lazy).
-
-Beyond about 1M chunks exact search costs ~170 ms and 1.5 GB of mapped vectors per
-query; the next step is an approximate faiss index over the base (HNSW for recall at
-low latency, or IVF-Flat, which `sync.store.vector_index` already trains and which supports
-removal), with the delta still searched exactly and masked base rows filtered out.
 """
 
 from __future__ import annotations

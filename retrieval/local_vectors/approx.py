@@ -1,9 +1,11 @@
 """Approximate search over a large vector base: one faiss IVF-PQ index per vector plane
 (body, header), its candidates re-ranked exactly from the base's own vectors.
 
-Why this shape (measured by `bench/approx_vectors.py` on clustered 384-dim vectors):
-exact search reads every vector on every query, ~17 ms at 100k chunks and ~170 ms at
-1M, so it stays below `APPROX_MIN_CHUNKS`. Above it, an IVF with PQ codes (48 bytes per
+Why this shape (measured by `bench/approx_vectors.py` on clustered 384-dim vectors,
+docs/benchmarks.md): exact search reads every vector on every query, p50 17.5 ms at 100k
+chunks, 39 ms at 300k and 204 ms at 1M, so it crosses a 30 ms budget near 200k: below
+`APPROX_MIN_CHUNKS` it stays exact (the exact answer, no background build of minutes,
+no extra disk). Above it, an IVF with PQ codes (48 bytes per
 vector per plane, against 1,536 for the float32 vector) keeps the coarse search in a
 few tens of MB of memory, and the top `rerank_width` candidates are scored again from
 the memory-mapped float32 base, so the order of what is returned is the exact one (the
@@ -28,15 +30,28 @@ from typing import IO, Any, Final
 
 import numpy as np
 
+from retrieval.local_vectors.mapped import RELEASE_ROWS, release
+
 #: Below this many base rows search stays exact (see the module docstring); the
 #: environment variable CODEVEIL_APPROX_MIN_CHUNKS overrides it.
 APPROX_MIN_CHUNKS: Final = 200_000
 #: A base this many times the rows its IVF was trained on is trained afresh.
 RETRAIN_GROWTH: Final = 2.0
 PQ_BYTES: Final = 48  # bytes of PQ code per vector (dim must be a multiple)
-TRAIN_SAMPLE: Final = 65_536  # vectors the quantizers are trained on
-NPROBE: Final = 48
-RERANK_MIN: Final = 256  # candidates re-ranked exactly, at least
+TRAIN_SAMPLE: Final = 65_536  # vectors the quantizers are trained on, at least
+# k-means iterations of the coarse quantizer and of each PQ sub-quantizer: faiss's 25
+# cost 1.8x the build's training time (measured, 200k chunks) and the exact re-rank
+# makes up for rougher PQ centroids.
+TRAIN_ITERATIONS: Final = 10
+# Lists probed: a share of them, not a count. Measured on 200k synthetic chunks (nlist
+# 894, rows re-ranked 512): recall@10 against exact 0.911 probing 1/16 of the lists,
+# 0.958 at 1/10, 0.973 at 1/8, 0.982 at 1/6. Questions land far from the code they find,
+# so the near lists alone miss (the server's IVF probes many for the same reason).
+PROBE_SHARE: Final = 1 / 6
+NPROBE_MIN: Final = 48
+RERANK_MIN: Final = 512  # candidates re-ranked exactly, at least
+RERANK_PER_HIT: Final = 10  # and this many per hit asked for
+ADD_ROWS: Final = 16_384  # rows added to the IVF at once (24 MB of the base at dim 384)
 
 
 def approx_min_chunks() -> int:
@@ -94,7 +109,9 @@ class ApproxPlanes:
         else:
             # k-means wants ~39 points per centroid: fewer lists and PQ centroids for a
             # small base (a test's), the usual 8-bit codes from 10k rows up.
-            nlist = int(max(1, min(4 * np.sqrt(n), n // 39, 8192)))
+            # 2 sqrt(n) lists (as the server's IVF): 4 sqrt(n) doubled the coarse
+            # k-means and the assignment of every row, which dominate the build.
+            nlist = int(max(1, min(2 * np.sqrt(n), n // 39, 8192)))
             nbits = int(min(8, max(1, np.log2(max(n // 39, 2)))))
             index = faiss.IndexIVFPQ(faiss.IndexFlatIP(dim), dim, nlist, _pq_m(dim), nbits,
                                      faiss.METRIC_INNER_PRODUCT)
@@ -102,10 +119,18 @@ class ApproxPlanes:
             sample = np.sort(rng.choice(n, size=min(n, max(TRAIN_SAMPLE, 40 * nlist)),
                                         replace=False))
             index.cp.verbose = False
-            index.train(np.ascontiguousarray(vectors[sample]))
-        for start in range(0, n, 65_536):  # in slices: the mapped base is not copied
-            index.add(np.ascontiguousarray(vectors[start : start + 65_536]))
-        index.nprobe = NPROBE
+            index.cp.niter = TRAIN_ITERATIONS
+            index.pq.cp.niter = TRAIN_ITERATIONS
+            train = np.empty((len(sample), dim), dtype=np.float32)
+            for at in range(0, len(sample), RELEASE_ROWS):  # scattered reads: see mapped.py
+                train[at : at + RELEASE_ROWS] = vectors[sample[at : at + RELEASE_ROWS]]
+                release(vectors)
+            index.train(train)
+            del train
+        for start in range(0, n, ADD_ROWS):  # in slices: the mapped base is not copied
+            index.add(np.ascontiguousarray(vectors[start : start + ADD_ROWS]))
+            release(vectors)  # each page is read once: none kept resident (mapped.py)
+        index.nprobe = nprobe(index.nlist)
         return index
 
     def candidates(self, queries: np.ndarray, plane: int, width: int) -> np.ndarray:
@@ -141,7 +166,7 @@ class ApproxPlanes:
             if p.ntotal != rows or p.d != dim:
                 raise ValueError(f"an approximate index of {p.ntotal} x {p.d} for a base "
                                  f"of {rows} x {dim}")
-            p.nprobe = NPROBE
+            p.nprobe = nprobe(p.nlist)
         return cls(planes, int(head[0]))
 
 
@@ -153,8 +178,14 @@ def _pq_m(dim: int) -> int:
     return 1
 
 
+def nprobe(nlist: int) -> int:
+    """Lists probed of an IVF of `nlist` (all of a small one's)."""
+    return int(min(nlist, max(NPROBE_MIN, round(PROBE_SHARE * nlist))))
+
+
 def rerank_width(n: int) -> int:
-    return max(RERANK_MIN, 16 * n)
+    """Candidates of the IVF re-ranked exactly for the `n` best."""
+    return max(RERANK_MIN, RERANK_PER_HIT * n)
 
 
 def live_candidates(rows: Sequence[int] | np.ndarray, deleted: np.ndarray,

@@ -37,6 +37,7 @@ from retrieval.derived.store import (
 from retrieval.local_vectors.approx import ApproxPlanes, approx_min_chunks
 from retrieval.local_vectors.docs import VectorDocs
 from retrieval.local_vectors.index import LocalVectorIndex, no_vectors
+from retrieval.local_vectors.mapped import file_checksum
 
 # Log lines name the package, whichever of its modules writes them.
 log = logging.getLogger("retrieval.local_vectors")
@@ -257,7 +258,9 @@ class LocalVectorStore(DerivedStore[LocalVectorIndex, _Rows]):
         vectors = np.load(stem.with_suffix(".npy"), mmap_mode="r", allow_pickle=False)
         if vectors.shape != (2, len(docs), dim) or vectors.dtype != np.float32:
             raise ValueError(f"base vectors of shape {vectors.shape} for {len(docs)} chunks")
-        if _checksum(vectors) != int(zb["checksum"][0]):
+        # Read from the file, not through the map: the check leaves no page resident.
+        if file_checksum(stem.with_suffix(".npy"), int(vectors.offset)) \
+                != int(zb["checksum"][0]):
             raise ValueError("the base vectors fail their checksum")
         return vectors, docs
 
