@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from indexer import sqlite_files
 from sync.records import (
     DEFAULT_REF,
     DirValue,
@@ -70,12 +69,10 @@ from sync.store.rows import (
     group_rows,
     purge_superseded,
     replace_blob_rows,
-    sealed_rows_scan,
 )
-from sync.store.search_index import SNAPSHOT, SearchIndexLifecycle
+from sync.store.search_index import SearchIndexLifecycle
 from sync.store.sqlite_tree import (
     SQL_BATCH,
-    TREE_ADVICE,
     Plan,
     batched,
     commit_values,
@@ -85,18 +82,16 @@ from sync.store.sqlite_tree import (
 )
 from sync.store.vector_index import (
     RowTable,
-    SnapshotError,
     chunk_id_array,
     pack,
-    read_snapshot,
-    read_snapshot_info,
 )
+from sync.store.workspace_checks import WorkspaceChecks
 from sync.wire import BadRequest, SealedWorkspaceError, StoreCorrupt
 
 log = logging.getLogger(__name__)
 
 
-class WorkspaceStore(PoolOps, ApplyChecks, SearchIndexLifecycle):
+class WorkspaceStore(WorkspaceChecks, PoolOps, ApplyChecks, SearchIndexLifecycle):
     """The Merkle tree, chunk rows and search index of one workspace.
 
     Thread-safe: applies (and directory updates) are serialised by a lock, across
@@ -459,80 +454,6 @@ class WorkspaceStore(PoolOps, ApplyChecks, SearchIndexLifecycle):
         if (rows and not data) or any(d.stat().st_size == 0 for d in data):
             raise StoreCorrupt(f"the chunk table {table_dir} lost its data files;"
                                f" {LANCE_ADVICE}")
-
-    def check(self) -> list[str]:
-        """Every problem found in this workspace's files, one line each (empty: none).
-
-        tree.sqlite's integrity; the chunk rows read in full (every row's rid, file and
-        chunk id); rids unique; every row belonging to a file of the tree; the search
-        snapshot, when of the current generation, holding exactly the table's rows (a
-        sealed workspace, whose rows are in tree.sqlite, has none)."""
-        self._check_open()
-        problems: list[str] = []
-        tree = self.path / "tree.sqlite"
-        bad = sqlite_files.integrity_problem(tree)
-        if bad is not None:
-            return [f"{tree} is corrupt ({bad}); {TREE_ADVICE}"]
-        with self._rlock:
-            leaves = {fid_of(unscoped(bytes(k))) for (k,) in self._rconn.execute(
-                "SELECT key FROM nodes WHERE is_dir = 0")}
-        try:
-            by_file = self.rows_by_file()
-        except StoreCorrupt as exc:
-            return [str(exc)]
-        rids = np.concatenate([r for r, _ in by_file.values()] or [np.empty(0, np.int64)])
-        if self.sealed:
-            table, advice = f"the chunk table of {tree}", TREE_ADVICE
-        else:
-            table, advice = f"the chunk table {self.path / f'{TABLE}.lance'}", LANCE_ADVICE
-        if len(np.unique(rids)) != len(rids):
-            problems.append(f"{table} holds a row twice; {advice}")
-        orphans = sum(len(r) for fid, (r, _) in by_file.items() if fid not in leaves)
-        if orphans:
-            problems.append(f"{table} holds {orphans} rows of files the tree does not have;"
-                            f" {advice}")
-        if self.sealed:
-            return problems
-        snapshot = self.path / SNAPSHOT
-        try:
-            info = read_snapshot_info(snapshot)
-        except FileNotFoundError:
-            info = None
-        except (SnapshotError, OSError) as exc:
-            problems.append(f"the search snapshot {snapshot} is unreadable ({exc}); it is"
-                            " rebuilt from the chunk table (delete it to stop this message)")
-            info = None
-        if info is not None and info.get("generation") == self._generation():
-            try:
-                _index, rows, _ = read_snapshot(snapshot, self.options.index_policy)
-                same = np.array_equal(np.sort(rows.rids()), np.sort(rids))
-            except (SnapshotError, OSError, ValueError) as exc:
-                same, rows = False, None
-                problems.append(f"the search snapshot {snapshot} is unreadable ({exc})")
-            if rows is not None and not same:
-                problems.append(f"the search snapshot {snapshot} does not hold the chunk"
-                                " table's rows; delete it (it is rebuilt from the table)")
-        return problems
-
-    def rows_by_file(self) -> dict[int, tuple[np.ndarray, list[bytes]]]:
-        """fid -> (rids, chunk ids) of every chunk row, read in full."""
-        out: dict[int, tuple[list[int], list[bytes]]] = {}
-        if self.sealed:
-            with self._rlock, sealed_reads(self._tree_path):
-                for rid, fid, cid in sealed_rows_scan(self._rconn):
-                    entry = out.setdefault(fid, ([], []))
-                    entry[0].append(rid)
-                    entry[1].append(cid)
-            return {f: (np.array(r, np.int64), c) for f, (r, c) in out.items()}
-        with self._write_lock, lance_reads(self.path / f"{TABLE}.lance"):
-            self._table.checkout_latest()
-            for b in self._scan(["rid", "fid", "chunk_id"]):
-                for rid, fid, cid in zip(b.column("rid").to_pylist(), b.column("fid").to_pylist(),
-                                         b.column("chunk_id").to_pylist(), strict=True):
-                    entry = out.setdefault(fid, ([], []))
-                    entry[0].append(rid)
-                    entry[1].append(cid)
-        return {f: (np.array(r, np.int64), c) for f, (r, c) in out.items()}
 
     def close(self) -> None:
         """Snapshot the index if it changed since the last snapshot, then close."""
