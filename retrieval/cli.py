@@ -20,6 +20,7 @@ import click
 from indexer.errors import CodeveilError
 from retrieval.cli_base import EXIT_ERROR, _fail, _Group, _index
 from retrieval.cli_daemon import daemon
+from retrieval.cli_refs import refs
 from retrieval.cli_tools import definition, grep, outline, uses
 from sync.progress import Progress
 
@@ -319,7 +320,8 @@ def status(as_json: bool, repo: Path) -> None:
         click.echo(json.dumps(info.to_dict(), indent=2))
     else:
         for name, value in info.items():
-            click.echo(f"{name:>14}: {value}")
+            if value is not None:  # `ref` where the store keeps one tree per ref
+                click.echo(f"{name:>14}: {value}")
     if not info.files and info.server_chunks:
         # The same state search refuses, in its words: a script must see it in the exit
         # code, not read "files: 0" as an empty index.
@@ -462,7 +464,7 @@ def mcp(repo: Path) -> None:
 __all__ = ["EXIT_ERROR", "main"]
 
 # The commands of their own modules (the help lists every command by name).
-for _command in (definition, outline, uses, grep, daemon):
+for _command in (definition, outline, uses, grep, daemon, refs):
     main.add_command(_command)
 
 
