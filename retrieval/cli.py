@@ -320,8 +320,7 @@ def status(as_json: bool, repo: Path) -> None:
         click.echo(json.dumps(info.to_dict(), indent=2))
     else:
         for name, value in info.items():
-            if value is not None:  # `ref` where the store keeps one tree per ref
-                click.echo(f"{name:>14}: {value}")
+            click.echo(f"{name:>14}: {value}")
     if not info.files and info.server_chunks:
         # The same state search refuses, in its words: a script must see it in the exit
         # code, not read "files: 0" as an empty index.

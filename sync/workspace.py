@@ -322,7 +322,7 @@ class Workspace:
             root=str(root), workspace_id=config.workspace_id,
             server=config.server or "embedded", mode=config.mode, model_id=config.model_id,
             files=files, chunks=chunks, server_chunks=info.chunks - padding,
-            server_rows=info.chunks, server_nodes=info.nodes, ref=self.ref_name,
+            server_rows=info.chunks, server_nodes=info.nodes,
         )
 
     def close(self) -> None:

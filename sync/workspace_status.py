@@ -28,5 +28,3 @@ class WorkspaceStatus(FieldsMapping):
     server_chunks: int
     server_rows: int
     server_nodes: int
-    # The ref (branch tree) this checkout syncs, where the store keeps one per ref.
-    ref: str | None = None
