@@ -28,6 +28,7 @@ hangs under another parent than drawn::
     │   │   ├── StoreCorrupt                      a damaged store file: which, what to do (503)
     │   │   ├── StoreUnavailable                  the store's database cannot be reached (503)
     │   │   ├── WorkspaceNotFound                 no such workspace (404)
+    │   │   ├── RefNotFound                       no tree of that ref in the workspace (404)
     │   │   ├── WorkspaceExists                   the id is taken (409)
     │   │   ├── SealedWorkspaceError              search asked of a sealed workspace (409)
     │   │   └── AuthError                         no or wrong token (401)

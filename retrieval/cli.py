@@ -20,6 +20,7 @@ import click
 from indexer.errors import CodeveilError
 from retrieval.cli_base import EXIT_ERROR, _fail, _Group, _index
 from retrieval.cli_daemon import daemon
+from retrieval.cli_refs import refs
 from retrieval.cli_tools import definition, grep, outline, uses
 from sync.progress import Progress
 
@@ -464,7 +465,7 @@ def mcp(repo: Path) -> None:
 __all__ = ["EXIT_ERROR", "main"]
 
 # The commands of their own modules (the help lists every command by name).
-for _command in (definition, outline, uses, grep, daemon):
+for _command in (definition, outline, uses, grep, daemon, refs):
     main.add_command(_command)
 
 

@@ -53,6 +53,8 @@ from sync.config import (
 )
 from sync.config_recovery import recover_config
 from sync.keys import WorkspaceKey, load_key
+from sync.records import DEFAULT_REF
+from sync.refs import ref_id, ref_name
 from sync.sealed_rows import RowSealer
 from sync.store import Store, WorkspaceStore
 from sync.syncer import SyncReport
@@ -331,13 +333,15 @@ def _files_differing(root: Path, config: RepoConfig, key: WorkspaceKey,
     if not _state_readable(root):
         return []
     sealer = RowSealer(key, config.workspace_id, config.dim) if config.sealed else None
+    # The tree of this checkout's ref: a sealed embedded store keeps one per ref.
+    ref = ref_id(key, ref_name(root)) if config.sealed else DEFAULT_REF
     out = []
     with _state(root) as local:
         paths = sorted(local.file_digests())
         for start in range(0, len(paths), 512):
             part = paths[start : start + 512]
             keys = [crypto.node_key(key, p) for p in part]
-            rows = ws.file_rows(keys)
+            rows = ws.file_rows(keys, ref)
             for path, file_key in zip(part, keys, strict=True):
                 want = sorted(c.chunk_hash for c in local.for_file(path))
                 hashes = (_chunk_hash(sealer, key, config.workspace_id, file_key, r, b)

@@ -12,7 +12,16 @@ from typing import Protocol
 
 import numpy as np
 
-from sync.records import DirValue, FileRows, FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
+from sync.records import (
+    BlobRows,
+    DirValue,
+    FileRows,
+    FileUpdate,
+    NodeInfo,
+    RefInfo,
+    SearchHit,
+    WorkspaceInfo,
+)
 
 
 @dataclass
@@ -25,9 +34,14 @@ class TransferStats:
 
 
 class StoreClient(Protocol):
-    """Operations on one workspace. Every argument and result is ciphertext or a keyed hash."""
+    """Operations on one workspace. Every argument and result is ciphertext or a keyed hash.
+
+    A client works on the tree of one ref (`ref`, 16 bytes; the default ref, 16 zero
+    bytes, unless it was given one): root, children, apply, set_dir_values and
+    file_rows read and write that tree; the pool and the refs are the workspace's."""
 
     stats: TransferStats
+    ref: bytes
 
     def info(self) -> WorkspaceInfo:
         """The workspace's record (dim, model id, key check, counts)."""
@@ -41,13 +55,15 @@ class StoreClient(Protocol):
         """Children of each directory key, in one round trip. Unknown keys map to []."""
         ...
 
-    def apply(self, updates: list[FileUpdate], deletes: list[bytes]) -> None:
+    def apply(self, updates: list[FileUpdate], deletes: list[bytes]) -> list[bytes]:
         """Replace the chunks and leaves of `updates`; remove the subtrees of `deletes`.
 
         Write order (see docs/architecture.md): first every touched leaf and all of its
         ancestors are set pending (value None), then chunk rows are replaced, then leaf
         values are set. A crash at any point leaves pending nodes that the next diff
-        descends into, never a value claiming chunks that are not stored.
+        descends into, never a value claiming chunks that are not stored. Returns the
+        keys of links (`FileUpdate.link`) whose blob the pool lacks: their leaves stay
+        pending, and the caller sends those files.
         """
         ...
 
@@ -66,6 +82,25 @@ class StoreClient(Protocol):
         for every key that is a committed leaf of the tree; [] for a key that is unknown,
         pending or a directory. Works in both modes; a long list is sent in several
         calls (`Limits.max_row_files`, `Limits.max_row_bytes`)."""
+        ...
+
+    def blob_rows(self, blobs: list[tuple[bytes, bytes]], *, rows: bool = True) -> BlobRows:
+        """The rows of each (file key, value) the workspace's pool holds, from any ref,
+        and the keys of those it lacks; sent in several calls when long. With `rows`
+        false, only which it holds (each with [])."""
+        ...
+
+    def refs(self) -> list[RefInfo]:
+        """Every ref of the workspace with a tree."""
+        ...
+
+    def drop_ref(self, ref: bytes) -> None:
+        """Delete a ref's tree (RefNotFound if it has none)."""
+        ...
+
+    def collect_garbage(self, *, max_ref_age_days: float | None = None,
+                        grace_s: float | None = None) -> dict[str, int]:
+        """Drop stale refs and delete blobs no ref names (`WorkspaceBackend`)."""
         ...
 
     def verify(self) -> None:

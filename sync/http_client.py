@@ -28,11 +28,14 @@ import numpy as np
 from sync.client import TransferStats
 from sync.errors import SyncError
 from sync.records import (
+    DEFAULT_REF,
     MODE_SERVER_SEARCH,
+    BlobRows,
     DirValue,
     FileRows,
     FileUpdate,
     NodeInfo,
+    RefInfo,
     SearchHit,
     WorkspaceInfo,
 )
@@ -42,15 +45,20 @@ from sync.wire import (
     LIMITS,
     AuthError,
     BadRequest,
+    RefNotFound,
     SealedWorkspaceError,
     StoreError,
+    WorkspaceNotFound,
     b64decode,
     b64encode,
+    blob_rows_from_json,
     encode_vector,
+    gather_blob_rows,
     gather_rows,
     hit_from_json,
     info_from_json,
     node_from_json,
+    refs_from_json,
     rows_from_json,
     update_to_json,
 )
@@ -87,6 +95,7 @@ class HttpClient:
         timeout: float = DEFAULT_TIMEOUT,
         max_body_bytes: int = LIMITS.max_body_bytes,
         transport: httpx.BaseTransport | None = None,
+        ref: bytes = DEFAULT_REF,
     ) -> None:
         if not isinstance(token, str) or not token.isascii() or not token.isprintable() or (
             not token or any(c.isspace() for c in token)
@@ -97,7 +106,21 @@ class HttpClient:
         self.max_body_bytes = max_body_bytes
         self.stats = TransferStats()
         self._path = f"{API_PREFIX}/workspaces/{quote(workspace_id, safe='')}"
+        self.ref = ref
         self._http = _session(self.base_url, timeout, transport, token)
+
+    @property
+    def ref(self) -> bytes:
+        """The ref whose tree the tree requests read and write."""
+        return self._ref
+
+    @ref.setter
+    def ref(self, ref: bytes) -> None:
+        self._ref = ref
+        # The default ref's tree at the routes of before refs (a server of one tree
+        # answers them alike); another ref's under /refs/{ref}.
+        self._tree = (self._path if ref == DEFAULT_REF
+                      else f"{self._path}/refs/{_encode(b64encode, ref, 'ref')}")
 
     # -- workspaces -------------------------------------------------------------------
 
@@ -146,12 +169,12 @@ class HttpClient:
         return _field(self._request("GET", ""), info_from_json)
 
     def root(self) -> NodeInfo | None:
-        answer = self._request("GET", "/tree/root")
+        answer = self._tree_request("GET", "/tree/root")
         return _field(answer, lambda a: None if a["node"] is None else node_from_json(a["node"]))
 
     def children(self, keys: list[bytes]) -> dict[bytes, list[NodeInfo]]:
         payload = {"keys": [_encode(b64encode, k, "keys") for k in keys]}
-        answer = self._request("POST", "/tree/children", payload)
+        answer = self._tree_request("POST", "/tree/children", payload)
         return _field(
             answer,
             lambda a: {
@@ -160,16 +183,17 @@ class HttpClient:
             },
         )
 
-    def apply(self, updates: list[FileUpdate], deletes: list[bytes]) -> None:
+    def apply(self, updates: list[FileUpdate], deletes: list[bytes]) -> list[bytes]:
         payload = {
             "updates": [_encode(update_to_json, u, "updates") for u in updates],
             "deletes": [_encode(b64encode, d, "deletes") for d in deletes],
         }
-        self._request("POST", "/apply", payload)
+        answer = self._tree_request("POST", "/apply", payload)
+        return _field(answer, lambda a: [b64decode(k) for k in a.get("missing", [])])
 
     def set_dir_values(self, values: list[DirValue]) -> None:
         payload = {"values": [[_encode(b64encode, part, "values") for part in v] for v in values]}
-        self._request("POST", "/tree/dirs", payload)
+        self._tree_request("POST", "/tree/dirs", payload)
 
     def search(self, vector: np.ndarray, k: int) -> list[SearchHit]:
         try:
@@ -184,9 +208,35 @@ class HttpClient:
     def file_rows(self, file_keys: list[bytes]) -> FileRows:
         def fetch(part: list[bytes]) -> FileRows:
             payload = {"files": [_encode(b64encode, k, "files") for k in part]}
-            return _field(self._request("POST", "/rows", payload), rows_from_json)
+            return _field(self._tree_request("POST", "/rows", payload), rows_from_json)
 
         return gather_rows(file_keys, LIMITS.max_row_files, fetch)
+
+    def blob_rows(self, blobs: list[tuple[bytes, bytes]], *, rows: bool = True) -> BlobRows:
+        def fetch(part: list[tuple[bytes, bytes]]) -> BlobRows:
+            payload: dict[str, Any] = {
+                "blobs": [[_encode(b64encode, k, "blobs"), _encode(b64encode, v, "blobs")]
+                          for k, v in part], "rows": rows}
+            return _field(self._request("POST", "/blobs", payload), blob_rows_from_json)
+
+        return gather_blob_rows(blobs, LIMITS.max_row_files, fetch)
+
+    def refs(self) -> list[RefInfo]:
+        return _field(self._request("GET", "/refs"), refs_from_json)
+
+    def drop_ref(self, ref: bytes) -> None:
+        try:
+            self._request("DELETE", f"/refs/{_encode(b64encode, ref, 'ref')}")
+        except WorkspaceNotFound as exc:  # a 404 of this route: the ref, not the workspace
+            if "has no ref" not in str(exc):
+                raise
+            raise RefNotFound(str(exc)) from None
+
+    def collect_garbage(self, *, max_ref_age_days: float | None = None,
+                        grace_s: float | None = None) -> dict[str, int]:
+        payload = {"max_ref_age_days": max_ref_age_days, "grace_s": grace_s}
+        return _field(self._request("POST", "/gc", payload),
+                      lambda a: {k: int(a[k]) for k in ("refs", "blobs", "rows")})
 
     def verify(self) -> None:
         """Nothing to ask: a server with damaged files answers 503 to every request."""
@@ -201,6 +251,11 @@ class HttpClient:
         self.close()
 
     # -- plumbing ---------------------------------------------------------------------
+
+    def _tree_request(self, method: str, path: str, payload: dict[str, Any] | None = None
+                      ) -> dict[str, Any]:
+        return _call(self._http, self.base_url, method, self._tree + path, payload,
+                     stats=self.stats, max_body_bytes=self.max_body_bytes)
 
     def _request(
         self, method: str, path: str, payload: dict[str, Any] | None = None,

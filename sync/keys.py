@@ -11,6 +11,7 @@ Terminology
                       meta    AES-256-GCM key of chunk metadata    (sync.crypto.seal_meta)
                       row     AES-256-GCM key of sealed chunk rows (sync.sealed_rows)
                       vector  rotation, scale and noise of vectors (sync.crypto.VectorCipher)
+                      ref     ref ids, one per branch a client syncs (sync.refs)
                       check   the key check, and nothing else
                     The salt is a fixed string, not the workspace id: the workspace key is
                     already uniformly random (RFC 5869 section 3.1), and binding to the
@@ -125,6 +126,7 @@ class WorkspaceKey:
         "key_check",
         "meta_key",
         "path_key",
+        "ref_key",
         "row_key",
         "tree_key",
         "vector_key",
@@ -136,6 +138,7 @@ class WorkspaceKey:
     meta_key: bytes
     row_key: bytes
     vector_key: bytes
+    ref_key: bytes
     check_key: bytes
     key_check: bytes
 
@@ -149,6 +152,7 @@ class WorkspaceKey:
         self.meta_key = _subkey(secret, "meta")
         self.row_key = _subkey(secret, "row")
         self.vector_key = _subkey(secret, "vector")
+        self.ref_key = _subkey(secret, "ref")
         self.check_key = _subkey(secret, "check")
         self.key_check = hmac.digest(self.check_key, _CHECK_MESSAGE, "sha256")[:CHECK_SIZE]
         self._hash = int.from_bytes(self.key_check[:8], "big")

@@ -15,17 +15,20 @@ import numpy as np
 
 from sync.client import TransferStats
 from sync.records import (
+    DEFAULT_REF,
     MODE_SERVER_SEARCH,
+    BlobRows,
     DirValue,
     FileRows,
     FileUpdate,
     NodeInfo,
+    RefInfo,
     SearchHit,
     WorkspaceInfo,
 )
 from sync.store import Store
 from sync.store.backend import StoreBackend, WorkspaceBackend
-from sync.wire import gather_rows
+from sync.wire import gather_blob_rows, gather_rows
 
 
 class LocalClient:
@@ -36,7 +39,8 @@ class LocalClient:
     crosses a wire, so its byte counts stay 0.
     """
 
-    def __init__(self, store: StoreBackend | str | os.PathLike[str], workspace_id: str) -> None:
+    def __init__(self, store: StoreBackend | str | os.PathLike[str], workspace_id: str,
+                 *, ref: bytes = DEFAULT_REF) -> None:
         self._owns_store = isinstance(store, str | os.PathLike)
         self._store: StoreBackend = (Store(store) if isinstance(store, str | os.PathLike)
                                      else store)
@@ -47,12 +51,15 @@ class LocalClient:
                 self._store.close()
             raise
         self.workspace_id = workspace_id
+        self.ref = ref
         self.stats = TransferStats()
 
     @classmethod
-    def open(cls, store: StoreBackend | str | os.PathLike[str], workspace_id: str) -> LocalClient:
-        """A client of an existing workspace; WorkspaceNotFound if there is none."""
-        return cls(store, workspace_id)
+    def open(cls, store: StoreBackend | str | os.PathLike[str], workspace_id: str,
+             *, ref: bytes = DEFAULT_REF) -> LocalClient:
+        """A client of an existing workspace (of `ref`'s tree in it); WorkspaceNotFound
+        if there is none."""
+        return cls(store, workspace_id, ref=ref)
 
     @classmethod
     def create_workspace(
@@ -97,19 +104,19 @@ class LocalClient:
 
     def root(self) -> NodeInfo | None:
         self.stats.requests += 1
-        return self._ws.root()
+        return self._ws.root(self.ref)
 
     def children(self, keys: list[bytes]) -> dict[bytes, list[NodeInfo]]:
         self.stats.requests += 1
-        return self._ws.children(keys)
+        return self._ws.children(keys, self.ref)
 
-    def apply(self, updates: list[FileUpdate], deletes: list[bytes]) -> None:
+    def apply(self, updates: list[FileUpdate], deletes: list[bytes]) -> list[bytes]:
         self.stats.requests += 1
-        self._ws.apply(updates, deletes)
+        return self._ws.apply(updates, deletes, self.ref)
 
     def set_dir_values(self, values: list[DirValue]) -> None:
         self.stats.requests += 1
-        self._ws.set_dir_values(values)
+        self._ws.set_dir_values(values, self.ref)
 
     def search(self, vector: np.ndarray, k: int) -> list[SearchHit]:
         self.stats.requests += 1
@@ -118,9 +125,29 @@ class LocalClient:
     def file_rows(self, file_keys: list[bytes]) -> FileRows:
         def fetch(part: list[bytes]) -> FileRows:
             self.stats.requests += 1
-            return self._ws.file_rows(part)
+            return self._ws.file_rows(part, self.ref)
 
         return gather_rows(file_keys, self._store.limits.max_row_files, fetch)
+
+    def blob_rows(self, blobs: list[tuple[bytes, bytes]], *, rows: bool = True) -> BlobRows:
+        def fetch(part: list[tuple[bytes, bytes]]) -> BlobRows:
+            self.stats.requests += 1
+            return self._ws.blob_rows(part, rows=rows)
+
+        return gather_blob_rows(blobs, self._store.limits.max_row_files, fetch)
+
+    def refs(self) -> list[RefInfo]:
+        self.stats.requests += 1
+        return self._ws.refs()
+
+    def drop_ref(self, ref: bytes) -> None:
+        self.stats.requests += 1
+        self._ws.drop_ref(ref)
+
+    def collect_garbage(self, *, max_ref_age_days: float | None = None,
+                        grace_s: float | None = None) -> dict[str, int]:
+        self.stats.requests += 1
+        return self._ws.collect_garbage(max_ref_age_days=max_ref_age_days, grace_s=grace_s)
 
     def verify(self) -> None:
         self._ws.verify()

@@ -14,6 +14,9 @@ from typing import NamedTuple
 import numpy as np
 
 KEY_BYTES = 16  # node keys, node values, chunk ids: HMAC-SHA256 truncated to 16 bytes
+# The ref (one tree of a workspace, sync.store.pool) of a client that names none, and of
+# every workspace's one tree before refs: 16 zero bytes, never an HMAC's output.
+DEFAULT_REF = bytes(KEY_BYTES)
 
 # What a workspace's rows hold. "sealed": each row is a chunk id and one envelope (vector
 # and metadata sealed together); the server stores and returns rows and ranks nothing, the
@@ -40,13 +43,18 @@ class FileUpdate:
     """Replace everything the store holds for one file, and its Merkle leaf.
 
     `ancestors` are the node keys of the directories above the file, root first;
-    the server creates the ones it lacks. `value` is the new leaf value.
+    the server creates the ones it lacks. `value` is the new leaf value (in a sealed
+    workspace it also names the file's blob in the pool: HMAC(k_tree, path, digest)).
     """
 
     file_key: bytes
     ancestors: tuple[bytes, ...]
     value: bytes
     chunks: tuple[ChunkRecord, ...] = ()
+    # Sealed: the leaf names a blob the workspace's pool already holds (the rows of
+    # this file at this value, sent by any ref); no chunks travel. A link to a blob the
+    # pool lacks leaves the leaf pending (`apply` returns its key).
+    link: bool = False
 
 
 class DirValue(NamedTuple):
@@ -97,6 +105,15 @@ class SearchHit:
 FileRows = dict[bytes, list[tuple[bytes, bytes]]]
 
 
+class BlobRows(NamedTuple):
+    """The answer of `blob_rows`: the rows of each blob the pool holds, by file key, and
+    the file keys whose blob it lacks; a key in neither was left out of a bounded answer
+    (ask again)."""
+
+    rows: FileRows
+    missing: list[bytes]
+
+
 @dataclass(frozen=True, slots=True)
 class WorkspaceInfo:
     workspace_id: str
@@ -107,3 +124,14 @@ class WorkspaceInfo:
     nodes: int = 0
     extra: dict = field(default_factory=dict)
     mode: str = MODE_SERVER_SEARCH  # one of MODES
+
+
+@dataclass(frozen=True, slots=True)
+class RefInfo:
+    """One ref of a workspace as its store knows it: the opaque id, when it last wrote
+    (seconds since the epoch), and what its tree holds (files; rows of their blobs)."""
+
+    ref: bytes
+    synced_at: float
+    files: int
+    rows: int

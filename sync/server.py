@@ -61,7 +61,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from indexer.errors import CodeveilError
 from indexer.sqlite_files import CorruptFileError
 from sync.db_url import is_database_url, mask_url
-from sync.records import KEY_BYTES, MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
+from sync.records import DEFAULT_REF, KEY_BYTES, MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
+from sync.server_refs import (
+    REF_PARAMETER,
+    BlobsBody,
+    GcBody,
+    blobs_handler,
+    drop_ref_handler,
+    gc_handler,
+    ref_from_path,
+    refs_handler,
+)
 from sync.store import Store
 from sync.store.backend import StoreBackend, WorkspaceBackend
 from sync.wire import (
@@ -162,6 +172,7 @@ class UpdateBody(_Body):
     ancestors: list[Key] = Field(max_length=LIMITS.max_depth)  # the store wants >= 1
     value: Key
     chunks: list[ChunkBody] = Field(default_factory=list, max_length=LIMITS.max_chunks)
+    link: bool = False  # sealed: the pool's blob of (file_key, value); no chunks
 
 
 class ApplyBody(_Body):
@@ -202,7 +213,8 @@ def _describe(exc: ValidationError) -> tuple[int, str]:
 
 # -- handlers (run in the worker thread pool) ---------------------------------------------
 
-Handler = Callable[[StoreBackend, str, str | None, bytes], tuple[int, dict[str, Any]]]
+# Routes under /refs/{ref} get the ref (checked, 16 bytes) as a fifth argument.
+Handler = Callable[..., tuple[int, dict[str, Any]]]
 
 
 def _bearer(header: str | None) -> str | None:
@@ -249,29 +261,29 @@ def _info(
 
 
 def _root(
-    store: StoreBackend, ws: str, auth: str | None, _body: bytes
+    store: StoreBackend, ws: str, auth: str | None, _body: bytes, ref: bytes = DEFAULT_REF
 ) -> tuple[int, dict[str, Any]]:
     workspace = _authorized(store, ws, auth)
     # The first request of every sync: a table that plainly lost its files is a 503
     # here, so a client never reports an index as up to date over it.
     workspace.verify(deep=False)
-    node = workspace.root()
+    node = workspace.root(ref)
     return 200, {"node": None if node is None else node_to_json(node)}
 
 
 def _children(
-    store: StoreBackend, ws: str, auth: str | None, body: bytes
+    store: StoreBackend, ws: str, auth: str | None, body: bytes, ref: bytes = DEFAULT_REF
 ) -> tuple[int, dict[str, Any]]:
     workspace = _authorized(store, ws, auth)
     req = ChildrenBody.model_validate_json(body)
-    found = workspace.children(req.keys)
+    found = workspace.children(req.keys, ref)
     return 200, {
         "children": {b64encode(k): [node_to_json(n) for n in nodes] for k, nodes in found.items()}
     }
 
 
 def _apply(
-    store: StoreBackend, ws: str, auth: str | None, body: bytes
+    store: StoreBackend, ws: str, auth: str | None, body: bytes, ref: bytes = DEFAULT_REF
 ) -> tuple[int, dict[str, Any]]:
     workspace = _authorized(store, ws, auth)
     req = ApplyBody.model_validate_json(body)
@@ -281,19 +293,23 @@ def _apply(
             ancestors=tuple(u.ancestors),
             value=u.value,
             chunks=tuple(ChunkRecord(c.chunk_id, c.vector, c.meta) for c in u.chunks),
+            link=u.link,
         )
         for u in req.updates
     ]
-    workspace.apply(updates, req.deletes)
-    return 200, {"updates": len(updates), "deletes": len(req.deletes)}
+    missing = workspace.apply(updates, req.deletes, ref)
+    answer: dict[str, Any] = {"updates": len(updates), "deletes": len(req.deletes)}
+    if missing:  # links whose blob the pool lacks: their leaves stay pending
+        answer["missing"] = [b64encode(k) for k in missing]
+    return 200, answer
 
 
 def _dirs(
-    store: StoreBackend, ws: str, auth: str | None, body: bytes
+    store: StoreBackend, ws: str, auth: str | None, body: bytes, ref: bytes = DEFAULT_REF
 ) -> tuple[int, dict[str, Any]]:
     workspace = _authorized(store, ws, auth)
     req = DirValuesBody.model_validate_json(body)
-    workspace.set_dir_values(req.values)
+    workspace.set_dir_values(req.values, ref)
     return 200, {"values": len(req.values)}
 
 
@@ -306,11 +322,11 @@ def _search(
 
 
 def _rows(
-    store: StoreBackend, ws: str, auth: str | None, body: bytes
+    store: StoreBackend, ws: str, auth: str | None, body: bytes, ref: bytes = DEFAULT_REF
 ) -> tuple[int, dict[str, Any]]:
     workspace = _authorized(store, ws, auth)
     req = RowsBody.model_validate_json(body)
-    return 200, rows_to_json(workspace.file_rows(req.files))
+    return 200, rows_to_json(workspace.file_rows(req.files, ref))
 
 
 # -- middleware -------------------------------------------------------------------------
@@ -487,6 +503,8 @@ def create_app(
                 "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"},
             }]
             extra["security"] = [{"bearer": []}]
+        if "{ref}" in path:
+            extra["parameters"].append(REF_PARAMETER)
         if body is not None:
             schema = body.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
@@ -511,6 +529,9 @@ def create_app(
               body: type[BaseModel] | None = None) -> None:
         async def endpoint(request: Request) -> Response:
             body = await request.body()
+            # A ref in the path is checked before anything is read (400 if malformed).
+            ref = request.path_params.get("ref")
+            extra = () if ref is None else (ref_from_path(ref),)
             try:
                 status, payload = await run_in_threadpool(
                     handler,
@@ -518,6 +539,7 @@ def create_app(
                     request.path_params.get("workspace_id", ""),
                     request.headers.get("authorization"),
                     body,
+                    *extra,
                 )
             except (StoreCorrupt, StoreUnavailable, CorruptFileError) as exc:
                 # Every request to the workspace fails the same way until it is repaired
@@ -555,6 +577,18 @@ def create_app(
     route("POST", ws + "/apply", _apply, ApplyBody)
     route("POST", ws + "/search", _search, SearchBody)
     route("POST", ws + "/rows", _rows, RowsBody)
+    # One tree per ref (sync.store.pool): the same tree routes under the ref's id, and
+    # the refs and blob pool of the workspace.
+    tree = ws + "/refs/{ref}"
+    route("GET", tree + "/tree/root", _root)
+    route("POST", tree + "/tree/children", _children, ChildrenBody)
+    route("POST", tree + "/tree/dirs", _dirs, DirValuesBody)
+    route("POST", tree + "/apply", _apply, ApplyBody)
+    route("POST", tree + "/rows", _rows, RowsBody)
+    route("DELETE", tree, drop_ref_handler(_authorized))
+    route("GET", ws + "/refs", refs_handler(_authorized))
+    route("POST", ws + "/blobs", blobs_handler(_authorized), BlobsBody)
+    route("POST", ws + "/gc", gc_handler(_authorized), GcBody)
 
     @app.exception_handler(StoreError)
     async def store_error(_request: Request, exc: StoreError) -> JSONResponse:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sync.crypto import open_meta
 from sync.keys import WorkspaceKey
-from sync.records import MODE_SEALED
+from sync.records import KEY_BYTES, MODE_SEALED
 from sync.sealed_rows import RowSealer
 from sync.store.lance_table import TABLE
 from sync.store.rows import fid_of
@@ -31,7 +31,11 @@ def workspace_contents(data_dir: Path, workspace_id: str, key: WorkspaceKey) -> 
         dim, mode = reg.execute("SELECT dim, mode FROM workspaces WHERE id = ?",
                                 (workspace_id,)).fetchone()
     with sqlite3.connect(ws / "tree.sqlite") as db:
-        nodes = sorted(db.execute("SELECT key, parent, value, is_dir FROM nodes"))
+        # Node keys as their ref's client sees them (stored as ref id || key since store
+        # format 4, sync.store.pool); a data dir of one ref reads as before refs.
+        nodes = sorted((_node_key(k), None if p is None else _node_key(p), v, d)
+                       for k, p, v, d in db.execute(
+                           "SELECT key, parent, value, is_dir FROM nodes"))
         root = db.execute("SELECT value FROM nodes WHERE parent IS NULL").fetchone()
         # A sealed workspace's rows are in its tree.sqlite (sync.store.rows).
         found = (db.execute("SELECT chunk_id, fid, meta FROM rows").fetchall()
@@ -46,6 +50,10 @@ def workspace_contents(data_dir: Path, workspace_id: str, key: WorkspaceKey) -> 
     sealer = RowSealer(key, workspace_id, dim) if mode == MODE_SEALED else None
     return (root[0] if root else None), _opened(found, file_keys, sealer, key,
                                                 workspace_id), nodes
+
+
+def _node_key(stored: bytes) -> bytes:
+    return bytes(stored[KEY_BYTES:]) if len(stored) == 2 * KEY_BYTES else bytes(stored)
 
 
 def pg_workspace_contents(url: str, workspace_id: str, key: WorkspaceKey) -> Contents:

@@ -34,7 +34,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -50,9 +50,11 @@ from sync.client import StoreClient
 from sync.errors import MetadataAuthError, MetadataFormatError
 from sync.keys import WorkspaceKey
 from sync.merkle import Diff, LocalTree, bucket_path, deepest_first, diff, dir_values
+from sync.pool_sync import link_update, pooled, pull_rows
 from sync.progress import Progress
 from sync.records import ChunkRecord, FileUpdate
 from sync.sealed_rows import RowSealer, new_row_id, padded_row_count
+from sync.sync_report import SyncReport
 from sync.wire import LIMITS
 
 log = logging.getLogger(__name__)
@@ -68,65 +70,7 @@ DELETE_BATCH = 2048
 DIRS_BATCH = 50_000  # directory values per request (the server accepts 100,000)
 WRITE_FILES = 64  # files per local write while chunking ahead of the model
 PULL_FILES = 512  # files per request when pulling rows
-
-
-@dataclass
-class SyncReport:
-    """What one sync did. Field names are the `codeveil index --json` keys."""
-
-    files_scanned: int = 0
-    files_changed: int = 0
-    files_deleted: int = 0
-    files_skipped: int = 0
-    #: Files whose chunks were copied from another worktree of the repository
-    #: (indexer.sibling_chunks), not parsed again.
-    files_reused: int = 0
-    chunks_total: int = 0
-    chunks_embedded: int = 0
-    chunks_from_cache: int = 0
-    #: Chunks whose vectors came from the workspace's sealed rows instead of the model.
-    chunks_pulled: int = 0
-    #: Chunk headers (`path > symbol`) the model embedded for the chunks' second vector
-    #: (a sealed workspace's search ranks them); a file's chunks often share one.
-    headers_embedded: int = 0
-    seconds: float = 0.0
-    seconds_walk: float = 0.0
-    seconds_chunk: float = 0.0
-    seconds_embed: float = 0.0
-    seconds_encrypt: float = 0.0
-    seconds_sync: float = 0.0
-    #: After a large index: the search side (lexical and vector indexes) brought in step
-    #: so that the first search does not build it (retrieval.search_ready).
-    seconds_search_ready: float = 0.0
-    #: Chunks the model embedded per second of the embed stage (0 when none were).
-    embed_chunks_per_s: float = 0.0
-    #: Where the embedding ran: "here", or the Ray cluster's address.
-    embedded_on: str = "here"
-    requests: int = 0
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["skipped"] = [{"path": p, "reason": r} for p, r in self.skipped]
-        for k in list(out):
-            if k.startswith("seconds"):
-                out[k] = round(out[k], 4)
-        out["embed_chunks_per_s"] = round(out["embed_chunks_per_s"], 2)
-        return out
-
-    def stages(self) -> dict[str, float]:
-        """Seconds per stage, in pipeline order. Chunking runs in a thread beside the
-        others, so the stages can add up to more than `seconds`."""
-        return {"walk": self.seconds_walk, "chunk": self.seconds_chunk,
-                "embed": self.seconds_embed, "encrypt": self.seconds_encrypt,
-                "sync": self.seconds_sync}
-
-    def _rate(self) -> None:
-        self.embed_chunks_per_s = (
-            self.chunks_embedded / self.seconds_embed if self.chunks_embedded else 0.0
-        )
+POOL_LOOKUP_MIN = 8  # changed files from which a sync asks the pool which it holds
 
 
 @dataclass
@@ -147,6 +91,8 @@ class _Pending:
     upload: bool
     # Sealed mode: the store holds this file but this machine needs its vectors.
     pull: bool = False
+    # The pool holds this version (another ref sent it): the tree links to it.
+    link: bool = False
 
 
 class Syncer:
@@ -163,6 +109,7 @@ class Syncer:
         cipher: crypto.VectorCipher | None,
         *,
         sealed: bool = False,
+        pool: bool = False,
         progress: Progress | None = None,
         max_file_bytes: int = 1_000_000,
     ) -> None:
@@ -176,6 +123,9 @@ class Syncer:
         self.embedder = embedder
         self.cipher = cipher
         self.sealer = RowSealer(key, workspace_id, embedder.dim) if sealed else None
+        # Sealed, on a store with a blob pool (sync.store.pool): files any ref sent are
+        # linked, not sent, and pulled by content.
+        self.pool = sealed and pool
         self.progress = progress or Progress()
         self.max_file_bytes = max_file_bytes
         self._state_path = state_path
@@ -234,6 +184,12 @@ class Syncer:
         gone_local = [p for p in local_digests if p not in files]
         upload = set(plan.upload)
         report.files_changed = len(upload)
+        # A few changed files (an edit) are sent without asking the pool: the request it
+        # would cost is most of such a sync's, and the pool rarely holds a fresh edit.
+        linked = (pooled(self.client, self.key, files, sorted(upload))
+                  if self.pool and len(upload) >= POOL_LOOKUP_MIN and not reupload
+                  and not plan.relayout else set())
+        report.files_linked = len(linked)
         report.files_deleted = len(gone_local)
         self.local.remove_files(gone_local)
         pending = self.local.pending_files()
@@ -245,11 +201,17 @@ class Syncer:
             # Pending files the store holds all the same: a crash hit between its commit
             # and ours. (Those it lacks are in `upload` and are sent again.)
             self.local.mark_stored(pending - upload)
-        todo = self._order(embed_order(upload | set(stale_local), self.root), upload,
-                           relayout=plan.relayout)
+        # Linked files this machine has as they are need no reading: only their links.
+        links_only = sorted(linked - set(stale_local))
+        upload -= linked
+        todo = self._order(embed_order(upload | (linked - set(links_only)) | set(stale_local),
+                                       self.root), upload, relayout=plan.relayout)
         self.progress.planned(len(todo), 0)
 
-        complete = self._send(todo, upload, files, plan, report)
+        complete = self._send(todo, upload, files, plan, report, linked)
+        for start in range(0, len(links_only), BATCH_FILES):
+            self._apply([link_update(self.key, p, files[p])
+                         for p in links_only[start : start + BATCH_FILES]], [])
         if complete and self.sealed:
             self._embed_missing_headers(report)
         if complete and (plan.dirs or plan.delete):
@@ -275,6 +237,7 @@ class Syncer:
         files: dict[str, bytes],
         plan: Diff,
         report: SyncReport,
+        linked: set[str] | None = None,
     ) -> bool:
         """Chunk, embed and send `todo` in batches. False if a file moved under us.
 
@@ -298,7 +261,7 @@ class Syncer:
         def produce() -> None:
             try:
                 for batch in self._batches(todo, upload, files, moved, report,
-                                           relayout=plan.relayout):
+                                           relayout=plan.relayout, linked=linked or set()):
                     put(batch)
                     if stop.is_set():  # the consumer failed: stop chunking at once
                         return
@@ -352,16 +315,20 @@ class Syncer:
         while files:
             batch: list[tuple[_Pending, list[Chunk]]] = []
             n = 0
-            while files and n < BATCH_CHUNKS and len(batch) < BATCH_FILES:
+            links: list[FileUpdate] = []
+            while files and n < BATCH_CHUNKS and len(batch) + len(links) < BATCH_FILES:
                 p = files.pop()
+                if p.link:
+                    links.append(link_update(self.key, p.path, p.digest))
+                    continue
                 batch.append((p, self.local.for_file(p.path)))
                 n += len(batch[-1][1])
             t0 = time.perf_counter()
             vectors = self.embedder.embed([c.embed_text for _, cs in batch for c in cs]).vectors
-            updates = self._updates(batch, vectors)
+            updates = self._updates(batch, vectors) + links
             report.seconds_encrypt += time.perf_counter() - t0
             t0 = time.perf_counter()
-            self.client.apply(updates, deletes[:DELETE_BATCH])
+            self._apply(updates, deletes[:DELETE_BATCH])
             deletes = deletes[DELETE_BATCH:]
             report.seconds_sync += time.perf_counter() - t0
         return deletes
@@ -375,6 +342,7 @@ class Syncer:
         report: SyncReport,
         *,
         relayout: bool = False,
+        linked: set[str] | None = None,
     ) -> Iterator[list[_Pending]]:
         """Read and chunk `todo` into the local chunk table (files to upload marked
         pending), in batches of about BATCH_CHUNKS chunks to send. In a sealed `relayout`
@@ -434,7 +402,8 @@ class Syncer:
                     write()
                 report.seconds_chunk += time.perf_counter() - t0
                 batch.append(_Pending(path, source.digest, len(chunks), path in upload,
-                                      pull=self.sealed and (relayout or path not in upload)))
+                                      pull=self.sealed and (relayout or path not in upload),
+                                      link=path in (linked or ())))
                 batch_chunks += len(chunks) if waits(path) else 0
                 if batch_chunks >= target or len(batch) >= BATCH_FILES:
                     write()  # a batch is only sent once its chunks are in the table
@@ -479,6 +448,7 @@ class Syncer:
             # Sealed: "pending" means "no vectors here yet"; a crash before the rows are
             # sent leaves the store's tree short, and the next diff sends them.
             deferred.extend(p for p, _ in sending)
+            deferred.extend(p for p in batch if p.link)
             self.local.mark_stored([p.path for p, _ in sending + pulling])
             report._rate()
             self.progress.files_done(len(batch))
@@ -500,6 +470,12 @@ class Syncer:
         report._rate()
         self.progress.files_done(len(batch))
         self.progress.stages(report.stages(), report.embed_chunks_per_s)
+
+    def _apply(self, updates: list[FileUpdate], deletes: list[bytes]) -> None:
+        missing = self.client.apply(updates, deletes)
+        if missing:  # the GC took their blobs since the look-up: the next sync sends them
+            log.info("%d linked files were no longer in the pool; left pending",
+                     len(missing))
 
     def _embed_missing_headers(self, report: SyncReport) -> None:
         """Once per state database and model: embed the header of every chunk whose
@@ -537,8 +513,12 @@ class Syncer:
                 wanted[crypto.node_key(self.key, p.path)] = (p.path, lacking)
         filled: list[tuple[bytes, np.ndarray]] = []
         file_keys = list(wanted)
+        digests = {crypto.node_key(self.key, p.path): (p.path, p.digest) for p, _ in pulling}
         for start in range(0, len(file_keys), PULL_FILES):
-            answer = self.client.file_rows(file_keys[start : start + PULL_FILES])
+            part = file_keys[start : start + PULL_FILES]
+            # With a pool, by content: whichever ref sent this version of the file.
+            answer = (pull_rows(self.client, self.key, {k: digests[k] for k in part})
+                      if self.pool else self.client.file_rows(part))
             for file_key, rows in answer.items():
                 if file_key in wanted:
                     filled.extend(self._open_rows(file_key, rows, *wanted[file_key]))

@@ -24,9 +24,11 @@ import numpy as np
 from sync.errors import SyncError
 from sync.records import (
     MODE_SERVER_SEARCH,
+    BlobRows,
     FileRows,
     FileUpdate,
     NodeInfo,
+    RefInfo,
     SearchHit,
     WorkspaceInfo,
 )
@@ -110,6 +112,12 @@ class StoreUnavailable(StoreError):
 
 class WorkspaceNotFound(StoreError):
     """No workspace with this id in this store."""
+
+    http_status = 404
+
+
+class RefNotFound(StoreError):
+    """The workspace has no tree for this ref."""
 
     http_status = 404
 
@@ -265,6 +273,8 @@ def update_to_json(update: FileUpdate) -> dict[str, Any]:
         "ancestors": [b64encode(a) for a in update.ancestors],
         "value": b64encode(update.value),
         "chunks": [_chunk_to_json(c.chunk_id, c.vector, c.meta) for c in update.chunks],
+        # Only when set: an upload's request is what it was before the pool.
+        **({"link": True} if update.link else {}),
     }
 
 
@@ -331,3 +341,46 @@ def hit_from_json(obj: dict[str, Any]) -> SearchHit:
         distance=float(obj["distance"]),
         meta=b64decode(obj["meta"]),
     )
+
+
+def blob_rows_to_json(answer: BlobRows) -> dict[str, Any]:
+    """A blob_rows answer: file_rows' shape, and the keys of blobs the pool lacks."""
+    return {**rows_to_json(answer.rows), "missing": [b64encode(k) for k in answer.missing]}
+
+
+def blob_rows_from_json(obj: dict[str, Any]) -> BlobRows:
+    return BlobRows(rows_from_json(obj), [b64decode(k) for k in obj["missing"]])
+
+
+def gather_blob_rows(items: list[tuple[bytes, bytes]], per_call: int,
+                     fetch: Callable[[list[tuple[bytes, bytes]]], BlobRows]) -> BlobRows:
+    """`gather_rows` for blobs: every item answered, as rows or as missing."""
+    wanted = list(dict(items).items())
+    out = BlobRows({}, [])
+    at = 0
+    while at < len(wanted):
+        part = wanted[at : at + per_call]
+        answer = fetch(part)
+        answered = 0
+        for key, _ in part:  # the answer covers a prefix of `part`
+            if key in answer.rows:
+                out.rows[key] = answer.rows[key]
+            elif key in answer.missing:
+                out.missing.append(key)
+            else:
+                break
+            answered += 1
+        if not answered:
+            raise StoreError("the store answered a blob_rows call without any of its blobs")
+        at += answered
+    return out
+
+
+def refs_to_json(refs: list[RefInfo]) -> dict[str, Any]:
+    return {"refs": [{"ref": b64encode(r.ref), "synced_at": r.synced_at, "files": r.files,
+                      "rows": r.rows} for r in refs]}
+
+
+def refs_from_json(obj: dict[str, Any]) -> list[RefInfo]:
+    return [RefInfo(b64decode(r["ref"]), float(r["synced_at"]), int(r["files"]),
+                    int(r["rows"])) for r in obj["refs"]]

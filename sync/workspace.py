@@ -45,7 +45,8 @@ from sync.config import (
 from sync.errors import KeyMismatchError
 from sync.keys import ENV_KEY, WorkspaceKey, create_key, load_key
 from sync.progress import Progress, SyncFollower
-from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
+from sync.records import DEFAULT_REF, MODE_SEALED, MODE_SERVER_SEARCH
+from sync.refs import ref_id, ref_name
 from sync.sealed_rows import padded_row_count
 from sync.syncer import Syncer, SyncReport
 from sync.workspace_status import WorkspaceStatus
@@ -88,6 +89,8 @@ class Workspace:
         self._embedder_given = embedder
         self._embedder: CachedEmbedder | None = None
         self._client: StoreClient | None = None
+        self._pool = False  # whether the store keeps a tree per ref (set by `_check`)
+        self.ref_name: str | None = None  # the ref this checkout syncs, with a pool
 
     @property
     def root(self) -> Path:
@@ -232,6 +235,11 @@ class Workspace:
                     f"{path}: {name} is {have!r} but workspace {config.workspace_id} holds"
                     f" {want!r}; set it back to {want!r}"
                 )
+        # A store with a blob pool keeps one tree per ref: this checkout's branch's.
+        self._pool = info.mode == MODE_SEALED and bool(info.extra.get("pool"))
+        if self._pool:
+            self.ref_name = ref_name(find_root(self._start))
+            client.ref = ref_id(key, self.ref_name)
         model = self.embedder
         if info.model_id != model.model_id or info.dim != model.dim:
             raise ModelMismatchError(
@@ -272,7 +280,7 @@ class Workspace:
         syncer = Syncer(
             root, state_path(root), client, key, config.workspace_id, embedder,
             None if config.sealed else crypto.VectorCipher(key, embedder.dim),
-            sealed=config.sealed, progress=progress,
+            sealed=config.sealed, pool=self._pool, progress=progress,
         )
         try:
             report = syncer.run(reupload=reupload)
@@ -282,6 +290,8 @@ class Workspace:
             if remote is not None:
                 remote.close()
         client.verify()  # never report success over a store that cannot read its rows
+        if self._pool and report.files_changed:
+            drop_legacy_tree(client)
         return report
 
     def _remote_embedder(self, embed_on: str | None) -> RayEmbedder | None:
@@ -320,6 +330,14 @@ class Workspace:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def drop_legacy_tree(client: StoreClient) -> None:
+    """Once this checkout's ref holds its tree, drop the default ref's: the one tree of a
+    workspace made before refs, migrated there (sync.store.pool), which no client of
+    refs syncs any more. Its blobs stay where this ref names them."""
+    if client.ref != DEFAULT_REF and any(r.ref == DEFAULT_REF for r in client.refs()):
+        client.drop_ref(DEFAULT_REF)
 
 
 def _padding_rows(db: sqlite3.Connection, local: LocalChunks) -> int:

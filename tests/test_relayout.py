@@ -20,6 +20,7 @@ from sync.keys import WorkspaceKey, load_key
 from sync.local_client import LocalClient
 from sync.merkle import LEVELS, ROOT
 from sync.records import ChunkRecord, FileUpdate
+from sync.refs import ref_id, ref_name
 from sync.store_contents import Contents, pg_workspace_contents, workspace_contents
 from tests.conftest import write_repo
 from tests.server_fixtures import ServerProcess
@@ -39,8 +40,9 @@ def _directory_ancestors(path: str) -> list[str]:
 
 
 def _client(repo: Path, workspace_id: str, server: ServerProcess | None) -> StoreClient:
-    if server is None:
-        return LocalClient.open(store_path(repo), workspace_id)
+    if server is None:  # the embedded store keeps a tree per ref: this checkout's
+        return LocalClient.open(store_path(repo), workspace_id,
+                                ref=ref_id(load_key(workspace_id), ref_name(repo)))
     return HttpClient(server.url, workspace_id, load_token(workspace_id))
 
 

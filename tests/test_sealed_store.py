@@ -394,8 +394,9 @@ def test_a_sealed_workspace_stores_no_vector_and_no_index(tmp_path: Path) -> Non
     columns = [(name, kind) for _, name, kind, *_ in db.execute("PRAGMA table_info(rows)")]
     stored = db.execute("SELECT chunk_id, meta FROM rows ORDER BY rid").fetchall()
     db.close()
+    # value: the row's blob is (fid, value), one version of one file (sync.store.pool)
     assert columns == [("rid", "INTEGER"), ("fid", "INTEGER"), ("chunk_id", "BLOB"),
-                       ("meta", "BLOB")]
+                       ("meta", "BLOB"), ("value", "BLOB")]
     assert stored == rows_of(u)
     with Store(data) as store:
         problems = store.workspace("ws").check()
@@ -573,7 +574,7 @@ def _assert_moved(data: Path, expected: dict[bytes, list[tuple[bytes, bytes]]]) 
     assert not (folder / "chunks.lance").exists()
     for path in (data / "registry.sqlite", folder / "tree.sqlite"):
         db = sqlite3.connect(path)
-        assert db.execute("PRAGMA user_version").fetchone()[0] == STORE_FORMAT == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == STORE_FORMAT == 4
         db.close()
 
 

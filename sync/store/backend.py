@@ -37,11 +37,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from sync.records import (
+    DEFAULT_REF,
     MODE_SERVER_SEARCH,
+    BlobRows,
     DirValue,
     FileRows,
     FileUpdate,
     NodeInfo,
+    RefInfo,
     SearchHit,
     WorkspaceInfo,
 )
@@ -71,17 +74,22 @@ class WorkspaceBackend(Protocol):
         description of the search `index` where there is one. Never builds an index."""
         ...
 
-    def root(self) -> NodeInfo | None:
-        """The node without a parent (pending or not), or None for an empty tree."""
+    def root(self, ref: bytes = DEFAULT_REF) -> NodeInfo | None:
+        """The node without a parent (pending or not) of `ref`'s tree, or None for an
+        empty tree (a ref that never synced). Every tree method takes the ref whose tree
+        it reads or writes (16 bytes; BadRequest otherwise): a sealed workspace holds
+        one tree per ref, which never touch each other; a server-search one only the
+        default ref's (BadRequest 409 for another)."""
         ...
 
-    def children(self, keys: Sequence[bytes]) -> dict[bytes, list[NodeInfo]]:
+    def children(self, keys: Sequence[bytes], ref: bytes = DEFAULT_REF
+                 ) -> dict[bytes, list[NodeInfo]]:
         """Every key of `keys` (duplicates once) -> its children, in key order, read from
         one committed state; [] for a key that is unknown or a file. BadRequest for a
         key that is not 16 bytes or for more than `Limits.max_keys` keys."""
         ...
 
-    def file_rows(self, keys: Sequence[bytes]) -> FileRows:
+    def file_rows(self, keys: Sequence[bytes], ref: bytes = DEFAULT_REF) -> FileRows:
         """(chunk id, meta) of every row of each key that is a committed leaf (non-NULL
         value, not a directory), in the order the rows were sent; [] for a key that is
         unknown, pending or a directory. In both modes. A leaf's value and its rows are
@@ -89,6 +97,34 @@ class WorkspaceBackend(Protocol):
         take it past `Limits.max_row_bytes` (the first key always comes whole): the
         caller asks again for the keys left out. BadRequest past `Limits.max_row_files`
         keys or for a key that is not 16 bytes."""
+        ...
+
+    def blob_rows(self, items: Sequence[tuple[bytes, bytes]], *, rows: bool = True
+                  ) -> BlobRows:
+        """A pull by content: for each (file key, leaf value), the rows of that version
+        of that file if the pool holds it, whichever ref sent it, in send order; the
+        keys of the blobs it lacks in `missing`. Bounded like `file_rows` (a key in
+        neither part was left out). With `rows` false, only which blobs it holds (each
+        with []). BadRequest as `file_rows`; 409 in a server-search workspace (no pool)."""
+        ...
+
+    def refs(self) -> list[RefInfo]:
+        """Every ref with a tree, by id: when it last wrote, its files and the rows of
+        their blobs."""
+        ...
+
+    def drop_ref(self, ref: bytes) -> None:
+        """Delete `ref`'s tree; blobs no other ref names are orphaned (deleted at once
+        when no ref is left to name them). RefNotFound (404) for a ref without a tree."""
+        ...
+
+    def collect_garbage(self, *, max_ref_age_days: float | None = None,
+                        grace_s: float | None = None) -> dict[str, int]:
+        """Drop the refs not synced for `max_ref_age_days`, then delete the blobs no ref
+        has named for `grace_s` seconds (None: the store's settings); returns how many
+        refs, blobs and rows went. A blob an apply is about to name is never deleted:
+        the GC runs under the same per-workspace serialisation as `apply`, and a blob
+        orphaned less than `grace_s` ago stays."""
         ...
 
     def search(self, vector: object, k: int) -> list[SearchHit]:
@@ -101,7 +137,8 @@ class WorkspaceBackend(Protocol):
         integer from 1 to `Limits.max_k`."""
         ...
 
-    def apply(self, updates: Sequence[FileUpdate], deletes: Sequence[bytes]) -> None:
+    def apply(self, updates: Sequence[FileUpdate], deletes: Sequence[bytes],
+              ref: bytes = DEFAULT_REF) -> list[bytes]:
         """Replace the rows and leaf of each file of `updates`; remove the subtrees of
         `deletes` with their rows.
 
@@ -117,10 +154,17 @@ class WorkspaceBackend(Protocol):
         Write order (the module docstring): no value is ever visible, nor left by a
         crash at any point, over rows other than its own. Re-applying a batch is
         harmless (rows are replaced per file). Writers to one workspace run one at a
-        time, whichever process or replica they are in."""
+        time, whichever process or replica they are in.
+
+        Sealed, rows belong to blobs (file, value) shared by every ref: an update with
+        `link` names a blob the pool holds and carries no rows; a link to a blob the
+        pool lacks leaves its leaf pending, and the keys of those links are returned
+        (the client sends those files). Blobs left without a ref are deleted at once in
+        a workspace of one ref, after the grace period in one of several."""
         ...
 
-    def set_dir_values(self, values: Sequence[DirValue | tuple[bytes, bytes, bytes]]) -> None:
+    def set_dir_values(self, values: Sequence[DirValue | tuple[bytes, bytes, bytes]],
+                       ref: bytes = DEFAULT_REF) -> None:
         """Set directory values, each (key, value, children digest) a compare-and-set:
         the value is taken only if the directory's children, as stored when it is
         checked, are none of them pending and digest (`children_digest`) to the one

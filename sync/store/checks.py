@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sync.records import KEY_BYTES, MODE_SERVER_SEARCH, MODES, FileUpdate, children_digest
+from sync.records import (
+    DEFAULT_REF,
+    KEY_BYTES,
+    MODE_SERVER_SEARCH,
+    MODES,
+    FileUpdate,
+    children_digest,
+)
 from sync.wire import LIMITS, BadRequest, Limits, PermissionDenied
 
 WORKSPACE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
@@ -27,6 +34,17 @@ def _key(value: object, where: str) -> bytes:
     if len(raw) != KEY_BYTES:
         raise BadRequest(f"{where} must be {KEY_BYTES} bytes, got {len(raw)}")
     return raw
+
+
+def ref_id(value: object, sealed: bool) -> bytes:
+    """A checked ref id (16 bytes, sync.store.pool). A server-search workspace keeps
+    one tree, the default ref's: another ref is a 409 that says so."""
+    ref = _key(value, "ref")
+    if ref != DEFAULT_REF and not sealed:
+        raise BadRequest(
+            "this workspace is server-search: it keeps one tree, so it takes no ref of"
+            " its own (only sealed workspaces hold one tree per branch)", status=409)
+    return ref
 
 
 def _vector(value: object, dim: int, where: str) -> np.ndarray:
@@ -73,6 +91,7 @@ class _Update:
     chunk_ids: list[bytes]
     vectors: np.ndarray  # (n, dim) float32
     metas: list[bytes]
+    link: bool = False  # rows=the pool's blob (file key's fid, value)
 
 
 
@@ -223,6 +242,14 @@ class ApplyChecks:
                 raise BadRequest(f"{where}.ancestors[0] differs from updates[0]: one root only")
             if not isinstance(u.chunks, Sequence):
                 raise BadRequest(f"{where}.chunks must be a list")
+            if u.link is not False and u.link is not True:
+                raise BadRequest(f"{where}.link must be true or false")
+            if u.link and not self.sealed:
+                raise BadRequest(f"{where}.link: a server-search workspace has no blob pool"
+                                 " (only sealed workspaces share rows between refs)",
+                                 status=409)
+            if u.link and u.chunks:
+                raise BadRequest(f"{where}: a link names a stored blob and carries no chunks")
             total += len(u.chunks)
             if total > lim.max_chunks:
                 raise BadRequest(f"too many chunks: more than {lim.max_chunks} per apply")
@@ -258,7 +285,7 @@ class ApplyChecks:
                     vec = _vector(vec, self.dim, f"{where}.chunks[{j}].vector")
                 vecs.append(vec)
             spans.append((first, len(vecs)))
-            out.append(_Update(file_key, anc, value, ids, _NO_ROWS, metas))
+            out.append(_Update(file_key, anc, value, ids, _NO_ROWS, metas, bool(u.link)))
         # One stack and one finiteness check for the whole batch; each update gets a view.
         matrix = np.stack(vecs) if vecs else np.empty((0, self.dim), np.float32)
         finite = np.isfinite(matrix).all(axis=1)

@@ -12,6 +12,10 @@ from sync.wire import LIMITS, Limits
 
 # Seconds between index snapshots while applies keep coming (`index_save_interval`).
 DEFAULT_SAVE_INTERVAL = 60.0
+# A sync's look-up of the pool and its link are seconds apart; an hour is ample.
+DEFAULT_BLOB_GRACE = 3600.0
+# A branch nobody synced for three months is gone from every clone, most likely.
+DEFAULT_REF_MAX_AGE_DAYS = 90.0
 
 #: The named points of an apply's write order (`WorkspaceStore.apply`) at which
 #: `StoreOptions.crash_hook` is called: the paths marked pending (step 1), the rows
@@ -50,3 +54,9 @@ class StoreOptions:
     #: exception it raises stops the apply there, as a process killed at that point
     #: would (what the crash tests do). None in service.
     crash_hook: Callable[[str], None] | None = None
+    #: Seconds a sealed blob no ref names is kept in a workspace of several refs, so
+    #: that a sync which found it in the pool a moment ago can still link to it (in a
+    #: workspace of one ref such a blob goes at once, as before refs).
+    blob_grace_s: float = DEFAULT_BLOB_GRACE
+    #: Days after which `collect_garbage` drops a ref that has not synced (None: never).
+    ref_max_age_days: float | None = DEFAULT_REF_MAX_AGE_DAYS

@@ -50,6 +50,7 @@ import psycopg
 from psycopg import sql
 
 from sync.records import (
+    DEFAULT_REF,
     MODE_SEALED,
     DirValue,
     FileRows,
@@ -69,6 +70,7 @@ from sync.store.checks import (
     dir_value_checks,
 )
 from sync.store.pg_conn import Pool, copy_rows, vector_text
+from sync.store.pg_refs import PgSingleTree, one_tree, refuse_links
 from sync.store.pg_schema import SCHEMA
 from sync.store.rows import (
     bounded_answer,
@@ -151,7 +153,7 @@ def hnsw_build_memory_mb(rows: int, dim: int, m: int = HNSW_M) -> int:
 # -- one workspace --------------------------------------------------------------------------
 
 
-class PgWorkspace(ApplyChecks):
+class PgWorkspace(PgSingleTree, ApplyChecks):
     """The Merkle tree and chunk rows of one workspace in the database; the operations
     of `WorkspaceStore` (sync.store.workspace). Thread-safe: every call takes its own connection."""
 
@@ -196,8 +198,9 @@ class PgWorkspace(ApplyChecks):
             mode=r.mode,
         )
 
-    def root(self) -> NodeInfo | None:
+    def root(self, ref: bytes = DEFAULT_REF) -> NodeInfo | None:
         self._check_open()
+        one_tree(ref)
         with self._pool.connection() as conn:
             rows = conn.execute(
                 f"SELECT key, value, is_dir FROM {W}.nodes WHERE workspace = %s"
@@ -207,8 +210,10 @@ class PgWorkspace(ApplyChecks):
             log.error("workspace %s has %d root nodes", self.workspace_id, len(rows))
         return NodeInfo(rows[0][0], rows[0][1], rows[0][2]) if rows else None
 
-    def children(self, keys: Sequence[bytes]) -> dict[bytes, list[NodeInfo]]:
+    def children(self, keys: Sequence[bytes], ref: bytes = DEFAULT_REF
+                 ) -> dict[bytes, list[NodeInfo]]:
         self._check_open()
+        one_tree(ref)
         if not isinstance(keys, Sequence) or isinstance(keys, bytes | str):
             raise BadRequest("keys must be a list of keys")
         if len(keys) > self.limits.max_keys:
@@ -227,10 +232,11 @@ class PgWorkspace(ApplyChecks):
             out[parent].append(NodeInfo(key, value, is_dir))
         return out
 
-    def file_rows(self, keys: Sequence[bytes]) -> FileRows:
+    def file_rows(self, keys: Sequence[bytes], ref: bytes = DEFAULT_REF) -> FileRows:
         """(chunk id, meta) of every row of each committed leaf of `keys`, as
         `WorkspaceStore.file_rows`. One statement: one committed state."""
         self._check_open()
+        one_tree(ref)
         wanted = file_keys(keys, self.limits)
         if not wanted:
             return {}
@@ -330,12 +336,15 @@ class PgWorkspace(ApplyChecks):
 
     # -- writes -------------------------------------------------------------------------
 
-    def apply(self, updates: Sequence[FileUpdate], deletes: Sequence[bytes]) -> None:
+    def apply(self, updates: Sequence[FileUpdate], deletes: Sequence[bytes],
+              ref: bytes = DEFAULT_REF) -> list[bytes]:
         """As `WorkspaceStore.apply`, in one transaction (see the module docstring)."""
         self._check_open()
+        one_tree(ref)
         ups, dels = self._validate_apply(updates, deletes)
+        refuse_links(updates)
         if not ups and not dels:
-            return
+            return []
         ws = self.workspace_id
         with self._pool.connection() as conn, conn.transaction():
             self._lock_workspace(conn)
@@ -358,6 +367,19 @@ class PgWorkspace(ApplyChecks):
                          (ws, sorted(remove)))
         if any(u.chunk_ids for u in ups):
             self._maybe_start_index()
+        return []
+
+    def _one_tree_info(self) -> tuple[float, int, int] | None:
+        """(created at, files, rows) of the one tree, None while it is empty."""
+        ws = self.workspace_id
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                f"SELECT (SELECT count(*) FROM {W}.nodes WHERE workspace = %s AND NOT is_dir),"
+                f" (SELECT count(*) FROM {W}.rows WHERE workspace = %s),"
+                f" (SELECT count(*) FROM {W}.nodes WHERE workspace = %s AND parent IS NULL)",
+                (ws, ws, ws)).fetchone()
+        assert row is not None
+        return (self._record.created_at, int(row[0]), int(row[1])) if row[2] else None
 
     # -- the HNSW index -----------------------------------------------------------------
 
@@ -430,11 +452,13 @@ class PgWorkspace(ApplyChecks):
         log.info("workspace %s: built its HNSW index", self.workspace_id)
         return self.has_hnsw_index()
 
-    def set_dir_values(self, values: Sequence[DirValue | tuple[bytes, bytes, bytes]]) -> None:
+    def set_dir_values(self, values: Sequence[DirValue | tuple[bytes, bytes, bytes]],
+                       ref: bytes = DEFAULT_REF) -> None:
         """As `WorkspaceStore.set_dir_values`: each value only over the children it was
         computed from (compare-and-set), in one transaction under the workspace lock;
         checked bottom-up, each after the values the call gives its children."""
         self._check_open()
+        one_tree(ref)
         pending = dir_value_checks(values, self.limits)
         ws = self.workspace_id
         with self._pool.connection() as conn, conn.transaction():

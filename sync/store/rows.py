@@ -71,10 +71,15 @@ else:
 #: A sealed workspace's rows, in its tree.sqlite, one statement each (they run inside a
 #: transaction, where `executescript` would not). rid is the rowid: rows are stored in
 #: the order they were sent, and a file's rows are found through the index on fid.
+#: Since store format 4 a row names its blob, (fid, value): one version of one file, which
+#: every ref holding that version points at (sync.store.pool); `blobs` lists the blobs
+#: held, and since when one is without a ref.
 SEALED_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS rows (rid INTEGER PRIMARY KEY, fid INTEGER NOT NULL,"
-    " chunk_id BLOB NOT NULL, meta BLOB NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS rows_fid ON rows (fid)",
+    " chunk_id BLOB NOT NULL, meta BLOB NOT NULL, value BLOB)",
+    "CREATE INDEX IF NOT EXISTS rows_blob ON rows (fid, value)",
+    "CREATE TABLE IF NOT EXISTS blobs (fid INTEGER NOT NULL, value BLOB NOT NULL,"
+    " orphaned REAL, PRIMARY KEY (fid, value)) WITHOUT ROWID",
 )
 _SQL_BATCH = 500  # bound on parameters per statement
 
@@ -122,36 +127,35 @@ def has_sealed_rows(conn: sqlite3.Connection) -> bool:
     ).fetchone() is not None
 
 
-def replace_sealed_rows(conn: sqlite3.Connection, fids: Iterable[int],
-                        rows: Sequence[SealedRow]) -> int:
-    """Delete the rows of `fids`, then add `rows`; the caller holds a transaction.
-    Returns how many rows were deleted."""
+def replace_blob_rows(conn: sqlite3.Connection, blobs: dict[tuple[int, bytes], list[SealedRow]]
+                      ) -> int:
+    """Replace the rows of each blob (fid, value) of `blobs` with its new rows, and list
+    it as held; the caller holds a transaction. Returns how many rows were deleted."""
     deleted = 0
-    old = sorted(fids)
-    for start in range(0, len(old), _SQL_BATCH):
-        part = old[start : start + _SQL_BATCH]
-        cursor = conn.execute(
-            f"DELETE FROM rows WHERE fid IN ({','.join('?' * len(part))})", part)
+    for (fid, value), rows in blobs.items():
+        cursor = conn.execute("DELETE FROM rows WHERE fid = ? AND value = ?", (fid, value))
         deleted += max(cursor.rowcount, 0)
-    conn.executemany("INSERT INTO rows (rid, fid, chunk_id, meta) VALUES (?, ?, ?, ?)", rows)
+        conn.executemany("INSERT INTO rows (rid, fid, chunk_id, meta, value)"
+                         " VALUES (?, ?, ?, ?, ?)", [(*r, value) for r in rows])
+        conn.execute("INSERT INTO blobs (fid, value, orphaned) VALUES (?, ?, NULL)"
+                     " ON CONFLICT (fid, value) DO UPDATE SET orphaned = NULL", (fid, value))
     return deleted
 
 
-def sealed_rows_of(conn: sqlite3.Connection, fid_keys: dict[int, list[bytes]]
-                   ) -> dict[bytes, list[tuple[int, bytes, bytes]]]:
-    """file key -> [(rid, chunk id, meta)] of the rows of the files of `fid_keys`, as
-    `group_rows` gives them; the caller holds a read transaction, so every batch reads
-    the same snapshot."""
+def blob_rows_of(conn: sqlite3.Connection, blobs: dict[bytes, tuple[int, bytes]], *,
+                 rows: bool = True) -> dict[bytes, list[tuple[int, bytes, bytes]]]:
+    """file key -> [(rid, chunk id, meta)] of the rows of its blob (fid, value), for
+    the blobs the pool holds (a key of a blob it lacks is left out); the caller holds
+    a read transaction, so every blob is read from the same snapshot."""
     found: dict[bytes, list[tuple[int, bytes, bytes]]] = {}
-    fids = sorted(fid_keys)
-    for start in range(0, len(fids), _SQL_BATCH):
-        part = fids[start : start + _SQL_BATCH]
-        for rid, fid, cid, meta in conn.execute(
-            "SELECT rid, fid, chunk_id, meta FROM rows"
-            f" WHERE fid IN ({','.join('?' * len(part))})", part,
-        ):
-            for key in fid_keys.get(fid, ()):
-                found.setdefault(key, []).append((rid, bytes(cid), bytes(meta)))
+    for key, (fid, value) in blobs.items():
+        if conn.execute("SELECT 1 FROM blobs WHERE fid = ? AND value = ?",
+                        (fid, value)).fetchone() is None:
+            continue
+        found[key] = [] if not rows else [
+            (rid, bytes(cid), bytes(meta)) for rid, cid, meta in conn.execute(
+                "SELECT rid, chunk_id, meta FROM rows WHERE fid = ? AND value = ?",
+                (fid, value))]
     return found
 
 

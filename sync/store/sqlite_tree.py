@@ -20,6 +20,7 @@ from indexer import sqlite_files
 from indexer.formats import FormatError, check_sqlite_format
 from sync.records import MODE_SERVER_SEARCH
 from sync.store.checks import _Update
+from sync.store.pool import REF_SCHEMA, ref_bounds, tree_to_4, unscoped
 from sync.store.rows import fid_bounds, fid_of, refuse_fid_collisions
 from sync.wire import BadRequest, StoreCorrupt
 
@@ -43,7 +44,9 @@ REGISTRY_ADVICE = (
 # would find no chunk table). Its rows are moved when the workspace is first opened, not
 # by the format step: that needs the workspace's mode, which only the registry knows, and
 # the rows table itself marks the move as done.
-STORE_FORMAT = 3
+# 4: one tree per ref (a node's stored key is ref id || node key), and a sealed
+# workspace's rows grouped by blob (sync.store.pool); an older codeveil would read no tree.
+STORE_FORMAT = 4
 
 
 def _registry_to_2(conn: sqlite3.Connection) -> None:
@@ -60,11 +63,11 @@ def _unchanged(_conn: sqlite3.Connection) -> None:
 
 
 REGISTRY_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
-    1: _registry_to_2, 2: _unchanged,
+    1: _registry_to_2, 2: _unchanged, 3: _unchanged,
 }
 # Format 2 changed the registry alone; format 3's rows are moved on open (above).
 _TREE_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
-    1: _unchanged, 2: _unchanged,
+    1: _unchanged, 2: _unchanged, 3: tree_to_4,
 }
 
 
@@ -136,6 +139,8 @@ def init_tree_db(conn: sqlite3.Connection) -> None:
         CREATE TEMP TABLE IF NOT EXISTS seed (key BLOB PRIMARY KEY);
         """
     )
+    for statement in REF_SCHEMA:
+        conn.execute(statement)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,19 +150,25 @@ class Plan:
     fids: frozenset[int]  # files whose chunk rows go
     remove: frozenset[bytes]  # nodes deleted at step 3
     first_rid: int  # rids reserved for the new rows: first_rid .. first_rid + n - 1
+    # sealed: the blobs (fid, value) the touched leaves named before, which may be left
+    # without a ref at step 3
+    old_blobs: frozenset[tuple[int, bytes]] = frozenset()
 
 
-def mark_pending(conn: sqlite3.Connection, updates: list[_Update], deletes: list[bytes]
-                 ) -> tuple[Plan, int]:
+def mark_pending(conn: sqlite3.Connection, ref: bytes, updates: list[_Update],
+                 deletes: list[bytes]) -> tuple[Plan, int]:
     """Step 1 of `WorkspaceStore.apply` (see there), inside the caller's transaction:
-    returns the plan for steps 2 and 3, and the generation it bumped to."""
+    returns the plan for steps 2 and 3, and the generation it bumped to. Every key is
+    stored (scoped to `ref`, sync.store.pool)."""
     shape: dict[bytes, tuple[bytes | None, bool]] = {}
     for u in updates:
         for j, key in enumerate(u.ancestors):
             shape[key] = (u.ancestors[j - 1] if j else None, True)
         shape[u.file_key] = (u.ancestors[-1], False)
     if updates:
-        roots = [r for (r,) in conn.execute("SELECT key FROM nodes WHERE parent IS NULL")]
+        roots = [r for (r,) in conn.execute(
+            "SELECT key FROM nodes WHERE parent IS NULL AND key >= ? AND key < ?",
+            ref_bounds(ref))]
         new_root = updates[0].ancestors[0]
         if roots and roots != [new_root]:
             raise BadRequest(
@@ -166,8 +177,8 @@ def mark_pending(conn: sqlite3.Connection, updates: list[_Update], deletes: list
             )
     deleted = _subtree(conn, deletes)  # key -> is_dir, for nodes that exist
     existing = _existing(conn, shape)  # key -> (parent, is_dir)
-    fids = {fid_of(u.file_key) for u in updates}
-    fids.update(fid_of(k) for k, is_dir in deleted.items() if not is_dir)
+    fids = {fid_of(unscoped(u.file_key)) for u in updates}
+    fids.update(fid_of(unscoped(k)) for k, is_dir in deleted.items() if not is_dir)
     moved_from: set[bytes] = set()
     became_files: list[bytes] = []
     for key, (parent, is_dir) in shape.items():
@@ -177,15 +188,18 @@ def mark_pending(conn: sqlite3.Connection, updates: list[_Update], deletes: list
         if old[1] and not is_dir and key not in deleted:
             became_files.append(key)  # its old subtree goes as if deleted
         elif is_dir and not old[1]:
-            fids.add(fid_of(key))  # a file that became a directory: drop its rows
+            fids.add(fid_of(unscoped(key)))  # a file that became a directory: its rows go
         if old[0] != parent and old[0] is not None:
             moved_from.add(old[0])
     below = _subtree(conn, became_files)
-    fids.update(fid_of(k) for k, is_dir in below.items() if not is_dir)
+    fids.update(fid_of(unscoped(k)) for k, is_dir in below.items() if not is_dir)
     gone = set(deleted) | set(below)
-    stored = [k for u in updates for (k,) in conn.execute(
-        "SELECT key FROM nodes WHERE key >= ? AND key < ?", fid_bounds(u.file_key))]
-    refuse_fid_collisions([u.file_key for u in updates], shape, stored, gone)
+    stored = [unscoped(k) for u in updates for (k,) in conn.execute(
+        "SELECT key FROM nodes WHERE key >= ? AND key < ?",
+        tuple(ref + b for b in fid_bounds(unscoped(u.file_key))))]
+    refuse_fid_collisions([unscoped(u.file_key) for u in updates],
+                          [unscoped(k) for k in shape], stored, {unscoped(k) for k in gone})
+    old_blobs = _leaf_blobs(conn, [*gone, *(k for k in shape if k in existing)])
     conn.executemany(
         "UPDATE nodes SET value = NULL WHERE key = ?", [(k,) for k in gone]
     )
@@ -203,7 +217,19 @@ def mark_pending(conn: sqlite3.Connection, updates: list[_Update], deletes: list
         (n_rows, n_rows),
     ).fetchone()
     generation = _bump_generation(conn)
-    return Plan(frozenset(fids), frozenset(gone - shape.keys()), first_rid), generation
+    return (Plan(frozenset(fids), frozenset(gone - shape.keys()), first_rid,
+                 frozenset(old_blobs)), generation)
+
+
+def _leaf_blobs(conn: sqlite3.Connection, keys: list[bytes]) -> set[tuple[int, bytes]]:
+    """The blobs (fid, value) the committed leaves among `keys` name."""
+    out = set()
+    for part in batched(keys, SQL_BATCH):
+        marks = ",".join("?" * len(part))
+        for k, v in conn.execute(f"SELECT key, value FROM nodes WHERE key IN ({marks})"
+                                 " AND is_dir = 0 AND value IS NOT NULL", part):
+            out.add((fid_of(unscoped(bytes(k))), bytes(v)))
+    return out
 
 
 def commit_values(conn: sqlite3.Connection, plan: Plan, updates: list[_Update]) -> int:

@@ -7,6 +7,7 @@ sync.store.sqlite_tree; the rows' layout sync.store.rows.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import operator
 import sqlite3
@@ -17,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from indexer import sqlite_files
 from sync.records import (
+    DEFAULT_REF,
     DirValue,
     FileRows,
     FileUpdate,
@@ -35,6 +36,7 @@ from sync.store.checks import (
     _vector,
     decide_dir_values,
     dir_value_checks,
+    ref_id,
 )
 from sync.store.lance_table import (
     CLEANUP_AFTER,
@@ -45,21 +47,32 @@ from sync.store.lance_table import (
     lance_reads,
 )
 from sync.store.options import StoreOptions
+from sync.store.pool import (
+    adopt,
+    expire_orphans,
+    fid_blobs,
+    present,
+    ref_bounds,
+    ref_count,
+    release,
+    scoped,
+    touch_ref,
+    unscoped,
+)
+from sync.store.pool_ops import PoolOps
 from sync.store.rows import (
+    blob_rows_of,
     bounded_answer,
     checkpoint_superseded,
     fid_of,
     file_keys,
     group_rows,
     purge_superseded,
-    replace_sealed_rows,
-    sealed_rows_of,
-    sealed_rows_scan,
+    replace_blob_rows,
 )
-from sync.store.search_index import SNAPSHOT, SearchIndexLifecycle
+from sync.store.search_index import SearchIndexLifecycle
 from sync.store.sqlite_tree import (
     SQL_BATCH,
-    TREE_ADVICE,
     Plan,
     batched,
     commit_values,
@@ -69,18 +82,16 @@ from sync.store.sqlite_tree import (
 )
 from sync.store.vector_index import (
     RowTable,
-    SnapshotError,
     chunk_id_array,
     pack,
-    read_snapshot,
-    read_snapshot_info,
 )
+from sync.store.workspace_checks import WorkspaceChecks
 from sync.wire import BadRequest, SealedWorkspaceError, StoreCorrupt
 
 log = logging.getLogger(__name__)
 
 
-class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
+class WorkspaceStore(WorkspaceChecks, PoolOps, ApplyChecks, SearchIndexLifecycle):
     """The Merkle tree, chunk rows and search index of one workspace.
 
     Thread-safe: applies (and directory updates) are serialised by a lock, across
@@ -130,6 +141,8 @@ class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
         extra: dict[str, Any] = {"created_at": r.created_at, "limits": self.limits.as_dict()}
         if not self.sealed:
             extra["distance"] = "l2"
+        else:
+            extra["pool"] = True  # one tree per ref over a pool of blobs (sync.store.pool)
         if index is not None:
             extra["index"] = index
         return WorkspaceInfo(
@@ -143,7 +156,7 @@ class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
             mode=r.mode,
         )
 
-    def file_rows(self, keys: Sequence[bytes]) -> FileRows:
+    def file_rows(self, keys: Sequence[bytes], ref: bytes = DEFAULT_REF) -> FileRows:
         """(chunk id, meta) of every row of each file of `keys`, in the order they were
         sent. A key that is not a committed leaf (unknown, pending or a directory) maps to
         []. The answer is bounded by `limits.max_row_bytes`: the keys after the bound are
@@ -156,15 +169,16 @@ class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
         state pairs a value with its own rows. A server-search workspace's are read under
         the write locks."""
         self._check_open()
+        ref = ref_id(ref, self.sealed)
         wanted = file_keys(keys, self.limits)
         if not wanted:
             return {}
         if self.sealed:
-            return bounded_answer(wanted, self._sealed_file_rows(wanted),
+            return bounded_answer(wanted, self._sealed_file_rows(wanted, ref),
                                   self.limits.max_row_bytes)
         with self._write_lock, self._flock():
-            committed = [k for k, (value, is_dir) in self._leaf_values(wanted).items()
-                         if value is not None and not is_dir]
+            committed = [unscoped(k) for k, (value, is_dir) in self._leaf_values(
+                [scoped(ref, k) for k in wanted]).items() if value is not None and not is_dir]
             fid_keys: dict[int, list[bytes]] = {}
             for k in committed:
                 fid_keys.setdefault(fid_of(k), []).append(k)
@@ -181,18 +195,18 @@ class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
                 found = group_rows(batches, fid_keys)
         return bounded_answer(wanted, found, self.limits.max_row_bytes)
 
-    def _sealed_file_rows(self, wanted: list[bytes]
+    def _sealed_file_rows(self, wanted: list[bytes], ref: bytes
                           ) -> dict[bytes, list[tuple[int, bytes, bytes]]]:
-        """The rows of the committed leaves of `wanted`, read in one snapshot."""
+        """The rows of the blobs the committed leaves of `wanted` (in `ref`'s tree)
+        name, read in one snapshot."""
         with self._rlock, sealed_reads(self._tree_path):
             self._rconn.execute("BEGIN")
             try:
-                values = self._leaf_values(wanted, self._rconn)
-                fid_keys: dict[int, list[bytes]] = {}
-                for k, (value, is_dir) in values.items():
-                    if value is not None and not is_dir:
-                        fid_keys.setdefault(fid_of(k), []).append(k)
-                return sealed_rows_of(self._rconn, fid_keys) if fid_keys else {}
+                values = self._leaf_values([scoped(ref, k) for k in wanted], self._rconn)
+                blobs = {unscoped(k): (fid_of(unscoped(k)), value)
+                         for k, (value, is_dir) in values.items()
+                         if value is not None and not is_dir}
+                return blob_rows_of(self._rconn, blobs) if blobs else {}
             finally:
                 self._rconn.execute("COMMIT")
 
@@ -210,18 +224,22 @@ class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
                 out[bytes(k)] = (None if v is None else bytes(v), bool(is_dir))
         return out
 
-    def root(self) -> NodeInfo | None:
+    def root(self, ref: bytes = DEFAULT_REF) -> NodeInfo | None:
         self._check_open()
+        ref = ref_id(ref, self.sealed)
         with self._rlock:
             rows = self._rconn.execute(
-                "SELECT key, value, is_dir FROM nodes WHERE parent IS NULL ORDER BY key"
+                "SELECT key, value, is_dir FROM nodes WHERE parent IS NULL"
+                " AND key >= ? AND key < ? ORDER BY key", ref_bounds(ref)
             ).fetchall()
         if len(rows) > 1:  # apply() refuses a second root; this would be a bug
             log.error("workspace %s has %d root nodes", self.workspace_id, len(rows))
-        return NodeInfo(rows[0][0], rows[0][1], bool(rows[0][2])) if rows else None
+        return NodeInfo(unscoped(rows[0][0]), rows[0][1], bool(rows[0][2])) if rows else None
 
-    def children(self, keys: Sequence[bytes]) -> dict[bytes, list[NodeInfo]]:
+    def children(self, keys: Sequence[bytes], ref: bytes = DEFAULT_REF
+                 ) -> dict[bytes, list[NodeInfo]]:
         self._check_open()
+        ref = ref_id(ref, self.sealed)
         if not isinstance(keys, Sequence) or isinstance(keys, bytes | str):
             raise BadRequest("keys must be a list of keys")
         if len(keys) > self.limits.max_keys:
@@ -235,14 +253,15 @@ class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
             # One read transaction: every batch sees the same snapshot.
             self._rconn.execute("BEGIN")
             try:
-                for part in batched(unique, SQL_BATCH):
+                for part in batched([scoped(ref, k) for k in unique], SQL_BATCH):
                     marks = ",".join("?" * len(part))
                     for parent, key, value, is_dir in self._rconn.execute(
                         "SELECT parent, key, value, is_dir FROM nodes"
                         f" WHERE parent IN ({marks}) ORDER BY parent, key",
                         part,
                     ):
-                        out[parent].append(NodeInfo(key, value, bool(is_dir)))
+                        out[unscoped(parent)].append(
+                            NodeInfo(unscoped(key), value, bool(is_dir)))
             finally:
                 self._rconn.execute("COMMIT")
         return out
@@ -282,7 +301,8 @@ class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
 
     # -- writes -------------------------------------------------------------------------
 
-    def apply(self, updates: Sequence[FileUpdate], deletes: Sequence[bytes]) -> None:
+    def apply(self, updates: Sequence[FileUpdate], deletes: Sequence[bytes],
+              ref: bytes = DEFAULT_REF) -> list[bytes]:
         """Replace the chunks and leaves of `updates`; remove the subtrees of `deletes`.
 
         Deletes take effect before updates, so one call can turn a file into a directory
@@ -308,23 +328,35 @@ class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
         A crash anywhere leaves NULL values on every path it touched, which never match
         a client value, so the next sync re-sends them; no value ever claims chunks the
         store lacks. Re-applying the same batch is harmless (rows are replaced per file).
+
+        Sealed, the rows are a pool of blobs shared by every ref (sync.store.pool): step
+        2 replaces the rows of each uploaded blob, a link uploads none, and step 3 sets
+        a link's leaf only if the pool holds its blob (otherwise the leaf stays pending
+        and its key is returned: the client sends the file). Blobs the apply left
+        without a ref are deleted in step 3 while the workspace has one ref (as before
+        refs), marked orphaned otherwise (the GC deletes them after its grace period).
         """
         self._check_open()
+        ref = ref_id(ref, self.sealed)
         ups, dels = self._validate_apply(updates, deletes)
         if not ups and not dels:
-            return
+            return []
+        ups = [dataclasses.replace(u, file_key=scoped(ref, u.file_key),
+                                   ancestors=tuple(scoped(ref, a) for a in u.ancestors))
+               for u in ups]
+        dels = [scoped(ref, d) for d in dels]
         with self._write_lock, self._flock():
             self._prepare_write()
-            plan = self._step1_mark_pending(ups, dels)
+            plan = self._step1_mark_pending(ref, ups, dels)
             self._reached("pending")
             deleted = self._step2_replace_rows(plan, ups)
             self._reached("rows")
-            self._step3_commit(plan, ups)
+            missing, released = self._step3_commit(ref, plan, ups)
             self._reached("committed")
             if self.sealed:
-                if deleted or self._checkpoint_due:
+                if deleted or released or self._checkpoint_due:
                     self._checkpoint()
-                return
+                return missing
             if deleted:
                 self._purge(added=sum(len(u.chunk_ids) for u in ups))
             else:
@@ -335,8 +367,10 @@ class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
                 self._save_index()
             elif deleted:
                 self._drop_snapshot()  # it holds the rows just deleted
+        return []
 
-    def set_dir_values(self, values: Sequence[DirValue | tuple[bytes, bytes, bytes]]) -> None:
+    def set_dir_values(self, values: Sequence[DirValue | tuple[bytes, bytes, bytes]],
+                       ref: bytes = DEFAULT_REF) -> None:
         """Set the values of existing directories, each only over the children it was
         computed from (compare-and-set); other keys are ignored.
 
@@ -350,18 +384,24 @@ class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
         does not matter.
         """
         self._check_open()
+        ref = ref_id(ref, self.sealed)
         pending = dir_value_checks(values, self.limits)
         with self._write_lock, self._flock(), transaction(self._wconn) as conn:
+            if self.sealed:
+                touch_ref(conn, ref)
             pending = {k: v for k, v in pending.items() if (row := conn.execute(
-                "SELECT is_dir FROM nodes WHERE key = ?", (k,)).fetchone()) and row[0]}
+                "SELECT is_dir FROM nodes WHERE key = ?", (scoped(ref, k),)).fetchone())
+                and row[0]}
 
+            # Keys as the client sees them (its digests are over them), stored scoped.
             def children_of(keys: list[bytes]) -> Children:
-                return {k: [(bytes(c), None if v is None else bytes(v)) for c, v in conn.execute(
-                    "SELECT key, value FROM nodes WHERE parent = ?", (k,))] for k in keys}
+                return {k: [(unscoped(c), None if v is None else bytes(v)) for c, v in
+                            conn.execute("SELECT key, value FROM nodes WHERE parent = ?",
+                                         (scoped(ref, k),))] for k in keys}
 
             def write(items: list[tuple[bytes, bytes]]) -> None:
                 conn.executemany("UPDATE nodes SET value = ? WHERE key = ?",
-                                 [(v, k) for k, v in items])
+                                 [(v, scoped(ref, k)) for k, v in items])
 
             refused = decide_dir_values(pending, children_of, write)  # sync.store.checks
         if refused:
@@ -415,80 +455,6 @@ class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
             raise StoreCorrupt(f"the chunk table {table_dir} lost its data files;"
                                f" {LANCE_ADVICE}")
 
-    def check(self) -> list[str]:
-        """Every problem found in this workspace's files, one line each (empty: none).
-
-        tree.sqlite's integrity; the chunk rows read in full (every row's rid, file and
-        chunk id); rids unique; every row belonging to a file of the tree; the search
-        snapshot, when of the current generation, holding exactly the table's rows (a
-        sealed workspace, whose rows are in tree.sqlite, has none)."""
-        self._check_open()
-        problems: list[str] = []
-        tree = self.path / "tree.sqlite"
-        bad = sqlite_files.integrity_problem(tree)
-        if bad is not None:
-            return [f"{tree} is corrupt ({bad}); {TREE_ADVICE}"]
-        with self._rlock:
-            leaves = {fid_of(bytes(k)) for (k,) in self._rconn.execute(
-                "SELECT key FROM nodes WHERE is_dir = 0")}
-        try:
-            by_file = self.rows_by_file()
-        except StoreCorrupt as exc:
-            return [str(exc)]
-        rids = np.concatenate([r for r, _ in by_file.values()] or [np.empty(0, np.int64)])
-        if self.sealed:
-            table, advice = f"the chunk table of {tree}", TREE_ADVICE
-        else:
-            table, advice = f"the chunk table {self.path / f'{TABLE}.lance'}", LANCE_ADVICE
-        if len(np.unique(rids)) != len(rids):
-            problems.append(f"{table} holds a row twice; {advice}")
-        orphans = sum(len(r) for fid, (r, _) in by_file.items() if fid not in leaves)
-        if orphans:
-            problems.append(f"{table} holds {orphans} rows of files the tree does not have;"
-                            f" {advice}")
-        if self.sealed:
-            return problems
-        snapshot = self.path / SNAPSHOT
-        try:
-            info = read_snapshot_info(snapshot)
-        except FileNotFoundError:
-            info = None
-        except (SnapshotError, OSError) as exc:
-            problems.append(f"the search snapshot {snapshot} is unreadable ({exc}); it is"
-                            " rebuilt from the chunk table (delete it to stop this message)")
-            info = None
-        if info is not None and info.get("generation") == self._generation():
-            try:
-                _index, rows, _ = read_snapshot(snapshot, self.options.index_policy)
-                same = np.array_equal(np.sort(rows.rids()), np.sort(rids))
-            except (SnapshotError, OSError, ValueError) as exc:
-                same, rows = False, None
-                problems.append(f"the search snapshot {snapshot} is unreadable ({exc})")
-            if rows is not None and not same:
-                problems.append(f"the search snapshot {snapshot} does not hold the chunk"
-                                " table's rows; delete it (it is rebuilt from the table)")
-        return problems
-
-    def rows_by_file(self) -> dict[int, tuple[np.ndarray, list[bytes]]]:
-        """fid -> (rids, chunk ids) of every chunk row, read in full."""
-        out: dict[int, tuple[list[int], list[bytes]]] = {}
-        if self.sealed:
-            with self._rlock, sealed_reads(self._tree_path):
-                for rid, fid, cid in sealed_rows_scan(self._rconn):
-                    entry = out.setdefault(fid, ([], []))
-                    entry[0].append(rid)
-                    entry[1].append(cid)
-            return {f: (np.array(r, np.int64), c) for f, (r, c) in out.items()}
-        with self._write_lock, lance_reads(self.path / f"{TABLE}.lance"):
-            self._table.checkout_latest()
-            for b in self._scan(["rid", "fid", "chunk_id"]):
-                for rid, fid, cid in zip(b.column("rid").to_pylist(), b.column("fid").to_pylist(),
-                                         b.column("chunk_id").to_pylist(), strict=True):
-                    entry = out.setdefault(fid, ([], []))
-                    entry[0].append(rid)
-                    entry[1].append(cid)
-        return {f: (np.array(r, np.int64), c) for f, (r, c) in out.items()}
-
     def close(self) -> None:
         """Snapshot the index if it changed since the last snapshot, then close."""
         if self._closed:
@@ -512,9 +478,10 @@ class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
         if self.options.crash_hook is not None:
             self.options.crash_hook(point)
 
-    def _step1_mark_pending(self, updates: list[_Update], deletes: list[bytes]) -> Plan:
+    def _step1_mark_pending(self, ref: bytes, updates: list[_Update], deletes: list[bytes]
+                            ) -> Plan:
         with transaction(self._wconn) as conn:
-            plan, generation = mark_pending(conn, updates, deletes)
+            plan, generation = mark_pending(conn, ref, updates, deletes)
         self._loaded_generation = generation  # our own change: the index follows it
         return plan
 
@@ -528,7 +495,7 @@ class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
         n = sum(len(u.chunk_ids) for u in updates)
         rids = np.arange(plan.first_rid, plan.first_rid + n, dtype=np.int64)
         fids = np.repeat(
-            np.array([fid_of(u.file_key) for u in updates], dtype=np.int64),
+            np.array([fid_of(unscoped(u.file_key)) for u in updates], dtype=np.int64),
             [len(u.chunk_ids) for u in updates],
         )
         chunk_ids = [c for u in updates for c in u.chunk_ids]
@@ -562,22 +529,51 @@ class WorkspaceStore(ApplyChecks, SearchIndexLifecycle):
         return len(removed)
 
     def _step2_replace_sealed_rows(self, plan: Plan, updates: list[_Update]) -> int:
-        # One transaction: a crash keeps all the old rows or none of them. Every touched
-        # file's rows are deleted (the index on fid finds none for a new file).
+        # One transaction: a crash keeps all of a blob's old rows or none of them. Only
+        # uploaded blobs are written; the blobs the touched leaves named before stay
+        # until step 3 (another ref may name them).
         rid = plan.first_rid
-        rows = []
+        blobs: dict[tuple[int, bytes], list[tuple[int, int, bytes, bytes]]] = {}
         for u in updates:
-            fid = fid_of(u.file_key)
+            if u.link:
+                continue
+            fid = fid_of(unscoped(u.file_key))
+            rows = blobs.setdefault((fid, u.value), [])
+            rows.clear()  # one file twice in a batch is refused; a blob twice: the last
             for cid, meta in zip(u.chunk_ids, u.metas, strict=True):
                 rows.append((rid, fid, cid, meta))
                 rid += 1
+        named = {(fid_of(unscoped(u.file_key)), u.value) for u in updates}
         with sealed_reads(self._tree_path), transaction(self._wconn) as conn:
-            return replace_sealed_rows(conn, plan.fids, rows)
+            deleted = replace_blob_rows(conn, blobs)
+            # The blobs the touched leaves named (step 1 set them pending), and every
+            # blob of a touched file (a crash between an earlier apply's steps may have
+            # left one no leaf names): those no ref names now go, as the rows of a file
+            # went before refs, or wait out the grace period with several refs.
+            touched = plan.old_blobs | fid_blobs(conn, plan.fids)
+            return deleted + release(conn, touched - named, now=ref_count(conn) <= 1)
 
-    def _step3_commit(self, plan: Plan, updates: list[_Update]) -> None:
-        with transaction(self._wconn) as conn:
+    def _step3_commit(self, ref: bytes, plan: Plan, updates: list[_Update]
+                      ) -> tuple[list[bytes], int]:
+        """Returns the links left pending (their blob is not in the pool) and how many
+        rows of blobs left without a ref were deleted."""
+        missing: list[bytes] = []
+        released = 0
+        with sealed_reads(self._tree_path), transaction(self._wconn) as conn:
+            if self.sealed:
+                named = {(fid_of(unscoped(u.file_key)), u.value): u for u in updates}
+                held = present(conn, [b for b, u in named.items() if u.link])
+                lacking = {id(u) for b, u in named.items() if u.link and b not in held}
+                missing = [unscoped(u.file_key) for u in updates if id(u) in lacking]
+                updates = [u for u in updates if id(u) not in lacking]
             generation = commit_values(conn, plan, updates)
+            if self.sealed:
+                now = {(fid_of(unscoped(u.file_key)), u.value) for u in updates}
+                adopt(conn, now)
+                released = expire_orphans(conn, self.options.blob_grace_s)
+                touch_ref(conn, ref)
         self._loaded_generation = generation
+        return missing, released
 
     def _maybe_compact(self) -> None:
         # Each apply adds a LanceDB fragment and version; merging them now and then keeps

@@ -25,6 +25,7 @@ from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
 from sync.store.backend import WorkspaceRecord
 from sync.store.lance_table import SCAN_BATCH, TABLE, import_lancedb, lance_reads
 from sync.store.options import StoreOptions
+from sync.store.pool import adopt_rows
 from sync.store.rows import SEALED_SCHEMA, has_sealed_rows, table_schema
 from sync.store.sqlite_tree import connect, init_tree_db, sealed_reads, transaction
 from sync.wire import StoreCorrupt, StoreError
@@ -114,6 +115,7 @@ class WorkspaceFiles:
                         conn.executemany("INSERT INTO rows (rid, fid, chunk_id, meta)"
                                          " VALUES (?, ?, ?, ?)", rows)
                         moved += len(rows)
+                    adopt_rows(conn)  # each row gets its blob (sync.store.pool)
                 log.info("workspace %s: %d sealed rows moved from LanceDB into %s in %.2fs",
                          self.workspace_id, moved, self._tree_path,
                          time.perf_counter() - started)

@@ -1,0 +1,83 @@
+"""Teammates on two branches of one sealed workspace, on a real server on loopback: each
+syncs its own ref's tree, files the pool holds are linked (no rows sent) and pulled by
+content (not embedded), and alternating syncs leave each other's trees alone. The
+hashing embedder stands in for the model: what is measured is the sync."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from indexer.embedder import HashingEmbedder
+from retrieval import Index
+from sync.config import load_config, load_token
+from sync.http_client import HttpClient
+from sync.keys import export_key, import_key, load_key
+from sync.refs import git_branch, ref_name
+from tests.server_fixtures import ServerProcess
+from tests.test_sync import Backend, many_files
+
+
+def test_the_ref_name_follows_the_checkout(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("CODEVEIL_REF", raising=False)
+    assert git_branch(tmp_path) is None and ":" not in ref_name(tmp_path)
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "HEAD").write_text("ref: refs/heads/feature/x\n")
+    assert git_branch(tmp_path) == "feature/x" and ref_name(tmp_path).endswith(":feature/x")
+    tree = tmp_path / "wt"
+    tree.mkdir()
+    (tmp_path / "wt-git").mkdir()
+    (tmp_path / "wt-git" / "HEAD").write_text("0123abcd\n")
+    (tree / ".git").write_text(f"gitdir: {tmp_path / 'wt-git'}\n")
+    assert git_branch(tree) == "HEAD"
+    monkeypatch.setenv("CODEVEIL_REF", "bench:main")
+    assert ref_name(tmp_path) == "bench:main"
+
+
+def test_two_branches_share_the_pool(tmp_path: Path, live_server: ServerProcess,
+                                     monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    served = Backend("http", live_server)
+    assert served.server is not None
+    monkeypatch.setenv("CODEVEIL_REF", "alice:main")
+    repo = many_files(tmp_path / "repo", 60)
+    idx = served.open_index(repo)
+    first = idx.index()
+    ws = load_config(repo).workspace_id
+    shared_key, token = export_key(load_key(ws)), load_token(ws)
+    alice_config = os.environ.get("CODEVEIL_CONFIG_DIR")
+
+    # Bob, on another branch: the same files but three.
+    mate = tmp_path / "mate"
+    shutil.copytree(repo, mate, ignore=shutil.ignore_patterns(".codeveil"))
+    for i in range(3):
+        (mate / f"pkg{i}/mod_{i}.py").write_text(f"def branch_change_{i}():\n    return {i}\n")
+    monkeypatch.setenv("CODEVEIL_CONFIG_DIR", str(tmp_path / "mate-config"))
+    monkeypatch.setenv("CODEVEIL_REF", "bob:feature")
+    import_key(ws, shared_key)
+    mate_idx = Index(mate, embedder=HashingEmbedder())
+    mate_idx.init(server=served.server.url, workspace_id=ws, token=token)
+    joined = mate_idx.index()
+    n = first.files_changed
+    # Every file alice sent is linked but the three bob changed; his own are sent.
+    assert joined.files_linked == joined.files_changed - 3 and joined.files_changed >= n
+    assert joined.chunks_embedded <= 6  # only what no ref holds
+    # 3 files of rows and 59 links (keys only) against 60 files of rows
+    assert joined.bytes_sent < first.bytes_sent / 3
+    assert mate_idx.search("branch_change_1", k=1)[0].path == "pkg1/mod_1.py"
+
+    # Alternate syncs: neither flips the other's tree, so nothing is sent again.
+    (mate / "pkg0/mod_0.py").write_text("def branch_change_0():\n    return 'again'\n")
+    assert mate_idx.index().files_changed == 1
+    monkeypatch.setenv("CODEVEIL_REF", "alice:main")
+    if alice_config is None:
+        monkeypatch.delenv("CODEVEIL_CONFIG_DIR")
+    else:
+        monkeypatch.setenv("CODEVEIL_CONFIG_DIR", alice_config)
+    back = idx.index()
+    assert (back.files_changed, back.chunks_embedded, back.requests) == (0, 0, 1)
+    with HttpClient(served.server.url, ws, token) as client:
+        refs = client.refs()
+    assert len(refs) == 2 and min(r.files for r in refs) >= n
+    mate_idx.close()
+    idx.close()
