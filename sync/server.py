@@ -44,21 +44,22 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from indexer.errors import CodeveilError
 from indexer.sqlite_files import CorruptFileError
+from sync.body_fields import Bytes, Key, Vector
 from sync.db_url import is_database_url, mask_url
-from sync.records import DEFAULT_REF, KEY_BYTES, MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
+from sync.records import DEFAULT_REF, MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
 from sync.server_middleware import BodyLimit, RequestLog
 from sync.server_refs import (
     REF_PARAMETER,
@@ -79,9 +80,7 @@ from sync.wire import (
     StoreCorrupt,
     StoreError,
     StoreUnavailable,
-    b64decode,
     b64encode,
-    decode_vector,
     hit_to_json,
     info_to_json,
     node_to_json,
@@ -124,26 +123,6 @@ def open_store(spec: str | os.PathLike[str]) -> StoreBackend:
 
 
 # -- request bodies ---------------------------------------------------------------------
-
-
-def _key(value: object) -> bytes:
-    raw = b64decode(value)
-    if len(raw) != KEY_BYTES:
-        raise ValueError(f"must be {KEY_BYTES} bytes, got {len(raw)}")
-    return raw
-
-
-# Validators raise ValueError with a short reason; the handler adds the JSON path. The
-# JSON schemas say what travels (for /openapi.json, client generators, fuzzers).
-Key = Annotated[bytes, PlainValidator(_key), WithJsonSchema(
-    {"type": "string", "pattern": "^[A-Za-z0-9_-]{22}$",
-     "description": f"{KEY_BYTES} bytes, base64url without padding"})]
-Bytes = Annotated[bytes, PlainValidator(b64decode), WithJsonSchema(
-    {"type": "string", "pattern": "^[A-Za-z0-9_-]*$",
-     "description": "bytes, base64url without padding"})]
-Vector = Annotated[Any, PlainValidator(decode_vector), WithJsonSchema(  # np.ndarray, float32
-    {"type": "string", "pattern": "^[A-Za-z0-9_-]*$",
-     "description": "little-endian float32 values, base64url without padding"})]
 
 
 class _Body(BaseModel):

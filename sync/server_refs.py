@@ -6,10 +6,11 @@ sync.server's own handlers, given the ref."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field
 
+from sync.body_fields import Key
 from sync.records import KEY_BYTES
 from sync.store.backend import StoreBackend, WorkspaceBackend
 from sync.wire import (
@@ -43,16 +44,6 @@ def ref_from_path(text: str) -> bytes:
     return raw
 
 
-def _key(value: object) -> bytes:
-    raw = b64decode(value)
-    if len(raw) != KEY_BYTES:
-        raise ValueError(f"must be {KEY_BYTES} bytes, got {len(raw)}")
-    return raw
-
-
-Key = Annotated[bytes, PlainValidator(_key), WithJsonSchema(
-    {"type": "string", "pattern": "^[A-Za-z0-9_-]{22}$",
-     "description": f"{KEY_BYTES} bytes, base64url without padding"})]
 
 
 class _Body(BaseModel):
