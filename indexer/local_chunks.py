@@ -296,6 +296,15 @@ class LocalChunks:
             )
         ]
 
+    def definitions_for(self, path: str) -> list[Definition]:
+        """What `path` defines, as its last write recorded it, in file order."""
+        from indexer.definitions import Definition  # parsers and all: only when asked
+
+        return [Definition(tuple(names.split("\n")), kind, start, end, signature)
+                for names, kind, start, end, signature in self._db.execute(
+                    "SELECT names, kind, start_line, end_line, signature FROM definitions"
+                    " WHERE path = ? ORDER BY ordinal", (path,))]
+
     def iter_all(self) -> Iterator[tuple[int, Chunk]]:
         """(rowid, chunk) of every chunk, in a stable order."""
         for rowid, *rest in self._db.execute(

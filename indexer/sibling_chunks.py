@@ -20,6 +20,7 @@ from typing import Final
 from indexer.chunk import Chunk
 from indexer.chunker_stamp import chunker_stamp
 from indexer.definitions import Definition
+from indexer.local_chunks import LocalChunks
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class SiblingChunks:
     """Read-only lookups in the chunk tables of a repository's other worktrees."""
 
     def __init__(self, states: list[Path]) -> None:
-        self._dbs: list[sqlite3.Connection] = []
+        self._dbs: list[tuple[sqlite3.Connection, LocalChunks]] = []
         ours = chunker_stamp()
         for state in states:
             db = None
@@ -59,13 +60,13 @@ class SiblingChunks:
                                      check_same_thread=False)
                 row = db.execute("SELECT value FROM state_meta WHERE key = 'chunker'").fetchone()
                 if row is not None and bytes(row[0]) == ours:
-                    self._dbs.append(db)
+                    # Its schema is current (stamped by this chunker): LocalChunks only reads.
+                    self._dbs.append((db, LocalChunks(db)))
                     continue
             except sqlite3.Error as e:  # unreadable, or written before stamps: not ours
                 log.debug("not reusing chunks of %s: %s", state, e)
             if db is not None:
                 db.close()
-        self.reused = 0
 
     @classmethod
     def for_root(cls, root: Path) -> SiblingChunks:
@@ -77,25 +78,24 @@ class SiblingChunks:
     def lookup(self, path: str, digest: bytes) -> tuple[list[Chunk], list[Definition]] | None:
         """The chunks and definitions of `path` at content `digest`, if a sibling holds
         both for exactly that content; None otherwise (chunk it)."""
-        for db in self._dbs:
+        for db, local in self._dbs:
             try:
-                got = _read(db, path, digest)
+                got = _read(db, local, path, digest)
             except sqlite3.Error as e:  # being written, or damaged: chunk it here
                 log.debug("sibling chunk table unreadable: %s", e)
                 continue
             if got is not None:
-                self.reused += 1
                 return got
         return None
 
     def close(self) -> None:
-        for db in self._dbs:
+        for db, _local in self._dbs:
             with contextlib.suppress(sqlite3.Error):
                 db.close()
         self._dbs.clear()
 
 
-def _read(db: sqlite3.Connection, path: str, digest: bytes
+def _read(db: sqlite3.Connection, local: LocalChunks, path: str, digest: bytes
           ) -> tuple[list[Chunk], list[Definition]] | None:
     # One read transaction: the chunks, their file's digest and its definitions agree.
     with db:
@@ -104,12 +104,4 @@ def _read(db: sqlite3.Connection, path: str, digest: bytes
                          " USING (path) WHERE path = ?", (path,)).fetchone()
         if row is None or bytes(row[0]) != digest or bytes(row[1]) != digest:
             return None
-        chunks = [Chunk(path=p, start_line=s, end_line=e, language=lang, symbol=sym, text=t)
-                  for p, s, e, lang, sym, t in db.execute(
-                      "SELECT path, start_line, end_line, language, symbol, text FROM chunks"
-                      " WHERE path = ? ORDER BY ordinal", (path,))]
-        defined = [Definition(tuple(names.split("\n")), kind, start, end, signature)
-                   for names, kind, start, end, signature in db.execute(
-                       "SELECT names, kind, start_line, end_line, signature FROM definitions"
-                       " WHERE path = ? ORDER BY ordinal", (path,))]
-    return chunks, defined
+        return local.for_file(path), local.definitions_for(path)

@@ -258,11 +258,7 @@ def outline_of(db: sqlite3.Connection, root: Path, path: str) -> Outline:
         return Outline(path, language, False,
                        _entries(_sections(text_of_chunks(chunks), language)))
     backfill_definitions(db)
-    defined = [Definition(tuple(names.split("\n")), kind, start, end, signature)
-               for names, kind, start, end, signature in db.execute(
-                   "SELECT names, kind, start_line, end_line, signature FROM definitions"
-                   " WHERE path = ? ORDER BY ordinal", (path,))]
-    return Outline(path, language, False, _entries(defined))
+    return Outline(path, language, False, _entries(local.definitions_for(path)))
 
 
 def _entries(defined: Sequence[Definition]) -> list[OutlineEntry]:
