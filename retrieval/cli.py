@@ -322,7 +322,8 @@ def status(as_json: bool, repo: Path) -> None:
         click.echo(json.dumps(info.to_dict(), indent=2))
     else:
         for name, value in info.items():
-            click.echo(f"{name:>14}: {value}")
+            if value is not None:  # `ref` of a store of one tree
+                click.echo(f"{name:>14}: {value}")
     if not info.files and info.server_chunks:
         # The same state search refuses, in its words: a script must see it in the exit
         # code, not read "files: 0" as an empty index.

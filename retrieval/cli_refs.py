@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from retrieval.cli_base import _fail, _index
-from sync.refs import ref_id
+from sync.refs import local_ref_names, ref_id
 
 
 def _age(seconds: float) -> str:
@@ -36,8 +36,12 @@ def refs(remove: str | None, repo: Path) -> None:
             click.echo(f"removed ref {remove}")
             return
         mine = client.ref
+        # The refs this machine made for its local branches are named; others (a
+        # teammate's, a deleted branch's) show their id's first bytes.
+        named = {ref_id(key, n): n for n in local_ref_names(ws.root)}
+        named[mine] = ws.ref_name
         now = time.time()
         for r in client.refs():
-            name = ws.ref_name if r.ref == mine else r.ref.hex()[:12]
+            name = named.get(r.ref, r.ref.hex()[:12])
             click.echo(f"{'*' if r.ref == mine else ' '} {name:<40} {_age(now - r.synced_at):>5}"
                        f" {r.files:>7} files {r.rows:>8} rows")

@@ -13,6 +13,7 @@ import getpass
 import hmac
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 from sync.keys import WorkspaceKey
@@ -33,13 +34,30 @@ def ref_name(root: Path) -> str:
     chosen = os.environ.get(ENV_REF, "").strip()
     if chosen:
         return chosen
+    branch = git_branch(root)
+    return who() if branch is None else f"{who()}:{branch}"
+
+
+def who() -> str:
+    """`user@host`: the first part of this machine's ref names."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):  # no passwd entry (a container): the uid stands in
         user = str(os.getuid()) if hasattr(os, "getuid") else "user"
-    who = f"{user}@{socket.gethostname() or 'localhost'}"
-    branch = git_branch(root)
-    return who if branch is None else f"{who}:{branch}"
+    return f"{user}@{socket.gethostname() or 'localhost'}"
+
+
+def local_ref_names(root: Path) -> list[str]:
+    """The names this machine would give the refs of the checkout's local branches (so
+    `codeveil refs` can name the store's ids it made). Asks git; [] outside git."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), "for-each-ref", "--format=%(refname:short)",
+                              "refs/heads"], capture_output=True, text=True, timeout=30,
+                             check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    mine = who()
+    return [mine, f"{mine}:HEAD", *(f"{mine}:{b}" for b in out.split())]
 
 
 def git_branch(root: Path) -> str | None:

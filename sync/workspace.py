@@ -16,6 +16,7 @@ here or on a Ray cluster). Searching is retrieval's: it ranks over what `open` r
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 from pathlib import Path
@@ -53,6 +54,8 @@ from sync.workspace_status import WorkspaceStatus
 
 if TYPE_CHECKING:
     from indexer.ray_embedder import RayEmbedder
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ENV_EMBED_ON", "ModelMismatchError", "Opened", "Workspace"]
 
@@ -274,6 +277,7 @@ class Workspace:
         remote = self._remote_embedder(embed_on or os.environ.get(ENV_EMBED_ON))
         self.ensure()
         root, config, key, client = self.open()
+        self._follow_ref(root, key, client)
         embedder = self.embedder
         if remote is not None:
             embedder = CachedEmbedder(remote, embedder.cache)
@@ -294,6 +298,18 @@ class Workspace:
             drop_legacy_tree(client)
         return report
 
+    def _follow_ref(self, root: Path, key: WorkspaceKey, client: StoreClient) -> None:
+        """Sync the branch checked out now: a daemon holds this Workspace across
+        `git checkout`s, and a sync after one must go to the new branch's tree, never
+        rewrite the old one's with the new branch's files."""
+        if not self._pool:
+            return
+        name = ref_name(root)
+        if name != self.ref_name:
+            log.info("ref %s -> %s", self.ref_name, name)
+            self.ref_name = name
+            client.ref = ref_id(key, name)
+
     def _remote_embedder(self, embed_on: str | None) -> RayEmbedder | None:
         """A Ray pool running this index's model, for `embed_on`; None for here."""
         if not embed_on:
@@ -311,6 +327,7 @@ class Workspace:
         """Where the workspace is, what it holds here and in the store, where that is."""
         root, config, _key, client = self.open()
         info = client.info()
+        ref = ref_name(root) if self._pool else None  # the next sync's, checked out now
         db = open_state_db(state_path(root))
         try:
             local = LocalChunks(db)
@@ -322,7 +339,7 @@ class Workspace:
             root=str(root), workspace_id=config.workspace_id,
             server=config.server or "embedded", mode=config.mode, model_id=config.model_id,
             files=files, chunks=chunks, server_chunks=info.chunks - padding,
-            server_rows=info.chunks, server_nodes=info.nodes,
+            server_rows=info.chunks, server_nodes=info.nodes, ref=ref,
         )
 
     def close(self) -> None:

@@ -28,3 +28,6 @@ class WorkspaceStatus(FieldsMapping):
     server_chunks: int
     server_rows: int
     server_nodes: int
+    # The ref (branch tree, sync.refs) this checkout syncs; None where the store keeps
+    # one tree (server-search, or a store without a blob pool).
+    ref: str | None = None

@@ -15,7 +15,10 @@ from sync.config import load_config, load_token
 from sync.http_client import HttpClient
 from sync.keys import export_key, import_key, load_key
 from sync.refs import git_branch, ref_name
+from sync.workspace import Workspace
+from tests.conftest import SAMPLE_FILES, write_repo
 from tests.server_fixtures import ServerProcess
+from tests.test_sibling_chunks import git
 from tests.test_sync import Backend, many_files
 
 
@@ -81,3 +84,38 @@ def test_two_branches_share_the_pool(tmp_path: Path, live_server: ServerProcess,
     assert len(refs) == 2 and min(r.files for r in refs) >= n
     mate_idx.close()
     idx.close()
+
+
+def test_a_workspace_held_open_follows_a_checkout_to_its_branchs_tree(
+        tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """What the daemon does: one Workspace, open across `git checkout`s. Each sync goes to
+    the branch checked out at that moment, and leaves the other branch's tree alone."""
+    monkeypatch.delenv("CODEVEIL_REF", raising=False)
+    repo = write_repo(tmp_path / "repo")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "first")
+    ws = Workspace(repo, embedder=HashingEmbedder())
+    try:
+        ws.sync()
+        assert ws.status().ref == ref_name(repo) and ws.status().ref.endswith(":main")
+        git(repo, "checkout", "-q", "-b", "feature")
+        (repo / "feature_only.py").write_text("def feature_only_helper():\n    return 7\n")
+        # Status names the branch checked out now, the one the next sync goes to.
+        assert ws.status().ref is not None and ws.status().ref.endswith(":feature")
+        on_feature = ws.sync()
+        assert on_feature.files_changed >= 1 and on_feature.chunks_embedded <= 2
+        refs = ws.open().client.refs()
+        assert len(refs) == 2
+        assert sorted(r.files for r in refs) == [len(SAMPLE_FILES), len(SAMPLE_FILES) + 1]
+
+        # Back on main: its tree was never rewritten with the feature branch's files.
+        git(repo, "add", "feature_only.py")
+        git(repo, "commit", "-q", "-m", "feature")
+        git(repo, "checkout", "-q", "main")
+        assert not (repo / "feature_only.py").exists()
+        back = ws.sync()
+        assert (back.files_changed, back.chunks_embedded, back.bytes_sent) == (0, 0, 0)
+        assert ws.status().ref.endswith(":main")
+    finally:
+        ws.close()

@@ -27,6 +27,7 @@ from retrieval import Index
 from sync.daemon import DaemonFiles, EventFilter, probe, read_status
 from sync.daemon.loop import _backoff
 from tests.conftest import write_repo
+from tests.test_sibling_chunks import git
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -226,6 +227,47 @@ def test_start_edit_search_status_stop(tmp_path: Path, repos: list[Path]) -> Non
     assert cv("daemon", "stop", repo).stdout.startswith("codeveil daemon: not running")
 
 
+def test_a_checkout_moves_the_daemons_syncs_to_the_new_branchs_tree(
+        tmp_path: Path, repos: list[Path]) -> None:
+    repo = write_repo(tmp_path / "repo")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "first")
+    repos.append(repo)
+    pid = start(repo)
+    wait_for("the first sync", lambda: synced_since(repo, 0, pid))
+
+    def refs() -> list[str]:
+        shown = cv("refs", "-C", repo)
+        assert shown.returncode == 0, shown.stderr
+        return shown.stdout.splitlines()
+
+    assert len(refs()) == 1
+    # A new branch changes no file: the daemon sees HEAD move, and syncs the new ref.
+    syncs = status_of(repo)["syncs"]
+    git(repo, "checkout", "-q", "-b", "feature")
+    wait_for("a sync after the checkout", lambda: synced_since(repo, syncs, pid))
+    wait_for("the feature branch's ref", lambda: len(refs()) == 2)
+    assert any(line.startswith("*") and line.split()[1].endswith(":feature") for line in refs())
+
+    # An edit on the feature branch, then back to main: search follows the checkout.
+    upload = repo / "net" / "upload.py"
+    before = time.time()
+    upload.write_text(upload.read_text() + NEW_FUNCTION)
+    wait_for("the sync of the edit", lambda: settled(repo, before, pid))
+    wait_for_top_hit(repo, "net/upload.py", "def reticulate_splines_for_minimap")
+    git(repo, "commit", "-q", "-am", "feature")
+    before = time.time()
+    git(repo, "checkout", "-q", "main")
+    wait_for("the sync of the checkout", lambda: settled(repo, before, pid))
+    wait_for("the edit to leave the results", lambda: all(
+        "reticulate_splines_for_minimap" not in h["text"]
+        for h in search(repo, "reticulate splines minimap zoom")))
+    # Both refs named: this checkout's (*) and the other local branch's.
+    names = {line[0]: line[2:].split()[0] for line in refs()}
+    assert names["*"].endswith(":main") and names[" "].endswith(":feature")
+
+
 def test_kill_9_mid_sync_then_restart_converges(tmp_path: Path, repos: list[Path]) -> None:
     repo = tmp_path / "big"
     for i in range(1200):
@@ -399,13 +441,14 @@ def test_event_filter_follows_the_ignore_rules(tmp_path: Path) -> None:
     relevant = {rel: f.relevant(str(root / rel)) for rel in (
         "src/app.py", "src/new_dir", "build/out.py", "node_modules/x/i.js", ".git/index",
         ".codeveil/daemon.json", "env/lib/site.py", "sub/keep.py", "sub/gen/x.py",
-        "yarn.lock", "logo.png", "src/deleted.py", ".gitignore",
+        "yarn.lock", "logo.png", "src/deleted.py", ".gitignore", ".git/HEAD",
     )}
     assert relevant == {
         "src/app.py": True, "src/new_dir": True, "build/out.py": False,
         "node_modules/x/i.js": False, ".git/index": False, ".codeveil/daemon.json": False,
         "env/lib/site.py": False, "sub/keep.py": True, "sub/gen/x.py": False,
         "yarn.lock": False, "logo.png": False, "src/deleted.py": True, ".gitignore": True,
+        ".git/HEAD": True,  # the branch checked out names the ref a sync goes to
     }
     # A changed ignore file takes effect: the cached rules are dropped.
     (root / "sub" / ".gitignore").write_text("keep.py\n")

@@ -322,6 +322,13 @@ class Daemon:
         return [e.path for e in entries
                 if e.is_dir(follow_symlinks=False) and self._filter.watched_dir(e.name)]
 
+    def _root_watch_paths(self) -> list[str]:
+        """The folders watched without their subfolders: the root, and .git/ of a
+        checkout (not a linked worktree's: its HEAD lives in the main checkout's .git),
+        whose HEAD says which ref to sync."""
+        git_dir = self.root / ".git"
+        return [str(self.root)] + ([str(git_dir)] if git_dir.is_dir() else [])
+
     def _arm_watch(self, roots: list[str] | None = None) -> None:
         """(Re)start the watchers. A new tree watcher starts before the old one stops, so
         no event falls between them."""
@@ -331,7 +338,8 @@ class Daemon:
         old_tree = self._tree_watch
         try:
             if self._root_watch is None:
-                self._root_watch = _Watch([str(self.root)], recursive=False, sink=self._sink)
+                self._root_watch = _Watch(self._root_watch_paths(), recursive=False,
+                                          sink=self._sink)
             for attempt in range(3):
                 paths = roots if roots is not None else self._watch_roots()
                 try:

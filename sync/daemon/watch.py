@@ -30,6 +30,10 @@ WATCH_MAX_BATCH_MS = WATCH_STEP_MS
 
 # -- which events matter ----------------------------------------------------------------
 
+# The one path under .git/ that matters: which branch is checked out names the ref a
+# sync goes to (sync.refs), and `git checkout -b` changes it without changing a file.
+GIT_HEAD = os.path.join(".git", "HEAD")
+
 _MARKERS = (GITIGNORE, CODEVEILIGNORE, VENV_MARKER)
 _MISSING = object()
 
@@ -56,6 +60,8 @@ class EventFilter:
         rel = os.path.relpath(path, self.root)
         if rel == "." or rel.startswith(".." + os.sep) or rel == "..":
             return False
+        if rel == GIT_HEAD:
+            return True  # a checkout of another branch: its sync goes to that ref's tree
         parts = rel.split(os.sep)
         if any(p in ALWAYS_SKIPPED for p in parts):
             return False
