@@ -8,7 +8,7 @@ import os
 import sqlite3
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -49,7 +49,7 @@ def _index(*args: Any, **kwargs: Any) -> Index:
     return Index(*args, **kwargs)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     click.echo(f"codeveil: error: {message}", err=True)
     sys.exit(EXIT_ERROR)
 

@@ -29,7 +29,8 @@ def refs(remove: str | None, repo: Path) -> None:
     with _index(repo) as idx:
         ws = idx.workspace
         _root, _config, key, client = ws.open()
-        if ws.ref_name is None:
+        this_ref = ws.ref_name
+        if this_ref is None:
             _fail("this workspace keeps one tree (server-search, or a store without refs)")
         if remove is not None:
             client.drop_ref(ref_id(key, remove))
@@ -39,7 +40,7 @@ def refs(remove: str | None, repo: Path) -> None:
         # The refs this machine made for its local branches are named; others (a
         # teammate's, a deleted branch's) show their id's first bytes.
         named = {ref_id(key, n): n for n in local_ref_names(ws.root)}
-        named[mine] = ws.ref_name
+        named[mine] = this_ref
         now = time.time()
         for r in client.refs():
             name = named.get(r.ref, r.ref.hex()[:12])
