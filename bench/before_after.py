@@ -1,7 +1,7 @@
 """The same benchmarks on two commits, in one run, taking turns: did a change move them?
 
     python bench/before_after.py --before REV [--after REV] [--name NAME]
-        [--only index_speed,query_latency,local_vectors] [--bench-of after]
+        [--only index_speed,query_latency,local_vectors] [--bench-of after] [--rounds N]
 
 Both commits are unpacked (`git archive`) into temp folders and each benchmark runs in
 each, before and after alternating, so that a shared machine's load falls on both alike:
@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -88,6 +89,21 @@ def figures(name: str, r: dict[str, Any]) -> dict[str, float]:
                                       "sealed_p99_ms", "recall@10", "ingest_s", "build_s")}
 
 
+def _median_figures(name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each headline figure's median over the rounds that did not fail."""
+    per = [figures(name, r) for r in results]
+    ok = [f for f in per if "failed" not in f]
+    if not ok:
+        return per[-1]
+    return {key: statistics.median(f[key] for f in ok) for key in ok[0]}
+
+
+def _ratio(before: Any, after: Any) -> float | str:
+    if isinstance(before, (int, float)) and isinstance(after, (int, float)) and before:
+        return after / before
+    return "-"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="the commit before the change")
@@ -97,6 +113,9 @@ def main() -> None:
                         help="which benchmarks, comma-separated")
     parser.add_argument("--bench-of", choices=("each", "after"), default="each",
                         help="whose bench/ runs: each commit its own, or the after's on both")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run each pair this many times, the side that goes first"
+                             " alternating; figures are the medians over the rounds")
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n]
     unknown = [n for n in names if n not in RUNS]
@@ -109,23 +128,30 @@ def main() -> None:
         if args.bench_of == "after":
             shutil.rmtree(trees["before"] / "bench")
             shutil.copytree(trees["after"] / "bench", trees["before"] / "bench")
-        out: dict[str, dict[str, Any]] = {name: {} for name in names}
+        out: dict[str, dict[str, list[dict[str, Any]]]] = {
+            name: {"before": [], "after": []} for name in names}
         for name in names:
-            for side in ("before", "after"):
-                out[name][side] = run(trees[side], name)
-                print(f"{name} {side}: {out[name][side]['wall_s']:.0f} s", flush=True)
+            for i in range(args.rounds):
+                # Whoever goes first meets a different machine than whoever goes second
+                # (caches, a neighbour's load): take turns.
+                for side in ("before", "after") if i % 2 == 0 else ("after", "before"):
+                    out[name][side].append(run(trees[side], name))
+                    print(f"{name} {side} (round {i + 1}):"
+                          f" {out[name][side][-1]['wall_s']:.0f} s", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rows = []
     for name in names:
-        before, after = (figures(name, out[name][s]) for s in ("before", "after"))
-        rows += [[name, key, before.get(key, "-"), after.get(key, "-")]
+        before, after = (_median_figures(name, out[name][s]) for s in ("before", "after"))
+        rows += [[name, key, before.get(key, "-"), after.get(key, "-"),
+                  _ratio(before.get(key), after.get(key))]
                  for key in dict.fromkeys([*before, *after])]
-    print(table(["benchmark", "figure", "before", "after"], rows))
+    print(table(["benchmark", "figure", "before", "after", "after/before"], rows))
     path = write_json(args.name, {"commits": commits, "bench_of": args.bench_of,
+                                  "rounds": args.rounds,
                                   "runs": {n: RUNS[n] for n in names}, "results": out,
                                   "figures": [dict(zip(("benchmark", "figure", "before",
-                                                        "after"), r, strict=True))
+                                                        "after", "ratio"), r, strict=True))
                                               for r in rows]})
     print(f"wrote {path}")
 

@@ -15,17 +15,25 @@ cores; what is measured is the sync, which does not depend on the vectors).
                 no ref holds
     ref cost    what each further ref over one repository costs the server (nodes,
                 rows, bytes of the data dir) at 10 refs
+    daemon      (--daemon) a git repository with a daemon running: seconds from
+                `git checkout` of a branch 1,000 files away to the daemon's sync done
+                and to a search answering from the new branch, first visit and return
+                (bench/results/branches_daemon.json)
 
     python bench/branches.py [--files 2000]
+    python bench/branches.py --daemon [--files 2000]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -120,11 +128,101 @@ def scenario_alternate(base: Path, files: int, one_tree: bool) -> list[int]:
         server.stop()
 
 
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), "-c", "user.email=b@example.com", "-c",
+                    "user.name=bench", *args], check=True, capture_output=True)
+
+
+def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CODEVEIL_EMBEDDER": "hashing",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([sys.executable, "-m", "retrieval.cli", *map(str, args)], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+
+
+def _settled_after(repo: Path, since: float, timeout: float = 600.0) -> dict:
+    """The daemon's status once a sync started after `since` is done with nothing
+    pending (that sync saw the checkout)."""
+    from sync.daemon import DaemonFiles, read_status
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = read_status(DaemonFiles.for_root(repo)) or {}
+        if ((s.get("last_sync_started") or 0) > since and s.get("state") == "idle"
+                and s.get("pending_changes") == 0 and s.get("last_sync_ok")):
+            return dict(s)
+        time.sleep(0.05)
+    raise SystemExit(f"the daemon did not settle within {timeout} s")
+
+
+def _answers_from(repo: Path, tag: str, timeout: float = 600.0) -> float:
+    """Search until the top hit holds `changed_on_<tag>`; returns when (monotonic)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = _cli("search", f"changed_on_{tag}", "--json", "-k", "1", "-C", repo)
+        hits = json.loads(found.stdout)["hits"] if found.returncode == 0 else []
+        if hits and f"changed_on_{tag}" in hits[0]["text"]:
+            return time.monotonic()
+    raise SystemExit(f"search never answered from branch {tag}")
+
+
+def scenario_daemon(base: Path, files: int) -> dict[str, object]:
+    """A daemon over a git checkout, switched between two branches 1,000 files apart."""
+    repo = base / "daemon" / "repo"
+    tree = generate(repo, files)
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "main")
+    _git(repo, "checkout", "-q", "-b", "big")
+    write(repo, {n: t for n, t in branch(tree, sorted(tree)[:1000], "big").items()
+                 if n in sorted(tree)[:1000]})
+    _git(repo, "commit", "-q", "-am", "big")
+    _git(repo, "checkout", "-q", "main")
+    server = Server(base / "daemon" / "data")
+    rows = {}
+    try:
+        for step in (("init", repo, "--server", server.url),
+                     ("daemon", "start", repo, "--debounce", "0.5")):
+            done = _cli(*step)
+            if done.returncode != 0:
+                raise SystemExit(done.stdout + done.stderr)
+        _settled_after(repo, 0)
+        for label, target, tag in (("to big, first visit", "big", "big"),
+                                   ("back to main", "main", None),
+                                   ("to big again", "big", "big")):
+            wall, t0 = time.time(), time.monotonic()
+            _git(repo, "checkout", "-q", target)
+            status = _settled_after(repo, wall)
+            synced = time.monotonic()
+            answered = _answers_from(repo, tag) if tag else synced
+            result = status.get("last_result") or {}
+            rows[label] = {"sync_done_s": synced - t0, "search_answers_s": answered - t0,
+                           "files_changed": result.get("files_changed"),
+                           "bytes_sent": result.get("bytes_sent"),
+                           "chunks_embedded": result.get("chunks_embedded")}
+    finally:
+        _cli("daemon", "stop", repo)
+        server.stop()
+    print("daemon: git checkout between branches 1,000 files apart, daemon running")
+    print(table(["checkout", "sync done s", "search answers s", "files changed",
+                 "bytes sent", "embedded"],
+                [[k, v["sync_done_s"], v["search_answers_s"], v["files_changed"],
+                  v["bytes_sent"], v["chunks_embedded"]] for k, v in rows.items()]))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--files", type=int, default=2000)
+    parser.add_argument("--daemon", action="store_true",
+                        help="only the daemon scenario (branches_daemon.json)")
     args = parser.parse_args()
     base = isolate()
+    if args.daemon:
+        rows = scenario_daemon(base, args.files)
+        print(write_json("branches_daemon", {"files": args.files, "checkouts": rows}))
+        shutil.rmtree(base, ignore_errors=True)
+        return
     results: dict[str, object] = {"files": args.files}
 
     rows = []
