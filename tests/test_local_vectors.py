@@ -18,6 +18,7 @@ from indexer.local_chunks import LocalChunks, open_state_db
 from indexer.location import ChunkLocation
 from retrieval.filters import HitFilter
 from retrieval.local_vectors import DELTA_FILE, LocalVectorStore
+from retrieval.local_vectors import spill as spill_module
 
 MODEL = "test-model"
 DIM = 16
@@ -95,6 +96,15 @@ class Repo:
 
     def query(self) -> np.ndarray:
         return _unit(self.rng)
+
+
+@pytest.fixture(params=["in memory", "mapped"], autouse=True)
+def spill(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: bases built in memory (small ones, as here) and written into a
+    file-backed map (large ones, forced here by a threshold of 0 bytes)."""
+    if request.param == "mapped":
+        monkeypatch.setattr(spill_module, "SPILL_MIN_BYTES", 0)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -499,3 +509,40 @@ def test_a_masked_header_search_skips_rows_without_a_header(repo: Repo) -> None:
     hits = index.nearest(repo.query(), 10, keep=HitFilter(path="pkg/odd.py"), header=True)
     assert sorted(d.start_line for d, _ in hits) == [lacking[0].start_line,
                                                      lacking[2].start_line]
+
+
+def test_a_large_base_is_built_and_merged_in_a_map_and_saved_in_slices(
+        repo: Repo, spill: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if spill != "mapped":
+        pytest.skip("about the mapped build")
+    monkeypatch.setattr(spill_module, "SLICE_ROWS", 7)  # many slices of a small base
+    _fill(repo, files=20)
+    store = repo.store()
+    index = repo.current(store)
+    # Written into an unlinked file beside the index: mapped, and no file left behind.
+    assert isinstance(index.base, np.memmap) or getattr(index.base, "_mmap", None) is not None
+    assert not [p for p in repo.folder.iterdir() if p.name.startswith(spill_module.TEMP_PREFIX)]
+    saved = np.load(_base_vectors(repo.folder), mmap_mode="r")
+    np.testing.assert_array_equal(saved, index.base)
+    for i in range(5):  # past the merge share: the merge copies into a map too
+        repo.write(f"pkg/mod{i}.py", 6, "v2")
+    merged = repo.current(store)
+    assert store.last_refresh["mode"] == "merge"
+    assert getattr(merged.base, "_mmap", None) is not None
+    _assert_exact(repo, merged, 30)
+    # The slices' checksum is the whole array's: a fresh process loads the base.
+    _assert_exact(repo, repo.current(repo.store()), 30)
+
+
+def test_save_planes_writes_the_npy_and_checksum_of_the_whole_array(tmp_path: Path) -> None:
+    import io
+
+    import xxhash
+
+    planes = np.random.default_rng(3).standard_normal((2, 50, 8)).astype(np.float32)
+    view = np.concatenate([planes, planes[:, :10]], axis=1)[:, :50]  # not contiguous
+    buf = io.BytesIO()
+    checksum = spill_module.save_planes(buf, view)
+    buf.seek(0)
+    np.testing.assert_array_equal(np.load(buf), planes)
+    assert checksum == xxhash.xxh3_64_intdigest(planes.tobytes())

@@ -5,6 +5,7 @@ merged."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Final
 
 import numpy as np
@@ -15,6 +16,7 @@ from retrieval.local_vectors.approx import ApproxPlanes, live_candidates, rerank
 from retrieval.local_vectors.docs import VectorDocs
 from retrieval.local_vectors.mapped import PageBudget
 from retrieval.local_vectors.scoring import ONE_THREAD_VALUES, one_blas_thread, top_rows
+from retrieval.local_vectors.spill import spill_planes, take_rows
 
 # Merge the delta into the base once it (with the masked base rows) passes this share.
 MERGE_SHARE: Final = 0.1
@@ -61,6 +63,8 @@ class LocalVectorIndex:
         self.approx: ApproxPlanes | None = None
         # The re-rank's sparse reads of a mapped base, handed back now and then.
         self.pages = PageBudget(base)
+        #: Where a merge writes a large new base (`spill_planes`); None: in memory.
+        self.spill_dir: Path | None = None
 
     def nearest(self, query: np.ndarray, n: int, *,
                 keep: Callable[[ChunkLocation], bool] | None = None,
@@ -272,6 +276,7 @@ class LocalVectorIndex:
         out = LocalVectorIndex(self.base, self.base_docs, deleted, delta, delta_docs, missing)
         out.approx = self.approx  # the same base: its approximate index still fits
         out.pages = self.pages
+        out.spill_dir = self.spill_dir
         return out
 
     def paths_without_headers(self) -> set[str]:
@@ -291,10 +296,15 @@ class LocalVectorIndex:
     def merged(self) -> LocalVectorIndex:
         """One base of the live rows (base, then delta), nothing masked, no delta."""
         live = np.flatnonzero(~self.deleted)
-        base = np.concatenate([np.asarray(self.base[:, live]), self.delta], axis=1)
+        n_delta = int(self.delta.shape[1])
+        # Copied a slice at a time into a map when large: a 1M base is 3 GB.
+        base = spill_planes(self.spill_dir, len(live) + n_delta, self.dim)
+        take_rows(base, self.base, live)
+        take_rows(base, self.delta, np.arange(n_delta), at=len(live))
         docs = VectorDocs.concat([(self.base_docs, live),
                              (self.delta_docs, np.arange(len(self.delta_docs)))])
-        return LocalVectorIndex(base, docs, np.zeros(base.shape[1], dtype=bool),
-                                no_vectors(self.dim), VectorDocs.empty(),
-                                self.missing)
+        out = LocalVectorIndex(base, docs, np.zeros(base.shape[1], dtype=bool),
+                               no_vectors(self.dim), VectorDocs.empty(), self.missing)
+        out.spill_dir = self.spill_dir
+        return out
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 import numpy as np
-import xxhash
 
 from indexer.chunk import Chunk
 from indexer.embed_cache import EmbeddingCache, cache_key
@@ -38,6 +37,7 @@ from retrieval.local_vectors.approx import ApproxPlanes, approx_min_chunks
 from retrieval.local_vectors.docs import VectorDocs
 from retrieval.local_vectors.index import LocalVectorIndex, no_vectors
 from retrieval.local_vectors.mapped import file_checksum
+from retrieval.local_vectors.spill import copy_rows, save_planes, spill_planes
 
 # Log lines name the package, whichever of its modules writes them.
 log = logging.getLogger("retrieval.local_vectors")
@@ -199,14 +199,22 @@ class LocalVectorStore(DerivedStore[LocalVectorIndex, _Rows]):
                 in chunk_rows(reader, "path, start_line, end_line, language, symbol, text,"
                               " chunk_hash", diff.to_read, order="path, ordinal",
                               ready_only=True))
-        vectors, docs, incomplete = _vectors_of(rows, self._cache, key)  # type: ignore[arg-type]
+        # At most this many rows (pending files' chunks are counted, not read): a
+        # rebuild's rows go straight into a map of that size.
+        to_read = diff.to_read
+        capacity = (reader.execute("SELECT count(*) FROM chunks").fetchone()[0]
+                    if to_read is None else count_chunks(reader, to_read))
+        vectors, docs, incomplete = _vectors_of(rows, self._cache, key,  # type: ignore[arg-type]
+                                                capacity, self.directory)
         return (vectors, docs), incomplete
 
     def _build(self, rows: _Rows, key: Hashable, missing: int) -> LocalVectorIndex:
         vectors, docs = rows
-        return LocalVectorIndex(vectors, docs, np.zeros(len(docs), dtype=bool),
-                                no_vectors(key[1]), VectorDocs.empty(),  # type: ignore[index]
-                                missing)
+        index = LocalVectorIndex(vectors, docs, np.zeros(len(docs), dtype=bool),
+                                 no_vectors(key[1]), VectorDocs.empty(),  # type: ignore[index]
+                                 missing)
+        index.spill_dir = self.directory
+        return index
 
     def _update(self, index: LocalVectorIndex, drop: set[str], rows: _Rows, key: Hashable,
                 missing: int) -> LocalVectorIndex:
@@ -245,6 +253,7 @@ class LocalVectorStore(DerivedStore[LocalVectorIndex, _Rows]):
         stamp = (int(zd["counter"][0]), zd["epoch"].tobytes())
         index = LocalVectorIndex(base, base_docs, deleted, delta, delta_docs,
                                  sum(incomplete.values()))
+        index.spill_dir = self.directory
         return Saved(index, stamp, files, base_id, model, incomplete)
 
     def _load_base(self, base_id: bytes, dim: int) -> tuple[np.ndarray, VectorDocs]:
@@ -273,12 +282,13 @@ class LocalVectorStore(DerivedStore[LocalVectorIndex, _Rows]):
         old_base = old.base_id if old is not None else None
         if saved.base_id != old_base:
             stem = self.directory / f"base-{saved.base_id.hex()}"
+            checksum: list[int] = []  # taken while the vectors are written, a slice at a time
             write_atomic(stem.with_suffix(".npy"),
-                         lambda f: np.save(f, np.ascontiguousarray(index.base)))
+                         lambda f: checksum.append(save_planes(f, index.base)))
             write_atomic(stem.with_suffix(".npz"), lambda f: _savez(f, {
                 "version": np.array([FORMAT_VERSION]),
                 "base_id": np.frombuffer(saved.base_id, dtype=np.uint8),
-                "checksum": np.array([_checksum(index.base)], dtype=np.uint64),
+                "checksum": np.array(checksum[-1:], dtype=np.uint64),
                 **index.base_docs.arrays("b_")}))
         paths = list(saved.files)
         inc = list(saved.incomplete)
@@ -301,11 +311,15 @@ class LocalVectorStore(DerivedStore[LocalVectorIndex, _Rows]):
 
 
 def _vectors_of(rows: Iterator[tuple[Chunk, bytes]], cache: EmbeddingCache,
-                model: Model) -> tuple[np.ndarray, VectorDocs, dict[str, int]]:
+                model: Model, capacity: int = 0, spill_dir: Path | None = None,
+                ) -> tuple[np.ndarray, VectorDocs, dict[str, int]]:
     """(rows of body and header vectors, metadata, path -> chunks without a body
-    vector) of the chunks `rows`."""
+    vector) of the chunks `rows`, at most `capacity` of them (more are kept too, in
+    memory), written into a map in `spill_dir` when large (`spill_planes`)."""
     model_id, dim = model
-    parts: list[np.ndarray] = []
+    out = spill_planes(spill_dir, capacity, dim)
+    filled = 0
+    parts: list[np.ndarray] = []  # rows past `capacity`
     docs: list[ChunkLocation] = []
     has_header: list[bool] = []
     incomplete: dict[str, int] = {}
@@ -323,13 +337,21 @@ def _vectors_of(rows: Iterator[tuple[Chunk, bytes]], cache: EmbeddingCache,
             have.append((c, h, found[k], no_header if head is None else head))
             has_header.append(head is not None)
         if have:
-            part = np.empty((2, len(have), dim), dtype=np.float32)
-            part[0] = np.stack([v for _, _, v, _ in have])
-            part[1] = np.stack([hv for _, _, _, hv in have])
-            parts.append(part)
+            fits = max(0, min(len(have), capacity - filled))
+            if fits:
+                copy_rows(out, 0, filled, np.stack([v for _, _, v, _ in have[:fits]]))
+                copy_rows(out, 1, filled, np.stack([hv for _, _, _, hv in have[:fits]]))
+                filled += fits
+            if fits < len(have):
+                part = np.empty((2, len(have) - fits, dim), dtype=np.float32)
+                part[0] = np.stack([v for _, _, v, _ in have[fits:]])
+                part[1] = np.stack([hv for _, _, _, hv in have[fits:]])
+                parts.append(part)
             docs.extend(ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language, h)
                         for c, h, _, _ in have)
-    vectors = np.concatenate(parts, axis=1) if parts else no_vectors(dim)
+    vectors = out[:, :filled]
+    if parts:
+        vectors = np.concatenate([vectors, *parts], axis=1)
     return vectors, VectorDocs.of(docs, has_header), incomplete
 
 
@@ -339,10 +361,6 @@ def _take(it: Iterator[tuple[Chunk, bytes]], n: int) -> Iterator[tuple[Chunk, by
             yield next(it)
         except StopIteration:
             return
-
-
-def _checksum(vectors: np.ndarray) -> int:
-    return xxhash.xxh3_64_intdigest(np.ascontiguousarray(vectors).reshape(-1).view(np.uint8).data)
 
 
 def _savez(f: IO[bytes], arrays: dict[str, np.ndarray]) -> None:
