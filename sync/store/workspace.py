@@ -7,8 +7,8 @@ read and written (sync.store, "Crash safety").
   tree.sqlite's connections, the thread locks and the flock, the write-ahead log's cut;
   every other member is built on it;
 - `search_index` (sync.store.search_index.SearchIndex, server-search only): the faiss
-  index, its rows, its snapshot and the LanceDB table (sync.store.lance_table) it is
-  kept equal to;
+  index, its rows, its snapshot, and the LanceDB rows it is kept equal to (its `table`,
+  sync.store.lance_rows.LanceRows);
 - `pool` (sync.store.pool_ops.PoolOps): the refs and blob pool requests.
 
 The request checks are functions (sync.store.checks, sync.store.workspace_checks), and
