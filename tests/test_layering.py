@@ -99,3 +99,28 @@ def test_the_store_imports_no_key_code() -> None:
     reached = [(m, n) for m in store for n in mods[m]
                if any(n == t or n.startswith(t + ".") for t in key_code)]
     assert not reached, reached
+
+
+def test_the_embedded_workspace_is_composed_of_members_built_on_its_files() -> None:
+    # sync.store.workspace holds the members and the write order; each member is built
+    # on the workspace's files and never reaches back up to the workspace, and the files
+    # are built on none of them (docs/architecture.md, "The embedded workspace").
+    mods = _modules("sync")
+    files = "sync.store.workspace_files"
+    members = ("sync.store.lance_rows", "sync.store.search_index", "sync.store.pool_ops",
+               "sync.store.workspace_checks")
+
+    def imported(module: str, target: str) -> bool:
+        return any(n == target or n.startswith(target + ".") for n in mods[module])
+
+    for member in (files, *members):
+        assert imported("sync.store.workspace", member), member
+        assert not imported(member, "sync.store.workspace"), member
+    for member in members:
+        assert imported(member, files), member
+        assert not imported(files, member), member
+    # Members, not base classes: the workspace derives from nothing of its own.
+    tree = ast.parse((ROOT / "sync" / "store" / "workspace.py").read_text())
+    (store,) = [n for n in tree.body if isinstance(n, ast.ClassDef)
+                and n.name == "WorkspaceStore"]
+    assert store.bases == []

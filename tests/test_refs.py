@@ -177,8 +177,8 @@ def test_dropping_a_ref_and_the_gc(tmp_path: Path) -> None:
         assert b.file_rows([key("x.py")]) == {key("x.py"): rows_of(sealed_update("x.py", 2))}
         # A ref not synced for N days is dropped, then its blobs after the grace period.
         ws = store.workspace("ws")
-        with ws._wconn:  # age the ref as if its last sync were 10 days ago
-            ws._wconn.execute("UPDATE refs SET synced = ?", (time.time() - 10 * 86_400,))
+        with ws.files.wconn:  # age the ref as if its last sync were 10 days ago
+            ws.files.wconn.execute("UPDATE refs SET synced = ?", (time.time() - 10 * 86_400,))
         assert b.collect_garbage(max_ref_age_days=30, grace_s=0)["refs"] == 0
         assert b.collect_garbage(max_ref_age_days=5, grace_s=0) == {
             "refs": 1, "blobs": 0, "rows": 2}

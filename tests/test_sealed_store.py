@@ -486,7 +486,7 @@ def test_superseded_rows_leave_the_data_dir(tmp_path: Path, mode: str) -> None:
     client.apply([], [key("g.py")])  # deleted alone: no rows added
     if mode == MODE_SEALED:
         # Not left to the build's default (SQLite's is off; this machine's is on).
-        assert store.workspace("ws")._wconn.execute("PRAGMA secure_delete").fetchone() == (1,)
+        assert store.workspace("ws").files.wconn.execute("PRAGMA secure_delete").fetchone() == (1,)
     # Gone at once, while the store is open: a sealed workspace's log is cut, a
     # server-search one's table purged and its search snapshot (written by the first
     # apply, not due again for a minute) removed.

@@ -197,7 +197,7 @@ def test_reopen_uses_the_snapshot(workspace: Workspace) -> None:
     workspace.put(names(0, 150), seed=6, batch=150)
     queries = workspace.queries(10, seed=7)
     before = [workspace.client.search(q, 20) for q in queries]
-    generation = workspace.ws._generation()
+    generation = workspace.ws.files.generation()
     workspace.reopen()
     assert read_snapshot_info(workspace.ws.path / SNAPSHOT)["generation"] == generation
     after = [workspace.client.search(q, 20) for q in queries]

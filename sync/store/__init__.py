@@ -41,24 +41,38 @@ and faiss are never imported for it. A server-search workspace ranks vectors her
 Row layout, reading rows back and removing superseded rows' bytes: sync.store.rows.
 A sealed workspace written by store format 2 or before keeps its rows in LanceDB; its
 first open copies them into tree.sqlite in one transaction and then removes the table
-(`WorkspaceFiles._move_sealed_rows`; a crash before the commit leaves the table as it
+(`WorkspaceFiles.move_sealed_rows`; a crash before the commit leaves the table as it
 was, and the next open starts again; after it, the next open only removes the table).
 
 A server-search workspace's search index, its snapshot and how it is kept in step with
 LanceDB, also across processes: sync.store.search_index.
 
+A workspace (`WorkspaceStore`) is composed of members, not base classes: its files
+(`WorkspaceFiles`: tree.sqlite, locks, the log's cut), in a server-search workspace its
+search index (`SearchIndex`, holding its `LanceRows`), and its pool requests
+(`PoolOps`); the checks and the SQL are functions. Members are built on the files and
+never on the workspace or on each other's internals.
+
 Modules, one job each::
 
     options.py          StoreOptions: the tuning of a store and its workspaces
     registry.py         Store: registry.sqlite; create, authenticate and open workspaces
-    workspace.py        WorkspaceStore: tree reads, apply's steps, verify/check, close
-    workspace_files.py  a workspace's files and locks (tree.sqlite, LanceDB, writer.lock)
-    search_index.py     the search index's lifecycle: refresh, load, catch up, build, save
+    workspace.py        WorkspaceStore: its members; tree reads, apply's write order top
+                        to bottom, set_dir_values, verify/check, close
+    workspace_files.py  WorkspaceFiles: tree.sqlite's connections, locks, writer.lock,
+                        the write-ahead log's cut, the format-2 sealed rows' move
+    search_index.py     SearchIndex: refresh, load, catch up, build, save; its part of
+                        an apply (prepare, replace rows, follow, after)
     vector_index.py     the faiss index, its rows and its snapshot file
     sqlite_tree.py      SQLite connections, formats and migrations; the tree's SQL
     lance_table.py      the LanceDB table: lazy import, read errors, scans, new rows
+    lance_rows.py       LanceRows: one workspace's table, written, compacted, counted
     rows.py             each mode's row layout, reading rows back, purging superseded rows
-    checks.py           request validation and the directory-value compare-and-set
+    pool.py             refs and the blob pool's SQL
+    pool_ops.py         PoolOps: pulls by blob, refs, GC; the pool's part of an apply
+    checks.py           request validation (validate_apply) and the directory-value
+                        compare-and-set
+    workspace_checks.py `codeveil doctor`'s look at one workspace (functions)
     backend.py          the interface both backends keep (Protocols), WorkspaceRecord
     postgres.py         PgStore and PgOptions: the store in PostgreSQL (+ pgvector);
                         pg_workspace.py its workspaces, pg_schema.py its tables,

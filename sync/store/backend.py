@@ -142,7 +142,7 @@ class WorkspaceBackend(Protocol):
         """Replace the rows and leaf of each file of `updates`; remove the subtrees of
         `deletes` with their rows.
 
-        The whole request is checked first (`ApplyChecks`): BadRequest and nothing
+        The whole request is checked first (`validate_apply`): BadRequest and nothing
         written. Deletes take effect before updates, so one call turns a file into a
         directory of the same key or back; a key that changes kind without a delete
         loses its old subtree or rows all the same. Missing ancestors are created; the

@@ -11,6 +11,7 @@ import re
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -195,134 +196,141 @@ def decide_dir_values(
     return refused
 
 
-class ApplyChecks:
-    """Validation of `apply`, for a workspace store with these attributes."""
+class ApplyTarget(Protocol):
+    """What checking an apply needs to know of its workspace (either backend's)."""
 
-    limits: Limits
-    sealed: bool
-    dim: int
-    workspace_id: str
+    @property
+    def limits(self) -> Limits: ...
+    @property
+    def sealed(self) -> bool: ...
+    @property
+    def dim(self) -> int: ...
+    @property
+    def workspace_id(self) -> str: ...
 
-    def _validate_apply(
-        self, updates: Sequence[FileUpdate], deletes: Sequence[bytes]
-    ) -> tuple[list[_Update], list[bytes]]:
-        lim = self.limits
-        for name, seq in (("updates", updates), ("deletes", deletes)):
-            if not isinstance(seq, Sequence) or isinstance(seq, bytes | str):
-                raise BadRequest(f"{name} must be a list")
-        if len(updates) > lim.max_updates:
-            raise BadRequest(f"too many updates: {len(updates)} > {lim.max_updates} per apply")
-        if len(deletes) > lim.max_deletes:
-            raise BadRequest(f"too many deletes: {len(deletes)} > {lim.max_deletes} per apply")
-        dels = list(dict.fromkeys(_key(d, f"deletes[{i}]") for i, d in enumerate(deletes)))
-        total = 0
-        out: list[_Update] = []
-        vecs: list[np.ndarray] = []  # every chunk's vector, in order
-        spans: list[tuple[int, int]] = []  # each update's rows in `vecs`
-        shape: dict[bytes, tuple[bytes | None, bool]] = {}  # key -> (parent, is_dir)
-        for i, u in enumerate(updates):
-            where = f"updates[{i}]"
-            if not isinstance(u, FileUpdate):
-                raise BadRequest(f"{where} must be a FileUpdate, got {type(u).__name__}")
-            file_key = _key(u.file_key, f"{where}.file_key")
-            if file_key in shape and not shape[file_key][1]:
-                raise BadRequest(f"{where}.file_key appears twice in this batch")
-            value = _key(u.value, f"{where}.value")
-            if not isinstance(u.ancestors, Sequence) or isinstance(u.ancestors, bytes | str):
-                raise BadRequest(f"{where}.ancestors must be a list of keys")
-            if not 1 <= len(u.ancestors) <= lim.max_depth:
+
+def validate_apply(
+    ws: ApplyTarget, updates: Sequence[FileUpdate], deletes: Sequence[bytes]
+) -> tuple[list[_Update], list[bytes]]:
+    """An `apply` request checked whole before anything is written (BadRequest naming
+    the field otherwise): the updates as columns, the deletes without repeats."""
+    lim = ws.limits
+    for name, seq in (("updates", updates), ("deletes", deletes)):
+        if not isinstance(seq, Sequence) or isinstance(seq, bytes | str):
+            raise BadRequest(f"{name} must be a list")
+    if len(updates) > lim.max_updates:
+        raise BadRequest(f"too many updates: {len(updates)} > {lim.max_updates} per apply")
+    if len(deletes) > lim.max_deletes:
+        raise BadRequest(f"too many deletes: {len(deletes)} > {lim.max_deletes} per apply")
+    dels = list(dict.fromkeys(_key(d, f"deletes[{i}]") for i, d in enumerate(deletes)))
+    total = 0
+    out: list[_Update] = []
+    vecs: list[np.ndarray] = []  # every chunk's vector, in order
+    spans: list[tuple[int, int]] = []  # each update's rows in `vecs`
+    shape: dict[bytes, tuple[bytes | None, bool]] = {}  # key -> (parent, is_dir)
+    for i, u in enumerate(updates):
+        where = f"updates[{i}]"
+        if not isinstance(u, FileUpdate):
+            raise BadRequest(f"{where} must be a FileUpdate, got {type(u).__name__}")
+        file_key = _key(u.file_key, f"{where}.file_key")
+        if file_key in shape and not shape[file_key][1]:
+            raise BadRequest(f"{where}.file_key appears twice in this batch")
+        value = _key(u.value, f"{where}.value")
+        if not isinstance(u.ancestors, Sequence) or isinstance(u.ancestors, bytes | str):
+            raise BadRequest(f"{where}.ancestors must be a list of keys")
+        if not 1 <= len(u.ancestors) <= lim.max_depth:
+            raise BadRequest(
+                f"{where}.ancestors must hold 1 to {lim.max_depth} keys (the root"
+                f" first), got {len(u.ancestors)}"
+            )
+        anc = tuple(_key(a, f"{where}.ancestors[{j}]") for j, a in enumerate(u.ancestors))
+        if len(set(anc)) != len(anc) or file_key in anc:
+            raise BadRequest(f"{where}: a key appears twice on the path from the root")
+        if anc[0] != (out[0].ancestors[0] if out else anc[0]):
+            raise BadRequest(f"{where}.ancestors[0] differs from updates[0]: one root only")
+        if not isinstance(u.chunks, Sequence):
+            raise BadRequest(f"{where}.chunks must be a list")
+        if u.link is not False and u.link is not True:
+            raise BadRequest(f"{where}.link must be true or false")
+        if u.link and not ws.sealed:
+            raise BadRequest(f"{where}.link: a server-search workspace has no blob pool"
+                             " (only sealed workspaces share rows between refs)",
+                             status=409)
+        if u.link and u.chunks:
+            raise BadRequest(f"{where}: a link names a stored blob and carries no chunks")
+        total += len(u.chunks)
+        if total > lim.max_chunks:
+            raise BadRequest(f"too many chunks: more than {lim.max_chunks} per apply")
+        for j, key in enumerate((*anc, file_key)):
+            want = (anc[j - 1] if j else None, key != file_key)
+            have = shape.setdefault(key, want)
+            if have != want:
+                what = "a file and a directory" if have[1] != want[1] else "two parents"
+                raise BadRequest(f"{where}: key {key.hex()} has {what} in this batch")
+        # Fast path first, per-field checks (which name the culprit) only when needed:
+        # a full apply holds 20,000 chunks.
+        ids, metas = [], []
+        first = len(vecs)
+        for j, c in enumerate(u.chunks):
+            try:
+                cid, vec, meta = c.chunk_id, c.vector, c.meta
+            except AttributeError:
                 raise BadRequest(
-                    f"{where}.ancestors must hold 1 to {lim.max_depth} keys (the root"
-                    f" first), got {len(u.ancestors)}"
-                )
-            anc = tuple(_key(a, f"{where}.ancestors[{j}]") for j, a in enumerate(u.ancestors))
-            if len(set(anc)) != len(anc) or file_key in anc:
-                raise BadRequest(f"{where}: a key appears twice on the path from the root")
-            if anc[0] != (out[0].ancestors[0] if out else anc[0]):
-                raise BadRequest(f"{where}.ancestors[0] differs from updates[0]: one root only")
-            if not isinstance(u.chunks, Sequence):
-                raise BadRequest(f"{where}.chunks must be a list")
-            if u.link is not False and u.link is not True:
-                raise BadRequest(f"{where}.link must be true or false")
-            if u.link and not self.sealed:
-                raise BadRequest(f"{where}.link: a server-search workspace has no blob pool"
-                                 " (only sealed workspaces share rows between refs)",
-                                 status=409)
-            if u.link and u.chunks:
-                raise BadRequest(f"{where}: a link names a stored blob and carries no chunks")
-            total += len(u.chunks)
-            if total > lim.max_chunks:
-                raise BadRequest(f"too many chunks: more than {lim.max_chunks} per apply")
-            for j, key in enumerate((*anc, file_key)):
-                want = (anc[j - 1] if j else None, key != file_key)
-                have = shape.setdefault(key, want)
-                if have != want:
-                    what = "a file and a directory" if have[1] != want[1] else "two parents"
-                    raise BadRequest(f"{where}: key {key.hex()} has {what} in this batch")
-            # Fast path first, per-field checks (which name the culprit) only when needed:
-            # a full apply holds 20,000 chunks.
-            ids, metas = [], []
-            first = len(vecs)
-            for j, c in enumerate(u.chunks):
-                try:
-                    cid, vec, meta = c.chunk_id, c.vector, c.meta
-                except AttributeError:
-                    raise BadRequest(
-                        f"{where}.chunks[{j}] must be a ChunkRecord, got {type(c).__name__}"
-                    ) from None
-                if type(cid) is not bytes or len(cid) != KEY_BYTES:
-                    cid = _key(cid, f"{where}.chunks[{j}].chunk_id")
-                ids.append(cid)
-                if type(meta) is not bytes or len(meta) > lim.max_meta_bytes:
-                    meta = _meta(meta, f"{where}.chunks[{j}].meta", lim.max_meta_bytes)
-                metas.append(meta)
-                if self.sealed or vec is None:
-                    self._check_no_vector(vec, f"{where}.chunks[{j}]")
-                    continue
-                if not (
-                    type(vec) is np.ndarray and vec.dtype == np.float32 and vec.shape == (self.dim,)
-                ):
-                    vec = _vector(vec, self.dim, f"{where}.chunks[{j}].vector")
-                vecs.append(vec)
-            spans.append((first, len(vecs)))
-            out.append(_Update(file_key, anc, value, ids, _NO_ROWS, metas, bool(u.link)))
-        # One stack and one finiteness check for the whole batch; each update gets a view.
-        matrix = np.stack(vecs) if vecs else np.empty((0, self.dim), np.float32)
-        finite = np.isfinite(matrix).all(axis=1)
-        if not finite.all():
-            row = int(np.argmin(finite))
+                    f"{where}.chunks[{j}] must be a ChunkRecord, got {type(c).__name__}"
+                ) from None
+            if type(cid) is not bytes or len(cid) != KEY_BYTES:
+                cid = _key(cid, f"{where}.chunks[{j}].chunk_id")
+            ids.append(cid)
+            if type(meta) is not bytes or len(meta) > lim.max_meta_bytes:
+                meta = _meta(meta, f"{where}.chunks[{j}].meta", lim.max_meta_bytes)
+            metas.append(meta)
+            if ws.sealed or vec is None:
+                _check_no_vector(ws, vec, f"{where}.chunks[{j}]")
+                continue
+            if not (
+                type(vec) is np.ndarray and vec.dtype == np.float32 and vec.shape == (ws.dim,)
+            ):
+                vec = _vector(vec, ws.dim, f"{where}.chunks[{j}].vector")
+            vecs.append(vec)
+        spans.append((first, len(vecs)))
+        out.append(_Update(file_key, anc, value, ids, _NO_ROWS, metas, bool(u.link)))
+    # One stack and one finiteness check for the whole batch; each update gets a view.
+    matrix = np.stack(vecs) if vecs else np.empty((0, ws.dim), np.float32)
+    finite = np.isfinite(matrix).all(axis=1)
+    if not finite.all():
+        row = int(np.argmin(finite))
+        i = next(i for i, (a, b) in enumerate(spans) if a <= row < b)
+        raise BadRequest(
+            f"updates[{i}].chunks[{row - spans[i][0]}].vector contains NaN or infinite values"
+        )
+    if len(matrix):
+        norms = np.linalg.norm(matrix.astype(np.float64), axis=1)
+        if norms.max() > lim.max_vector_norm:
+            row = int(np.argmax(norms))
             i = next(i for i, (a, b) in enumerate(spans) if a <= row < b)
             raise BadRequest(
-                f"updates[{i}].chunks[{row - spans[i][0]}].vector contains NaN or infinite values"
+                f"updates[{i}].chunks[{row - spans[i][0]}].vector has norm"
+                f" {norms[row]:.3g}, over the limit of {lim.max_vector_norm:.0e} (its"
+                " squared distances would overflow float32)"
             )
-        if len(matrix):
-            norms = np.linalg.norm(matrix.astype(np.float64), axis=1)
-            if norms.max() > lim.max_vector_norm:
-                row = int(np.argmax(norms))
-                i = next(i for i, (a, b) in enumerate(spans) if a <= row < b)
-                raise BadRequest(
-                    f"updates[{i}].chunks[{row - spans[i][0]}].vector has norm"
-                    f" {norms[row]:.3g}, over the limit of {lim.max_vector_norm:.0e} (its"
-                    " squared distances would overflow float32)"
-                )
-        out = [
-            dataclasses.replace(u, vectors=matrix[a:b])
-            for u, (a, b) in zip(out, spans, strict=True)
-        ]
-        return out, dels
+    out = [
+        dataclasses.replace(u, vectors=matrix[a:b])
+        for u, (a, b) in zip(out, spans, strict=True)
+    ]
+    return out, dels
 
-    def _check_no_vector(self, vector: object, where: str) -> None:
-        """A chunk without a vector: what a sealed workspace wants, and a server-search
-        one refuses. Both are 400s: the client sent rows of the other mode."""
-        if self.sealed and vector is not None:
-            raise BadRequest(
-                f"{where}: workspace {self.workspace_id} is sealed: it stores no vectors",
-                status=400,
-            )
-        if not self.sealed:
-            raise BadRequest(
-                f"{where}.vector is missing: workspace {self.workspace_id} is in"
-                f" {MODE_SERVER_SEARCH} mode and ranks a vector of every chunk",
-                status=400,
-            )
 
+def _check_no_vector(ws: ApplyTarget, vector: object, where: str) -> None:
+    """A chunk without a vector: what a sealed workspace wants, and a server-search
+    one refuses. Both are 400s: the client sent rows of the other mode."""
+    if ws.sealed and vector is not None:
+        raise BadRequest(
+            f"{where}: workspace {ws.workspace_id} is sealed: it stores no vectors",
+            status=400,
+        )
+    if not ws.sealed:
+        raise BadRequest(
+            f"{where}.vector is missing: workspace {ws.workspace_id} is in"
+            f" {MODE_SERVER_SEARCH} mode and ranks a vector of every chunk",
+            status=400,
+        )

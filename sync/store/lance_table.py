@@ -95,6 +95,21 @@ def lance_reads(table_dir: Path) -> Iterator[None]:
         ) from exc
 
 
+def open_table(path: Path) -> Any:
+    """The LanceDB table of the workspace folder `path`."""
+    with lance_reads(path / f"{TABLE}.lance"):
+        return import_lancedb().connect(path).open_table(TABLE)
+
+
+def scan_table(table: Any, table_dir: Path, columns: list[str], where: str | None = None
+               ) -> Iterator[pa.RecordBatch]:
+    """Batches of `table` at the version checked out (the handle does not move until
+    the next checkout_latest, so successive scans agree)."""
+    with lance_reads(table_dir):
+        query = table.search().select(columns).limit(None)
+        if where is not None:
+            query = query.where(where)
+        yield from query.to_batches(SCAN_BATCH)
 
 
 class Scanned:

@@ -61,13 +61,13 @@ from sync.records import (
 )
 from sync.store.backend import WorkspaceRecord
 from sync.store.checks import (
-    ApplyChecks,
     Children,
     _key,
     _Update,
     _vector,
     decide_dir_values,
     dir_value_checks,
+    validate_apply,
 )
 from sync.store.pg_conn import Pool, copy_rows, vector_text
 from sync.store.pg_refs import PgSingleTree, one_tree, refuse_links
@@ -153,7 +153,7 @@ def hnsw_build_memory_mb(rows: int, dim: int, m: int = HNSW_M) -> int:
 # -- one workspace --------------------------------------------------------------------------
 
 
-class PgWorkspace(PgSingleTree, ApplyChecks):
+class PgWorkspace(PgSingleTree):
     """The Merkle tree and chunk rows of one workspace in the database; the operations
     of `WorkspaceStore` (sync.store.workspace). Thread-safe: every call takes its own connection."""
 
@@ -341,7 +341,7 @@ class PgWorkspace(PgSingleTree, ApplyChecks):
         """As `WorkspaceStore.apply`, in one transaction (see the module docstring)."""
         self._check_open()
         one_tree(ref)
-        ups, dels = self._validate_apply(updates, deletes)
+        ups, dels = validate_apply(self, updates, deletes)
         refuse_links(updates)
         if not ups and not dels:
             return []

@@ -1,21 +1,33 @@
 """The ref and pool operations of an embedded workspace (sync.store.pool): a pull by
-blob, the refs listed and dropped, and the garbage collection. Mixed into
-`sync.store.workspace.WorkspaceStore`, whose connections and locks they use."""
+blob, the refs listed and dropped, and the garbage collection (`PoolOps`, a part of
+`sync.store.workspace.WorkspaceStore` built on its files); and the pool's share of a
+sealed apply's steps 2 and 3 (`write_blobs`, `held_links`, `settle_blobs`), each inside
+the transaction the apply opened."""
 
 from __future__ import annotations
 
 import sqlite3
-import threading
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
 from sync.records import BlobRows, RefInfo
-from sync.store.checks import _key, ref_id
-from sync.store.options import StoreOptions
-from sync.store.pool import collect, drop_ref_nodes, list_refs, release, stale_refs
-from sync.store.rows import blob_rows_of, fid_of
-from sync.store.sqlite_tree import sealed_reads, transaction
+from sync.store.checks import _key, _Update, ref_id
+from sync.store.pool import (
+    adopt,
+    collect,
+    drop_ref_nodes,
+    expire_orphans,
+    fid_blobs,
+    list_refs,
+    present,
+    ref_count,
+    release,
+    stale_refs,
+    touch_ref,
+    unscoped,
+)
+from sync.store.rows import blob_rows_of, fid_of, replace_blob_rows
+from sync.store.sqlite_tree import Plan, sealed_reads, transaction
+from sync.store.workspace_files import WorkspaceFiles
 from sync.wire import BadRequest, Limits, RefNotFound
 
 DAY = 86_400.0
@@ -36,36 +48,27 @@ def blob_items(items: object, limits: Limits) -> list[tuple[bytes, bytes]]:
 
 
 class PoolOps:
-    """What `WorkspaceStore` gives these methods."""
+    """The pool and refs requests of one workspace, on its files (sync.store.pool)."""
 
-    sealed: bool
-    limits: Limits
-    options: StoreOptions
-    workspace_id: str
-    _rconn: sqlite3.Connection
-    _wconn: sqlite3.Connection
-    _rlock: threading.Lock
-    _write_lock: threading.Lock
-    _tree_path: Path
-    _flock: Any  # WorkspaceFiles._flock
-    _check_open: Any
-    _checkpoint: Any
+    def __init__(self, files: WorkspaceFiles) -> None:
+        self.files = files
 
     def blob_rows(self, items: Sequence[tuple[bytes, bytes]], *, rows: bool = True
                   ) -> BlobRows:
         """The rows of each blob (file key, value) the pool holds, whichever ref sent
         it; the keys of those it lacks in `missing`. Bounded like `file_rows`."""
-        self._check_open()
-        wanted = blob_items(items, self.limits)
-        if not self.sealed:
+        f = self.files
+        f.check_open()
+        wanted = blob_items(items, f.limits)
+        if not f.sealed:
             raise BadRequest("a server-search workspace has no blob pool", status=409)
-        with self._rlock, sealed_reads(self._tree_path):
-            self._rconn.execute("BEGIN")
+        with f.rlock, sealed_reads(f.tree_path):
+            f.rconn.execute("BEGIN")
             try:
-                found = blob_rows_of(self._rconn, {k: (fid_of(k), v) for k, v in wanted},
+                found = blob_rows_of(f.rconn, {k: (fid_of(k), v) for k, v in wanted},
                                      rows=rows)
             finally:
-                self._rconn.execute("COMMIT")
+                f.rconn.execute("COMMIT")
         out: dict[bytes, list[tuple[bytes, bytes]]] = {}
         missing: list[bytes] = []
         size = 0
@@ -75,7 +78,7 @@ class PoolOps:
                 continue
             got = sorted(found[key], key=lambda r: r[0])
             cost = sum(len(c) + len(m) for _, c, m in got)
-            if out and size + cost > self.limits.max_row_bytes:
+            if out and size + cost > f.limits.max_row_bytes:
                 break
             size += cost
             out[key] = [(c, m) for _, c, m in got]
@@ -83,30 +86,32 @@ class PoolOps:
 
     def refs(self) -> list[RefInfo]:
         """Every ref with a tree: id, last write, files and rows (`codeveil refs`)."""
-        self._check_open()
-        with self._rlock, sealed_reads(self._tree_path):
-            self._rconn.execute("BEGIN")
+        f = self.files
+        f.check_open()
+        with f.rlock, sealed_reads(f.tree_path):
+            f.rconn.execute("BEGIN")
             try:
-                return list_refs(self._rconn, self.sealed)
+                return list_refs(f.rconn, f.sealed)
             finally:
-                self._rconn.execute("COMMIT")
+                f.rconn.execute("COMMIT")
 
     def drop_ref(self, ref: bytes) -> None:
         """Delete `ref`'s tree; blobs it alone named are orphaned (deleted at once if no
         ref is left). RefNotFound (404) for a ref without a tree."""
-        self._check_open()
-        ref = ref_id(ref, self.sealed)
-        with self._write_lock, self._flock():
-            with sealed_reads(self._tree_path), transaction(self._wconn) as conn:
+        f = self.files
+        f.check_open()
+        ref = ref_id(ref, f.sealed)
+        with f.write_lock, f.flock():
+            with sealed_reads(f.tree_path), transaction(f.wconn) as conn:
                 if not conn.execute("SELECT 1 FROM refs WHERE ref = ?", (ref,)).fetchone():
-                    raise RefNotFound(f"workspace {self.workspace_id} has no ref {ref.hex()}")
+                    raise RefNotFound(f"workspace {f.workspace_id} has no ref {ref.hex()}")
                 released = self._drop(conn, ref)
             if released:
-                self._checkpoint()
+                f.checkpoint()
 
     def _drop(self, conn: sqlite3.Connection, ref: bytes) -> int:
         blobs = drop_ref_nodes(conn, ref)
-        if not self.sealed:
+        if not self.files.sealed:
             return 0
         (left,) = conn.execute("SELECT COUNT(*) FROM refs").fetchone()
         return release(conn, set(blobs), now=left <= 1)
@@ -116,16 +121,69 @@ class PoolOps:
         """Drop refs not synced for `max_ref_age_days` (the store's option if None), then
         delete the blobs no ref has named for `grace_s` seconds (likewise). Returns what
         went: refs, blobs, rows."""
-        self._check_open()
-        age = self.options.ref_max_age_days if max_ref_age_days is None else max_ref_age_days
-        grace = self.options.blob_grace_s if grace_s is None else grace_s
+        f = self.files
+        f.check_open()
+        age = f.options.ref_max_age_days if max_ref_age_days is None else max_ref_age_days
+        grace = f.options.blob_grace_s if grace_s is None else grace_s
         if (age is not None and not age >= 0) or not grace >= 0:
             raise BadRequest("max_ref_age_days and grace_s must be numbers >= 0")
-        with self._write_lock, self._flock():
-            with sealed_reads(self._tree_path), transaction(self._wconn) as conn:
+        with f.write_lock, f.flock():
+            with sealed_reads(f.tree_path), transaction(f.wconn) as conn:
                 dropped = stale_refs(conn, age * DAY) if age is not None else []
                 released = sum(self._drop(conn, r) for r in dropped)
-                blobs, rows = collect(conn, grace) if self.sealed else (0, 0)
+                blobs, rows = collect(conn, grace) if f.sealed else (0, 0)
             if released or rows:
-                self._checkpoint()
+                f.checkpoint()
         return {"refs": len(dropped), "blobs": blobs, "rows": rows + released}
+
+
+# -- a sealed apply's steps over the pool (sync.store.workspace.WorkspaceStore.apply) ------
+
+
+def write_blobs(conn: sqlite3.Connection, plan: Plan, updates: list[_Update]) -> int:
+    """Step 2, sealed, in the caller's one transaction (a crash keeps all of a blob's old
+    rows or none of them): the rows of each uploaded blob replaced. Only uploaded blobs
+    are written; the blobs the touched leaves named before stay until step 3 (another
+    ref may name them). Returns the rows deleted."""
+    rid = plan.first_rid
+    blobs: dict[tuple[int, bytes], list[tuple[int, int, bytes, bytes]]] = {}
+    for u in updates:
+        if u.link:
+            continue
+        fid = fid_of(unscoped(u.file_key))
+        rows = blobs.setdefault((fid, u.value), [])
+        rows.clear()  # one file twice in a batch is refused; a blob twice: the last
+        for cid, meta in zip(u.chunk_ids, u.metas, strict=True):
+            rows.append((rid, fid, cid, meta))
+            rid += 1
+    named = {(fid_of(unscoped(u.file_key)), u.value) for u in updates}
+    deleted = replace_blob_rows(conn, blobs)
+    # The blobs the touched leaves named (step 1 set them pending), and every blob of a
+    # touched file (a crash between an earlier apply's steps may have left one no leaf
+    # names): those no ref names now go, as the rows of a file went before refs, or wait
+    # out the grace period with several refs.
+    touched = plan.old_blobs | fid_blobs(conn, plan.fids)
+    return deleted + release(conn, touched - named, now=ref_count(conn) <= 1)
+
+
+def held_links(conn: sqlite3.Connection, updates: list[_Update]
+               ) -> tuple[list[bytes], list[_Update]]:
+    """Step 3, sealed, before the values are set: the keys of the links whose blob the
+    pool lacks (their leaves stay pending; the client sends those files), and the
+    updates whose values may be set."""
+    named = {(fid_of(unscoped(u.file_key)), u.value): u for u in updates}
+    held = present(conn, [b for b, u in named.items() if u.link])
+    lacking = {id(u) for b, u in named.items() if u.link and b not in held}
+    return ([unscoped(u.file_key) for u in updates if id(u) in lacking],
+            [u for u in updates if id(u) not in lacking])
+
+
+def settle_blobs(conn: sqlite3.Connection, ref: bytes, updates: list[_Update],
+                 grace_s: float) -> int:
+    """Step 3, sealed, after the values are set: the blobs the leaves name again are no
+    longer orphaned, those orphaned past `grace_s` go, and `ref` is marked synced.
+    Returns the rows deleted."""
+    adopt(conn, {(fid_of(unscoped(u.file_key)), u.value) for u in updates})
+    released = expire_orphans(conn, grace_s)
+    touch_ref(conn, ref)
+    return released

@@ -1,17 +1,27 @@
 """One workspace of the embedded store: its Merkle tree, chunk rows and search index,
-read and written (sync.store, "Crash safety"). Its files and locks are
-sync.store.workspace_files; its search index sync.store.search_index; the tree's SQL
-sync.store.sqlite_tree; the rows' layout sync.store.rows.
+read and written (sync.store, "Crash safety").
+
+`WorkspaceStore` is composed of members, each owning its state and its job:
+
+- `files` (sync.store.workspace_files.WorkspaceFiles): the record and options,
+  tree.sqlite's connections, the thread locks and the flock, the write-ahead log's cut;
+  every other member is built on it;
+- `search_index` (sync.store.search_index.SearchIndex, server-search only): the faiss
+  index, its rows, its snapshot, and the LanceDB rows it is kept equal to (its `table`,
+  sync.store.lance_rows.LanceRows);
+- `pool` (sync.store.pool_ops.PoolOps): the refs and blob pool requests.
+
+The request checks are functions (sync.store.checks, sync.store.workspace_checks), and
+so is the SQL of the tree (sync.store.sqlite_tree), of the pool (sync.store.pool,
+sync.store.pool_ops) and of the rows (sync.store.rows). This module holds the
+operations of the backend interface and the write order of `apply`, top to bottom.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import operator
-import sqlite3
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,78 +30,47 @@ import numpy as np
 
 from sync.records import (
     DEFAULT_REF,
+    BlobRows,
     DirValue,
     FileRows,
     FileUpdate,
     NodeInfo,
+    RefInfo,
     SearchHit,
     WorkspaceInfo,
 )
 from sync.store.backend import WorkspaceRecord
 from sync.store.checks import (
-    ApplyChecks,
     Children,
     _key,
-    _Update,
     _vector,
     decide_dir_values,
     dir_value_checks,
     ref_id,
+    validate_apply,
 )
-from sync.store.lance_table import (
-    CLEANUP_AFTER,
-    LANCE_ADVICE,
-    LANCE_IN_BATCH,
-    TABLE,
-    arrow_rows,
-    lance_reads,
-)
+from sync.store.lance_rows import LanceRows
 from sync.store.options import StoreOptions
-from sync.store.pool import (
-    adopt,
-    expire_orphans,
-    fid_blobs,
-    present,
-    ref_bounds,
-    ref_count,
-    release,
-    scoped,
-    touch_ref,
-    unscoped,
-)
-from sync.store.pool_ops import PoolOps
-from sync.store.rows import (
-    blob_rows_of,
-    bounded_answer,
-    checkpoint_superseded,
-    fid_of,
-    file_keys,
-    group_rows,
-    purge_superseded,
-    replace_blob_rows,
-)
-from sync.store.search_index import SearchIndexLifecycle
+from sync.store.pool import ref_bounds, scoped, touch_ref, unscoped
+from sync.store.pool_ops import PoolOps, held_links, settle_blobs, write_blobs
+from sync.store.rows import blob_rows_of, bounded_answer, fid_of, file_keys
+from sync.store.search_index import SearchIndex
 from sync.store.sqlite_tree import (
     SQL_BATCH,
-    Plan,
     batched,
     commit_values,
     mark_pending,
     sealed_reads,
     transaction,
 )
-from sync.store.vector_index import (
-    RowTable,
-    chunk_id_array,
-    pack,
-)
-from sync.store.workspace_checks import WorkspaceChecks
-from sync.wire import BadRequest, SealedWorkspaceError, StoreCorrupt
+from sync.store.workspace_checks import rows_by_file, workspace_problems
+from sync.store.workspace_files import WorkspaceFiles
+from sync.wire import BadRequest, SealedWorkspaceError
 
 log = logging.getLogger(__name__)
 
 
-class WorkspaceStore(WorkspaceChecks, PoolOps, ApplyChecks, SearchIndexLifecycle):
+class WorkspaceStore:
     """The Merkle tree, chunk rows and search index of one workspace.
 
     Thread-safe: applies (and directory updates) are serialised by a lock, across
@@ -100,44 +79,41 @@ class WorkspaceStore(WorkspaceChecks, PoolOps, ApplyChecks, SearchIndexLifecycle
     of `sync.client.StoreClient`. Tuned by its store's `StoreOptions`.
     """
 
+    initialize = staticmethod(WorkspaceFiles.initialize)
+
     def __init__(self, path: Path, record: WorkspaceRecord, options: StoreOptions) -> None:
-        super().__init__(path, record, options)
-        self._checkpoint_due = False  # the log may hold deleted rows: cut it (sealed)
-        self._applies_since_compact = 0
+        self.files = WorkspaceFiles(path, record, options)
+        # A sealed workspace has no search index: its client searches.
+        self.search_index = None if self.files.sealed else SearchIndex(self.files)
+        self.pool = PoolOps(self.files)
+        self.path = path
+        self.options = options
+        self.workspace_id = record.workspace_id
+        self.dim = record.dim
+        self.mode = record.mode
+        self.sealed = self.files.sealed
+        self.limits = options.limits
+        self.index_events = self.files.events
         if self.sealed:
             try:
-                self._move_sealed_rows()
+                self.files.move_sealed_rows()
             except BaseException:
-                self._rconn.close()
-                self._wconn.close()
+                self.files.rconn.close()
+                self.files.wconn.close()
                 raise
 
     # -- reads --------------------------------------------------------------------------
 
     def info(self) -> WorkspaceInfo:
-        self._check_open()
-        with self._rlock:
-            (nodes,) = self._rconn.execute("SELECT COUNT(*) FROM nodes").fetchone()
+        self.files.check_open()
+        with self.files.rlock:
+            (nodes,) = self.files.rconn.execute("SELECT COUNT(*) FROM nodes").fetchone()
         index: dict[str, Any] | None = None
-        chunks: int | None
-        if self.sealed:
-            chunks = self._sealed_row_count()
-        elif self._current():
-            with self._index_lock.read():
-                chunks = len(self._rows)
-                if self._index is not None:
-                    index = self._index.describe()
+        if self.search_index is None:
+            chunks = self.files.sealed_row_count()
         else:
-            # Counting must not build the index (`codeveil status` never searches). The
-            # snapshot's trailer counts its rows; if it is of the current generation that
-            # is the count, and LanceDB (seconds to import) is not needed.
-            chunks = self._snapshot_rows()
-            if chunks is None:
-                chunks = self._counted_rows()
-            if chunks is None:
-                chunks = self._count_rows()
-        assert chunks is not None
-        r = self._record
+            chunks, index = self.search_index.count()
+        r = self.files.record
         extra: dict[str, Any] = {"created_at": r.created_at, "limits": self.limits.as_dict()}
         if not self.sealed:
             extra["distance"] = "l2"
@@ -168,67 +144,45 @@ class WorkspaceStore(WorkspaceChecks, PoolOps, ApplyChecks, SearchIndexLifecycle
         pending before it moves their rows and their values only after, so any committed
         state pairs a value with its own rows. A server-search workspace's are read under
         the write locks."""
-        self._check_open()
+        files = self.files
+        files.check_open()
         ref = ref_id(ref, self.sealed)
         wanted = file_keys(keys, self.limits)
         if not wanted:
             return {}
-        if self.sealed:
+        if self.search_index is None:
             return bounded_answer(wanted, self._sealed_file_rows(wanted, ref),
                                   self.limits.max_row_bytes)
-        with self._write_lock, self._flock():
-            committed = [unscoped(k) for k, (value, is_dir) in self._leaf_values(
+        with files.write_lock, files.flock():
+            committed = [unscoped(k) for k, (value, is_dir) in files.leaf_values(
                 [scoped(ref, k) for k in wanted]).items() if value is not None and not is_dir]
             fid_keys: dict[int, list[bytes]] = {}
             for k in committed:
                 fid_keys.setdefault(fid_of(k), []).append(k)
-            found = {}
-            if fid_keys:
-                with lance_reads(self.path / f"{TABLE}.lance"):
-                    self._table.checkout_latest()
-                batches = (
-                    b
-                    for part in batched(sorted(fid_keys), LANCE_IN_BATCH)
-                    for b in self._scan(["rid", "fid", "chunk_id", "meta"],
-                                        where=f"fid IN ({','.join(map(str, part))})")
-                )
-                found = group_rows(batches, fid_keys)
+            found = self.search_index.table.file_rows(fid_keys)
         return bounded_answer(wanted, found, self.limits.max_row_bytes)
 
     def _sealed_file_rows(self, wanted: list[bytes], ref: bytes
                           ) -> dict[bytes, list[tuple[int, bytes, bytes]]]:
         """The rows of the blobs the committed leaves of `wanted` (in `ref`'s tree)
         name, read in one snapshot."""
-        with self._rlock, sealed_reads(self._tree_path):
-            self._rconn.execute("BEGIN")
+        files = self.files
+        with files.rlock, sealed_reads(files.tree_path):
+            files.rconn.execute("BEGIN")
             try:
-                values = self._leaf_values([scoped(ref, k) for k in wanted], self._rconn)
+                values = files.leaf_values([scoped(ref, k) for k in wanted], files.rconn)
                 blobs = {unscoped(k): (fid_of(unscoped(k)), value)
                          for k, (value, is_dir) in values.items()
                          if value is not None and not is_dir}
-                return blob_rows_of(self._rconn, blobs) if blobs else {}
+                return blob_rows_of(files.rconn, blobs) if blobs else {}
             finally:
-                self._rconn.execute("COMMIT")
-
-    def _leaf_values(self, keys: list[bytes], conn: sqlite3.Connection | None = None
-                     ) -> dict[bytes, tuple[bytes | None, bool]]:
-        """key -> (value, is_dir) of those of `keys` in the tree. Caller holds
-        _write_lock (this reads on the writer's connection), or passes `conn` and holds
-        what guards it."""
-        out: dict[bytes, tuple[bytes | None, bool]] = {}
-        for part in batched(keys, SQL_BATCH):
-            marks = ",".join("?" * len(part))
-            for k, v, is_dir in (conn or self._wconn).execute(
-                f"SELECT key, value, is_dir FROM nodes WHERE key IN ({marks})", part
-            ):
-                out[bytes(k)] = (None if v is None else bytes(v), bool(is_dir))
-        return out
+                files.rconn.execute("COMMIT")
 
     def root(self, ref: bytes = DEFAULT_REF) -> NodeInfo | None:
-        self._check_open()
+        self.files.check_open()
         ref = ref_id(ref, self.sealed)
-        with self._rlock:
-            rows = self._rconn.execute(
+        with self.files.rlock:
+            rows = self.files.rconn.execute(
                 "SELECT key, value, is_dir FROM nodes WHERE parent IS NULL"
                 " AND key >= ? AND key < ? ORDER BY key", ref_bounds(ref)
             ).fetchall()
@@ -238,7 +192,7 @@ class WorkspaceStore(WorkspaceChecks, PoolOps, ApplyChecks, SearchIndexLifecycle
 
     def children(self, keys: Sequence[bytes], ref: bytes = DEFAULT_REF
                  ) -> dict[bytes, list[NodeInfo]]:
-        self._check_open()
+        self.files.check_open()
         ref = ref_id(ref, self.sealed)
         if not isinstance(keys, Sequence) or isinstance(keys, bytes | str):
             raise BadRequest("keys must be a list of keys")
@@ -249,13 +203,13 @@ class WorkspaceStore(WorkspaceChecks, PoolOps, ApplyChecks, SearchIndexLifecycle
         wanted = [_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
         out: dict[bytes, list[NodeInfo]] = {k: [] for k in wanted}
         unique = list(out)
-        with self._rlock:
+        with self.files.rlock:
             # One read transaction: every batch sees the same snapshot.
-            self._rconn.execute("BEGIN")
+            self.files.rconn.execute("BEGIN")
             try:
                 for part in batched([scoped(ref, k) for k in unique], SQL_BATCH):
                     marks = ",".join("?" * len(part))
-                    for parent, key, value, is_dir in self._rconn.execute(
+                    for parent, key, value, is_dir in self.files.rconn.execute(
                         "SELECT parent, key, value, is_dir FROM nodes"
                         f" WHERE parent IN ({marks}) ORDER BY parent, key",
                         part,
@@ -263,13 +217,13 @@ class WorkspaceStore(WorkspaceChecks, PoolOps, ApplyChecks, SearchIndexLifecycle
                         out[unscoped(parent)].append(
                             NodeInfo(unscoped(key), value, bool(is_dir)))
             finally:
-                self._rconn.execute("COMMIT")
+                self.files.rconn.execute("COMMIT")
         return out
 
     def search(self, vector: object, k: int) -> list[SearchHit]:
         """The `k` rows nearest to `vector` by Euclidean distance (not squared)."""
-        self._check_open()
-        if self.sealed:
+        self.files.check_open()
+        if self.search_index is None:
             raise SealedWorkspaceError(
                 f"workspace {self.workspace_id} is sealed: search runs on the client"
             )
@@ -282,22 +236,7 @@ class WorkspaceStore(WorkspaceChecks, PoolOps, ApplyChecks, SearchIndexLifecycle
             raise BadRequest(f"k must be an integer, got {type(k).__name__}") from None
         if not 1 <= k <= self.limits.max_k:
             raise BadRequest(f"k must be between 1 and {self.limits.max_k}, got {k}")
-        self._refresh()
-        self._set_faiss_threads()
-        with self._index_lock.read():
-            index = self._index
-            if index is None or index.ntotal == 0:
-                return []
-            dist, ids = index.search(query, min(k, index.ntotal))
-            found = [
-                (d, rid) for d, rid in zip(dist[0].tolist(), ids[0].tolist(), strict=True)
-                if rid >= 0
-            ]
-            rows = self._rows.lookup([rid for _, rid in found])
-        return [
-            SearchHit(chunk_id, max(d, 0.0) ** 0.5, meta)
-            for (d, _), (chunk_id, meta) in zip(found, rows, strict=True)
-        ]
+        return self.search_index.search(query, k)
 
     # -- writes -------------------------------------------------------------------------
 
@@ -336,38 +275,65 @@ class WorkspaceStore(WorkspaceChecks, PoolOps, ApplyChecks, SearchIndexLifecycle
         without a ref are deleted in step 3 while the workspace has one ref (as before
         refs), marked orphaned otherwise (the GC deletes them after its grace period).
         """
-        self._check_open()
+        files, index = self.files, self.search_index  # index None: sealed
+        files.check_open()
         ref = ref_id(ref, self.sealed)
-        ups, dels = self._validate_apply(updates, deletes)
+        ups, dels = validate_apply(files, updates, deletes)
         if not ups and not dels:
             return []
         ups = [dataclasses.replace(u, file_key=scoped(ref, u.file_key),
                                    ancestors=tuple(scoped(ref, a) for a in u.ancestors))
                for u in ups]
         dels = [scoped(ref, d) for d in dels]
-        with self._write_lock, self._flock():
-            self._prepare_write()
-            plan = self._step1_mark_pending(ref, ups, dels)
+        with files.write_lock, files.flock():
+            if index is not None:
+                index.prepare_write()  # the index equal to LanceDB's rows, as it stands
+
+            # 1. Pending.
+            with transaction(files.wconn) as conn:
+                plan, generation = mark_pending(conn, ref, ups, dels)
+            if index is not None:
+                index.follow(generation)  # our own change: the index follows it
             self._reached("pending")
-            deleted = self._step2_replace_rows(plan, ups)
+
+            # 2. Rows: how many went is what step 4 purges.
+            if index is None:
+                with sealed_reads(files.tree_path), transaction(files.wconn) as conn:
+                    deleted = write_blobs(conn, plan, ups)
+            else:
+                deleted = index.replace_rows(plan, ups)
             self._reached("rows")
-            missing, released = self._step3_commit(ref, plan, ups)
+
+            # 3. Values: a link's only if the pool holds its blob.
+            missing: list[bytes] = []
+            released = 0  # rows of blobs left without a ref, deleted
+            with sealed_reads(files.tree_path), transaction(files.wconn) as conn:
+                if index is None:
+                    missing, ups = held_links(conn, ups)
+                generation = commit_values(conn, plan, ups)
+                if index is None:
+                    released = settle_blobs(conn, ref, ups, self.options.blob_grace_s)
+            if index is not None:
+                index.follow(generation)
             self._reached("committed")
-            if self.sealed:
-                if deleted or released or self._checkpoint_due:
-                    self._checkpoint()
+
+            # 4. Deleted rows' bytes leave the data dir.
+            if index is None:
+                if deleted or released or files.checkpoint_due:
+                    files.checkpoint()
                 return missing
             if deleted:
-                self._purge(added=sum(len(u.chunk_ids) for u in ups))
+                index.table.purge(added=sum(len(u.chunk_ids) for u in ups))
             else:
-                self._maybe_compact()
-            self._record_row_count()
-            self._maybe_rebuild()
-            if self._save_due():
-                self._save_index()
-            elif deleted:
-                self._drop_snapshot()  # it holds the rows just deleted
+                index.table.maybe_compact()
+            index.table.record_count()
+            index.after_apply(deleted)  # retrain, snapshot or drop the snapshot
         return []
+
+    def _reached(self, point: str) -> None:
+        """Tell the crash hook (StoreOptions.crash_hook) that the apply passed `point`."""
+        if self.options.crash_hook is not None:
+            self.options.crash_hook(point)
 
     def set_dir_values(self, values: Sequence[DirValue | tuple[bytes, bytes, bytes]],
                        ref: bytes = DEFAULT_REF) -> None:
@@ -383,10 +349,10 @@ class WorkspaceStore(WorkspaceChecks, PoolOps, ApplyChecks, SearchIndexLifecycle
         or refused, against the children as they are then, so the order of the values
         does not matter.
         """
-        self._check_open()
+        self.files.check_open()
         ref = ref_id(ref, self.sealed)
         pending = dir_value_checks(values, self.limits)
-        with self._write_lock, self._flock(), transaction(self._wconn) as conn:
+        with self.files.write_lock, self.files.flock(), transaction(self.files.wconn) as conn:
             if self.sealed:
                 touch_ref(conn, ref)
             pending = {k: v for k, v in pending.items() if (row := conn.execute(
@@ -412,6 +378,23 @@ class WorkspaceStore(WorkspaceChecks, PoolOps, ApplyChecks, SearchIndexLifecycle
                 refused,
             )
 
+    # -- the pool (sync.store.pool_ops) -------------------------------------------------
+
+    def blob_rows(self, items: Sequence[tuple[bytes, bytes]], *, rows: bool = True
+                  ) -> BlobRows:
+        return self.pool.blob_rows(items, rows=rows)
+
+    def refs(self) -> list[RefInfo]:
+        return self.pool.refs()
+
+    def drop_ref(self, ref: bytes) -> None:
+        self.pool.drop_ref(ref)
+
+    def collect_garbage(self, *, max_ref_age_days: float | None = None,
+                        grace_s: float | None = None) -> dict[str, int]:
+        return self.pool.collect_garbage(max_ref_age_days=max_ref_age_days,
+                                         grace_s=grace_s)
+
     # -- checks (`codeveil doctor`, and `codeveil index` before it reports success) -----
 
     def verify(self, *, deep: bool = True) -> None:
@@ -422,204 +405,35 @@ class WorkspaceStore(WorkspaceChecks, PoolOps, ApplyChecks, SearchIndexLifecycle
         with the index's; otherwise only its files are looked at, so an index with
         nothing to send does not pay LanceDB's import (nor a server's root request the
         write lock)."""
-        self._check_open()
-        if self.sealed:
-            if deep:
-                self._sealed_row_count()
-            else:
-                with self._rlock, sealed_reads(self._tree_path):
-                    self._rconn.execute("SELECT rid FROM rows LIMIT 1").fetchall()
-            return
-        table_dir = self.path / f"{TABLE}.lance"
-        with self._write_lock if deep else contextlib.nullcontext():
-            if (deep and self._table_handle is not None and self._current()
-                    and self._index_clean):
-                with lance_reads(table_dir):
-                    self._table.checkout_latest()
-                    stored = self._table.count_rows()
-                if stored != len(self._rows):
-                    raise StoreCorrupt(
-                        f"the chunk table {table_dir} holds {stored} rows where the search"
-                        f" index holds {len(self._rows)}; {LANCE_ADVICE}"
-                    )
-                return
-        manifests = list((table_dir / "_versions").glob("*.manifest"))
-        if not manifests or not any(m.stat().st_size for m in manifests):
-            raise StoreCorrupt(f"the chunk table {table_dir} has no version manifest;"
-                               f" {LANCE_ADVICE}")
-        rows = self._snapshot_rows()
-        if rows is None:
-            rows = self._counted_rows()
-        data = list((table_dir / "data").glob("*.lance"))
-        if (rows and not data) or any(d.stat().st_size == 0 for d in data):
-            raise StoreCorrupt(f"the chunk table {table_dir} lost its data files;"
-                               f" {LANCE_ADVICE}")
+        files = self.files
+        files.check_open()
+        if self.search_index is not None:
+            self.search_index.verify(deep=deep)
+        elif deep:
+            files.sealed_row_count()
+        else:
+            with files.rlock, sealed_reads(files.tree_path):
+                files.rconn.execute("SELECT rid FROM rows LIMIT 1").fetchall()
+
+    def check(self) -> list[str]:
+        """Every problem found in this workspace's files, one line each (empty: none);
+        sync.store.workspace_checks."""
+        return workspace_problems(self.files, self._table())
+
+    def rows_by_file(self) -> dict[int, tuple[np.ndarray, list[bytes]]]:
+        """fid -> (rids, chunk ids) of every chunk row, read in full."""
+        return rows_by_file(self.files, self._table())
+
+    def _table(self) -> LanceRows | None:
+        """The LanceDB table of a server-search workspace's rows (a sealed one's are in
+        tree.sqlite)."""
+        return None if self.search_index is None else self.search_index.table
 
     def close(self) -> None:
         """Snapshot the index if it changed since the last snapshot, then close."""
-        if self._closed:
+        if self.files.closed:
             return
-        with self._write_lock:
-            if self._index is not None and self._loaded_generation != self._saved_generation:
-                with self._flock():
-                    self._save_index()
-            self._closed = True
-            with self._index_lock.write():
-                self._index = None
-                self._rows = RowTable()
-            with self._rlock:
-                self._rconn.close()
-            self._wconn.close()
-
-    # -- apply, step by step ------------------------------------------------------------
-
-    def _reached(self, point: str) -> None:
-        """Tell the crash hook (StoreOptions.crash_hook) that the apply passed `point`."""
-        if self.options.crash_hook is not None:
-            self.options.crash_hook(point)
-
-    def _step1_mark_pending(self, ref: bytes, updates: list[_Update], deletes: list[bytes]
-                            ) -> Plan:
-        with transaction(self._wconn) as conn:
-            plan, generation = mark_pending(conn, ref, updates, deletes)
-        self._loaded_generation = generation  # our own change: the index follows it
-        return plan
-
-    def _step2_replace_rows(self, plan: Plan, updates: list[_Update]) -> int:
-        """Returns how many rows were deleted (their bytes are purged after step 3)."""
-        if self.sealed:
-            return self._step2_replace_sealed_rows(plan, updates)
-        # Only files that have rows: a new file costs LanceDB nothing. (_prepare_write
-        # made the index equal LanceDB's rows, so the row table knows every file's rows.)
-        old = sorted(f for f in plan.fids if self._rows.has_file(f))
-        n = sum(len(u.chunk_ids) for u in updates)
-        rids = np.arange(plan.first_rid, plan.first_rid + n, dtype=np.int64)
-        fids = np.repeat(
-            np.array([fid_of(unscoped(u.file_key)) for u in updates], dtype=np.int64),
-            [len(u.chunk_ids) for u in updates],
-        )
-        chunk_ids = [c for u in updates for c in u.chunk_ids]
-        metas = [m for u in updates for m in u.metas]
-        vectors = (
-            np.concatenate([u.vectors for u in updates])
-            if n
-            else np.empty((0, self.dim), np.float32)
-        )
-        try:
-            for part in batched(old, LANCE_IN_BATCH):
-                self._table.delete(f"fid IN ({','.join(map(str, part))})")
-            if n:
-                self._table.add(arrow_rows(self.dim, rids, chunk_ids, fids, vectors, metas))
-        except BaseException:
-            # LanceDB may hold part of the change; the index still agrees with its own
-            # rows, so the next user catches it up to whatever LanceDB holds.
-            self._index_behind = True
-            raise
-        try:
-            with self._index_lock.write():
-                index = self._index
-                assert index is not None  # _prepare_write built it
-                removed = self._rows.remove_files(old)
-                index.remove(removed)
-                index.add(vectors, rids)
-                self._rows.append(rids, fids, chunk_id_array(chunk_ids), *pack(metas))
-        except BaseException:
-            self._index_stale = True  # the index and its rows may disagree now
-            raise
-        return len(removed)
-
-    def _step2_replace_sealed_rows(self, plan: Plan, updates: list[_Update]) -> int:
-        # One transaction: a crash keeps all of a blob's old rows or none of them. Only
-        # uploaded blobs are written; the blobs the touched leaves named before stay
-        # until step 3 (another ref may name them).
-        rid = plan.first_rid
-        blobs: dict[tuple[int, bytes], list[tuple[int, int, bytes, bytes]]] = {}
-        for u in updates:
-            if u.link:
-                continue
-            fid = fid_of(unscoped(u.file_key))
-            rows = blobs.setdefault((fid, u.value), [])
-            rows.clear()  # one file twice in a batch is refused; a blob twice: the last
-            for cid, meta in zip(u.chunk_ids, u.metas, strict=True):
-                rows.append((rid, fid, cid, meta))
-                rid += 1
-        named = {(fid_of(unscoped(u.file_key)), u.value) for u in updates}
-        with sealed_reads(self._tree_path), transaction(self._wconn) as conn:
-            deleted = replace_blob_rows(conn, blobs)
-            # The blobs the touched leaves named (step 1 set them pending), and every
-            # blob of a touched file (a crash between an earlier apply's steps may have
-            # left one no leaf names): those no ref names now go, as the rows of a file
-            # went before refs, or wait out the grace period with several refs.
-            touched = plan.old_blobs | fid_blobs(conn, plan.fids)
-            return deleted + release(conn, touched - named, now=ref_count(conn) <= 1)
-
-    def _step3_commit(self, ref: bytes, plan: Plan, updates: list[_Update]
-                      ) -> tuple[list[bytes], int]:
-        """Returns the links left pending (their blob is not in the pool) and how many
-        rows of blobs left without a ref were deleted."""
-        missing: list[bytes] = []
-        released = 0
-        with sealed_reads(self._tree_path), transaction(self._wconn) as conn:
-            if self.sealed:
-                named = {(fid_of(unscoped(u.file_key)), u.value): u for u in updates}
-                held = present(conn, [b for b, u in named.items() if u.link])
-                lacking = {id(u) for b, u in named.items() if u.link and b not in held}
-                missing = [unscoped(u.file_key) for u in updates if id(u) in lacking]
-                updates = [u for u in updates if id(u) not in lacking]
-            generation = commit_values(conn, plan, updates)
-            if self.sealed:
-                now = {(fid_of(unscoped(u.file_key)), u.value) for u in updates}
-                adopt(conn, now)
-                released = expire_orphans(conn, self.options.blob_grace_s)
-                touch_ref(conn, ref)
-        self._loaded_generation = generation
-        return missing, released
-
-    def _maybe_compact(self) -> None:
-        # Each apply adds a LanceDB fragment and version; merging them now and then keeps
-        # reads (index builds) fast and the folder small. Rows keep their rids, so the
-        # faiss index is unaffected.
-        self._applies_since_compact += 1
-        if self._applies_since_compact < self.options.compact_every:
-            return
-        self._applies_since_compact = 0
-        started = time.perf_counter()
-        try:
-            self._table.optimize(cleanup_older_than=CLEANUP_AFTER)
-        except Exception:  # compaction is an optimisation: never fail an apply for it
-            log.warning("workspace %s: compaction failed", self.workspace_id, exc_info=True)
-            return
-        log.debug("workspace %s: compacted in %.2fs", self.workspace_id,
-                  time.perf_counter() - started)
-
-    def _checkpoint(self) -> None:
-        """After a sealed apply that deleted rows: the write-ahead log, which may hold
-        their old page images, is copied into tree.sqlite and cut (sync.store.rows). If a
-        reader keeps it from finishing, the next apply tries again."""
-        started = time.perf_counter()
-        try:
-            done = checkpoint_superseded(self._wconn)
-        except sqlite3.OperationalError:
-            log.warning("workspace %s: checkpointing %s failed", self.workspace_id,
-                        self._tree_path, exc_info=True)
-            done = False
-        self._checkpoint_due = not done
-        if done:
-            self.index_events["purged"] += 1
-        log.debug("workspace %s: log checkpointed (%s) in %.3fs", self.workspace_id,
-                  "done" if done else "readers left", time.perf_counter() - started)
-
-    def _purge(self, added: int) -> None:
-        """After an apply that deleted rows: their bytes leave the data dir now
-        (sync.store.rows). It compacts the table too, so the count towards the next
-        compaction starts again. A failure is logged: the rows are gone from the table
-        already, and the next apply that deletes rows purges them too."""
-        self._applies_since_compact = 0
-        try:
-            took = purge_superseded(self._table, added)
-        except Exception:
-            log.warning("workspace %s: removing superseded rows failed", self.workspace_id,
-                        exc_info=True)
-            return
-        self.index_events["purged"] += 1
-        log.debug("workspace %s: superseded rows removed in %.3fs", self.workspace_id, took)
+        with self.files.write_lock:
+            if self.search_index is not None:
+                self.search_index.close()
+            self.files.close()

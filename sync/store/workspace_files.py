@@ -1,7 +1,9 @@
 """The files of one workspace and the locks over them: its tree.sqlite (a connection to
-write on, one to read on), the LanceDB table of a server-search workspace (opened on
-first use), and `writer.lock`, the flock writers in any process take; creating them, and
-moving a format-2 sealed workspace's rows into tree.sqlite on its first open.
+write on, one to read on), `writer.lock`, the flock writers in any process take, and
+the write-ahead log's cut after rows were deleted; creating them, and moving a format-2
+sealed workspace's rows into tree.sqlite on its first open. Every other part of a
+workspace (sync.store.workspace) holds this one and reads its record, options and
+locks here.
 
 Several processes may open the same data dir (the embedded store is used by the daemon
 and by the CLI at once): writers take an flock on `writer.lock`, and every change bumps a
@@ -15,64 +17,65 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+import sqlite3
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
 from sync.store.backend import WorkspaceRecord
-from sync.store.lance_table import SCAN_BATCH, TABLE, import_lancedb, lance_reads
+from sync.store.lance_table import TABLE, import_lancedb, open_table, scan_table
 from sync.store.options import StoreOptions
 from sync.store.pool import adopt_rows
-from sync.store.rows import SEALED_SCHEMA, has_sealed_rows, table_schema
-from sync.store.sqlite_tree import connect, init_tree_db, sealed_reads, transaction
-from sync.wire import StoreCorrupt, StoreError
+from sync.store.rows import SEALED_SCHEMA, checkpoint_superseded, has_sealed_rows, table_schema
+from sync.store.sqlite_tree import (
+    SQL_BATCH,
+    batched,
+    connect,
+    init_tree_db,
+    sealed_reads,
+    transaction,
+)
+from sync.wire import StoreError
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX: one writing process per data dir
     fcntl = None  # type: ignore[assignment]
 
-if TYPE_CHECKING:
-    import pyarrow as pa
-
 log = logging.getLogger(__name__)
 
 
 class WorkspaceFiles:
-    """A workspace's record, options, files and locks: what its search index
-    (sync.store.search_index) and its store (sync.store.workspace) are built on."""
+    """A workspace's record, options, tree.sqlite connections and locks.
+
+    `wconn` is used under `write_lock` only, `rconn` under `rlock`; writers also hold
+    `flock()`. `events` counts what happened to the rows and the search index (built,
+    loaded, caught_up, rebuilt, saved, purged), where it happened, for logs and tests."""
 
     def __init__(self, path: Path, record: WorkspaceRecord, options: StoreOptions) -> None:
         self.path = path
         self.options = options
+        self.record = record
         self.workspace_id = record.workspace_id
         self.dim = record.dim
         self.mode = record.mode
         self.sealed = record.mode == MODE_SEALED
         self.limits = options.limits
-        self._record = record
-        self._tree_path = path / "tree.sqlite"
-        self._wconn = connect(self._tree_path)  # used under _write_lock only
+        self.tree_path = path / "tree.sqlite"
+        self.wconn = connect(self.tree_path)
         # Deleted rows' bytes are overwritten, not left in free space (sync.store.rows).
-        self._wconn.execute("PRAGMA secure_delete = ON")
-        init_tree_db(self._wconn)
-        self._rconn = connect(self._tree_path)  # reads; WAL lets them run during writes
-        self._rlock = threading.Lock()
-        self._write_lock = threading.Lock()
+        self.wconn.execute("PRAGMA secure_delete = ON")
+        init_tree_db(self.wconn)
+        self.rconn = connect(self.tree_path)  # reads; WAL lets them run during writes
+        self.rlock = threading.Lock()
+        self.write_lock = threading.Lock()
+        self.events: Counter[str] = Counter()
+        self.checkpoint_due = False  # the log may hold deleted rows: cut it (sealed)
+        self.closed = False
         self._lock_path = path / "writer.lock"
-        self._table_handle: Any = None  # opened on first use, under _write_lock only
-        self._closed = False
-
-    @property
-    def _table(self) -> Any:
-        """The LanceDB table (callers hold _write_lock)."""
-        if self._table_handle is None:
-            with lance_reads(self.path / f"{TABLE}.lance"):
-                self._table_handle = import_lancedb().connect(self.path).open_table(TABLE)
-        return self._table_handle
 
     @staticmethod
     def initialize(path: Path, dim: int, mode: str = MODE_SERVER_SEARCH) -> None:
@@ -91,7 +94,7 @@ class WorkspaceFiles:
             import_lancedb().connect(path).create_table(TABLE, schema=table_schema(dim, mode))
         (path / "writer.lock").touch()
 
-    def _move_sealed_rows(self) -> None:
+    def move_sealed_rows(self) -> None:
         """A sealed workspace written by store format 2 or before keeps its rows in a
         LanceDB table: copy them into tree.sqlite in one transaction, which also creates
         the rows table (its presence marks the move as done), then remove the table.
@@ -101,14 +104,15 @@ class WorkspaceFiles:
         lance_dir = self.path / f"{TABLE}.lance"
         if not lance_dir.exists():
             return  # the common case: a stat, no lock
-        with self._write_lock, self._flock():
-            if not has_sealed_rows(self._wconn):  # another process may have moved them
+        with self.write_lock, self.flock():
+            if not has_sealed_rows(self.wconn):  # another process may have moved them
                 started = time.perf_counter()
                 moved = 0
-                with transaction(self._wconn) as conn:
+                table = open_table(self.path)
+                with transaction(self.wconn) as conn:
                     for statement in SEALED_SCHEMA:
                         conn.execute(statement)
-                    for b in self._scan(["rid", "fid", "chunk_id", "meta"]):
+                    for b in scan_table(table, lance_dir, ["rid", "fid", "chunk_id", "meta"]):
                         rows = list(zip(b.column("rid").to_pylist(), b.column("fid").to_pylist(),
                                         b.column("chunk_id").to_pylist(),
                                         b.column("meta").to_pylist(), strict=True))
@@ -117,79 +121,74 @@ class WorkspaceFiles:
                         moved += len(rows)
                     adopt_rows(conn)  # each row gets its blob (sync.store.pool)
                 log.info("workspace %s: %d sealed rows moved from LanceDB into %s in %.2fs",
-                         self.workspace_id, moved, self._tree_path,
+                         self.workspace_id, moved, self.tree_path,
                          time.perf_counter() - started)
-            self._table_handle = None
             try:
                 shutil.rmtree(lance_dir)
             except OSError as exc:  # the rows are safe in tree.sqlite; the next open retries
                 log.warning("workspace %s: could not remove %s: %s", self.workspace_id,
                             lance_dir, exc)
 
-    # -- reading the files ------------------------------------------------------------
+    # -- reading tree.sqlite ----------------------------------------------------------
 
-    def _scan(
-        self, columns: list[str], where: str | None = None
-    ) -> Iterator[pa.RecordBatch]:
-        """Batches of the table at the version checked out (the handle does not move
-        until the next checkout_latest, so successive scans agree)."""
-        with lance_reads(self.path / f"{TABLE}.lance"):
-            query = self._table.search().select(columns).limit(None)
-            if where is not None:
-                query = query.where(where)
-            yield from query.to_batches(SCAN_BATCH)
-
-    def _generation(self) -> int:
-        with self._rlock:
-            (gen,) = self._rconn.execute(
+    def generation(self) -> int:
+        with self.rlock:
+            (gen,) = self.rconn.execute(
                 "SELECT value FROM state WHERE name = 'generation'"
             ).fetchone()
         return int(gen)
 
-    def _sealed_row_count(self) -> int:
+    def next_rid(self) -> int:
+        with self.rlock:
+            (rid,) = self.rconn.execute(
+                "SELECT value FROM state WHERE name = 'next_rid'"
+            ).fetchone()
+        return int(rid)
+
+    def leaf_values(self, keys: list[bytes], conn: sqlite3.Connection | None = None
+                    ) -> dict[bytes, tuple[bytes | None, bool]]:
+        """key -> (value, is_dir) of those of `keys` in the tree. Caller holds
+        write_lock (this reads on the writer's connection), or passes `conn` and holds
+        what guards it."""
+        out: dict[bytes, tuple[bytes | None, bool]] = {}
+        for part in batched(keys, SQL_BATCH):
+            marks = ",".join("?" * len(part))
+            for k, v, is_dir in (conn or self.wconn).execute(
+                f"SELECT key, value, is_dir FROM nodes WHERE key IN ({marks})", part
+            ):
+                out[bytes(k)] = (None if v is None else bytes(v), bool(is_dir))
+        return out
+
+    def sealed_row_count(self) -> int:
         """A sealed workspace's rows, counted in tree.sqlite (through the index on fid)."""
-        with self._rlock, sealed_reads(self._tree_path):
-            (rows,) = self._rconn.execute("SELECT count(*) FROM rows").fetchone()
+        with self.rlock, sealed_reads(self.tree_path):
+            (rows,) = self.rconn.execute("SELECT count(*) FROM rows").fetchone()
         return int(rows)
 
-    def _record_row_count(self) -> None:
-        """Note the table's rows at this generation, for `info` to read where the
-        snapshot is not current (applies save it now and then) without LanceDB."""
-        rows = int(self._table.count_rows())
-        with transaction(self._wconn) as conn:
-            (gen,) = conn.execute("SELECT value FROM state WHERE name = 'generation'").fetchone()
-            conn.executemany("INSERT OR REPLACE INTO state (name, value) VALUES (?, ?)",
-                             [("counted_generation", gen), ("counted_rows", rows)])
+    # -- the write-ahead log ----------------------------------------------------------
 
-    def _counted_rows(self) -> int | None:
-        """The rows noted by the last apply, if nothing was written since."""
-        with self._rlock:
-            noted = dict(self._rconn.execute(
-                "SELECT name, value FROM state WHERE name IN"
-                " ('generation', 'counted_generation', 'counted_rows')"))
-        if noted.get("counted_generation") != noted.get("generation"):
-            return None
-        return noted.get("counted_rows")
-
-    def _count_rows(self) -> int:
-        """The table's rows, from a fresh handle (it sees the latest version whoever
-        wrote it). Read without the flock, so a writer may remove the version being read
-        (sync.store.rows); then it is read again under the flock, where a failure is
-        damage."""
-        def count() -> int:
-            with lance_reads(self.path / f"{TABLE}.lance"):
-                return int(import_lancedb().connect(self.path).open_table(TABLE).count_rows())
-
+    def checkpoint(self) -> None:
+        """After a sealed write that deleted rows (caller holds write_lock): the
+        write-ahead log, which may hold their old page images, is copied into tree.sqlite
+        and cut (sync.store.rows). If a reader keeps it from finishing, the next apply
+        tries again (`checkpoint_due`)."""
+        started = time.perf_counter()
         try:
-            return count()
-        except StoreCorrupt:
-            with self._flock():
-                return count()
+            done = checkpoint_superseded(self.wconn)
+        except sqlite3.OperationalError:
+            log.warning("workspace %s: checkpointing %s failed", self.workspace_id,
+                        self.tree_path, exc_info=True)
+            done = False
+        self.checkpoint_due = not done
+        if done:
+            self.events["purged"] += 1
+        log.debug("workspace %s: log checkpointed (%s) in %.3fs", self.workspace_id,
+                  "done" if done else "readers left", time.perf_counter() - started)
 
     # -- locks ------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _flock(self, *, blocking: bool = True) -> Iterator[bool]:
+    def flock(self, *, blocking: bool = True) -> Iterator[bool]:
         """Excludes writers in other processes; yields whether the lock is held (always,
         when blocking). Opened per write, so an idle store holds no descriptor; closing
         the file releases the lock even if the process dies."""
@@ -204,6 +203,13 @@ class WorkspaceFiles:
                 return
             yield True
 
-    def _check_open(self) -> None:
-        if self._closed:
+    def check_open(self) -> None:
+        if self.closed:
             raise StoreError(f"workspace {self.workspace_id} is closed")
+
+    def close(self) -> None:
+        """Mark closed and close the connections (caller holds write_lock)."""
+        self.closed = True
+        with self.rlock:
+            self.rconn.close()
+        self.wconn.close()
