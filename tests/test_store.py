@@ -619,9 +619,8 @@ def _pg_crash_mid_apply(url: str, workspace_id: str, updates: list[FileUpdate]) 
                 seen.append(reader.workspace(workspace_id).root())
                 raise Killed(point)
 
-        with PgStore(url, options=PgOptions(crash_hook=hook)) as store:
-            with pytest.raises(Killed):
-                store.workspace(workspace_id).apply(updates, [])
+        with PgStore(url, options=PgOptions(crash_hook=hook)) as store, pytest.raises(Killed):
+            store.workspace(workspace_id).apply(updates, [])
         assert seen == [before]  # no reader sees half an apply
 
 

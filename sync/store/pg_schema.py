@@ -119,7 +119,7 @@ def _to_2(conn: psycopg.Connection) -> None:
     conn.execute(f"ALTER TABLE {S}.rows ADD COLUMN value bytea")
     conn.execute(_POOL)
     conn.execute(f"INSERT INTO {S}.refs (workspace, ref, synced)"
-                 f" SELECT DISTINCT workspace, ref, {NOW} FROM {S}.nodes")
+                 f" SELECT workspace, ref, {NOW} FROM {S}.nodes GROUP BY workspace, ref")
     leaves = conn.execute(
         f"SELECT n.workspace, n.key, n.value FROM {S}.nodes n"
         f" JOIN {S}.workspaces w ON w.id = n.workspace AND w.mode = %s"
