@@ -99,6 +99,9 @@ CREATE TABLE {SCHEMA}.blobs (
     orphaned double precision,  -- when no leaf named it any more; NULL while one does
     PRIMARY KEY (workspace, fid, value)
 );
+-- every apply looks for the blobs whose grace period ran out
+CREATE INDEX blobs_orphaned ON {SCHEMA}.blobs (workspace, orphaned)
+    WHERE orphaned IS NOT NULL;
 """
 
 

@@ -10,10 +10,15 @@ no reader ever sees a value without its rows, and a crash leaves nothing to conv
 The steps still set every node above a change pending (NULL), because that is what the
 client sees after an apply until it sends directory values.
 
-Concurrency. Every write to a workspace (`apply`, `set_dir_values`) first takes
-`SELECT ... FOR UPDATE` on the workspace's row, so two replicas' writes to one workspace
-run one after the other; under READ COMMITTED each statement after the lock sees what
-the previous writer committed. Reads run without locks: each is one statement, so it
+Refs and the pool. A sealed workspace holds one tree per ref (the nodes' `ref` column;
+the tree's SQL in sync.store.pg_tree, step 1's plan in sync.store.tree_plan) over one
+pool of blobs shared by every ref (sync.store.pg_pool), as the embedded store does.
+
+Concurrency. Every write to a workspace (`apply`, `set_dir_values`, `drop_ref`, the GC)
+first takes `SELECT ... FOR UPDATE` on the workspace's row, so two replicas' writes to
+one workspace run one after the other, whichever refs they write (the pool is shared);
+under READ COMMITTED each statement after the lock sees what the previous writer
+committed. Reads run without locks: each is one statement, so it
 sees one committed state.
 
 Search (server-search workspaces). A small workspace is searched exactly: `ORDER BY
