@@ -18,8 +18,8 @@ Concurrency. Every write to a workspace (`apply`, `set_dir_values`, `drop_ref`, 
 first takes `SELECT ... FOR UPDATE` on the workspace's row, so two replicas' writes to
 one workspace run one after the other, whichever refs they write (the pool is shared);
 under READ COMMITTED each statement after the lock sees what the previous writer
-committed. Reads run without locks: each is one statement, so it
-sees one committed state.
+committed. Reads run without locks: each is one statement, so it sees one committed
+state.
 
 Search (server-search workspaces). A small workspace is searched exactly: `ORDER BY
 vector <-> q LIMIT k` over its rows (found by the (workspace, fid) index), which below
@@ -401,7 +401,7 @@ class PgWorkspace(ApplyChecks):
                 adopt(conn, ws, {(fid_of(u.file_key), u.value) for u in ups})
                 expire_orphans(conn, ws, self.options.blob_grace_s)
                 touch_ref(conn, ws, ref)
-            self._reached("committed")
+        self._reached("committed")
         if any(u.chunk_ids for u in ups):
             self._maybe_start_index()
         return missing

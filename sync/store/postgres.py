@@ -56,8 +56,9 @@ class PgOptions:
     #: ref that has not synced (None: never).
     ref_max_age_days: float | None = DEFAULT_REF_MAX_AGE_DAYS
     #: As `StoreOptions.crash_hook`: called with each of WRITE_POINTS as an apply passes
-    #: it, inside the apply's one transaction (an exception rolls all of it back, as a
-    #: replica killed there would). None in service.
+    #: it; "pending" and "rows" inside the apply's one transaction (an exception there
+    #: rolls all of it back, as a replica killed there would), "committed" after its
+    #: commit. None in service.
     crash_hook: Callable[[str], None] | None = None
 
 
