@@ -781,6 +781,17 @@ def test_an_orphaned_blob_is_named_again_before_the_gc(backend: Backend) -> None
     assert a.file_rows([key("x.py")]) == {key("x.py"): rows_of(sealed_update("x.py", 2))}
 
 
+def test_a_blob_sent_again_keeps_one_copy_of_its_rows(backend: Backend) -> None:
+    ws = backend.create(MODE_SEALED).workspace_id
+    a, b = backend.on(ws, REF_A), backend.on(ws, REF_B)
+    a.apply([sealed_update("x.py", 3)], [])
+    again = sealed_update("x.py", 3, marker=b"again")  # the same blob, uploaded by b
+    assert b.apply([again], []) == []
+    assert a.info().chunks == 3  # its rows replaced, not added
+    assert a.file_rows([key("x.py")]) == b.file_rows([key("x.py")]) == {
+        key("x.py"): rows_of(again)}
+
+
 def _in_process(kind: str, tmp_path: Path, pg_url: Callable[[], str],
                 hook: Callable[[str], None] | None = None) -> StoreBackend:
     if kind == "postgres":

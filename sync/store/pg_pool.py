@@ -129,10 +129,14 @@ def replace_blob_rows(conn: psycopg.Connection, ws: str, uploads: list[_Update])
     if not uploads:
         return 0
     fids, values = [fid_of(u.file_key) for u in uploads], [u.value for u in uploads]
+    # Rows are stored only with their blob listed (same transaction), so only a blob
+    # sent again has rows to replace: one look-up of the blobs instead of a join of
+    # every upload with the rows.
+    again = present(conn, ws, zip(fids, values, strict=True))
     deleted = conn.execute(
         f"DELETE FROM {W}.rows r USING unnest(%s::bigint[], %s::bytea[]) AS w (fid, value)"
         " WHERE r.workspace = %s AND r.fid = w.fid AND r.value = w.value",
-        (fids, values, ws)).rowcount
+        (*_columns(again), ws)).rowcount if again else 0
     if any(u.chunk_ids for u in uploads):
         with conn.cursor().copy(
             f"COPY {W}.rows (workspace, fid, chunk_id, meta, vector, value)"
