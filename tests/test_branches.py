@@ -1,4 +1,5 @@
-"""Teammates on two branches of one sealed workspace, on a real server on loopback: each
+"""Teammates on two branches of one sealed workspace, on a real server on loopback (on a
+data dir and on PostgreSQL): each
 syncs its own ref's tree, files the pool holds are linked (no rows sent) and pulled by
 content (not embedded), and alternating syncs leave each other's trees alone. The
 hashing embedder stands in for the model: what is measured is the sync."""
@@ -9,6 +10,8 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
 from sync.config import load_config, load_token
@@ -17,9 +20,8 @@ from sync.keys import export_key, import_key, load_key
 from sync.refs import git_branch, ref_name
 from sync.workspace import Workspace
 from tests.conftest import SAMPLE_FILES, write_repo
-from tests.server_fixtures import ServerProcess
 from tests.test_sibling_chunks import git
-from tests.test_sync import Backend, many_files
+from tests.test_sync import SERVERS, Backend, _server, many_files
 
 
 def test_the_ref_name_follows_the_checkout(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -38,9 +40,10 @@ def test_the_ref_name_follows_the_checkout(tmp_path: Path, monkeypatch) -> None:
     assert ref_name(tmp_path) == "bench:main"
 
 
-def test_two_branches_share_the_pool(tmp_path: Path, live_server: ServerProcess,
+@pytest.mark.parametrize("kind", SERVERS)
+def test_two_branches_share_the_pool(tmp_path: Path, kind: str, request: pytest.FixtureRequest,
                                      monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    served = Backend("http", live_server)
+    served = Backend(kind, _server(request, kind))
     assert served.server is not None
     monkeypatch.setenv("CODEVEIL_REF", "alice:main")
     repo = many_files(tmp_path / "repo", 60)

@@ -3,13 +3,16 @@ URL` replicas on loopback: two teammates syncing one workspace through two repli
 forced interleavings, the database dropping every connection mid-request, and the
 database killed -9 mid-sync under two replicas and started again. Each ends in a sync
 that equals a clean sync of the same tree. (A replica killed -9 inside a write
-transaction is the PostgreSQL case of tests/test_sync.py's server-killed test.)
+transaction is the PostgreSQL case of tests/test_sync.py's server-killed test; here, one
+killed inside a second ref's linking apply.)
 """
 
 from __future__ import annotations
 
 import secrets
 import shutil
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,13 +22,27 @@ import pytest
 
 from sync.errors import SyncError
 from sync.http_client import HttpClient
+from sync.records import MODE_SEALED
 from sync.store_contents import Contents, pg_workspace_contents
 from tests.conftest import write_repo
 from tests.pg_fixtures import KillablePostgres, other_database
 from tests.server_fixtures import ServerProcess, start_server
+from tests.test_sealed_store import (
+    CHECK,
+    DIM,
+    MODEL,
+    REF_A,
+    REF_B,
+    link,
+    rows_of,
+    sealed_update,
+)
+from tests.test_store import key
 from tests.test_teammates import FILES, Interleaved, Team
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
+
+from sync.store.postgres import PgStore  # noqa: E402  (after the skip: it needs psycopg)
 
 
 class PgTeam(Team):
@@ -169,3 +186,58 @@ def test_the_database_killed_mid_sync_is_a_503_then_both_replicas_reconnect(
             assert "Traceback" not in replica.log_text()
     finally:
         database.stop()
+
+
+def test_a_replica_killed_inside_a_linking_apply_leaves_the_last_commit(
+    tmp_path: Path, pg_url: str, server_factory: Callable[..., ServerProcess]
+) -> None:
+    """A second ref's apply of a link and an upload, stopped by a SIGKILL of its replica
+    while its transaction holds step 1 and part of step 2 (held there by a lock on the
+    pool's blobs): the database rolls all of it back, the first ref keeps its tree and
+    the pool its blob, and the apply sent again through another replica links."""
+    name = "codeveil_link_killed"
+    url = other_database(pg_url, name)
+    first = server_factory(tmp_path / "first", store=url)
+    ws = "linking-" + secrets.token_hex(4)
+    token = HttpClient.create_workspace(first.url, ws, dim=DIM, model_id=MODEL,
+                                        key_check=CHECK, mode=MODE_SEALED)
+    HttpClient(first.url, ws, token, ref=REF_A).apply([sealed_update("x.py", 2)], [])
+    failed: list[BaseException] = []
+
+    def linking_apply() -> None:
+        try:
+            HttpClient(first.url, ws, token, ref=REF_B).apply(
+                [link("x.py"), sealed_update("n.py", 3)], [])
+        except SyncError as exc:
+            failed.append(exc)
+
+    with psycopg.connect(pg_url, autocommit=True) as admin, psycopg.connect(url) as blocker:
+        blocker.execute("LOCK TABLE codeveil.blobs IN SHARE MODE")  # held until rollback
+        thread = threading.Thread(target=linking_apply)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not admin.execute(  # the apply wrote its nodes, and waits on the lock
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
+                " AND backend_xid IS NOT NULL AND wait_event_type = 'Lock'",
+                (name,)).fetchone()[0]:  # type: ignore[index]
+            assert time.monotonic() < deadline, "the apply never reached the pool"
+            time.sleep(0.01)
+        first.kill()
+        blocker.rollback()
+    thread.join(60)
+    assert failed, "the apply answered although its replica was killed"
+
+    second = server_factory(tmp_path / "second", store=url)
+    a = HttpClient(second.url, ws, token, ref=REF_A)
+    b = HttpClient(second.url, ws, token, ref=REF_B)
+    assert a.file_rows([key("x.py")]) == {key("x.py"): rows_of(sealed_update("x.py", 2))}
+    assert b.root() is None and [r.ref for r in a.refs()] == [REF_A]
+    assert a.info().chunks == 2
+    assert b.apply([link("x.py"), sealed_update("n.py", 3)], []) == []
+    assert b.file_rows([key("x.py"), key("n.py")]) == {
+        key("x.py"): rows_of(sealed_update("x.py", 2)),
+        key("n.py"): rows_of(sealed_update("n.py", 3))}
+    assert a.info().chunks == 5  # x.py's rows once, for both refs
+    with PgStore(url) as store:
+        assert store.workspace(ws).check() == []
+    assert "Traceback" not in second.log_text()

@@ -17,7 +17,14 @@ from retrieval import Index
 from sync.config import load_config, load_token
 from sync.http_client import HttpClient
 from sync.local_client import LocalClient
-from sync.records import MODE_SEALED, MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
+from sync.records import (
+    DEFAULT_REF,
+    MODE_SEALED,
+    MODE_SERVER_SEARCH,
+    ChunkRecord,
+    FileUpdate,
+    NodeInfo,
+)
 from sync.store import fid_of
 from sync.wire import (
     AuthError,
@@ -31,11 +38,14 @@ from tests.conftest import codeveil_env
 from tests.pg_fixtures import other_database
 from tests.server_fixtures import PROJECT_ROOT, ServerProcess
 from tests.test_canary import CANARIES, needles, planted_repo
-from tests.test_store import CHECK, DIM, MODEL, key, rand, update
+from tests.test_sealed_store import REF_A, link, rows_of, sealed_update
+from tests.test_store import CHECK, DIM, MODEL, Killed, key, rand, set_dirs, update, value
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
 
 # After the skip: it needs psycopg.
+from sync.store import pg_schema  # noqa: E402
+from sync.store.pg_schema import SCHEMA_VERSION  # noqa: E402
 from sync.store.postgres import PgOptions, PgStore  # noqa: E402
 
 
@@ -362,3 +372,94 @@ def test_ef_search_grows_with_the_graph() -> None:
     assert EF_SEARCH < ef_search_for(300_000, 10) < ef_search_for(600_000, 10) < MAX_EF_SEARCH
     assert ef_search_for(1_000_000, 10) == MAX_EF_SEARCH
     assert ef_search_for(1000, 700) == 700  # never fewer candidates than rows asked for
+
+
+# -- schema version 1 (one tree a workspace) -> 2 (a tree per ref, the blob pool) ------------
+
+_TO_VERSION_1 = """
+DROP TABLE codeveil.refs; DROP TABLE codeveil.blobs; DROP INDEX codeveil.nodes_value;
+ALTER TABLE codeveil.nodes DROP CONSTRAINT nodes_pkey;
+ALTER TABLE codeveil.nodes DROP COLUMN ref;
+ALTER TABLE codeveil.nodes ADD PRIMARY KEY (workspace, key);
+CREATE INDEX nodes_parent ON codeveil.nodes (workspace, parent);
+ALTER TABLE codeveil.rows DROP COLUMN value;
+CREATE INDEX rows_fid ON codeveil.rows (workspace, fid);
+UPDATE codeveil.schema_version SET version = 1;
+"""
+
+
+def _version_1_database(pg_url: str, name: str) -> tuple[str, str, str]:
+    """A database as schema version 1 left it: a sealed workspace of one tree (a/x.py and
+    b.py committed; c.py pending, with the rows of an apply that died) and a
+    server-search one. Returns (URL, sealed id, server-search id)."""
+    url = other_database(pg_url, name)
+    with PgStore(url) as store:
+        sealed = LocalClient.create_workspace(store, None, dim=DIM, model_id=MODEL,
+                                              key_check=CHECK, mode=MODE_SEALED)
+        sealed.apply([sealed_update("a/x.py", 2), sealed_update("b.py", 3),
+                      sealed_update("c.py", 1)], [])
+        set_dirs(sealed, [(key("a"), value("a")), (key(""), value("root"))])
+        searched = LocalClient.create_workspace(store, None, dim=DIM, model_id=MODEL,
+                                                key_check=CHECK)
+        searched.apply([update("s.py", rand(2, 1))], [])
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE codeveil.nodes SET value = NULL WHERE key = %s", (key("c.py"),))
+        conn.execute(_TO_VERSION_1)
+    return url, sealed.workspace_id, searched.workspace_id
+
+
+def _version(url: str) -> tuple[int, bool]:
+    """The schema version, and whether nodes have a ref column."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT version FROM codeveil.schema_version").fetchone()
+        ref = conn.execute("SELECT 1 FROM information_schema.columns WHERE table_schema ="
+                           " 'codeveil' AND table_name = 'nodes' AND column_name = 'ref'"
+                           ).fetchone()
+    assert row is not None
+    return int(row[0]), ref is not None
+
+
+def test_a_version_1_database_becomes_one_ref_workspaces(pg_url: str) -> None:
+    url, sealed_id, searched_id = _version_1_database(pg_url, "codeveil_version_1")
+    assert _version(url) == (1, False)
+    with PgStore(url) as store:
+        assert _version(url) == (SCHEMA_VERSION, True)
+        old = LocalClient(store, sealed_id)
+        assert old.root() == NodeInfo(key(""), value("root"), True)
+        assert old.file_rows([key("a/x.py"), key("b.py"), key("c.py")]) == {
+            key("a/x.py"): rows_of(sealed_update("a/x.py", 2)),
+            key("b.py"): rows_of(sealed_update("b.py", 3)), key("c.py"): []}
+        assert old.info().chunks == 5  # the pending leaf's rows went: c.py is sent again
+        assert [r.ref for r in old.refs()] == [DEFAULT_REF]
+        assert store.workspace(sealed_id).check() == []
+        # A client of a ref finds every committed file in the pool: it links them.
+        mine = LocalClient(store, sealed_id, ref=REF_A)
+        asked = [(key(p), value(f"{p}@1")) for p in ("a/x.py", "b.py", "c.py")]
+        assert mine.blob_rows(asked).missing == [key("c.py")]
+        assert mine.apply([link("a/x.py"), link("b.py")], []) == []
+        mine.drop_ref(DEFAULT_REF)
+        assert [r.ref for r in mine.refs()] == [REF_A] and mine.info().chunks == 5
+        searched = LocalClient(store, searched_id)
+        assert len(searched.file_rows([key("s.py")])[key("s.py")]) == 2
+        assert len(searched.search(rand(1, 5)[0], 5)) == 2
+        assert store.workspace(searched_id).check() == []
+
+
+def test_a_migration_that_dies_before_its_commit_leaves_version_1(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    url, sealed_id, _ = _version_1_database(pg_url, "codeveil_version_1_killed")
+    migrate = pg_schema.MIGRATIONS[1]
+
+    def dying(conn: psycopg.Connection) -> None:
+        migrate(conn)  # every step of it, then the replica dies before the commit
+        raise Killed("migration")
+
+    monkeypatch.setitem(pg_schema.MIGRATIONS, 1, dying)
+    with pytest.raises(Killed):
+        PgStore(url)
+    assert _version(url) == (1, False)
+    monkeypatch.undo()
+    with PgStore(url) as store:  # the next start migrates it whole
+        assert _version(url) == (SCHEMA_VERSION, True)
+        assert LocalClient(store, sealed_id).file_rows([key("b.py")]) == {
+            key("b.py"): rows_of(sealed_update("b.py", 3))}

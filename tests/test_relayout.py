@@ -40,10 +40,11 @@ def _directory_ancestors(path: str) -> list[str]:
 
 
 def _client(repo: Path, workspace_id: str, server: ServerProcess | None) -> StoreClient:
-    if server is None:  # the embedded store keeps a tree per ref: this checkout's
-        return LocalClient.open(store_path(repo), workspace_id,
-                                ref=ref_id(load_key(workspace_id), ref_name(repo)))
-    return HttpClient(server.url, workspace_id, load_token(workspace_id))
+    # Either backend keeps a tree per ref: this checkout's.
+    ref = ref_id(load_key(workspace_id), ref_name(repo))
+    if server is None:
+        return LocalClient.open(store_path(repo), workspace_id, ref=ref)
+    return HttpClient(server.url, workspace_id, load_token(workspace_id), ref=ref)
 
 
 def _contents(repo: Path, workspace_id: str, key: WorkspaceKey,

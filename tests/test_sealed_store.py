@@ -30,7 +30,9 @@ from sync.wire import (
     BadRequest,
     Limits,
     PermissionDenied,
+    RefNotFound,
     SealedWorkspaceError,
+    StoreError,
     update_to_json,
 )
 from tests.pg_fixtures import other_database
@@ -113,6 +115,33 @@ class Backend:
             client = HttpClient(self.server.url, workspace_id, self.tokens[workspace_id])
         self.clients.append(client)
         return client
+
+    def on(self, workspace_id: str, ref: bytes) -> StoreClient:
+        """A client of `ref`'s tree of the workspace."""
+        client: StoreClient
+        if self.server is None:
+            assert self.store is not None
+            client = LocalClient(self.store, workspace_id, ref=ref)
+        else:
+            client = HttpClient(self.server.url, workspace_id, self.tokens[workspace_id],
+                                ref=ref)
+        self.clients.append(client)
+        return client
+
+    def age_refs(self, workspace_id: str, days: float) -> None:
+        """Date every ref's last write `days` back, in the store's own tables."""
+        url = self.pg_url or (self.server.store if self.server is not None else None)
+        if url is not None:
+            import psycopg
+
+            from sync.store.pg_schema import SCHEMA
+
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(f"UPDATE {SCHEMA}.refs SET synced = synced - %s"
+                             " WHERE workspace = %s", (days * 86_400, workspace_id))
+            return
+        with sqlite3.connect(self.data_dir / "workspaces" / workspace_id / "tree.sqlite") as db:
+            db.execute("UPDATE refs SET synced = synced - ?", (days * 86_400,))
 
     def reopen(self, workspace_id: str) -> StoreClient:
         if self.server is None:
@@ -624,3 +653,180 @@ def test_a_move_killed_midway_is_finished_by_the_next_open(tmp_path: Path, when:
     db.close()
     assert ("rows" in tables) == (when == "before-removal")
     _assert_moved(data, expected)  # moved once: no row twice, none lost
+
+
+# -- refs and the blob pool (sync.store.pool, sync.store.pg_pool) ----------------------------
+
+REF_A = b"A" * 16
+REF_B = b"B" * 16
+
+
+def link(path: str, version: str = "1") -> FileUpdate:
+    return FileUpdate(file_key=key(path), ancestors=ancestors(path),
+                      value=value(f"{path}@{version}"), link=True)
+
+
+def blob(path: str, version: str = "1") -> tuple[bytes, bytes]:
+    return key(path), value(f"{path}@{version}")
+
+
+def test_two_refs_keep_their_own_trees_over_one_pool(backend: Backend) -> None:
+    ws = backend.create(MODE_SEALED).workspace_id
+    a, b = backend.on(ws, REF_A), backend.on(ws, REF_B)
+    assert a.info().extra["pool"] is True  # the client syncs refs and links here
+    shared, only_a = sealed_update("lib.py", 3), sealed_update("main.py", 2, "a")
+    assert a.apply([shared, only_a], []) == []
+    # b finds lib.py by its content: the pool holds it, so b links and uploads no row.
+    held = b.blob_rows([blob("lib.py"), blob("main.py", "b")])
+    assert held.rows == {key("lib.py"): rows_of(shared)} and held.missing == [key("main.py")]
+    assert b.blob_rows([blob("lib.py")], rows=False).rows == {key("lib.py"): []}
+    only_b = sealed_update("main.py", 4, "b")
+    assert b.apply([link("lib.py"), only_b], []) == []
+    assert b.info().chunks == 3 + 2 + 4  # lib.py's rows are stored once
+    # Each ref reads its own tree; neither disturbed the other's.
+    assert a.file_rows([key("main.py")]) == {key("main.py"): rows_of(only_a)}
+    assert b.file_rows([key("main.py"), key("lib.py")]) == {
+        key("main.py"): rows_of(only_b), key("lib.py"): rows_of(shared)}
+    assert {n.value for n in a.children([key("")])[key("")]} != {
+        n.value for n in b.children([key("")])[key("")]}
+    assert a.root() is not None and b.root() is not None
+    assert backend.reopen(ws).root() is None  # the default ref never synced
+    refs = {r.ref: r for r in a.refs()}
+    assert set(refs) == {REF_A, REF_B}
+    assert (refs[REF_A].files, refs[REF_A].rows) == (2, 5)
+    assert (refs[REF_B].files, refs[REF_B].rows) == (2, 7)
+    # a deletes lib.py: b still names its blob, so nothing of it goes.
+    a.apply([], [key("lib.py")])
+    assert b.file_rows([key("lib.py")]) == {key("lib.py"): rows_of(shared)}
+    assert a.file_rows([key("lib.py")]) == {key("lib.py"): []}
+    # Directory values are set per ref, each over its own children.
+    set_dirs(a, [(key(""), value("root a"))])
+    assert a.root().value == value("root a")  # type: ignore[union-attr]
+    assert b.root().value is None  # type: ignore[union-attr]
+
+
+def test_a_link_to_a_blob_the_pool_lacks_stays_pending(backend: Backend) -> None:
+    a = backend.on(backend.create(MODE_SEALED).workspace_id, REF_A)
+    a.apply([sealed_update("x.py", 1)], [])
+    set_dirs(a, [(key(""), value("root"))])
+    assert a.apply([link("ghost.py"), link("x.py")], []) == [key("ghost.py")]
+    kids = {n.key: n.value for n in a.children([key("")])[key("")]}
+    assert kids[key("ghost.py")] is None  # never claims a blob the pool lacks
+    assert kids[key("x.py")] == value("x.py@1")  # a link to a held blob is set
+    assert a.root() is not None and a.root().value is None  # type: ignore[union-attr]
+    assert a.file_rows([key("ghost.py")]) == {key("ghost.py"): []}
+    assert a.file_rows([key("x.py")]) == {key("x.py"): rows_of(sealed_update("x.py", 1))}
+
+
+def test_bad_refs_are_refused(backend: Backend) -> None:
+    ws = backend.create(MODE_SEALED).workspace_id
+    a = backend.on(ws, REF_A)
+    with pytest.raises(RefNotFound):
+        a.drop_ref(REF_B)
+    with pytest.raises(StoreError):
+        backend.on(ws, b"short").root()
+    with pytest.raises(BadRequest, match="carries no chunks"):
+        a.apply([FileUpdate(key("f.py"), ancestors("f.py"), value("v"),
+                            sealed_update("f.py", 1).chunks, link=True)], [])
+    assert a.info().nodes == 0
+
+
+def test_a_server_search_workspace_refuses_a_second_ref(backend: Backend) -> None:
+    ws = backend.create(MODE_SERVER_SEARCH).workspace_id
+    # (over HTTP a 409 of a tree route comes back as a StoreError of that status)
+    with pytest.raises(StoreError, match="keeps one tree") as caught:
+        backend.on(ws, REF_A).root()
+    assert caught.value.http_status == 409
+    assert backend.server is not None or isinstance(caught.value, BadRequest)
+    with pytest.raises(StoreError, match="no blob pool") as caught:
+        backend.reopen(ws).blob_rows([blob("x.py")])
+    assert caught.value.http_status == 409
+    assert "pool" not in backend.reopen(ws).info().extra
+    assert backend.reopen(ws).root() is None
+
+
+def test_dropping_a_ref_and_the_gc(backend: Backend) -> None:
+    ws = backend.create(MODE_SEALED).workspace_id
+    a, b = backend.on(ws, REF_A), backend.on(ws, REF_B)
+    a.apply([sealed_update("x.py", 2), sealed_update("y.py", 3)], [])
+    b.apply([link("x.py")], [])
+    a.apply([sealed_update("y.py", 1, "2")], [])  # y@1 is named by no ref now
+    assert a.info().chunks == 2 + 3 + 1  # two refs: it waits out the grace (an hour)
+    assert a.collect_garbage() == {"refs": 0, "blobs": 0, "rows": 0}
+    assert a.collect_garbage(grace_s=0) == {"refs": 0, "blobs": 1, "rows": 3}
+    assert a.info().chunks == 3
+    a.drop_ref(REF_A)  # y@2 goes with it (b is left alone, so at once); x.py stays
+    assert [r.ref for r in b.refs()] == [REF_B]
+    assert b.info().chunks == 2
+    assert b.file_rows([key("x.py")]) == {key("x.py"): rows_of(sealed_update("x.py", 2))}
+    # A ref not synced for N days is dropped, then its blobs after the grace period.
+    backend.age_refs(ws, 10)
+    assert b.collect_garbage(max_ref_age_days=30, grace_s=0)["refs"] == 0
+    assert b.collect_garbage(max_ref_age_days=5, grace_s=0) == {
+        "refs": 1, "blobs": 0, "rows": 2}
+    assert b.refs() == [] and b.info().chunks == 0 and b.info().nodes == 0
+    with pytest.raises(BadRequest, match="grace_s"):
+        b.collect_garbage(grace_s=-1)
+
+
+def test_an_orphaned_blob_is_named_again_before_the_gc(backend: Backend) -> None:
+    ws = backend.create(MODE_SEALED).workspace_id
+    a, b = backend.on(ws, REF_A), backend.on(ws, REF_B)
+    a.apply([sealed_update("x.py", 2)], [])
+    b.apply([link("x.py")], [])
+    a.apply([], [key("x.py")])
+    b.apply([], [key("x.py")])  # x@1 is orphaned: no ref names it
+    assert a.apply([link("x.py")], []) == []  # within the grace, a link takes it back
+    assert a.collect_garbage(grace_s=0) == {"refs": 0, "blobs": 0, "rows": 0}
+    assert a.file_rows([key("x.py")]) == {key("x.py"): rows_of(sealed_update("x.py", 2))}
+
+
+def test_a_blob_sent_again_keeps_one_copy_of_its_rows(backend: Backend) -> None:
+    ws = backend.create(MODE_SEALED).workspace_id
+    a, b = backend.on(ws, REF_A), backend.on(ws, REF_B)
+    a.apply([sealed_update("x.py", 3)], [])
+    again = sealed_update("x.py", 3, marker=b"again")  # the same blob, uploaded by b
+    assert b.apply([again], []) == []
+    assert a.info().chunks == 3  # its rows replaced, not added
+    assert a.file_rows([key("x.py")]) == b.file_rows([key("x.py")]) == {
+        key("x.py"): rows_of(again)}
+
+
+def _in_process(kind: str, tmp_path: Path, pg_url: Callable[[], str],
+                hook: Callable[[str], None] | None = None) -> StoreBackend:
+    if kind == "postgres":
+        from sync.store.postgres import PgOptions, PgStore
+
+        return PgStore(pg_url(), options=PgOptions(crash_hook=hook))
+    return Store(tmp_path / "s", options=StoreOptions(crash_hook=hook))
+
+
+@pytest.mark.parametrize("kind", ["local", "postgres"])
+@pytest.mark.parametrize("steps", [1, 2])
+def test_a_crash_in_a_linking_apply_loses_nothing_and_claims_nothing(
+        request: pytest.FixtureRequest, tmp_path: Path, kind: str, steps: int) -> None:
+    """Killed after step 1 or 2 of its write order (the embedded store keeps those steps;
+    PostgreSQL rolls its one transaction back), a ref's apply of a link and an upload."""
+    from sync.store.options import WRITE_POINTS
+    from tests.test_store import Killed, kill_at
+
+    def url() -> str:
+        return str(request.getfixturevalue("pg_url"))
+
+    ws = secrets.token_hex(8)
+    with _in_process(kind, tmp_path, url) as store:
+        LocalClient.create_workspace(store, ws, dim=DIM, model_id=MODEL, key_check=CHECK,
+                                     mode=MODE_SEALED)
+        LocalClient(store, ws, ref=REF_A).apply([sealed_update("x.py", 2)], [])
+    killed = _in_process(kind, tmp_path, url, kill_at(WRITE_POINTS[steps - 1]))
+    with pytest.raises(Killed):
+        LocalClient(killed, ws, ref=REF_B).apply([link("x.py"), sealed_update("n.py", 3)], [])
+    killed.close()
+    with _in_process(kind, tmp_path, url) as store:
+        a, b = LocalClient(store, ws, ref=REF_A), LocalClient(store, ws, ref=REF_B)
+        assert a.file_rows([key("x.py")]) == {key("x.py"): rows_of(sealed_update("x.py", 2))}
+        assert b.file_rows([key("x.py"), key("n.py")]) == {key("x.py"): [], key("n.py"): []}
+        assert store.workspace(ws).check() == []
+        assert b.apply([link("x.py"), sealed_update("n.py", 3)], []) == []
+        assert b.file_rows([key("n.py")]) == {key("n.py"): rows_of(sealed_update("n.py", 3))}
+        assert store.workspace(ws).check() == []

@@ -605,28 +605,23 @@ def test_failing_row_write_leaves_pending_values(
 
 
 def _pg_crash_mid_apply(url: str, workspace_id: str, updates: list[FileUpdate]) -> None:
-    """Run an apply's statements up to its row delete on a connection of its own, then
-    drop the connection uncommitted, as the socket of a killed replica closes. Meanwhile
-    every other reader sees the last committed state."""
-    import psycopg
+    """Stop an apply inside its transaction once its rows are replaced (its crash hook,
+    PgOptions.crash_hook), as a killed replica stops: the database rolls it back.
+    Meanwhile every other reader sees the last committed state."""
+    from sync.store.postgres import PgOptions, PgStore
 
-    from sync.store.checks import validate_apply
-    from sync.store.pg_workspace import W, _mark_pending
-    from sync.store.postgres import PgStore
+    with PgStore(url) as reader:
+        before = reader.workspace(workspace_id).root()
+        seen: list[NodeInfo | None] = []
 
-    with PgStore(url) as store:
-        ws = store.workspace(workspace_id)
-        before = ws.root()
-        ups, dels = validate_apply(ws, updates, [])
-        conn = psycopg.connect(url)
-        try:
-            ws._lock_workspace(conn)
-            fids, _ = _mark_pending(conn, workspace_id, ups, dels)
-            conn.execute(f"DELETE FROM {W}.rows WHERE workspace = %s AND fid = ANY(%s)",
-                         (workspace_id, sorted(fids)))
-            assert ws.root() == before  # no reader sees half an apply
-        finally:
-            conn.close()  # no COMMIT: the database rolls it back
+        def hook(point: str) -> None:
+            if point == "rows":
+                seen.append(reader.workspace(workspace_id).root())
+                raise Killed(point)
+
+        with PgStore(url, options=PgOptions(crash_hook=hook)) as store, pytest.raises(Killed):
+            store.workspace(workspace_id).apply(updates, [])
+        assert seen == [before]  # no reader sees half an apply
 
 
 def crash_mid_apply(backend: Backend, workspace_id: str, updates: list[FileUpdate]) -> bool:

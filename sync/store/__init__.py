@@ -65,6 +65,7 @@ Modules, one job each::
                         an apply (prepare, replace rows, follow, after)
     vector_index.py     the faiss index, its rows and its snapshot file
     sqlite_tree.py      SQLite connections, formats and migrations; the tree's SQL
+    tree_plan.py        step 1 of an apply, decided once for both backends (pure)
     lance_table.py      the LanceDB table: lazy import, read errors, scans, new rows
     lance_rows.py       LanceRows: one workspace's table, written, compacted, counted
     rows.py             each mode's row layout, reading rows back, purging superseded rows
@@ -76,7 +77,8 @@ Modules, one job each::
     backend.py          the interface both backends keep (Protocols), WorkspaceRecord
     postgres.py         PgStore and PgOptions: the store in PostgreSQL (+ pgvector);
                         pg_workspace.py its workspaces, pg_schema.py its tables,
-                        pg_conn.py its connections
+                        pg_conn.py its connections, pg_tree.py the tree's SQL per ref,
+                        pg_pool.py refs and the blob pool
 
 The names below are imported on first use (indexer.lazy): importing the package loads
 neither the store's modules nor LanceDB, pyarrow, faiss or psycopg.

@@ -131,19 +131,21 @@ def _field(data: bytes) -> bytes:
 
 
 def copy_rows(workspace: str, updates: list[_Update], dim: int, sealed: bool) -> bytes:
-    """The new rows of `updates` for `COPY rows (workspace, fid, chunk_id, meta, vector)
-    FROM STDIN (FORMAT BINARY)`: exact float32 vectors (pgvector's binary form is a dim,
-    a reserved int16 and big-endian float32s), and no float-to-text round trip."""
+    """The new rows of `updates` for `COPY rows (workspace, fid, chunk_id, meta, vector,
+    value) FROM STDIN (FORMAT BINARY)`: exact float32 vectors (pgvector's binary form is
+    a dim, a reserved int16 and big-endian float32s), and no float-to-text round trip;
+    sealed, no vector and the blob's value (the leaf's), server-search no value."""
     parts = [_COPY_HEADER]
     ws = _field(workspace.encode())
-    count = struct.pack(">h", 5)
+    count = struct.pack(">h", 6)
     vector_head = struct.pack(">ihh", 4 + 4 * dim, dim, 0)  # field length, dim, reserved
     for u in updates:
         fid = _field(struct.pack(">q", fid_of(u.file_key)))
         vectors = None if sealed else np.asarray(u.vectors, dtype=">f4")
+        value = _field(u.value) if sealed else _NULL
         for j, (cid, meta) in enumerate(zip(u.chunk_ids, u.metas, strict=True)):
             vec = _NULL if vectors is None else vector_head + vectors[j].tobytes()
-            parts += [count, ws, fid, _field(cid), _field(meta), vec]
+            parts += [count, ws, fid, _field(cid), _field(meta), vec, value]
     parts.append(_COPY_TRAILER)
     return b"".join(parts)
 

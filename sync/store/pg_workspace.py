@@ -10,11 +10,16 @@ no reader ever sees a value without its rows, and a crash leaves nothing to conv
 The steps still set every node above a change pending (NULL), because that is what the
 client sees after an apply until it sends directory values.
 
-Concurrency. Every write to a workspace (`apply`, `set_dir_values`) first takes
-`SELECT ... FOR UPDATE` on the workspace's row, so two replicas' writes to one workspace
-run one after the other; under READ COMMITTED each statement after the lock sees what
-the previous writer committed. Reads run without locks: each is one statement, so it
-sees one committed state.
+Refs and the pool. A sealed workspace holds one tree per ref (the nodes' `ref` column;
+the tree's SQL in sync.store.pg_tree, step 1's plan in sync.store.tree_plan) over one
+pool of blobs shared by every ref (sync.store.pg_pool), as the embedded store does.
+
+Concurrency. Every write to a workspace (`apply`, `set_dir_values`, `drop_ref`, the GC)
+first takes `SELECT ... FOR UPDATE` on the workspace's row, so two replicas' writes to
+one workspace run one after the other, whichever refs they write (the pool is shared);
+under READ COMMITTED each statement after the lock sees what the previous writer
+committed. Reads run without locks: each is one statement, so it sees one committed
+state.
 
 Search (server-search workspaces). A small workspace is searched exactly: `ORDER BY
 vector <-> q LIMIT k` over its rows (found by the (workspace, fid) index), which below
@@ -52,10 +57,12 @@ from psycopg import sql
 from sync.records import (
     DEFAULT_REF,
     MODE_SEALED,
+    BlobRows,
     DirValue,
     FileRows,
     FileUpdate,
     NodeInfo,
+    RefInfo,
     SearchHit,
     WorkspaceInfo,
 )
@@ -63,22 +70,27 @@ from sync.store.backend import WorkspaceRecord
 from sync.store.checks import (
     Children,
     _key,
-    _Update,
     _vector,
     decide_dir_values,
     dir_value_checks,
+    ref_id,
     validate_apply,
 )
 from sync.store.pg_conn import Pool, copy_rows, vector_text
-from sync.store.pg_refs import PgSingleTree, one_tree, refuse_links
-from sync.store.pg_schema import SCHEMA
-from sync.store.rows import (
-    bounded_answer,
-    fid_bounds,
-    fid_of,
-    file_keys,
-    refuse_fid_collisions,
+from sync.store.pg_pool import (
+    PgPool,
+    adopt,
+    expire_orphans,
+    fid_blobs,
+    present,
+    ref_count,
+    release,
+    replace_blob_rows,
+    touch_ref,
 )
+from sync.store.pg_schema import SCHEMA
+from sync.store.pg_tree import commit_values, mark_pending
+from sync.store.rows import bounded_answer, fid_of, file_keys
 from sync.wire import (
     BadRequest,
     SealedWorkspaceError,
@@ -153,7 +165,7 @@ def hnsw_build_memory_mb(rows: int, dim: int, m: int = HNSW_M) -> int:
 # -- one workspace --------------------------------------------------------------------------
 
 
-class PgWorkspace(PgSingleTree):
+class PgWorkspace:
     """The Merkle tree and chunk rows of one workspace in the database; the operations
     of `WorkspaceStore` (sync.store.workspace). Thread-safe: every call takes its own connection."""
 
@@ -174,6 +186,8 @@ class PgWorkspace(PgSingleTree):
         self._builder: threading.Thread | None = None
         self._builder_lock = threading.Lock()
         self._closed = False
+        self._refs = PgPool(pool, record.workspace_id, self.sealed, options,
+                            self._lock_workspace)
 
     # -- reads --------------------------------------------------------------------------
 
@@ -192,6 +206,8 @@ class PgWorkspace(PgSingleTree):
             extra["distance"] = "l2"
             hnsw = self.has_hnsw_index()
             extra["index"] = {"kind": "pgvector-hnsw" if hnsw else "pgvector", "exact": not hnsw}
+        else:
+            extra["pool"] = True  # one tree per ref over a pool of blobs (sync.store.pg_pool)
         return WorkspaceInfo(
             workspace_id=r.workspace_id, dim=r.dim, model_id=r.model_id,
             key_check=r.key_check, chunks=int(row[1]), nodes=int(row[0]), extra=extra,
@@ -200,11 +216,11 @@ class PgWorkspace(PgSingleTree):
 
     def root(self, ref: bytes = DEFAULT_REF) -> NodeInfo | None:
         self._check_open()
-        one_tree(ref)
+        ref = ref_id(ref, self.sealed)
         with self._pool.connection() as conn:
             rows = conn.execute(
                 f"SELECT key, value, is_dir FROM {W}.nodes WHERE workspace = %s"
-                " AND parent IS NULL ORDER BY key", (self.workspace_id,),
+                " AND ref = %s AND parent IS NULL ORDER BY key", (self.workspace_id, ref),
             ).fetchall()
         if len(rows) > 1:  # apply() refuses a second root; this would be a bug
             log.error("workspace %s has %d root nodes", self.workspace_id, len(rows))
@@ -213,7 +229,7 @@ class PgWorkspace(PgSingleTree):
     def children(self, keys: Sequence[bytes], ref: bytes = DEFAULT_REF
                  ) -> dict[bytes, list[NodeInfo]]:
         self._check_open()
-        one_tree(ref)
+        ref = ref_id(ref, self.sealed)
         if not isinstance(keys, Sequence) or isinstance(keys, bytes | str):
             raise BadRequest("keys must be a list of keys")
         if len(keys) > self.limits.max_keys:
@@ -225,8 +241,8 @@ class PgWorkspace(PgSingleTree):
         with self._pool.connection() as conn:
             found = conn.execute(
                 f"SELECT parent, key, value, is_dir FROM {W}.nodes WHERE workspace = %s"
-                " AND parent = ANY(%s::bytea[]) ORDER BY parent, key",
-                (self.workspace_id, list(out)),
+                " AND ref = %s AND parent = ANY(%s::bytea[]) ORDER BY parent, key",
+                (self.workspace_id, ref, list(out)),
             ).fetchall()
         for parent, key, value, is_dir in found:
             out[parent].append(NodeInfo(key, value, is_dir))
@@ -234,9 +250,10 @@ class PgWorkspace(PgSingleTree):
 
     def file_rows(self, keys: Sequence[bytes], ref: bytes = DEFAULT_REF) -> FileRows:
         """(chunk id, meta) of every row of each committed leaf of `keys`, as
-        `WorkspaceStore.file_rows`. One statement: one committed state."""
+        `WorkspaceStore.file_rows`. One statement: one committed state. Sealed, the rows
+        of the blob the leaf names (sync.store.pg_pool)."""
         self._check_open()
-        one_tree(ref)
+        ref = ref_id(ref, self.sealed)
         wanted = file_keys(keys, self.limits)
         if not wanted:
             return {}
@@ -244,10 +261,12 @@ class PgWorkspace(PgSingleTree):
             rows = conn.execute(
                 f"SELECT w.key, r.rid, r.chunk_id, r.meta"
                 f" FROM unnest(%s::bytea[], %s::bigint[]) AS w (key, fid)"
-                f" JOIN {W}.nodes n ON n.workspace = %s AND n.key = w.key"
+                f" JOIN {W}.nodes n ON n.workspace = %s AND n.ref = %s AND n.key = w.key"
                 "   AND n.value IS NOT NULL AND NOT n.is_dir"
-                f" JOIN {W}.rows r ON r.workspace = %s AND r.fid = w.fid",
-                (wanted, [fid_of(k) for k in wanted], self.workspace_id, self.workspace_id),
+                f" JOIN {W}.rows r ON r.workspace = %s AND r.fid = w.fid"
+                + ("   AND r.value = n.value" if self.sealed else ""),
+                (wanted, [fid_of(k) for k in wanted], self.workspace_id, ref,
+                 self.workspace_id),
             ).fetchall()
         found: dict[bytes, list[tuple[int, bytes, bytes]]] = {}
         for key, rid, cid, meta in rows:
@@ -338,48 +357,79 @@ class PgWorkspace(PgSingleTree):
 
     def apply(self, updates: Sequence[FileUpdate], deletes: Sequence[bytes],
               ref: bytes = DEFAULT_REF) -> list[bytes]:
-        """As `WorkspaceStore.apply`, in one transaction (see the module docstring)."""
+        """As `WorkspaceStore.apply`, its three steps in one transaction (the module
+        docstring), under the workspace's row lock: the tree's steps per ref
+        (sync.store.pg_tree), a sealed workspace's rows as blobs of the pool shared by
+        every ref (sync.store.pg_pool). Returns the links left pending."""
         self._check_open()
-        one_tree(ref)
+        ref = ref_id(ref, self.sealed)
         ups, dels = validate_apply(self, updates, deletes)
-        refuse_links(updates)
         if not ups and not dels:
             return []
         ws = self.workspace_id
+        missing: list[bytes] = []
         with self._pool.connection() as conn, conn.transaction():
             self._lock_workspace(conn)
-            fids, remove = _mark_pending(conn, ws, ups, dels)
-            conn.execute(f"DELETE FROM {W}.rows WHERE workspace = %s AND fid = ANY(%s::bigint[])",
-                         (ws, sorted(fids)))
-            if any(u.chunk_ids for u in ups):
-                with conn.cursor().copy(
-                    f"COPY {W}.rows (workspace, fid, chunk_id, meta, vector)"
-                    " FROM STDIN (FORMAT BINARY)"
-                ) as copy:
-                    copy.write(copy_rows(ws, ups, self.dim, self.sealed))
-            conn.execute(
-                f"UPDATE {W}.nodes n SET value = u.value"
-                " FROM unnest(%s::bytea[], %s::bytea[]) AS u (key, value)"
-                " WHERE n.workspace = %s AND n.key = u.key AND NOT n.is_dir",
-                ([u.file_key for u in ups], [u.value for u in ups], ws),
-            )
-            conn.execute(f"DELETE FROM {W}.nodes WHERE workspace = %s AND key = ANY(%s::bytea[])",
-                         (ws, sorted(remove)))
+            plan, old_blobs = mark_pending(conn, ws, ref, ups, dels)
+            self._reached("pending")
+            if self.sealed:
+                # Only uploaded blobs are written; those the touched leaves named before
+                # (and any blob of a touched file a lost apply left unnamed) go if no
+                # ref names them, at once with one ref, after the grace with several.
+                replace_blob_rows(conn, ws, [u for u in ups if not u.link])
+                named = {(fid_of(u.file_key), u.value) for u in ups}
+                touched = old_blobs | fid_blobs(conn, ws, plan.fids)
+                release(conn, ws, touched - named, now=ref_count(conn, ws) <= 1)
+            else:
+                conn.execute(f"DELETE FROM {W}.rows WHERE workspace = %s"
+                             " AND fid = ANY(%s::bigint[])", (ws, sorted(plan.fids)))
+                if any(u.chunk_ids for u in ups):
+                    with conn.cursor().copy(
+                        f"COPY {W}.rows (workspace, fid, chunk_id, meta, vector, value)"
+                        " FROM STDIN (FORMAT BINARY)"
+                    ) as copy:
+                        copy.write(copy_rows(ws, ups, self.dim, self.sealed))
+            self._reached("rows")
+            if self.sealed:  # a link's leaf is set only over a blob the pool holds
+                held = present(conn, ws, [(fid_of(u.file_key), u.value) for u in ups if u.link])
+                lacking = {id(u) for u in ups
+                           if u.link and (fid_of(u.file_key), u.value) not in held}
+                missing = [u.file_key for u in ups if id(u) in lacking]
+                ups = [u for u in ups if id(u) not in lacking]
+            commit_values(conn, ws, ref, ups, plan.remove)
+            if self.sealed:
+                adopt(conn, ws, {(fid_of(u.file_key), u.value) for u in ups})
+                expire_orphans(conn, ws, self.options.blob_grace_s)
+                touch_ref(conn, ws, ref)
+        self._reached("committed")
         if any(u.chunk_ids for u in ups):
             self._maybe_start_index()
-        return []
+        return missing
 
-    def _one_tree_info(self) -> tuple[float, int, int] | None:
-        """(created at, files, rows) of the one tree, None while it is empty."""
-        ws = self.workspace_id
-        with self._pool.connection() as conn:
-            row = conn.execute(
-                f"SELECT (SELECT count(*) FROM {W}.nodes WHERE workspace = %s AND NOT is_dir),"
-                f" (SELECT count(*) FROM {W}.rows WHERE workspace = %s),"
-                f" (SELECT count(*) FROM {W}.nodes WHERE workspace = %s AND parent IS NULL)",
-                (ws, ws, ws)).fetchone()
-        assert row is not None
-        return (self._record.created_at, int(row[0]), int(row[1])) if row[2] else None
+    def _reached(self, point: str) -> None:
+        """Tell the crash hook (PgOptions.crash_hook) that the apply passed `point`."""
+        if self.options.crash_hook is not None:
+            self.options.crash_hook(point)
+
+    # -- refs and the pool (sync.store.pg_pool) -----------------------------------------
+
+    def blob_rows(self, items: Sequence[tuple[bytes, bytes]], *, rows: bool = True
+                  ) -> BlobRows:
+        self._check_open()
+        return self._refs.blob_rows(items, rows=rows)
+
+    def refs(self) -> list[RefInfo]:
+        self._check_open()
+        return self._refs.refs()
+
+    def drop_ref(self, ref: bytes) -> None:
+        self._check_open()
+        self._refs.drop_ref(ref)
+
+    def collect_garbage(self, *, max_ref_age_days: float | None = None,
+                        grace_s: float | None = None) -> dict[str, int]:
+        self._check_open()
+        return self._refs.collect_garbage(max_ref_age_days=max_ref_age_days, grace_s=grace_s)
 
     # -- the HNSW index -----------------------------------------------------------------
 
@@ -458,22 +508,24 @@ class PgWorkspace(PgSingleTree):
         computed from (compare-and-set), in one transaction under the workspace lock;
         checked bottom-up, each after the values the call gives its children."""
         self._check_open()
-        one_tree(ref)
+        ref = ref_id(ref, self.sealed)
         pending = dir_value_checks(values, self.limits)
         ws = self.workspace_id
         with self._pool.connection() as conn, conn.transaction():
             self._lock_workspace(conn)
+            if self.sealed:
+                touch_ref(conn, ws, ref)
             dirs = {key for (key,) in conn.execute(
-                f"SELECT key FROM {W}.nodes WHERE workspace = %s"
+                f"SELECT key FROM {W}.nodes WHERE workspace = %s AND ref = %s"
                 " AND key = ANY(%s::bytea[]) AND is_dir",
-                (ws, list(pending)))}
+                (ws, ref, list(pending)))}
             pending = {k: v for k, v in pending.items() if k in dirs}  # others are ignored
 
             def children_of(keys: list[bytes]) -> Children:
                 kids: Children = {k: [] for k in keys}
                 for parent, key, value in conn.execute(
                     f"SELECT parent, key, value FROM {W}.nodes WHERE workspace = %s"
-                    " AND parent = ANY(%s::bytea[])", (ws, keys)):
+                    " AND ref = %s AND parent = ANY(%s::bytea[])", (ws, ref, keys)):
                     kids[bytes(parent)].append((bytes(key), value))
                 return kids
 
@@ -481,8 +533,8 @@ class PgWorkspace(PgSingleTree):
                 conn.execute(
                     f"UPDATE {W}.nodes n SET value = u.value"
                     " FROM unnest(%s::bytea[], %s::bytea[]) AS u (key, value)"
-                    " WHERE n.workspace = %s AND n.key = u.key",
-                    ([k for k, _ in items], [v for _, v in items], ws),
+                    " WHERE n.workspace = %s AND n.ref = %s AND n.key = u.key",
+                    ([k for k, _ in items], [v for _, v in items], ws, ref),
                 )
 
             refused = decide_dir_values(pending, children_of, write)  # sync.store.checks
@@ -512,6 +564,10 @@ class PgWorkspace(PgSingleTree):
         with self._pool.connection() as conn:
             leaves = {fid_of(k) for (k,) in conn.execute(
                 f"SELECT key FROM {W}.nodes WHERE workspace = %s AND NOT is_dir", (ws,))}
+            # A blob no ref names yet waits for the GC: not damage.
+            leaves |= {f for (f,) in conn.execute(
+                f"SELECT fid FROM {W}.blobs WHERE workspace = %s", (ws,))}
+            pool = self._refs.problems(conn) if self.sealed else []
             stats = conn.execute(
                 f"SELECT fid, count(*), count(vector) FROM {W}.rows WHERE workspace = %s"
                 " GROUP BY fid", (ws,)).fetchall()
@@ -537,7 +593,7 @@ class PgWorkspace(PgSingleTree):
         if with_vector != (0 if self.sealed else rows):
             problems.append(f"workspace {ws} ({self.mode}) holds {with_vector} of {rows}"
                             " rows with a vector")
-        return problems
+        return problems + pool
 
     def rows_by_file(self) -> dict[int, tuple[np.ndarray, list[bytes]]]:
         """fid -> (rids, chunk ids) of every row of the workspace."""
@@ -565,85 +621,3 @@ class PgWorkspace(PgSingleTree):
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError(f"workspace {self.workspace_id} is closed")
-
-
-def _mark_pending(
-    conn: psycopg.Connection, ws: str, updates: list[_Update], deletes: list[bytes]
-) -> tuple[set[int], set[bytes]]:
-    """Step 1 of `WorkspaceStore.apply` (see there): returns the fids whose rows go and
-    the nodes to delete once the new rows are in."""
-    shape: dict[bytes, tuple[bytes | None, bool]] = {}
-    for u in updates:
-        for j, key in enumerate(u.ancestors):
-            shape[key] = (u.ancestors[j - 1] if j else None, True)
-        shape[u.file_key] = (u.ancestors[-1], False)
-    if updates:
-        roots = [r for (r,) in conn.execute(
-            f"SELECT key FROM {W}.nodes WHERE workspace = %s AND parent IS NULL", (ws,))]
-        if roots and roots != [updates[0].ancestors[0]]:
-            raise BadRequest(
-                "updates[0].ancestors[0] is not this workspace's root key; to"
-                " change roots, delete the old root in an apply of its own first"
-            )
-    deleted = _subtree(conn, ws, deletes)
-    existing = {key: (parent, is_dir) for key, parent, is_dir in conn.execute(
-        f"SELECT key, parent, is_dir FROM {W}.nodes WHERE workspace = %s"
-        " AND key = ANY(%s::bytea[])",
-        (ws, list(shape)))}
-    fids = {fid_of(u.file_key) for u in updates}
-    fids.update(fid_of(k) for k, is_dir in deleted.items() if not is_dir)
-    moved_from: set[bytes] = set()
-    became_files: list[bytes] = []
-    for key, (parent, is_dir) in shape.items():
-        old = existing.get(key)
-        if old is None:
-            continue
-        if old[1] and not is_dir and key not in deleted:
-            became_files.append(key)  # its old subtree goes as if deleted
-        elif is_dir and not old[1]:
-            fids.add(fid_of(key))  # a file that became a directory: drop its rows
-        if old[0] != parent and old[0] is not None:
-            moved_from.add(old[0])
-    below = _subtree(conn, ws, became_files)
-    fids.update(fid_of(k) for k, is_dir in below.items() if not is_dir)
-    gone = set(deleted) | set(below)
-    if updates:
-        bounds = [fid_bounds(u.file_key) for u in updates]
-        stored = [k for (k,) in conn.execute(
-            f"SELECT n.key FROM unnest(%s::bytea[], %s::bytea[]) AS b (lo, hi)"
-            f" JOIN {W}.nodes n ON n.workspace = %s AND n.key >= b.lo AND n.key < b.hi",
-            ([lo for lo, _ in bounds], [hi for _, hi in bounds], ws))]
-        refuse_fid_collisions([u.file_key for u in updates], shape, stored, gone)
-    conn.execute(f"UPDATE {W}.nodes SET value = NULL WHERE workspace = %s"
-                 " AND key = ANY(%s::bytea[])", (ws, sorted(gone)))
-    conn.execute(
-        f"INSERT INTO {W}.nodes (workspace, key, parent, value, is_dir)"
-        " SELECT %s, k, p, NULL, d FROM unnest(%s::bytea[], %s::bytea[], %s::boolean[])"
-        " AS s (k, p, d) ON CONFLICT (workspace, key) DO UPDATE SET parent = excluded.parent,"
-        " value = NULL, is_dir = excluded.is_dir",
-        (ws, list(shape), [p for p, _ in shape.values()], [d for _, d in shape.values()]),
-    )
-    seeds = [k for k in deletes if k in deleted] + sorted(moved_from)
-    if seeds:
-        conn.execute(
-            f"WITH RECURSIVE up (k) AS (SELECT unnest(%s::bytea[]) UNION"
-            f" SELECT n.parent FROM {W}.nodes n JOIN up ON n.workspace = %s AND n.key = up.k"
-            "  WHERE n.parent IS NOT NULL)"
-            f" UPDATE {W}.nodes SET value = NULL WHERE workspace = %s"
-            "  AND key IN (SELECT k FROM up)",
-            (seeds, ws, ws),
-        )
-    return fids, gone - shape.keys()
-
-
-def _subtree(conn: psycopg.Connection, ws: str, roots: Sequence[bytes]) -> dict[bytes, bool]:
-    """Every existing node at or below `roots`: key -> is_dir."""
-    if not roots:
-        return {}
-    # UNION (not UNION ALL) also ends the walk should the parent links ever form a cycle.
-    return {key: is_dir for key, is_dir in conn.execute(
-        f"WITH RECURSIVE sub (k) AS (SELECT unnest(%s::bytea[]) UNION"
-        f" SELECT n.key FROM {W}.nodes n JOIN sub ON n.workspace = %s AND n.parent = sub.k)"
-        f" SELECT n.key, n.is_dir FROM {W}.nodes n JOIN sub ON n.workspace = %s"
-        "  AND n.key = sub.k",
-        (list(roots), ws, ws))}

@@ -12,12 +12,14 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sync.db_url import is_database_url, mask_url
 from sync.records import MODE_SERVER_SEARCH, MODES
 from sync.store.backend import WorkspaceRecord
 from sync.store.checks import WORKSPACE_ID_RE, new_workspace_id, quota_check, token_hash
+from sync.store.options import DEFAULT_BLOB_GRACE, DEFAULT_REF_MAX_AGE_DAYS
 from sync.store.pg_conn import DEFAULT_POOL_SIZE, Pool
 from sync.store.pg_schema import CREATE_LOCK, ensure_schema
 from sync.store.pg_workspace import HNSW_THRESHOLD, PgWorkspace, W
@@ -47,6 +49,17 @@ class PgOptions:
     pool_size: int = DEFAULT_POOL_SIZE
     #: Rows from which a workspace gets its HNSW index (sync.store.pg_workspace).
     hnsw_threshold: int = HNSW_THRESHOLD
+    #: As `StoreOptions.blob_grace_s`: seconds a sealed blob no ref names is kept in a
+    #: workspace of several refs (sync.store.pg_pool).
+    blob_grace_s: float = DEFAULT_BLOB_GRACE
+    #: As `StoreOptions.ref_max_age_days`: days after which `collect_garbage` drops a
+    #: ref that has not synced (None: never).
+    ref_max_age_days: float | None = DEFAULT_REF_MAX_AGE_DAYS
+    #: As `StoreOptions.crash_hook`: called with each of WRITE_POINTS as an apply passes
+    #: it; "pending" and "rows" inside the apply's one transaction (an exception there
+    #: rolls all of it back, as a replica killed there would), "committed" after its
+    #: commit. None in service.
+    crash_hook: Callable[[str], None] | None = None
 
 
 class PgStore:

@@ -21,8 +21,9 @@ from indexer.formats import FormatError, check_sqlite_format
 from sync.records import MODE_SERVER_SEARCH
 from sync.store.checks import _Update
 from sync.store.pool import REF_SCHEMA, ref_bounds, tree_to_4, unscoped
-from sync.store.rows import fid_bounds, fid_of, refuse_fid_collisions
-from sync.wire import BadRequest, StoreCorrupt
+from sync.store.rows import fid_bounds, fid_of
+from sync.store.tree_plan import plan_tree
+from sync.wire import StoreCorrupt
 
 SQL_BATCH = 500  # bound on parameters per statement
 
@@ -159,66 +160,49 @@ def mark_pending(conn: sqlite3.Connection, ref: bytes, updates: list[_Update],
                  deletes: list[bytes]) -> tuple[Plan, int]:
     """Step 1 of `WorkspaceStore.apply` (see there), inside the caller's transaction:
     returns the plan for steps 2 and 3, and the generation it bumped to. Every key is
-    stored (scoped to `ref`, sync.store.pool)."""
-    shape: dict[bytes, tuple[bytes | None, bool]] = {}
-    for u in updates:
-        for j, key in enumerate(u.ancestors):
-            shape[key] = (u.ancestors[j - 1] if j else None, True)
-        shape[u.file_key] = (u.ancestors[-1], False)
-    if updates:
-        roots = [r for (r,) in conn.execute(
-            "SELECT key FROM nodes WHERE parent IS NULL AND key >= ? AND key < ?",
-            ref_bounds(ref))]
-        new_root = updates[0].ancestors[0]
-        if roots and roots != [new_root]:
-            raise BadRequest(
-                "updates[0].ancestors[0] is not this workspace's root key; to"
-                " change roots, delete the old root in an apply of its own first"
-            )
-    deleted = _subtree(conn, deletes)  # key -> is_dir, for nodes that exist
-    existing = _existing(conn, shape)  # key -> (parent, is_dir)
-    fids = {fid_of(unscoped(u.file_key)) for u in updates}
-    fids.update(fid_of(unscoped(k)) for k, is_dir in deleted.items() if not is_dir)
-    moved_from: set[bytes] = set()
-    became_files: list[bytes] = []
-    for key, (parent, is_dir) in shape.items():
-        old = existing.get(key)
-        if old is None:
-            continue
-        if old[1] and not is_dir and key not in deleted:
-            became_files.append(key)  # its old subtree goes as if deleted
-        elif is_dir and not old[1]:
-            fids.add(fid_of(unscoped(key)))  # a file that became a directory: its rows go
-        if old[0] != parent and old[0] is not None:
-            moved_from.add(old[0])
-    below = _subtree(conn, became_files)
-    fids.update(fid_of(unscoped(k)) for k, is_dir in below.items() if not is_dir)
-    gone = set(deleted) | set(below)
-    stored = [unscoped(k) for u in updates for (k,) in conn.execute(
-        "SELECT key FROM nodes WHERE key >= ? AND key < ?",
-        tuple(ref + b for b in fid_bounds(unscoped(u.file_key))))]
-    refuse_fid_collisions([unscoped(u.file_key) for u in updates],
-                          [unscoped(k) for k in shape], stored, {unscoped(k) for k in gone})
-    old_blobs = _leaf_blobs(conn, [*gone, *(k for k in shape if k in existing)])
+    stored (scoped to `ref`, sync.store.pool); the plan is sync.store.tree_plan's."""
+    tree = plan_tree(updates, deletes, _Reads(conn, ref), unscoped)
+    old_blobs = _leaf_blobs(conn, [*tree.gone, *tree.replaced])
     conn.executemany(
-        "UPDATE nodes SET value = NULL WHERE key = ?", [(k,) for k in gone]
+        "UPDATE nodes SET value = NULL WHERE key = ?", [(k,) for k in tree.gone]
     )
     conn.executemany(
         "INSERT INTO nodes (key, parent, value, is_dir) VALUES (?, ?, NULL, ?)"
         " ON CONFLICT (key) DO UPDATE SET parent = excluded.parent, value = NULL,"
         " is_dir = excluded.is_dir",
-        [(k, p, int(d)) for k, (p, d) in shape.items()],
+        [(k, p, int(d)) for k, (p, d) in tree.shape.items()],
     )
-    seeds = [k for k in deletes if k in deleted] + sorted(moved_from)
-    _mark_ancestors_pending(conn, seeds)
+    _mark_ancestors_pending(conn, tree.seeds)
     n_rows = sum(len(u.chunk_ids) for u in updates)
     (first_rid,) = conn.execute(
         "UPDATE state SET value = value + ? WHERE name = 'next_rid' RETURNING value - ?",
         (n_rows, n_rows),
     ).fetchone()
     generation = _bump_generation(conn)
-    return (Plan(frozenset(fids), frozenset(gone - shape.keys()), first_rid,
-                 frozenset(old_blobs)), generation)
+    return (Plan(tree.fids, tree.remove, first_rid, frozenset(old_blobs)), generation)
+
+
+class _Reads:
+    """What the tree plan reads of `ref`'s tree (sync.store.tree_plan.TreeReads)."""
+
+    def __init__(self, conn: sqlite3.Connection, ref: bytes) -> None:
+        self.conn, self.ref = conn, ref
+
+    def roots(self) -> list[bytes]:
+        return [r for (r,) in self.conn.execute(
+            "SELECT key FROM nodes WHERE parent IS NULL AND key >= ? AND key < ?",
+            ref_bounds(self.ref))]
+
+    def subtree(self, roots: Sequence[bytes]) -> dict[bytes, bool]:
+        return _subtree(self.conn, roots)
+
+    def existing(self, keys: Sequence[bytes]) -> dict[bytes, tuple[bytes | None, bool]]:
+        return _existing(self.conn, keys)
+
+    def near(self, file_keys: Sequence[bytes]) -> list[bytes]:
+        return [k for f in file_keys for (k,) in self.conn.execute(
+            "SELECT key FROM nodes WHERE key >= ? AND key < ?",
+            tuple(self.ref + b for b in fid_bounds(unscoped(f))))]
 
 
 def _leaf_blobs(conn: sqlite3.Connection, keys: list[bytes]) -> set[tuple[int, bytes]]:
