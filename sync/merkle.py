@@ -45,7 +45,11 @@ _BUCKET = "\0"
 
 def bucket_path(key: WorkspaceKey, path: str) -> list[str]:
     """The buckets above file `path`, root first: [ROOT, level 1, level 2]."""
-    file_key = crypto.node_key(key, path)
+    return buckets_of(crypto.node_key(key, path))
+
+
+def buckets_of(file_key: bytes) -> list[str]:
+    """`bucket_path` of the file whose node key is `file_key`."""
     out, name = [ROOT], _BUCKET
     for level in range(LEVELS):
         name += f"{file_key[level] % FANOUT:02x}"
@@ -82,12 +86,16 @@ class LocalTree:
     def build(cls, files: dict[str, bytes], key: WorkspaceKey) -> LocalTree:
         children: dict[str, set[str]] = {}
         ancestors: dict[str, list[str]] = {}
+        file_keys: set[bytes] = set()
         for path in files:
-            chain = ancestors[path] = bucket_path(key, path)
+            # One HMAC per file per sync: it names the file and picks its buckets.
+            file_key = crypto.node_key(key, path)
+            file_keys.add(file_key)
+            chain = ancestors[path] = buckets_of(file_key)
             for up, down in zip(chain, [*chain[1:], path], strict=True):
                 children.setdefault(up, set()).add(down)
         tree = cls(files=files, children={d: sorted(c) for d, c in children.items()},
-                   ancestors=ancestors, file_keys={crypto.node_key(key, p) for p in files})
+                   ancestors=ancestors, file_keys=file_keys)
         for d in deepest_first(tree.children):
             h = xxhash.xxh3_128()
             for child in tree.children[d]:
