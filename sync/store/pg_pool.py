@@ -23,7 +23,7 @@ from sync.records import BlobRows, RefInfo
 from sync.store.checks import _Update, ref_id
 from sync.store.pg_conn import Pool, copy_rows
 from sync.store.pg_schema import NOW, SCHEMA
-from sync.store.pool_ops import blob_items
+from sync.store.pool_ops import blob_answer, blob_items
 from sync.store.rows import fid_of
 from sync.wire import BadRequest, RefNotFound
 
@@ -210,20 +210,7 @@ class PgPool:
                     entry = found.setdefault(bytes(key), [])
                     if rid is not None:
                         entry.append((rid, bytes(cid), bytes(meta)))
-        out: dict[bytes, list[tuple[bytes, bytes]]] = {}
-        missing: list[bytes] = []
-        size = 0
-        for key, _ in wanted:
-            if key not in found:
-                missing.append(key)
-                continue
-            got = sorted(found[key])
-            cost = sum(len(c) + len(m) for _, c, m in got)
-            if out and size + cost > self.limits.max_row_bytes:
-                break
-            size += cost
-            out[key] = [(c, m) for _, c, m in got]
-        return BlobRows(out, missing)
+        return blob_answer(wanted, found, self.limits.max_row_bytes)
 
     def refs(self) -> list[RefInfo]:
         """Every ref with a tree: id, last write, files and rows of their blobs."""

@@ -47,6 +47,29 @@ def blob_items(items: object, limits: Limits) -> list[tuple[bytes, bytes]]:
     return list(out.items())
 
 
+def blob_answer(wanted: list[tuple[bytes, bytes]],
+                found: dict[bytes, list[tuple[int, bytes, bytes]]],
+                max_bytes: int) -> BlobRows:
+    """A `blob_rows` answer from the rows `found` of each wanted file key (rid, chunk
+    id, meta), in row order: files in the order asked, as many as fit in `max_bytes`
+    (the first always), and the keys whose blob the pool lacks. Both backends answer
+    through it."""
+    out: dict[bytes, list[tuple[bytes, bytes]]] = {}
+    missing: list[bytes] = []
+    size = 0
+    for key, _ in wanted:
+        if key not in found:
+            missing.append(key)
+            continue
+        got = sorted(found[key], key=lambda r: r[0])
+        cost = sum(len(c) + len(m) for _, c, m in got)
+        if out and size + cost > max_bytes:
+            break
+        size += cost
+        out[key] = [(c, m) for _, c, m in got]
+    return BlobRows(out, missing)
+
+
 class PoolOps:
     """The pool and refs requests of one workspace, on its files (sync.store.pool)."""
 
@@ -69,20 +92,7 @@ class PoolOps:
                                      rows=rows)
             finally:
                 f.rconn.execute("COMMIT")
-        out: dict[bytes, list[tuple[bytes, bytes]]] = {}
-        missing: list[bytes] = []
-        size = 0
-        for key, _ in wanted:
-            if key not in found:
-                missing.append(key)
-                continue
-            got = sorted(found[key], key=lambda r: r[0])
-            cost = sum(len(c) + len(m) for _, c, m in got)
-            if out and size + cost > f.limits.max_row_bytes:
-                break
-            size += cost
-            out[key] = [(c, m) for _, c, m in got]
-        return BlobRows(out, missing)
+        return blob_answer(wanted, found, f.limits.max_row_bytes)
 
     def refs(self) -> list[RefInfo]:
         """Every ref with a tree: id, last write, files and rows (`codeveil refs`)."""
