@@ -222,7 +222,6 @@ def run_searcher(root: Path, queries: np.ndarray) -> dict[str, Any]:
         "disk_bytes": sizes,
         "bytes_per_chunk": round(sum(sizes.values()) / n_rows, 1),
         "approx_bytes_per_chunk": round(sizes.get("approx.npy", 0) / n_rows, 1),
-        "releases": index.pages.releases,
     }
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from retrieval.local_vectors.mapped import PageBudget, file_checksum, release
+from retrieval.local_vectors.mapped import file_checksum, gather_rows, release
 
 
 def _mapped_kb(path: Path) -> int:
@@ -48,15 +48,19 @@ def test_release_of_an_array_in_memory_does_nothing() -> None:
     assert not release(np.zeros((2, 3), dtype=np.float32))
 
 
-def test_budget_releases_every_so_many_rows(mapped) -> None:
-    _, _, base = mapped
-    budget = PageBudget(base, rows=100)
-    budget.spent(60)
-    assert budget.releases == 0
-    budget.spent(60)
-    assert budget.releases == 1
-    budget.spent(99)
-    assert budget.releases == 1
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_gather_rows_reads_the_rows_and_leaves_no_page_behind(mapped) -> None:
+    path, data, base = mapped
+    rows = np.random.default_rng(1).choice(4096, size=600, replace=False)
+    release(base)
+    got = gather_rows(base[1], rows)
+    np.testing.assert_array_equal(got, data[1][rows])
+    assert _mapped_kb(path) < 64  # every slice's pages handed back after it
+    small = gather_rows(base[0], rows[:5])  # one slice: read, then handed back too
+    np.testing.assert_array_equal(small, data[0][rows[:5]])
+    assert _mapped_kb(path) < 64
+    in_memory = gather_rows(data[0], rows)  # an array in memory: a plain read
+    np.testing.assert_array_equal(in_memory, data[0][rows])
 
 
 def test_file_checksum_is_the_checksum_of_the_data(mapped, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from indexer.location import ChunkLocation
 from retrieval.filters import HitFilter
 from retrieval.local_vectors.approx import ApproxPlanes, live_candidates, rerank_width
 from retrieval.local_vectors.docs import VectorDocs
-from retrieval.local_vectors.mapped import PageBudget
+from retrieval.local_vectors.mapped import gather_rows
 from retrieval.local_vectors.scoring import ONE_THREAD_VALUES, one_blas_thread, top_rows
 from retrieval.local_vectors.spill import spill_planes, take_rows
 
@@ -61,8 +61,6 @@ class LocalVectorIndex:
         #: The base's approximate index, once built (`retrieval.local_vectors.approx`);
         #: None: every search is exact.
         self.approx: ApproxPlanes | None = None
-        # The re-rank's sparse reads of a mapped base, handed back now and then.
-        self.pages = PageBudget(base)
         #: Where a merge writes a large new base (`spill_planes`); None: in memory.
         self.spill_dir: Path | None = None
 
@@ -219,8 +217,8 @@ class LocalVectorIndex:
             base_rows = live_candidates(found, self.deleted, keep_base)
             if header:
                 base_rows = base_rows[self.base_docs.has_header[base_rows]]
-            self.pages.spent(len(base_rows))
-            scores = np.concatenate([self.base[plane][base_rows] @ q,
+            # Gathered a few rows at a time from a mapped base, its pages handed back.
+            scores = np.concatenate([gather_rows(self.base[plane], base_rows) @ q,
                                      self.delta[plane][delta_rows] @ q]).astype(np.float32)
             rows_all = np.concatenate([base_rows, nb + delta_rows])
             best = top_rows(scores, min(n, len(rows_all)))
@@ -275,7 +273,6 @@ class LocalVectorIndex:
         delta_docs = VectorDocs.concat([(self.delta_docs, kept), (docs, np.arange(len(docs)))])
         out = LocalVectorIndex(self.base, self.base_docs, deleted, delta, delta_docs, missing)
         out.approx = self.approx  # the same base: its approximate index still fits
-        out.pages = self.pages
         out.spill_dir = self.spill_dir
         return out
 
