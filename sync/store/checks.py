@@ -334,3 +334,27 @@ def _check_no_vector(ws: ApplyTarget, vector: object, where: str) -> None:
             f" {MODE_SERVER_SEARCH} mode and ranks a vector of every chunk",
             status=400,
         )
+
+
+def gc_settings(max_ref_age_days: float | None, grace_s: float | None,
+                default_age_days: float | None, default_grace_s: float
+                ) -> tuple[float | None, float]:
+    """A `collect_garbage` call's (ref age in days, blob grace in seconds): the store's
+    options where the call gives None; a 400 for a negative or non-number one. Both
+    backends take their settings through it."""
+    age = default_age_days if max_ref_age_days is None else max_ref_age_days
+    grace = default_grace_s if grace_s is None else grace_s
+    if (age is not None and not age >= 0) or not grace >= 0:
+        raise BadRequest("max_ref_age_days and grace_s must be numbers >= 0")
+    return age, grace
+
+
+def pool_problems(where: str, loose: int, lacking: int, advice: str) -> list[str]:
+    """What `check` says of a pool with `loose` rows of no listed blob and `lacking`
+    committed leaves whose blob it does not hold (both backends' words)."""
+    out = []
+    if loose:
+        out.append(f"{where} holds {loose} rows of no listed blob; {advice}")
+    if lacking:
+        out.append(f"{where} lacks the rows of {lacking} files its trees name; {advice}")
+    return out

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from sync.records import BlobRows, RefInfo
-from sync.store.checks import _Update, ref_id
+from sync.store.checks import _Update, gc_settings, pool_problems, ref_id
 from sync.store.pg_conn import Pool, copy_rows
 from sync.store.pg_schema import NOW, SCHEMA
 from sync.store.pool_ops import blob_answer, blob_items
@@ -253,10 +253,8 @@ class PgPool:
     def collect_garbage(self, *, max_ref_age_days: float | None = None,
                         grace_s: float | None = None) -> dict[str, int]:
         """As `WorkspaceStore.collect_garbage`: the same counts."""
-        age = self.options.ref_max_age_days if max_ref_age_days is None else max_ref_age_days
-        grace = self.options.blob_grace_s if grace_s is None else grace_s
-        if (age is not None and not age >= 0) or not grace >= 0:
-            raise BadRequest("max_ref_age_days and grace_s must be numbers >= 0")
+        age, grace = gc_settings(max_ref_age_days, grace_s, self.options.ref_max_age_days,
+                                 self.options.blob_grace_s)
         ws = self.workspace_id
         with self._pool.connection() as conn, conn.transaction():
             self._lock(conn)
@@ -280,11 +278,4 @@ class PgPool:
             f"   WHERE b.workspace = n.workspace AND b.fid = {FID.format('n.key')}"
             "   AND b.value = n.value))", (ws, ws)).fetchone()
         loose, lacking = (int(found[0]), int(found[1])) if found else (0, 0)
-        advice = "let its clients index again"
-        out = []
-        if loose:
-            out.append(f"workspace {ws} holds {loose} rows of no listed blob; {advice}")
-        if lacking:
-            out.append(f"workspace {ws} lacks the rows of {lacking} files its trees name;"
-                       f" {advice}")
-        return out
+        return pool_problems(f"workspace {ws}", loose, lacking, "let its clients index again")

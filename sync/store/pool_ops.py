@@ -10,7 +10,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from sync.records import BlobRows, RefInfo
-from sync.store.checks import _key, _Update, ref_id
+from sync.store.checks import _key, _Update, gc_settings, ref_id
 from sync.store.pool import (
     adopt,
     collect,
@@ -133,10 +133,8 @@ class PoolOps:
         went: refs, blobs, rows."""
         f = self.files
         f.check_open()
-        age = f.options.ref_max_age_days if max_ref_age_days is None else max_ref_age_days
-        grace = f.options.blob_grace_s if grace_s is None else grace_s
-        if (age is not None and not age >= 0) or not grace >= 0:
-            raise BadRequest("max_ref_age_days and grace_s must be numbers >= 0")
+        age, grace = gc_settings(max_ref_age_days, grace_s, f.options.ref_max_age_days,
+                                 f.options.blob_grace_s)
         with f.write_lock, f.flock():
             with sealed_reads(f.tree_path), transaction(f.wconn) as conn:
                 dropped = stale_refs(conn, age * DAY) if age is not None else []

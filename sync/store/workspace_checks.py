@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from indexer import sqlite_files
+from sync.store.checks import pool_problems
 from sync.store.lance_rows import LanceRows
 from sync.store.lance_table import LANCE_ADVICE, lance_reads
 from sync.store.pool import unscoped
@@ -111,10 +112,4 @@ def _pool_problems(files: WorkspaceFiles, table: str, advice: str) -> list[str]:
             "SELECT key, value FROM nodes WHERE is_dir = 0 AND value IS NOT NULL")
             if files.rconn.execute("SELECT 1 FROM blobs WHERE fid = ? AND value = ?",
                                    (fid_of(unscoped(bytes(k))), v)).fetchone() is None)
-    problems = []
-    if loose:
-        problems.append(f"{table} holds {loose} rows of no listed blob; {advice}")
-    if lacking:
-        problems.append(f"{table} lacks the rows of {lacking} files its trees name;"
-                        f" {advice}")
-    return problems
+    return pool_problems(table, loose, lacking, advice)
