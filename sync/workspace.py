@@ -240,9 +240,7 @@ class Workspace:
                 )
         # A store with a blob pool keeps one tree per ref: this checkout's branch's.
         self._pool = info.mode == MODE_SEALED and bool(info.extra.get("pool"))
-        if self._pool:
-            self.ref_name = ref_name(find_root(self._start))
-            client.ref = ref_id(key, self.ref_name)
+        self._follow_ref(find_root(self._start), key, client)
         model = self.embedder
         if info.model_id != model.model_id or info.dim != model.dim:
             raise ModelMismatchError(
@@ -299,16 +297,17 @@ class Workspace:
         return report
 
     def _follow_ref(self, root: Path, key: WorkspaceKey, client: StoreClient) -> None:
-        """Sync the branch checked out now: a daemon holds this Workspace across
-        `git checkout`s, and a sync after one must go to the new branch's tree, never
+        """Point `client` at the tree of the branch checked out now (a store with a
+        pool): on open, and before each sync, since a daemon holds this Workspace across
+        `git checkout`s and a sync after one must go to the new branch's tree, never
         rewrite the old one's with the new branch's files."""
         if not self._pool:
             return
         name = ref_name(root)
-        if name != self.ref_name:
+        if self.ref_name is not None and name != self.ref_name:
             log.info("ref %s -> %s", self.ref_name, name)
-            self.ref_name = name
-            client.ref = ref_id(key, name)
+        self.ref_name = name
+        client.ref = ref_id(key, name)  # a client opened again starts at the default ref
 
     def _remote_embedder(self, embed_on: str | None) -> RayEmbedder | None:
         """A Ray pool running this index's model, for `embed_on`; None for here."""

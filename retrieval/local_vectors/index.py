@@ -41,7 +41,8 @@ class LocalVectorIndex:
     headers = True
 
     def __init__(self, base: np.ndarray, base_docs: VectorDocs, deleted: np.ndarray,
-                 delta: np.ndarray, delta_docs: VectorDocs, missing: int) -> None:
+                 delta: np.ndarray, delta_docs: VectorDocs, missing: int, *,
+                 spill_dir: Path | None = None) -> None:
         self.base = base
         self.base_docs = base_docs
         self.deleted = deleted
@@ -62,7 +63,7 @@ class LocalVectorIndex:
         #: None: every search is exact.
         self.approx: ApproxPlanes | None = None
         #: Where a merge writes a large new base (`spill_planes`); None: in memory.
-        self.spill_dir: Path | None = None
+        self.spill_dir = spill_dir
 
     def nearest(self, query: np.ndarray, n: int, *,
                 keep: Callable[[ChunkLocation], bool] | None = None,
@@ -271,9 +272,9 @@ class LocalVectorIndex:
         else:
             delta = np.concatenate([self.delta[:, kept], vectors], axis=1)
         delta_docs = VectorDocs.concat([(self.delta_docs, kept), (docs, np.arange(len(docs)))])
-        out = LocalVectorIndex(self.base, self.base_docs, deleted, delta, delta_docs, missing)
+        out = LocalVectorIndex(self.base, self.base_docs, deleted, delta, delta_docs, missing,
+                               spill_dir=self.spill_dir)
         out.approx = self.approx  # the same base: its approximate index still fits
-        out.spill_dir = self.spill_dir
         return out
 
     def paths_without_headers(self) -> set[str]:
@@ -300,8 +301,7 @@ class LocalVectorIndex:
         take_rows(base, self.delta, np.arange(n_delta), at=len(live))
         docs = VectorDocs.concat([(self.base_docs, live),
                              (self.delta_docs, np.arange(len(self.delta_docs)))])
-        out = LocalVectorIndex(base, docs, np.zeros(base.shape[1], dtype=bool),
-                               no_vectors(self.dim), VectorDocs.empty(), self.missing)
-        out.spill_dir = self.spill_dir
-        return out
+        return LocalVectorIndex(base, docs, np.zeros(base.shape[1], dtype=bool),
+                                no_vectors(self.dim), VectorDocs.empty(), self.missing,
+                                spill_dir=self.spill_dir)
 

@@ -199,8 +199,9 @@ class LocalVectorStore(DerivedStore[LocalVectorIndex, _Rows]):
                 in chunk_rows(reader, "path, start_line, end_line, language, symbol, text,"
                               " chunk_hash", diff.to_read, order="path, ordinal",
                               ready_only=True))
-        # At most this many rows (pending files' chunks are counted, not read): a
-        # rebuild's rows go straight into a map of that size.
+        # At most this many rows, counted in the same snapshot the rows are read from
+        # (pending files' chunks are counted, not read): they go straight into a map
+        # of that size when large.
         to_read = diff.to_read
         capacity = (reader.execute("SELECT count(*) FROM chunks").fetchone()[0]
                     if to_read is None else count_chunks(reader, to_read))
@@ -210,11 +211,9 @@ class LocalVectorStore(DerivedStore[LocalVectorIndex, _Rows]):
 
     def _build(self, rows: _Rows, key: Hashable, missing: int) -> LocalVectorIndex:
         vectors, docs = rows
-        index = LocalVectorIndex(vectors, docs, np.zeros(len(docs), dtype=bool),
-                                 no_vectors(key[1]), VectorDocs.empty(),  # type: ignore[index]
-                                 missing)
-        index.spill_dir = self.directory
-        return index
+        return LocalVectorIndex(vectors, docs, np.zeros(len(docs), dtype=bool),
+                                no_vectors(key[1]), VectorDocs.empty(),  # type: ignore[index]
+                                missing, spill_dir=self.directory)
 
     def _update(self, index: LocalVectorIndex, drop: set[str], rows: _Rows, key: Hashable,
                 missing: int) -> LocalVectorIndex:
@@ -252,8 +251,7 @@ class LocalVectorStore(DerivedStore[LocalVectorIndex, _Rows]):
                               zd["incomplete_counts"].tolist(), strict=True))
         stamp = (int(zd["counter"][0]), zd["epoch"].tobytes())
         index = LocalVectorIndex(base, base_docs, deleted, delta, delta_docs,
-                                 sum(incomplete.values()))
-        index.spill_dir = self.directory
+                                 sum(incomplete.values()), spill_dir=self.directory)
         return Saved(index, stamp, files, base_id, model, incomplete)
 
     def _load_base(self, base_id: bytes, dim: int) -> tuple[np.ndarray, VectorDocs]:
@@ -311,15 +309,14 @@ class LocalVectorStore(DerivedStore[LocalVectorIndex, _Rows]):
 
 
 def _vectors_of(rows: Iterator[tuple[Chunk, bytes]], cache: EmbeddingCache,
-                model: Model, capacity: int = 0, spill_dir: Path | None = None,
+                model: Model, capacity: int, spill_dir: Path | None,
                 ) -> tuple[np.ndarray, VectorDocs, dict[str, int]]:
     """(rows of body and header vectors, metadata, path -> chunks without a body
-    vector) of the chunks `rows`, at most `capacity` of them (more are kept too, in
-    memory), written into a map in `spill_dir` when large (`spill_planes`)."""
+    vector) of the chunks `rows`, at most `capacity` of them, written into a map in
+    `spill_dir` when large (`spill_planes`)."""
     model_id, dim = model
     out = spill_planes(spill_dir, capacity, dim)
     filled = 0
-    parts: list[np.ndarray] = []  # rows past `capacity`
     docs: list[ChunkLocation] = []
     has_header: list[bool] = []
     incomplete: dict[str, int] = {}
@@ -337,22 +334,12 @@ def _vectors_of(rows: Iterator[tuple[Chunk, bytes]], cache: EmbeddingCache,
             have.append((c, h, found[k], no_header if head is None else head))
             has_header.append(head is not None)
         if have:
-            fits = max(0, min(len(have), capacity - filled))
-            if fits:
-                copy_rows(out, 0, filled, np.stack([v for _, _, v, _ in have[:fits]]))
-                copy_rows(out, 1, filled, np.stack([hv for _, _, _, hv in have[:fits]]))
-                filled += fits
-            if fits < len(have):
-                part = np.empty((2, len(have) - fits, dim), dtype=np.float32)
-                part[0] = np.stack([v for _, _, v, _ in have[fits:]])
-                part[1] = np.stack([hv for _, _, _, hv in have[fits:]])
-                parts.append(part)
+            copy_rows(out, 0, filled, np.stack([v for _, _, v, _ in have]))
+            copy_rows(out, 1, filled, np.stack([hv for _, _, _, hv in have]))
+            filled += len(have)
             docs.extend(ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language, h)
                         for c, h, _, _ in have)
-    vectors = out[:, :filled]
-    if parts:
-        vectors = np.concatenate([vectors, *parts], axis=1)
-    return vectors, VectorDocs.of(docs, has_header), incomplete
+    return out[:, :filled], VectorDocs.of(docs, has_header), incomplete
 
 
 def _take(it: Iterator[tuple[Chunk, bytes]], n: int) -> Iterator[tuple[Chunk, bytes]]:
