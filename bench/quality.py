@@ -349,12 +349,13 @@ class Memo:
 def lexical_index(docs: Sequence, texts: Sequence[str], memo: Memo):
     """A LexicalIndex over (ChunkLocation, text) pairs, tokenizing through `memo`."""
     from retrieval.lexical import LexicalIndex
-    from retrieval.lexical.segments import _Counts, _Segment
+    from retrieval.lexical.combine import assemble
+    from retrieval.lexical.segments import _Counts
 
     counts = _Counts()
     for d, t in zip(docs, texts, strict=True):
         counts.add(d, memo.counts(t))
-    return LexicalIndex(_Segment.from_counts(counts, None, 1.2, 0.75), tokenizer=memo.tok)
+    return LexicalIndex(assemble(counts, None, 1.2, 0.75), tokenizer=memo.tok)
 
 
 class VectorIndex:

@@ -11,7 +11,9 @@ at). A new base is written under a new ID before the state that names it, and th
 one removed after: a crash between leaves the old state with its own base. A refresh
 (`retrieval.derived.store`) reads only the chunks of the files whose digest changed;
 when the delta outgrows MERGE_SHARE of the base the two are merged with numpy, without
-reading chunks again.
+reading chunks again. Both, and a rebuild, run in bounded memory
+(`retrieval.trigram_postings`): a rebuild keeps trigram sets, not texts, and sorts them
+in runs; a merge goes a code range at a time; large arrays live in spill files.
 
 It holds trigrams of code, so, like the chunk table it is built from, it never leaves
 this machine.
@@ -22,7 +24,7 @@ from __future__ import annotations
 import logging
 import re
 import sqlite3
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Final
@@ -32,7 +34,9 @@ import numpy as np
 from indexer.private_files import write_atomic
 from indexer.trigrams import text_trigrams
 from retrieval.derived.columns import digest_rows, pack, unpack
+from retrieval.derived.npz import write_npy
 from retrieval.derived.store import DerivedStore, FileDiff, Saved, Stamp, chunk_rows, read_stamp
+from retrieval.trigram_postings import PostingsWriter, merge_runs
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +49,16 @@ REBUILD_SHARE: Final = 0.5
 _STATE: Final = "state.npz"
 _BASE_NAME = re.compile(r"^base-([0-9a-f]{16})\.(codes|files)\.npy$")
 
-# What a refresh reads: path -> the texts of its chunks, with each file's digest.
-_Texts = tuple[dict[str, list[str]], dict[str, bytes]]
+
+
+@dataclass
+class _Read:
+    """What a refresh reads: the files (in the order of their ids, from 0), their
+    trigram postings, and every covered file's digest."""
+
+    paths: list[str]
+    postings: tuple[np.ndarray, np.ndarray]
+    files: dict[str, bytes]
 
 
 def _base_files(directory: Path, base_id: bytes) -> tuple[Path, Path]:
@@ -68,6 +80,8 @@ class TrigramIndex:
     stamp: Stamp
     base_id: bytes
     _live: dict[str, int] | None = field(default=None, repr=False, compare=False)
+    #: Where a merge builds a large base (retrieval.trigram_postings); None: in memory.
+    spill: Path | None = field(default=None, repr=False, compare=False)
 
     def files_with(self, code: int) -> np.ndarray:
         """Sorted ids of the live files holding trigram `code`."""
@@ -105,22 +119,19 @@ class TrigramIndex:
 
     def merged(self) -> TrigramIndex:
         """Base and delta as one base, dead files dropped and ids renumbered."""
-        codes = np.concatenate([np.asarray(self.base_codes), self.delta_codes])
-        owners = np.concatenate([np.asarray(self.base_files), self.delta_files])
-        keep = self.alive[owners]
-        codes, owners = codes[keep], owners[keep]
         live = np.flatnonzero(self.alive)
         renumber = np.full(len(self.alive), -1, dtype=np.int64)
         renumber[live] = np.arange(len(live))
-        owners = renumber[owners].astype(np.uint32)
-        order = np.lexsort((owners, codes))
+        codes, owners = merge_runs([(self.base_codes, self.base_files),
+                                    (self.delta_codes, self.delta_files)],
+                                   alive=self.alive, renumber=renumber, spill=self.spill)
         return TrigramIndex([self.paths[i] for i in live], [self.digests[i] for i in live],
-                            np.ones(len(live), dtype=bool), codes[order], owners[order],
+                            np.ones(len(live), dtype=bool), codes, owners,
                             np.zeros(0, np.uint32), np.zeros(0, np.uint32), self.stamp,
-                            self.base_id)
+                            self.base_id, spill=self.spill)
 
 
-class TrigramStore(DerivedStore[TrigramIndex, _Texts]):
+class TrigramStore(DerivedStore[TrigramIndex, _Read]):
     """The grep index of one repo, under `directory`, kept current with the chunk table:
     `current(db)` as `retrieval.lexical.LexicalStore.current`. Thread-safe."""
 
@@ -140,46 +151,51 @@ class TrigramStore(DerivedStore[TrigramIndex, _Texts]):
         return len(changed) > REBUILD_SHARE * max(len(files), 1)
 
     def _read_rows(self, reader: sqlite3.Connection, diff: FileDiff,
-                   key: Hashable) -> tuple[_Texts, dict[str, int]]:
-        paths = diff.to_read
+                   key: Hashable) -> tuple[_Read, dict[str, int]]:
         # A file of blank lines has no chunk, and is still a file of the index.
-        texts: dict[str, list[str]] = {p: [] for p in (diff.files if paths is None else paths)}
-        for path, text in chunk_rows(reader, "path, text", paths, order="path, ordinal"):
-            texts.setdefault(path, []).append(text)
-        return (texts, diff.files), {}
+        paths = sorted(diff.files if diff.to_read is None else diff.to_read)
+        ids = {p: i for i, p in enumerate(paths)}
+        writer = PostingsWriter(self.directory)
+        # One file's texts at a time (rows come grouped by path): only its trigram set
+        # is kept (retrieval.trigram_postings).
+        current, texts = "", list[str]()  # "" is no file's path
+        for path, text in chunk_rows(reader, "path, text", diff.to_read,
+                                     order="path, ordinal"):
+            if path != current:
+                if current in ids:
+                    writer.add(ids[current], text_trigrams(texts))
+                current, texts = path, []
+            texts.append(text)
+        if current in ids:
+            writer.add(ids[current], text_trigrams(texts))
+        return _Read(paths, writer.finish(), diff.files), {}
 
-    def _build(self, rows: _Texts, key: Hashable, missing: int) -> TrigramIndex:
-        texts, files = rows
-        paths = sorted(texts)
-        codes, owners = _postings([text_trigrams(texts[p]) for p in paths])
-        return TrigramIndex(paths, [files[p] for p in paths], np.ones(len(paths), dtype=bool),
-                            codes, owners, np.zeros(0, np.uint32), np.zeros(0, np.uint32),
-                            (0, 0, b""), b"")
+    def _build(self, rows: _Read, key: Hashable, missing: int) -> TrigramIndex:
+        codes, owners = rows.postings
+        return TrigramIndex(rows.paths, [rows.files[p] for p in rows.paths],
+                            np.ones(len(rows.paths), dtype=bool), codes, owners,
+                            np.zeros(0, np.uint32), np.zeros(0, np.uint32), (0, 0, b""), b"",
+                            spill=self.directory)
 
-    def _update(self, index: TrigramIndex, drop: set[str], rows: _Texts, key: Hashable,
+    def _update(self, index: TrigramIndex, drop: set[str], rows: _Read, key: Hashable,
                 missing: int) -> TrigramIndex:
         """`index` with the changed files' postings in the delta, and files gone or
         changed masked."""
-        texts, files = rows
         alive = index.alive.copy()
         for path, fid in index.live_paths().items():
             if path in drop:
                 alive[fid] = False
-        paths, digests = list(index.paths), list(index.digests)
-        changed = [p for p in texts if p in files]
-        new_ids = []
-        for path in changed:
-            new_ids.append(len(paths))
-            paths.append(path)
-            digests.append(files[path])
-        alive = np.concatenate([alive, np.ones(len(new_ids), dtype=bool)])
-        codes, owners = _postings([text_trigrams(texts[p]) for p in changed], new_ids)
-        delta_codes = np.concatenate([index.delta_codes, codes])
-        delta_files = np.concatenate([index.delta_files, owners])
-        order = np.argsort(delta_codes, kind="stable")
+        first = len(index.paths)
+        paths = [*index.paths, *rows.paths]
+        digests = [*index.digests, *(rows.files[p] for p in rows.paths)]
+        alive = np.concatenate([alive, np.ones(len(rows.paths), dtype=bool)])
+        codes, owners = rows.postings
+        delta_codes, delta_files = merge_runs([
+            (index.delta_codes, index.delta_files),
+            (np.asarray(codes), (np.asarray(owners) + first).astype(np.uint32))])
         return TrigramIndex(paths, digests, alive, index.base_codes, index.base_files,
-                            delta_codes[order], delta_files[order], index.stamp,
-                            index.base_id)
+                            delta_codes, delta_files, index.stamp, index.base_id,
+                            spill=self.directory)
 
     def _saved_of(self, index: TrigramIndex, stamp: Hashable, files: dict[str, bytes],
                   base_id: bytes, key: Hashable, incomplete: dict[str, int],
@@ -189,8 +205,8 @@ class TrigramStore(DerivedStore[TrigramIndex, _Texts]):
                         _live=None)
         return Saved(index, stamp, files, base_id, key, incomplete)
 
-    def _report(self, saved: Saved[TrigramIndex], mode: str, rows: _Texts) -> dict[str, Any]:
-        return {"mode": mode, "files": len(saved.files), "read": len(rows[0])}
+    def _report(self, saved: Saved[TrigramIndex], mode: str, rows: _Read) -> dict[str, Any]:
+        return {"mode": mode, "files": len(saved.files), "read": len(rows.paths)}
 
     # -- disk -----------------------------------------------------------------------
 
@@ -209,7 +225,8 @@ class TrigramStore(DerivedStore[TrigramIndex, _Texts]):
             return None
         stamp = (int(state["stamp"][0]), int(state["stamp"][1]), state["epoch"].tobytes())
         index = TrigramIndex(paths, digests, alive, codes, files, state["delta_codes"],
-                             state["delta_files"], stamp, state["base_id"].tobytes())
+                             state["delta_files"], stamp, state["base_id"].tobytes(),
+                             spill=self.directory)
         held = {p: digests[i] for p, i in index.live_paths().items()}
         return Saved(index, stamp, held, index.base_id)
 
@@ -221,6 +238,12 @@ class TrigramStore(DerivedStore[TrigramIndex, _Texts]):
             current = _base_files(self.directory, index.base_id)
             for name, array in zip(current, (index.base_codes, index.base_files), strict=True):
                 write_atomic(name, _npy_writer(array))
+            if isinstance(index.base_codes, np.memmap) and not _maps(index.base_codes,
+                                                                     current[0]):
+                # Built in a spill file: read from the saved one instead, so that the
+                # base is on disk once for as long as this process holds it.
+                index.base_codes, index.base_files = (
+                    np.load(f, mmap_mode="r", allow_pickle=False) for f in current)
         arrays = {
             "version": np.array([FORMAT_VERSION]),
             "base_id": np.frombuffer(index.base_id, dtype=np.uint8),
@@ -240,18 +263,12 @@ class TrigramStore(DerivedStore[TrigramIndex, _Texts]):
 
 def _npy_writer(array: np.ndarray) -> Callable[[IO[bytes]], None]:
     def write(f: IO[bytes]) -> None:
-        np.save(f, array, allow_pickle=False)
+        write_npy(f, array)  # a slice at a time: a mapped base is not read whole
 
     return write
 
 
-def _postings(per_file: Sequence[np.ndarray],
-              ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(codes, file ids) of files' trigram sets, sorted by code."""
-    if not per_file:
-        return np.zeros(0, np.uint32), np.zeros(0, np.uint32)
-    file_ids = np.arange(len(per_file)) if ids is None else np.asarray(ids)
-    codes = np.concatenate(per_file).astype(np.uint32)
-    owners = np.repeat(file_ids, [len(c) for c in per_file]).astype(np.uint32)
-    order = np.argsort(codes, kind="stable")  # files stay in id order within a code
-    return codes[order], owners[order]
+def _maps(array: np.ndarray, path: Path) -> bool:
+    """Whether `array` is mapped from `path`."""
+    name = getattr(array, "filename", None)
+    return name is not None and Path(name) == path

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Final, Generic, Protocol, Self, TypeVar
 
 from indexer.local_chunks import SQL_BATCH, change_stamp, snapshot_reader
+from retrieval.derived.spill import trim_heap
 
 #: What reading a damaged saved file raises (besides FileNotFoundError: no index yet).
 UNREADABLE: Final = (OSError, ValueError, EOFError, KeyError, IndexError, TypeError,
@@ -192,6 +193,7 @@ class DerivedStore(Generic[I, R]):
             "seconds_save": round(time.perf_counter() - t2, 4),
         }
         self.log.debug("%s refresh: %s", self.label, self.last_refresh)
+        trim_heap()  # the refresh's transient arrays, handed back
         return saved
 
     def _diff(self, reader: sqlite3.Connection, old: Saved[I] | None, key: Hashable,

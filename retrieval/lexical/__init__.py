@@ -19,9 +19,11 @@ immutable *base* segment plus a small *delta* segment and a mask of deleted base
 as in Lucene: a refresh compares the chunk table's file list (path -> content digest)
 with the one the index was built from, masks the chunks of changed and deleted files,
 and tokenizes only the changed files' chunks into a new delta. Segments keep term
-frequencies, so when the delta outgrows a tenth of the base the two are merged with
-sparse-matrix operations, without tokenizing again. Until a merge, base weights keep the
-statistics of their build, as Lucene's do; the delta is weighted with the combined ones.
+frequencies, so when the delta outgrows a tenth of the base the two are merged without
+tokenizing again, a term-hash range at a time (`combine.py`: memory bounded by a part,
+whatever the index's size); the saved base's postings are mapped, not read. Until a
+merge, base weights keep the statistics of their build, as Lucene's do; the delta is
+weighted with the combined ones.
 
 How terms are kept: retrieval.lexical.segments. Knowing when to refresh, and the
 refresh itself, shared with the vector and grep indexes: retrieval.derived.store.
@@ -31,6 +33,8 @@ Modules, one job each::
     tokens.py     Tokenizer: a chunk's embedded text as code tokens, as term hashes
     segments.py   a segment: term-major term counts and BM25 weights, doc columns,
                   the arrays a segment is saved as
+    combine.py    building segments a batch of docs at a time and merging them a
+                  term range at a time, large ones in spill files (bounded memory)
     index.py      LexicalIndex: base + delta + deleted mask; chunk and file scores,
                   filters, updating and merging the segments
     store.py      LexicalStore: `.codeveil/lexical/` on disk, kept in step with the chunk

@@ -11,22 +11,17 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
 from indexer.chunk import Chunk
 from indexer.location import ChunkLocation
-from retrieval.derived.columns import ChunkColumns
-from retrieval.lexical.segments import (
-    _Counts,
-    _doc,
-    _drop_terms,
-    _rows,
-    _Segment,
-    _Stats,
-)
-from retrieval.lexical.tokens import Tokenizer, _counts_of, lexical_text, term_hash
+from retrieval.derived.spill import release
+from retrieval.lexical.combine import PART_ENTRIES, SegmentWriter, combine, whole
+from retrieval.lexical.segments import _doc, _Segment, _Stats
+from retrieval.lexical.tokens import Tokenizer, lexical_text, term_hash
 
 if TYPE_CHECKING:
     from retrieval.filters import HitFilter
@@ -47,8 +42,11 @@ class LexicalIndex:
 
     def __init__(self, base: _Segment, delta: _Segment | None = None,
                  deleted: np.ndarray | None = None, *, k1: float = K1, b: float = B,
-                 tokenizer: Tokenizer | None = None) -> None:
+                 tokenizer: Tokenizer | None = None, spill_dir: Path | None = None) -> None:
         self.k1, self.b = k1, b
+        #: Where a merge builds a large segment (`retrieval.lexical.combine`); None: in
+        #: memory.
+        self.spill_dir = spill_dir
         self.base = base
         self.delta = delta
         self.deleted = deleted if deleted is not None else np.zeros(len(base), dtype=bool)
@@ -61,13 +59,21 @@ class LexicalIndex:
     def from_chunks(cls, chunks: Iterable[Chunk], *, k1: float = K1, b: float = B,
                     texts: Iterable[str] | None = None) -> LexicalIndex:
         """An index of `chunks` (their embedded text, or `texts` when given), in order."""
-        tok = Tokenizer()
-        counts = _Counts()
+        writer = SegmentWriter(Tokenizer(), k1, b)
         chunk_list = list(chunks)
         text_list = list(texts) if texts is not None else [lexical_text(c) for c in chunk_list]
-        for c, counted in zip(chunk_list, _counts_of(tok, text_list), strict=True):
-            counts.add(_doc(c), counted)
-        return cls(_Segment.from_counts(counts, None, k1, b), k1=k1, b=b, tokenizer=tok)
+        for c, text in zip(chunk_list, text_list, strict=True):
+            writer.add(_doc(c), text)
+        return cls.built(writer.segments(), k1=k1, b=b, tokenizer=writer.tokenizer)
+
+    @classmethod
+    def built(cls, segments: Sequence[_Segment], *, k1: float = K1, b: float = B,
+              tokenizer: Tokenizer | None = None, spill_dir: Path | None = None,
+              ) -> LexicalIndex:
+        """An index whose base holds the docs of `segments` (`SegmentWriter`'s), in
+        order."""
+        base = combine([whole(s) for s in segments], None, k1, b, spill_dir)
+        return cls(base, k1=k1, b=b, tokenizer=tokenizer, spill_dir=spill_dir)
 
     # -- reading --------------------------------------------------------------------
 
@@ -279,13 +285,19 @@ class LexicalIndex:
         base = self.base
         df = base.df.astype(np.int64)
         if self.deleted.any():
-            dead = np.flatnonzero(self.deleted[base.col_docs])
-            cols = np.searchsorted(base.col_ptr, dead, side="right") - 1
+            # The postings of deleted docs, found a part at a time (a mapped base's pages
+            # handed back after each), counted per term.
+            dead = []
+            for at in range(0, len(base.col_docs), PART_ENTRIES):
+                dead.append(np.flatnonzero(self.deleted[base.col_docs[at : at + PART_ENTRIES]])
+                            + at)
+                release(base.col_docs)
+            cols = np.searchsorted(base.col_ptr, np.concatenate(dead), side="right") - 1
             df -= np.bincount(cols, minlength=len(df))
         return _Stats(int(self._alive.sum()), base.terms, df,
                       int(base.lengths[self._alive].sum()))
 
-    def updated(self, drop_paths: Iterable[str], add: _Counts) -> LexicalIndex:
+    def updated(self, drop_paths: Iterable[str], add: Sequence[_Segment]) -> LexicalIndex:
         """A new index without the docs of `drop_paths`, with the docs of `add`,
         merged into one segment once the changes pass MERGE_SHARE of the base."""
         out = self.with_changes(drop_paths, add)
@@ -296,59 +308,32 @@ class LexicalIndex:
         changed = int(self.deleted.sum()) + (len(self.delta) if self.delta is not None else 0)
         return changed > MERGE_SHARE * max(len(self.base), 1)
 
-    def with_changes(self, drop_paths: Iterable[str], add: _Counts) -> LexicalIndex:
-        """A new index without the docs of `drop_paths`, with the docs of `add` in its
-        delta (not merged)."""
+    def with_changes(self, drop_paths: Iterable[str], add: Sequence[_Segment]) -> LexicalIndex:
+        """A new index without the docs of `drop_paths`, with the docs of `add` (segments
+        of new docs, as `SegmentWriter` makes them) in its delta (not merged)."""
         drop = set(drop_paths)
         deleted = self.deleted.copy()
         if drop and len(self.base):
             hit = np.array([p in drop for p in self.base.paths])
             deleted |= hit[self.base.path_id]
-        kept = _Counts()
+        parts = [whole(s) for s in add]
         if self.delta is not None:
-            for j, counted in enumerate(_rows(self.delta)):
-                d = self.delta.doc(j)
-                if d.path not in drop:
-                    kept.add(d, counted)
-        kept.docs += add.docs
-        kept.hashes += add.hashes
-        kept.tfs += add.tfs
-        kept.lengths += add.lengths
+            gone = np.array([p in drop for p in self.delta.paths] or [False])
+            parts.insert(0, (self.delta, np.flatnonzero(~gone[self.delta.path_id])))
         interim = LexicalIndex(self.base, None, deleted, k1=self.k1, b=self.b,
                                tokenizer=self.tokenizer)
-        delta = (_Segment.from_counts(kept, interim._stats(), self.k1, self.b)
-                 if kept.docs else None)
+        delta = (combine(parts, interim._stats(), self.k1, self.b, self.spill_dir)
+                 if sum(len(rows) for _, rows in parts) else None)
         return LexicalIndex(self.base, delta, deleted, k1=self.k1, b=self.b,
-                            tokenizer=self.tokenizer)
+                            tokenizer=self.tokenizer, spill_dir=self.spill_dir)
 
     def merged(self) -> LexicalIndex:
         """One segment holding the live docs of base and delta, weights recomputed."""
-        segs = [(self.base, np.flatnonzero(self._alive))]
+        parts = [(self.base, np.flatnonzero(self._alive))]
         if self.delta is not None:
-            segs.append((self.delta, np.arange(len(self.delta))))
-        terms = np.unique(np.concatenate([s.terms for s, _ in segs]))
-        rows_c, cols_c, tfs_c, lengths = [], [], [], []
-        offset = 0
-        for seg, rows in segs:
-            remap = np.full(len(seg), -1, dtype=np.int64)
-            remap[rows] = np.arange(len(rows)) + offset
-            col_of_entry = np.repeat(np.searchsorted(terms, seg.terms), seg.df)
-            new_row = remap[seg.col_docs]
-            keep = new_row >= 0
-            rows_c.append(new_row[keep])
-            cols_c.append(col_of_entry[keep])
-            tfs_c.append(seg.col_tf[keep])
-            lengths.append(seg.lengths[rows])
-            offset += len(rows)
-        docs = ChunkColumns.concat([(s.cols, rows) for s, rows in segs])
-        seg = _Segment._assemble(terms, np.concatenate(cols_c), np.concatenate(rows_c),
-                                 np.concatenate(tfs_c), np.concatenate(lengths), docs, None,
-                                 self.k1, self.b)
-        # Terms no live doc uses any more drop out here.
-        used = seg.df > 0
-        if not used.all():
-            seg = _drop_terms(seg, used)
-        return LexicalIndex(seg, k1=self.k1, b=self.b, tokenizer=self.tokenizer)
+            parts.append(whole(self.delta))
+        return LexicalIndex(combine(parts, None, self.k1, self.b, self.spill_dir), k1=self.k1,
+                            b=self.b, tokenizer=self.tokenizer, spill_dir=self.spill_dir)
 
 
 def top_k(scores: np.ndarray, k: int) -> list[tuple[int, float]]:

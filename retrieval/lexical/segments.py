@@ -4,6 +4,8 @@ A segment holds its docs' term frequencies term-major (compressed columns: each 
 docs and counts), the BM25 weight of each entry (the formula in `retrieval.lexical`) and
 its docs' locations as columns (`retrieval.derived.columns`). Weights are computed
 with `_Stats`, the document frequencies and lengths of the docs the segment joins.
+Building and merging segments: `retrieval.lexical.combine`. A saved segment's large
+arrays are read back mapped from the file (`retrieval.derived.npz`).
 
 Terms are identified by a 64-bit xxh3 hash of the token, kept sorted per segment, so a
 saved index loads as a handful of arrays (no Python dict of every token).
@@ -11,7 +13,6 @@ saved index loads as a handful of arrays (no Python dict of every token).
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from indexer.chunk import Chunk
 from indexer.location import ChunkLocation
 from indexer.private_files import write_atomic
 from retrieval.derived.columns import ChunkColumns
+from retrieval.derived.npz import write_npz
 
 #: One indexed chunk: where it sits, enough to fuse it with a vector hit and to show it.
 
@@ -95,37 +97,6 @@ class _Segment:
             # Doc ids are unique within a column, so a fancy-indexed add is exact.
             out[self.col_docs[lo:hi]] += self.col_w[lo:hi] * t
 
-    # -- building ------------------------------------------------------------------
-
-    @classmethod
-    def from_counts(cls, counts: _Counts, stats: _Stats | None, k1: float,
-                    b: float) -> _Segment:
-        n = len(counts.docs)
-        sizes = np.fromiter((len(h) for h in counts.hashes), dtype=np.int64, count=n)
-        doc_of = np.repeat(np.arange(n, dtype=np.int32), sizes)
-        hashes = (np.concatenate(counts.hashes) if n else np.zeros(0, np.uint64))
-        tfs = (np.concatenate(counts.tfs) if n else np.zeros(0, np.int32))
-        terms, col = np.unique(hashes, return_inverse=True)
-        lengths = np.array(counts.lengths, dtype=np.int32)
-        return cls._assemble(terms, col.astype(np.int64), doc_of, tfs, lengths,
-                             ChunkColumns.of(counts.docs), stats, k1, b)
-
-    @classmethod
-    def _assemble(cls, terms: np.ndarray, col: np.ndarray, doc_of: np.ndarray,
-                  tfs: np.ndarray, lengths: np.ndarray, docs: ChunkColumns,
-                  stats: _Stats | None, k1: float, b: float) -> _Segment:
-        col_ptr, col_docs, col_tf = _csc(col, doc_of, tfs, len(terms))
-        df = np.diff(col_ptr)
-        idf, avg = (stats or _Stats()).idf_and_avg(terms, df, lengths)
-        norm = (k1 * (1 - b + b * lengths / avg)).astype(np.float32)
-        tf = col_tf.astype(np.float32)
-        col_w = np.repeat(idf, df) * tf / (tf + norm[col_docs])
-        arrays = {
-            "terms": terms.astype(np.uint64), "col_ptr": col_ptr, "col_docs": col_docs,
-            "col_tf": col_tf, "col_w": col_w.astype(np.float32), "lengths": lengths,
-        }
-        return cls(arrays, docs)
-
     def save(self, path: Path, extra: dict[str, np.ndarray]) -> None:
         _save_npz(path, {**self.a, **self.cols.arrays(), **extra})
 
@@ -147,56 +118,18 @@ class _Stats:
     df: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per term
     total_len: int = 0
 
-    def idf_and_avg(self, terms: np.ndarray, own_df: np.ndarray,
-                    own_lengths: np.ndarray) -> tuple[np.ndarray, float]:
+    def idf(self, terms: np.ndarray, own_df: np.ndarray, n: int) -> np.ndarray:
+        """float32 idf of each of `terms` (sorted) in a collection of `n` docs: these
+        docs plus ones whose document frequencies are `own_df`."""
         df = own_df.astype(np.float64)
         if len(self.terms) and len(terms):
             at = np.minimum(np.searchsorted(self.terms, terms), len(self.terms) - 1)
             df += np.where(self.terms[at] == terms, self.df[at], 0)
-        n = self.n + len(own_lengths)
-        idf = np.log1p((n - df + 0.5) / (df + 0.5)).astype(np.float32)
-        avg = (self.total_len + float(own_lengths.sum())) / max(n, 1)
-        return idf, max(avg, 1e-9)
+        return np.log1p((n - df + 0.5) / (df + 0.5)).astype(np.float32)
 
 
 def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write one .npz atomically and durably (indexer.private_files.write_atomic)."""
+    """Write one .npz atomically and durably (indexer.private_files.write_atomic), a
+    slice at a time (retrieval.derived.npz)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]
-
-
-def _rows(seg: _Segment) -> list[tuple[np.ndarray, np.ndarray, int]]:
-    """(sorted term hashes, tfs, length) of every doc of a segment, from its columns."""
-    cols = np.repeat(np.arange(len(seg.terms), dtype=np.int64), np.diff(seg.col_ptr))
-    # The transpose of a CSC matrix is its CSR: the same entries, sorted by doc, then term.
-    ptr, terms, tfs = _csc(seg.col_docs.astype(np.int64), cols, seg.col_tf, len(seg))
-    return [
-        (seg.terms[terms[lo:hi]], tfs[lo:hi], int(seg.lengths[j]))
-        for j, (lo, hi) in enumerate(itertools.pairwise(ptr))
-    ]
-
-
-def _csc(col: np.ndarray, row: np.ndarray, val: np.ndarray,
-         n_cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(col_ptr int64, rows int32, values int32) of the compressed-column matrix of the
-    (row, col, value) triplets, duplicates summed, rows sorted within a column.
-
-    numpy's lexsort does what scipy.sparse would, and keeps scipy's 0.8 s import off
-    every command that touches the lexical index.
-    """
-    order = np.lexsort((row, col))
-    c, r, v = col[order], row[order], val[order].astype(np.int64)
-    if len(c):
-        first = np.flatnonzero(np.r_[True, (c[1:] != c[:-1]) | (r[1:] != r[:-1])])
-        c, r, v = c[first], r[first], np.add.reduceat(v, first)
-    ptr = np.searchsorted(c, np.arange(n_cols + 1), side="left").astype(np.int64)
-    return ptr, r.astype(np.int32), v.astype(np.int32)
-
-
-def _drop_terms(seg: _Segment, used: np.ndarray) -> _Segment:
-    a = dict(seg.a)
-    a["terms"] = seg.terms[used]
-    a["col_ptr"] = np.concatenate(([0], np.cumsum(seg.df[used]))).astype(np.int64)
-    return _Segment(a, seg.cols)
-
-
+    write_atomic(path, lambda f: write_npz(f, arrays))

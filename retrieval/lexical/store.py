@@ -27,6 +27,7 @@ import numpy as np
 from indexer.chunk import Chunk
 from indexer.local_chunks import count_chunks
 from retrieval.derived.columns import digest_rows, pack, unpack
+from retrieval.derived.npz import read_npz
 from retrieval.derived.store import (
     DerivedStore,
     FileDiff,
@@ -35,14 +36,16 @@ from retrieval.derived.store import (
     chunk_rows,
     read_stamp,
 )
+from retrieval.lexical.combine import SegmentWriter
 from retrieval.lexical.index import K1, B, LexicalIndex
-from retrieval.lexical.segments import _Counts, _doc, _save_npz, _Segment
-from retrieval.lexical.tokens import Tokenizer, _counts_of, lexical_text
+from retrieval.lexical.segments import _doc, _save_npz, _Segment
+from retrieval.lexical.tokens import Tokenizer, lexical_text
 
 # Log lines name the package ("retrieval.lexical"), whichever of its modules writes them.
 log = logging.getLogger("retrieval.lexical")
 
-FORMAT_VERSION: Final = 3
+# 4: members checked by their xxh3 (retrieval.derived.npz), the base read mapped.
+FORMAT_VERSION: Final = 4
 BASE_FILE: Final = "base.npz"
 DELTA_FILE: Final = "delta.npz"
 # A refresh that would re-tokenize more than this share of chunks rebuilds from scratch.
@@ -52,7 +55,7 @@ __all__ = ["BASE_FILE", "DELTA_FILE", "FORMAT_VERSION", "REBUILD_SHARE", "Lexica
            "Stamp", "read_stamp"]
 
 
-class LexicalStore(DerivedStore[LexicalIndex, list[Chunk]]):
+class LexicalStore(DerivedStore[LexicalIndex, list[_Segment]]):
     """The lexical index of one repo, under `.codeveil/lexical/`, kept current.
 
     `current(db)` returns an index matching the chunk table: the one in memory if still
@@ -87,48 +90,45 @@ class LexicalStore(DerivedStore[LexicalIndex, list[Chunk]]):
         return count_chunks(reader, changed) > REBUILD_SHARE * max(total, 1)
 
     def _read_rows(self, reader: sqlite3.Connection, diff: FileDiff,
-                   key: Hashable) -> tuple[list[Chunk], dict[str, int]]:
-        return [Chunk(p, s, e, lang, sym, text) for p, s, e, lang, sym, text in chunk_rows(
-            reader, "path, start_line, end_line, language, symbol, text", diff.to_read,
-            order="rowid")], {}
+                   key: Hashable) -> tuple[list[_Segment], dict[str, int]]:
+        # Tokenized as they are read, a batch at a time: a rebuild of 1M chunks never
+        # holds their texts, or all of their postings, in memory (lexical.combine).
+        writer = SegmentWriter(self._tokenizer, K1, B, self.directory)
+        for p, s, e, lang, sym, text in chunk_rows(
+                reader, "path, start_line, end_line, language, symbol, text", diff.to_read,
+                order="rowid"):
+            chunk = Chunk(p, s, e, lang, sym, text)
+            writer.add(_doc(chunk), lexical_text(chunk))
+        return writer.segments(), {}
 
-    def _counts(self, rows: list[Chunk]) -> _Counts:
-        counts = _Counts()
-        texts = [lexical_text(c) for c in rows]
-        for c, counted in zip(rows, _counts_of(self._tokenizer, texts), strict=True):
-            counts.add(_doc(c), counted)
-        return counts
+    def _build(self, rows: list[_Segment], key: Hashable, missing: int) -> LexicalIndex:
+        return LexicalIndex.built(rows, tokenizer=self._tokenizer, spill_dir=self.directory)
 
-    def _build(self, rows: list[Chunk], key: Hashable, missing: int) -> LexicalIndex:
-        return LexicalIndex(_Segment.from_counts(self._counts(rows), None, K1, B),
-                            tokenizer=self._tokenizer)
-
-    def _update(self, index: LexicalIndex, drop: set[str], rows: list[Chunk], key: Hashable,
-                missing: int) -> LexicalIndex:
-        return index.with_changes(drop, self._counts(rows))
+    def _update(self, index: LexicalIndex, drop: set[str], rows: list[_Segment],
+                key: Hashable, missing: int) -> LexicalIndex:
+        return index.with_changes(drop, rows)
 
     def _report(self, saved: Saved[LexicalIndex], mode: str,
-                rows: list[Chunk]) -> dict[str, Any]:
+                rows: list[_Segment]) -> dict[str, Any]:
         # A merge is reported as the update it finishes.
         return {"mode": "update" if mode == "merge" else mode,
                 "chunks": saved.stamp[1],  # type: ignore[index]
-                "tokenized": len(rows), "merged": int(mode == "merge")}
+                "tokenized": sum(len(s) for s in rows), "merged": int(mode == "merge")}
 
     # -- disk -----------------------------------------------------------------------
 
     def _read_saved(self, key: Hashable) -> Saved[LexicalIndex] | None:
-        with np.load(self.directory / BASE_FILE, allow_pickle=False) as zb:
-            zb_d = {k: zb[k] for k in zb.files}
-        with np.load(self.directory / DELTA_FILE, allow_pickle=False) as zd:
-            zd_d = {k: zd[k] for k in zd.files}
+        # The base's postings mapped from the file, not read (retrieval.derived.npz).
+        zb_d = read_npz(self.directory / BASE_FILE)
+        zd_d = read_npz(self.directory / DELTA_FILE)
         if (int(zb_d["version"][0]) != FORMAT_VERSION
                 or zb_d["base_id"].tobytes() != zd_d["base_id"].tobytes()):
             return None
         k1, b = (float(x) for x in zb_d["params"])
         base = _Segment.load(zb_d)
         delta = _Segment.load(zd_d) if int(zd_d["has_delta"][0]) else None
-        index = LexicalIndex(base, delta, zd_d["deleted"].astype(bool), k1=k1, b=b,
-                             tokenizer=self._tokenizer)
+        index = LexicalIndex(base, delta, np.array(zd_d["deleted"], dtype=bool), k1=k1, b=b,
+                             tokenizer=self._tokenizer, spill_dir=self.directory)
         files = dict(zip(unpack(zd_d["file_paths"]),
                          (row.tobytes() for row in zd_d["file_digests"]), strict=True))
         stamp = (int(zd_d["stamp"][0]), int(zd_d["stamp"][1]), zd_d["epoch"].tobytes())
@@ -144,6 +144,12 @@ class LexicalStore(DerivedStore[LexicalIndex, list[Chunk]]):
                 "version": np.array([FORMAT_VERSION]), "base_id": id_arr,
                 "params": np.array([index.k1, index.b]),
             })
+            # A base built in a spill file now reads from the saved one instead, so the
+            # index is on disk once, not twice, for as long as this process holds it.
+            if any(isinstance(a, np.memmap) for a in index.base.a.values()):
+                saved_base = read_npz(self.directory / BASE_FILE)
+                index.base = _Segment({k: saved_base[k] for k in index.base.a},
+                                      index.base.cols)
         paths = list(saved.files)
         delta_extra = {
             "base_id": id_arr,

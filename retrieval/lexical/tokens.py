@@ -32,7 +32,7 @@ class Tokenizer:
     is what makes tokenizing a large repo affordable. Same tokens as `tokenize(text)`.
     """
 
-    def __init__(self, limit: int = 1_000_000) -> None:
+    def __init__(self, limit: int = 1 << 18) -> None:
         self._words: dict[str, tuple[int, ...]] = {}
         self._limit = limit
 

@@ -14,12 +14,15 @@ the IVF codes and the chunk metadata need (measured by `bench/approx_vectors.py`
 
 from __future__ import annotations
 
-import mmap
 from pathlib import Path
 from typing import Final
 
 import numpy as np
 import xxhash
+
+from retrieval.derived.spill import release
+
+__all__ = ["GATHER_ROWS", "RELEASE_ROWS", "file_checksum", "gather_rows", "release"]
 
 #: Rows read through the map between two releases. A fault on a file mapping maps the
 #: pages around it too (Linux's fault-around, 64 KB), so a row read at random leaves up
@@ -27,22 +30,6 @@ import xxhash
 #: 1.7 GB of the base pile up between releases.
 RELEASE_ROWS: Final = 1024
 _READ_BYTES: Final = 1 << 24
-
-
-def release(array: np.ndarray) -> bool:
-    """Unmap the resident pages of the file `array` is mapped from (a `np.memmap`, or a
-    view of one); whether it is mapped and the platform can. Its data is unchanged: the
-    next read faults the page in again from the page cache."""
-    # numpy keeps the mmap object a memmap (and each view of it) reads through here.
-    mm = getattr(array, "_mmap", None)
-    if not isinstance(mm, mmap.mmap) or not hasattr(mm, "madvise") \
-            or not hasattr(mmap, "MADV_DONTNEED"):
-        return False
-    try:
-        mm.madvise(mmap.MADV_DONTNEED)
-    except (OSError, ValueError):  # a closed map, or a kernel that refuses: only memory
-        return False
-    return True
 
 
 #: Rows gathered between two hand-backs within one read (`gather_rows`). The page cache

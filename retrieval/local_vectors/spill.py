@@ -7,23 +7,20 @@ whose pages are handed back to the kernel as they fill (`retrieval.local_vectors
 and a base is saved in slices (`save_planes`), its checksum taken on the way: the
 process's resident memory stays at a slice's worth, whatever the base's size.
 
-The spill file lives beside the index (never in /tmp, often a RAM disk) and is unlinked
-the moment it is mapped: the map keeps its data until the base is dropped, and a crash
-leaves no file behind. Small bases (under `SPILL_MIN_BYTES`) stay in memory.
+The spill file (`retrieval.derived.spill`, which the lexical and grep indexes use too)
+lives beside the index and is unlinked the moment it is mapped: a crash leaves no file
+behind. Small bases (under `SPILL_MIN_BYTES`) stay in memory.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import IO, Final
 
 import numpy as np
 import xxhash
 
-from retrieval.local_vectors.mapped import release
+from retrieval.derived.spill import release, spill_array
 
 #: Bases smaller than this are built in memory: a map costs a file and page faults.
 SPILL_MIN_BYTES: Final = 64 << 20
@@ -31,35 +28,13 @@ SPILL_MIN_BYTES: Final = 64 << 20
 SLICE_ROWS: Final = 16_384
 TEMP_PREFIX: Final = ".vec-spill-"
 
-log = logging.getLogger("retrieval.local_vectors")
-
 
 def spill_planes(directory: Path | None, rows: int, dim: int) -> np.ndarray:
     """An uninitialised float32 [2, rows, dim] array: in memory when small or when there
-    is no `directory`, else mapped from an unlinked file in `directory`."""
-    nbytes = 2 * rows * dim * 4
-    if directory is None or nbytes == 0 or nbytes < SPILL_MIN_BYTES:
-        return np.empty((2, rows, dim), dtype=np.float32)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=directory)
-    except OSError as exc:  # a read-only or odd folder: the build still answers
-        log.info("building the vector base in memory: %s", exc)
-        return np.empty((2, rows, dim), dtype=np.float32)
-    try:
-        # Blocks reserved up front: a write through the map to a full disk would be a
-        # SIGBUS, where this is an OSError and the build goes on in memory.
-        if hasattr(os, "posix_fallocate"):
-            os.posix_fallocate(fd, 0, nbytes)
-        else:
-            os.ftruncate(fd, nbytes)
-        return np.memmap(name, dtype=np.float32, mode="r+", shape=(2, rows, dim))
-    except OSError as exc:
-        log.info("building the vector base in memory: %s", exc)
-        return np.empty((2, rows, dim), dtype=np.float32)
-    finally:
-        os.close(fd)
-        os.unlink(name)
+    is no `directory`, else mapped from an unlinked file in `directory`
+    (`retrieval.derived.spill`)."""
+    return spill_array(directory, (2, rows, dim), np.float32, min_bytes=SPILL_MIN_BYTES,
+                       prefix=TEMP_PREFIX)
 
 
 def copy_rows(out: np.ndarray, plane: int, at: int, rows: np.ndarray) -> None:
