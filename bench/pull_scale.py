@@ -2,6 +2,7 @@
 soon a search answers, at growing sizes, on one `codeveil serve` on loopback.
 
     python bench/pull_scale.py [--sizes 30000,100000,300000] [--chunks-per-file 16]
+                               [--keep DIR | --reuse DIR]
 
 For each size, a generated tree (files of `--chunks-per-file` functions, one chunk each)
 is indexed by a first machine (the hashing embedder stands in for the model: what is
@@ -19,6 +20,11 @@ The pull goes in batches (`PULL_FILES` files a request) in a random order: the s
 must not read the files' categories off the order a teammate asks for them in (the
 structure attack of bench/privacy.py), so there is no priority order here; a file is
 searchable by words as soon as it is chunked, and by meaning once its batch lands.
+At 1M chunks the first machine's index takes ~25 minutes here; `--keep DIR` leaves it
+(the tree, its config and cache, the server's data) in DIR/<size>, and `--reuse DIR`
+starts the server on that data and measures a fresh join against it, skipping the
+generation and the first index (the result records `reused`).
+
 Writes bench/results/pull_scale.json.
 """
 
@@ -99,27 +105,41 @@ def _vm(pid: int, field: str) -> int | None:
     return None
 
 
-def run_size(base: Path, chunks: int, per_file: int) -> dict[str, object]:
+def run_size(base: Path, chunks: int, per_file: int, *, reuse: bool = False
+             ) -> dict[str, object]:
     from indexer.embedder import HashingEmbedder
+    from indexer.local_chunks import open_state_db
     from retrieval import Index
     from sync.config import load_config, load_token
     from sync.keys import export_key, load_key
 
-    base.mkdir(parents=True)
+    if not reuse:
+        base.mkdir(parents=True)
+    elif not (base / "data").is_dir() or not (base / "alice" / "repo").is_dir():
+        raise SystemExit(f"nothing to reuse in {base}: run with --keep first")
     server = Server(base / "data")
     try:
         first = base / "alice" / "repo"
-        files = generate(first, chunks, per_file)
         os.environ.update({k: v for k, v in _env(base, "alice").items()
                            if k.startswith("CODEVEIL_")})
-        t0 = time.perf_counter()
-        with Index(first, embedder=HashingEmbedder()) as idx:
-            idx.init(server=server.url)
-            sent = idx.index()
-        first_s = time.perf_counter() - t0
+        first_s: float | None = None
+        if reuse:  # the first machine's index as --keep left it
+            # Counted from its state (its config names the old server's port).
+            db = open_state_db(first / ".codeveil" / "state.sqlite")
+            files = db.execute("SELECT count(*) FROM chunk_files").fetchone()[0]
+            sent_chunks = db.execute("SELECT count(*) FROM chunks").fetchone()[0]
+            db.close()
+        else:
+            files = generate(first, chunks, per_file)
+            t0 = time.perf_counter()
+            with Index(first, embedder=HashingEmbedder()) as idx:
+                idx.init(server=server.url)
+                sent_chunks = idx.index().chunks_embedded
+            first_s = time.perf_counter() - t0
         ws = load_config(first).workspace_id
         key_text, token = export_key(load_key(ws)), load_token(ws)
         mate = base / "bob" / "repo"
+        shutil.rmtree(base / "bob", ignore_errors=True)
         shutil.copytree(first, mate, ignore=shutil.ignore_patterns(".codeveil"))
 
         env = _env(base, "bob")
@@ -161,8 +181,8 @@ def run_size(base: Path, chunks: int, per_file: int) -> dict[str, object]:
         if join.returncode != 0:
             raise SystemExit(f"the join failed: {err.strip().splitlines()[-1:]}")
         result = json.loads(out.strip().splitlines()[-1])
-        return {"chunks": sent.chunks_embedded, "files": files, "first_index_s": first_s,
-                "first_chunks_sent": sent.chunks_embedded,
+        return {"chunks": sent_chunks, "files": files, "first_index_s": first_s,
+                "reused": reuse,
                 "join_s": result["seconds"], "pulled": result["pulled"],
                 "embedded": result["embedded"], "peak_rss_mb": hwm / 1024,
                 "median_rss_mb": (sorted(k for _, k in samples)[len(samples) // 2] / 1024
@@ -183,21 +203,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="30000,100000,300000",
                         help="chunks per workspace, comma-separated")
     parser.add_argument("--chunks-per-file", type=int, default=16)
+    kept = parser.add_mutually_exclusive_group()
+    kept.add_argument("--keep", type=Path, metavar="DIR",
+                      help="leave each size's first index and server data in DIR/<size>")
+    kept.add_argument("--reuse", type=Path, metavar="DIR",
+                      help="join the first index --keep left in DIR/<size>")
     args = parser.parse_args(argv)
     base = isolate()
+    if args.keep or args.reuse:
+        shutil.rmtree(base, ignore_errors=True)
+        base = (args.keep or args.reuse).resolve()
     rows = []
     try:
         for size in (int(s) for s in args.sizes.split(",")):
-            row = run_size(base / str(size), size, args.chunks_per_file)
+            row = run_size(base / str(size), size, args.chunks_per_file,
+                           reuse=args.reuse is not None)
             rows.append(row)
             print(table(["chunks", "files", "join s", "pulled", "embedded", "peak RSS MB",
                          "first answer s", "with vectors s"],
                         [[r["chunks"], r["files"], r["join_s"], r["pulled"], r["embedded"],
                           r["peak_rss_mb"], r["first_answer_s"],
                           r["first_answer_with_vectors_s"]] for r in rows]), flush=True)
-            shutil.rmtree(base / str(size), ignore_errors=True)
+            if not (args.keep or args.reuse):
+                shutil.rmtree(base / str(size), ignore_errors=True)
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        if not (args.keep or args.reuse):
+            shutil.rmtree(base, ignore_errors=True)
     print(write_json("pull_scale", {"chunks_per_file": args.chunks_per_file, "results": rows}))
     return 0
 

@@ -101,3 +101,17 @@ def test_the_grep_index_leaves_a_base_another_process_just_wrote(table, tmp_path
     assert all(f.exists() for f in theirs)
     assert not crashed.exists() and not any(f.exists() for f in first)
     assert TrigramStore(folder).current(db).postings == store.current(db).postings
+
+
+def test_symbols_are_gathered_the_same_a_few_slices_at_a_time(monkeypatch) -> None:
+    from retrieval.derived import columns as columns_module
+
+    docs = [ChunkLocation(f"p{i % 3}.py", i, i + 1, "s" * (i % 5) + f"{i}", "python",
+                          bytes([i]) * 16) for i in range(23)]
+    cols = ChunkColumns.of(docs)
+    rows = np.array([22, 0, 5, 5, 17, 3, 9])
+    want = ChunkColumns.concat([(cols, rows), (cols, rows[::-1])])
+    monkeypatch.setattr(columns_module, "GATHER_SLICES", 2)  # 7 rows: 4 passes each
+    got = ChunkColumns.concat([(cols, rows), (cols, rows[::-1])])
+    assert [got.doc(i) for i in range(14)] == [want.doc(i) for i in range(14)]
+    assert [got.doc(i) for i in range(7)] == [docs[r] for r in rows]
