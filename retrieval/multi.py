@@ -8,7 +8,7 @@ the best hit of the one that does (merged by fused score alone, Acc@5 fell 11.7 
 below searching the answer's repository alone, on the report half of
 bench/multi_repo.py). The merge therefore fuses two rankings of the union by reciprocal
 rank: by fused score, and by the cosine of each hit's chunk vector with the query, which
-the one model makes comparable everywhere (2.1 points below alone on the report half).
+the one model makes comparable everywhere (1.0 point below alone on the report half).
 The depth, weight and constant were chosen on the tune half. Repositories built with the
 same model share one embedder, so the model loads once.
 """
