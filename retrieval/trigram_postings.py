@@ -66,27 +66,30 @@ class PostingsWriter:
     def finish(self) -> Run:
         """Every file's postings, as one sorted run."""
         self._flush()
-        if len(self._runs) == 1 and not isinstance(self._runs[0][0], np.memmap):
+        if len(self._runs) == 1:
             return self._runs[0]
         return merge_runs(self._runs, spill=self.spill)
 
     def _flush(self) -> None:
         if not self._sets:
             return
-        codes, owners = postings(self._sets, self._ids)
+        run = postings(self._sets, self._ids)
         self._sets, self._ids, self._held = [], [], 0
-        out = (_alloc(self.spill, len(codes)), _alloc(self.spill, len(codes)))
-        out[0][:] = codes
-        out[1][:] = owners
-        for a in out:
-            release(a)
-        self._runs.append(out)
+        spilled = (_alloc(self.spill, len(run[0])), _alloc(self.spill, len(run[0])))
+        if isinstance(spilled[0], np.memmap):  # large: held in a spill file, not memory
+            for a, b in zip(spilled, run, strict=True):
+                a[:] = b
+                release(a)
+            run = spilled
+        self._runs.append(run)
 
 
 def merge_runs(runs: Sequence[Run], *, alive: np.ndarray | None = None,
                renumber: np.ndarray | None = None, spill: Path | None = None) -> Run:
     """One sorted run of `runs`' postings; with `alive` (per file id) only those of live
     files, their ids mapped through `renumber`."""
+    if not runs:  # no file holds a trigram
+        return np.zeros(0, np.uint32), np.zeros(0, np.uint32)
     total = sum(_kept(owners, alive) for _, owners in runs)
     out_codes, out_files = _alloc(spill, total), _alloc(spill, total)
     cuts = _cuts(runs, max(1, -(-sum(len(c) for c, _ in runs) // PART_POSTINGS)))

@@ -227,3 +227,23 @@ def test_grep_postings_in_runs_and_parts_answer_as_one_sort(monkeypatch: pytest.
     assert "src/blank.py" in idx.live_paths()
     assert not [p for p in (tmp_path / "small").iterdir()
                 if p.name.startswith(trigram_postings.TEMP_PREFIX)]
+
+
+def test_grep_index_of_files_with_no_chunk_and_a_file_emptied(tmp_path: Path) -> None:
+    from retrieval.trigram_index import TrigramStore
+
+    db, lc = _table(tmp_path)
+    for name in ("a.py", "b.py"):  # blank files: files of the index, no trigram
+        lc.replace_files([(name, name.encode().ljust(16, b"\0"), [])])
+    store = TrigramStore(tmp_path / "grep")
+    idx = store.current(db)
+    assert sorted(idx.live_paths()) == ["a.py", "b.py"] and idx.postings == 0
+    _write(lc, _chunks(3), b"")
+    idx = store.current(db)
+    assert len(idx.files_with(int.from_bytes(b"dis", "big"))) == 3
+    path = sorted(_chunks(3))[0]
+    lc.replace_files([(path, b"emptied".ljust(16, b"\0"), [])])  # an update of no trigram
+    idx = store.current(db)
+    assert store.last_refresh["mode"] in ("update", "merge")
+    assert len(idx.files_with(int.from_bytes(b"dis", "big"))) == 2
+    assert path in idx.live_paths()
