@@ -21,7 +21,9 @@ this machine.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import operator
 import re
 import sqlite3
 from collections.abc import Callable, Hashable
@@ -48,7 +50,6 @@ REBUILD_SHARE: Final = 0.5
 
 _STATE: Final = "state.npz"
 _BASE_NAME = re.compile(r"^base-([0-9a-f]{16})\.(codes|files)\.npy$")
-
 
 
 @dataclass
@@ -158,16 +159,11 @@ class TrigramStore(DerivedStore[TrigramIndex, _Read]):
         writer = PostingsWriter(self.directory)
         # One file's texts at a time (rows come grouped by path): only its trigram set
         # is kept (retrieval.trigram_postings).
-        current, texts = "", list[str]()  # "" is no file's path
-        for path, text in chunk_rows(reader, "path, text", diff.to_read,
-                                     order="path, ordinal"):
-            if path != current:
-                if current in ids:
-                    writer.add(ids[current], text_trigrams(texts))
-                current, texts = path, []
-            texts.append(text)
-        if current in ids:
-            writer.add(ids[current], text_trigrams(texts))
+        for path, rows in itertools.groupby(
+                chunk_rows(reader, "path, text", diff.to_read, order="path, ordinal"),
+                key=operator.itemgetter(0)):
+            if path in ids:
+                writer.add(ids[path], text_trigrams(text for _, text in rows))
         return _Read(paths, writer.finish(), diff.files), {}
 
     def _build(self, rows: _Read, key: Hashable, missing: int) -> TrigramIndex:
@@ -238,8 +234,7 @@ class TrigramStore(DerivedStore[TrigramIndex, _Read]):
             current = _base_files(self.directory, index.base_id)
             for name, array in zip(current, (index.base_codes, index.base_files), strict=True):
                 write_atomic(name, _npy_writer(array))
-            if isinstance(index.base_codes, np.memmap) and not _maps(index.base_codes,
-                                                                     current[0]):
+            if isinstance(index.base_codes, np.memmap):
                 # Built in a spill file: read from the saved one instead, so that the
                 # base is on disk once for as long as this process holds it.
                 index.base_codes, index.base_files = (
@@ -267,8 +262,3 @@ def _npy_writer(array: np.ndarray) -> Callable[[IO[bytes]], None]:
 
     return write
 
-
-def _maps(array: np.ndarray, path: Path) -> bool:
-    """Whether `array` is mapped from `path`."""
-    name = getattr(array, "filename", None)
-    return name is not None and Path(name) == path

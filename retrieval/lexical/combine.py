@@ -129,14 +129,12 @@ class SegmentWriter:
     def __init__(self, tokenizer: Tokenizer, k1: float, b: float,
                  spill: Path | None = None) -> None:
         self.tokenizer, self.k1, self.b, self.spill = tokenizer, k1, b, spill
-        self.docs = 0
         self._done: list[_Segment] = []
         self._fresh: list[_Segment] = []
         self._pending: list[tuple[ChunkLocation, str]] = []
 
     def add(self, doc: ChunkLocation, text: str) -> None:
         self._pending.append((doc, text))
-        self.docs += 1
         if len(self._pending) >= BUILD_DOCS:
             self._flush()
 

@@ -313,13 +313,10 @@ class LexicalIndex:
         of new docs, as `SegmentWriter` makes them) in its delta (not merged)."""
         drop = set(drop_paths)
         deleted = self.deleted.copy()
-        if drop and len(self.base):
-            hit = np.array([p in drop for p in self.base.paths])
-            deleted |= hit[self.base.path_id]
+        deleted |= self.base.cols.rows_of(drop)
         parts = [whole(s) for s in add]
         if self.delta is not None:
-            gone = np.array([p in drop for p in self.delta.paths] or [False])
-            parts.insert(0, (self.delta, np.flatnonzero(~gone[self.delta.path_id])))
+            parts.insert(0, (self.delta, np.flatnonzero(~self.delta.cols.rows_of(drop))))
         interim = LexicalIndex(self.base, None, deleted, k1=self.k1, b=self.b,
                                tokenizer=self.tokenizer)
         delta = (combine(parts, interim._stats(), self.k1, self.b, self.spill_dir)
