@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import xxhash
 
 from indexer import assets
+from indexer.dir_handles import DirHandles
 from indexer.ignore import ALWAYS_SKIPPED, VENV_MARKER, IgnoreRules
 from indexer.notebook import NotebookError, parse_notebook
 from indexer.skip_reasons import SkipReason
@@ -379,14 +380,21 @@ class _Rejected(Exception):
         self.detail = detail
 
 
+# O_NONBLOCK: a FIFO that replaced a file since the walk must not hang the reader.
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
 def _read_bytes(path: str, max_file_bytes: int) -> tuple[bytes, os.stat_result]:
     """The file's bytes and its stat taken from the open descriptor.
 
     Raises OSError if it cannot be read and `_Rejected` if it is not a regular file or
     is larger than `max_file_bytes` (it may have changed since the walk).
     """
-    # O_NONBLOCK: a FIFO that replaced a file since the walk must not hang the reader.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    return _read_fd(os.open(path, _READ_FLAGS), max_file_bytes)
+
+
+def _read_fd(fd: int, max_file_bytes: int) -> tuple[bytes, os.stat_result]:
+    """`_read_bytes` of an open descriptor, which it closes."""
     try:
         st = os.fstat(fd)
         if not stat_mod.S_ISREG(st.st_mode):
@@ -492,17 +500,24 @@ def decode_source(path: str, data: bytes) -> tuple[str, None] | tuple[None, Skip
 
 
 def read_source(
-    root: str | os.PathLike[str], path: str, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    root: str | os.PathLike[str], path: str, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    dirs: DirHandles | None = None,
 ) -> SourceFile | Skipped:
     """Read the repo-relative `path` once: its text and digest, or why it is skipped.
 
     Never raises for a bad file: unreadable, vanished, binary, non-UTF-8, minified or
-    generated files come back as `Skipped`.
+    generated files come back as `Skipped`. With `dirs` (`indexer.dir_handles`, open on
+    the same `root`), a file reached through no symlink is opened beneath its
+    directory's descriptor and needs no check that it lies inside the repo.
     """
     read_ns = time.time_ns()
     try:
-        data, st = _read_bytes(os.path.join(root, path), max_file_bytes)
-        _check_inside(os.fspath(root), path, st)
+        fd = dirs.open_beneath(path, _READ_FLAGS) if dirs is not None else None
+        if fd is not None:
+            data, st = _read_fd(fd, max_file_bytes)
+        else:
+            data, st = _read_bytes(os.path.join(root, path), max_file_bytes)
+            _check_inside(os.fspath(root), path, st)
     except OSError as exc:
         return Skipped(path, SkipReason.UNREADABLE, exc.strerror or str(exc))
     except _Rejected as rejected:

@@ -1,9 +1,14 @@
 """The approximate vector index over a large base: it answers as exact search does, sees
-edits without a rebuild, applies filters as masks, survives a restart and a damaged file."""
+edits without a rebuild, applies filters as masks, survives a restart and a damaged file,
+and is built by a process of its own that outlives the one that asked for it."""
 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +19,8 @@ from indexer.chunk import Chunk
 from indexer.embed_cache import EmbeddingCache, cache_key
 from indexer.local_chunks import LocalChunks, open_state_db
 from retrieval.filters import HitFilter
+from retrieval.local_vectors.approx import ApproxPlanes
+from retrieval.local_vectors.approx_build import TRAINED_FILE, approx_path, build, building
 from retrieval.local_vectors.store import LocalVectorStore
 from tests.test_local_vectors import MODEL, Repo, _keys
 
@@ -152,7 +159,7 @@ def test_a_damaged_approximate_file_is_rebuilt_with_a_warning(
         repo: ClusteredRepo, caplog: pytest.LogCaptureFixture) -> None:
     store = repo.store()
     _ready(repo, store)
-    [saved] = repo.folder.glob("approx-*.npy")
+    [saved] = repo.folder.glob("approx-" + "?" * 16 + ".npy")
     saved.write_bytes(saved.read_bytes()[: saved.stat().st_size // 2])
     again = LocalVectorStore(repo.folder)
     with caplog.at_level(logging.WARNING, logger="retrieval.local_vectors"):
@@ -162,3 +169,98 @@ def test_a_damaged_approximate_file_is_rebuilt_with_a_warning(
     index = _ready(repo, again)
     assert again.approx_builds == 1
     assert _recall(repo, index) >= 0.95
+
+
+def _base_id(store: LocalVectorStore) -> bytes:
+    assert store._saved is not None
+    return store._saved.base_id
+
+
+def test_the_build_runs_in_its_own_process_and_outlives_a_one_shot_caller(
+        repo: ClusteredRepo, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CODEVEIL_APPROX_MIN_CHUNKS", "1000000")
+    store = repo.store()
+    repo.current(store)  # saves the base, too small here for a build
+    assert store.approx_builds == 0
+    monkeypatch.setenv("CODEVEIL_APPROX_MIN_CHUNKS", "1000")
+    base_id = _base_id(store)
+    # A one-shot process (as `codeveil search`) asks for the index and exits at once.
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from indexer.embed_cache import EmbeddingCache\n"
+        "from indexer.local_chunks import open_state_db\n"
+        "from retrieval.local_vectors.store import LocalVectorStore\n"
+        "from tests.test_approx_vectors import DIM\n"
+        "from tests.test_local_vectors import MODEL\n"
+        "root = Path(sys.argv[1])\n"
+        "store = LocalVectorStore(root / '.codeveil' / 'vectors')\n"
+        "index = store.current(open_state_db(root / '.codeveil' / 'state.sqlite'),\n"
+        "    EmbeddingCache(root / 'cache' / 'embeddings.sqlite'), MODEL, DIM)\n"
+        "assert index.approx is None and store.approx_builds == 1\n"
+        "print(store._builder.pid)\n")
+    root = repo.folder.parents[1]
+    done = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True,
+                          text=True, check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    builder = int(done.stdout.split()[-1])
+    assert builder != os.getpid()
+    deadline = time.monotonic() + 120
+    while not approx_path(repo.folder, base_id).exists():
+        assert time.monotonic() < deadline, "the build did not finish after its caller exited"
+        time.sleep(0.1)
+    assert not building(repo.folder, base_id)
+    again = LocalVectorStore(repo.folder)
+    assert repo.current(again).approx is not None
+    assert again.approx_builds == 0
+
+
+def test_one_builder_per_base_whichever_process_asks(repo: ClusteredRepo) -> None:
+    first = repo.store()
+    repo.current(first)
+    assert first.approx_builds == 1 and building(repo.folder, _base_id(first))
+    second = LocalVectorStore(repo.folder)  # another process's store, asking meanwhile
+    repo.current(second)
+    assert second.approx_builds == 0  # the first's build serves both
+    assert second.wait_approx(120) and first.wait_approx(120)
+    assert repo.current(second).approx is not None
+
+
+def test_a_dead_builder_is_replaced_and_one_that_keeps_dying_is_given_up(
+        repo: ClusteredRepo, caplog: pytest.LogCaptureFixture) -> None:
+    store = repo.store()
+    _ready(repo, store)
+    base_id = _base_id(store)
+    approx_path(repo.folder, base_id).unlink()
+    gone = 2**22 + 7  # above Linux's largest pid: no such process
+    marker = repo.folder / f"approx-{base_id.hex()}.building"
+    marker.write_text(f"{gone} 1\n")  # a builder killed mid-way
+    again = LocalVectorStore(repo.folder)
+    assert repo.current(again).approx is None
+    assert again.approx_builds == 1  # started afresh
+    assert _ready(repo, again).approx is not None
+    approx_path(repo.folder, base_id).unlink()
+    marker.write_text(f"{gone} 3\n")  # the third attempt died too
+    last = LocalVectorStore(repo.folder)
+    with caplog.at_level(logging.WARNING, logger="retrieval.local_vectors"):
+        assert repo.current(last).approx is None
+        assert repo.current(last).approx is None
+    assert last.approx_builds == 0
+    told = [r.getMessage() for r in caplog.records if "could not be built" in r.getMessage()]
+    assert len(told) == 1 and "died 3 times" in told[0]  # said once, not per search
+    assert last.wait_approx(5)
+
+
+def test_the_next_base_reuses_the_trained_quantizers(repo: ClusteredRepo) -> None:
+    store = repo.store()
+    first = _ready(repo, store).approx
+    assert first is not None
+    trained = ApproxPlanes.load(repo.folder / TRAINED_FILE, 0, DIM)
+    assert trained.trained_rows == first.trained_rows
+    assert all(p.ntotal == 0 for p in trained.planes)  # type: ignore[attr-defined]
+    base_id = _base_id(store)
+    approx_path(repo.folder, base_id).unlink()
+    (repo.folder / TRAINED_FILE).write_bytes(b"")  # no quantizers to reuse: trained again
+    assert build(repo.folder, base_id)
+    retrained = ApproxPlanes.load(approx_path(repo.folder, base_id), first.planes[0].ntotal,  # type: ignore[attr-defined]
+                                  DIM)
+    assert retrained.trained_rows == first.trained_rows
+    assert ApproxPlanes.load(repo.folder / TRAINED_FILE, 0, DIM).planes  # written again

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
+from indexer.dir_handles import DirHandles
 from indexer.walk import (
     Skipped,
     SkipReason,
@@ -651,8 +652,9 @@ while True:
 
 
 @pytest.mark.parametrize("swap", ["file link", "directory"])
+@pytest.mark.parametrize("beneath", [False, True], ids=["by path", "beneath handles"])
 def test_a_link_flipped_during_reads_never_reads_an_outside_file(
-    tmp_path: Path, swap: str
+    tmp_path: Path, swap: str, beneath: bool
 ) -> None:
     repo, outside = tmp_path / "repo", tmp_path / "outside"
     (repo / "pkg").mkdir(parents=True)
@@ -681,10 +683,11 @@ def test_a_link_flipped_during_reads_never_reads_an_outside_file(
     # At least 3000 reads, and on until both sides of the race were met: on a loaded
     # machine the flipper may get few turns in the first thousands.
     deadline = time.monotonic() + 60
+    dirs = DirHandles(repo) if beneath else None
     try:
         reads = 0
         while reads < 3000 or (not race_met() and time.monotonic() < deadline):
-            got = read_source(repo, rel)
+            got = read_source(repo, rel, dirs=dirs)
             reads += 1
             if isinstance(got, SourceFile):
                 assert "OUTSIDE_SECRET" not in got.text
@@ -694,6 +697,8 @@ def test_a_link_flipped_during_reads_never_reads_an_outside_file(
     finally:
         flipper.kill()
         flipper.wait()
+        if dirs is not None:
+            dirs.close()
     # The race was run, not dodged: the outside file was met and refused many times.
     assert outcomes[SkipReason.SYMLINK_OUTSIDE] > 10, outcomes
     assert outcomes["read"] > 10 or swap == "directory", outcomes
@@ -719,3 +724,44 @@ def test_a_link_replaced_between_its_stat_and_its_resolution_is_skipped(
     result = walk_repo(repo)
     assert [e.path for e in result.files] == ["inside.py"]
     assert [(s.path, s.reason) for s in result.skipped] == [("link.py", SkipReason.UNREADABLE)]
+
+
+# --- reading beneath directory handles ------------------------------------------------
+
+
+def test_reads_beneath_handles_match_reads_by_path(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    for rel in ["a.py", "pkg/b.py", "pkg/sub/c.py", "other/deep/er/d.py"]:
+        write(repo, rel, f"name = {rel!r}\n")
+    (repo / "link.py").symlink_to("pkg/b.py")  # an inside link: read by path, checked
+    write(repo, "pkg/blob.bin", b"\x00\x01binary")
+    with DirHandles(repo, limit=2) as dirs:  # fewer than the directories: some re-opened
+        for _ in range(2):
+            for rel in ["a.py", "pkg/b.py", "pkg/sub/c.py", "other/deep/er/d.py", "link.py",
+                        "pkg/blob.bin", "pkg/missing.py"]:
+                by_path, beneath = read_source(repo, rel), read_source(repo, rel, dirs=dirs)
+                assert type(by_path) is type(beneath), rel
+                if isinstance(by_path, SourceFile):
+                    assert isinstance(beneath, SourceFile)
+                    assert (beneath.text, beneath.digest, beneath.stat) == \
+                        (by_path.text, by_path.digest, by_path.stat)
+                else:
+                    assert isinstance(beneath, Skipped) and beneath.reason == by_path.reason
+            assert len(dirs._dirs) <= 2 + 3  # the limit, plus one chain being opened
+
+
+def test_a_directory_swapped_for_an_outside_link_is_not_followed(tmp_path: Path) -> None:
+    repo, outside = tmp_path / "repo", tmp_path / "outside"
+    write(repo, "pkg/mod.py", "inside = 1\n")
+    write(repo, "lib/mod.py", "inside = 2\n")
+    write(outside, "mod.py", "OUTSIDE_SECRET = 1\n")
+    with DirHandles(repo) as dirs:
+        assert isinstance(read_source(repo, "pkg/mod.py", dirs=dirs), SourceFile)  # pkg/ open
+        for name in ("pkg", "lib"):  # swapped after its handle was opened, and before
+            (repo / name).rename(repo / f"{name}.old")
+            (repo / name).symlink_to(outside, target_is_directory=True)
+        held = read_source(repo, "pkg/mod.py", dirs=dirs)
+        # The handle names the directory it was opened on, which was inside.
+        assert isinstance(held, SourceFile) and held.text == "inside = 1\n"
+        fresh = read_source(repo, "lib/mod.py", dirs=dirs)
+        assert isinstance(fresh, Skipped) and fresh.reason == SkipReason.SYMLINK_OUTSIDE

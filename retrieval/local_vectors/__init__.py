@@ -58,8 +58,9 @@ Modules, one job each::
     store.py     LocalVectorStore: `.codeveil/vectors/` on disk, kept in step with the
                  chunk table and the cache (retrieval.derived.store)
     approx.py    ApproxPlanes: an IVF-PQ index per plane over a large base (past
-                 `APPROX_MIN_CHUNKS`), built in the background, its candidates re-ranked
-                 exactly; the delta and masked rows as for exact search
+                 `APPROX_MIN_CHUNKS`), its candidates re-ranked exactly; the delta
+                 and masked rows as for exact search
+    approx_build.py  that index, built by a detached process of its own per base
     mapped.py    handing the mapped base's pages back after sparse reads, so that the
                  approximate index's process stays small
 

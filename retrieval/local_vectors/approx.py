@@ -137,6 +137,16 @@ class ApproxPlanes:
         index.nprobe = nprobe(index.nlist)
         return index
 
+    def untrained_copy(self) -> ApproxPlanes:
+        """The trained quantizers with no rows: what a later build reuses (`like`)."""
+        faiss = _faiss()
+        planes = []
+        for p in self.planes:
+            empty = faiss.clone_index(p)
+            empty.reset()
+            planes.append(empty)
+        return ApproxPlanes(planes, self.trained_rows)
+
     def candidates(self, queries: np.ndarray, plane: int, width: int) -> np.ndarray:
         """int64 [m, width]: base rows the IVF ranks first for each unit query row of
         `queries` [m, dim] (-1 where it has fewer)."""

@@ -9,10 +9,12 @@ vectors, base metadata, then the pointer, each atomically; the replaced base las
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import sqlite3
-import threading
+import subprocess
+import time
 from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import IO, Any, Final
@@ -34,6 +36,12 @@ from retrieval.derived.store import (
     read_files,
 )
 from retrieval.local_vectors.approx import ApproxPlanes, approx_min_chunks
+from retrieval.local_vectors.approx_build import (
+    approx_path,
+    building,
+    failure_path,
+    start_build,
+)
 from retrieval.local_vectors.docs import VectorDocs
 from retrieval.local_vectors.index import LocalVectorIndex, no_vectors
 from retrieval.local_vectors.mapped import file_checksum
@@ -50,7 +58,7 @@ REBUILD_SHARE: Final = 0.5
 
 _READ_BATCH: Final = 4096  # chunks whose vectors are looked up at once
 # A base's files, its approximate index among them.
-_BASE_NAME = re.compile(r"^(?:base|approx)-([0-9a-f]{16})\.(npy|npz)$")
+_BASE_NAME = re.compile(r"^(?:base|approx)-([0-9a-f]{16})\.(npy|npz|building|failed)$")
 
 Stamp = tuple[int, bytes]  # (change counter, database epoch)
 Model = tuple[str, int]  # (model id, dim)
@@ -77,10 +85,12 @@ class LocalVectorStore(DerivedStore[LocalVectorIndex, _Rows]):
     def __init__(self, directory: Path) -> None:
         super().__init__(directory)
         self._cache: EmbeddingCache | None = None
-        # The approximate index of the newest base it was built for, and its builder.
+        # The approximate index of the newest base it was read for, and the build
+        # process this store started.
         self._approx: tuple[bytes, ApproxPlanes] | None = None
-        self._builder: threading.Thread | None = None
-        #: Approximate indexes built (not read from disk) by this store.
+        self._builder: subprocess.Popen[bytes] | None = None
+        self._failures_told: set[bytes] = set()  # bases whose failed build was logged
+        #: Approximate index builds this store started (not read from disk).
         self.approx_builds = 0
 
     def current(self, db: sqlite3.Connection, cache: EmbeddingCache, model_id: str,
@@ -92,18 +102,27 @@ class LocalVectorStore(DerivedStore[LocalVectorIndex, _Rows]):
             return index
 
     def wait_approx(self, timeout: float | None = None) -> bool:
-        """Wait for a background build of the approximate index; whether none runs now."""
-        builder = self._builder
-        if builder is not None:
-            builder.join(timeout)
-            return not builder.is_alive()
+        """Wait for the build of the approximate index this store started, or another
+        process runs, for the newest base it knows; whether none runs now."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self._builder is not None:
+            try:
+                self._builder.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return False
+        saved = self._saved
+        while saved is not None and building(self.directory, saved.base_id):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
         return True
 
     # -- the approximate index ------------------------------------------------------
 
     def _attach_approx(self, index: LocalVectorIndex) -> None:
         """Give a large base its approximate index: the one in memory, the saved one,
-        or one built in the background while exact search answers."""
+        or one a process of its own builds while exact search answers
+        (`retrieval.local_vectors.approx_build`)."""
         saved = self._saved
         if (index.approx is not None or saved is None or saved.index is not index
                 or index.base.shape[1] < approx_min_chunks()):
@@ -112,7 +131,7 @@ class LocalVectorStore(DerivedStore[LocalVectorIndex, _Rows]):
         if self._approx is not None and self._approx[0] == base_id:
             index.approx = self._approx[1]
             return
-        path = self.directory / f"approx-{base_id.hex()}.npy"
+        path = approx_path(self.directory, base_id)
         try:
             planes = ApproxPlanes.load(path, index.base.shape[1], index.dim)
         except FileNotFoundError:
@@ -120,38 +139,25 @@ class LocalVectorStore(DerivedStore[LocalVectorIndex, _Rows]):
         except (*UNREADABLE, RuntimeError) as exc:  # faiss raises RuntimeError
             log.warning("the approximate vector index in %s is damaged (%s); rebuilding it",
                         self.directory, exc)
+            with contextlib.suppress(OSError):
+                path.unlink()  # warned once; the builder writes a sound one
         else:
             self._approx = (base_id, planes)
             index.approx = planes
             return
-        if self._builder is not None and self._builder.is_alive():
-            return  # a build runs; the next current() after it attaches the result
-        like = self._approx[1] if self._approx is not None else None
-        self._builder = threading.Thread(
-            target=self._build_approx, args=(index.base, base_id, like),
-            name="codeveil-approx-vectors", daemon=True)
-        self._builder.start()
-
-    def _build_approx(self, base: np.ndarray, base_id: bytes,
-                      like: ApproxPlanes | None) -> None:
-        try:
-            planes = ApproxPlanes.build(base, like=like)
-        except (RuntimeError, MemoryError) as exc:
-            log.warning("could not build the approximate vector index in %s: %s",
-                        self.directory, exc)
-            return
-        with self._lock:
+        if self._builder is not None and self._builder.poll() is None:
+            return  # ours runs; a current() after it ends reads what it saved
+        started = start_build(self.directory, base_id)
+        if started is not None:
+            self._builder = started
             self.approx_builds += 1
-            self._approx = (base_id, planes)
-            saved = self._saved
-            if saved is not None and saved.base_id == base_id:
-                saved.index.approx = planes
-                try:
-                    private_dir(self.directory)
-                    write_atomic(self.directory / f"approx-{base_id.hex()}.npy", planes.save)
-                except OSError as exc:
-                    log.warning("could not save the approximate vector index in %s: %s",
-                                self.directory, exc)
+        elif base_id not in self._failures_told:
+            failed = failure_path(self.directory, base_id)
+            with contextlib.suppress(OSError):
+                log.warning("the approximate vector index in %s could not be built (%s); "
+                            "search stays exact until the next merge of its base",
+                            self.directory, failed.read_text().strip())
+                self._failures_told.add(base_id)
 
     def problem(self, model_id: str, dim: int) -> str | None:
         """What is wrong with the saved index, if its files exist but cannot be used
