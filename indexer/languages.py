@@ -7,7 +7,6 @@ which still uses the name to pick its break points (headings, top-level keys).
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
 from typing import Final
 
 GRAMMAR_LANGUAGES: Final = frozenset(
@@ -196,11 +195,12 @@ _FILENAMES: Final[dict[str, str]] = {
 
 def language_for_path(path: str) -> str | None:
     """The language of the file at `path` (repo-relative or absolute), or None if unknown."""
-    name = PurePosixPath(path.replace("\\", "/")).name
-    lowered = name.lower()
+    # String operations, not PurePosixPath: this runs once per file of every scan.
+    lowered = path.replace("\\", "/").rpartition("/")[2].lower()
     if lowered in _FILENAMES:
         return _FILENAMES[lowered]
-    suffix = PurePosixPath(lowered).suffix
+    dot = lowered.rfind(".")
+    suffix = lowered[dot:] if 0 < dot < len(lowered) - 1 else ""  # as PurePath.suffix
     if suffix in _EXTENSIONS:
         return _EXTENSIONS[suffix]
     stem = lowered.split(".", 1)[0]

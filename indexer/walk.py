@@ -464,6 +464,8 @@ def _is_minified(path: str, text: str) -> bool:
 
 
 def _has_generated_marker(text: str) -> bool:
+    if _GENERATED_MARKER.search(text, 0, 8192) is None:  # most files: one pass, no split
+        return False
     head = text[:8192].split("\n", GENERATED_SCAN_LINES)[:GENERATED_SCAN_LINES]
     for line in head:
         stripped = line.lstrip()
