@@ -464,9 +464,11 @@ def _is_minified(path: str, text: str) -> bool:
 
 
 def _has_generated_marker(text: str) -> bool:
-    if _GENERATED_MARKER.search(text, 0, 8192) is None:  # most files: one pass, no split
+    head_text = text[:8192]
+    # Most files: two substring scans, no split (the regex alone took 80 us a file).
+    if "@generated" not in head_text and "DO NOT EDIT" not in head_text:
         return False
-    head = text[:8192].split("\n", GENERATED_SCAN_LINES)[:GENERATED_SCAN_LINES]
+    head = head_text.split("\n", GENERATED_SCAN_LINES)[:GENERATED_SCAN_LINES]
     for line in head:
         stripped = line.lstrip()
         if stripped.startswith(_COMMENT_STARTS) and _GENERATED_MARKER.search(stripped):
