@@ -18,12 +18,19 @@ One `DirHandles` per reading thread: it keeps the `limit` directories used last 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections import OrderedDict
 from typing import Final
 
-_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+#: Whether this platform opens files relative to a directory descriptor without following
+#: links (POSIX); elsewhere `handles_for` gives none and files are read by path.
+SUPPORTED: Final = (hasattr(os, "O_DIRECTORY") and hasattr(os, "O_NOFOLLOW")
+                    and os.open in os.supports_dir_fd)
+_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
+_DIR_FLAGS: Final = (os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW
+                     | getattr(os, "O_CLOEXEC", 0))
 # Errors that mean "a symlink (or not a directory) here": the path-based read decides.
 _LINKED: Final = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EMLINK})
 
@@ -45,7 +52,7 @@ class DirHandles:
         if parent is None:
             return None
         try:
-            return os.open(name, flags | os.O_NOFOLLOW, dir_fd=parent)
+            return os.open(name, flags | _NOFOLLOW, dir_fd=parent)
         except OSError as exc:
             if exc.errno in _LINKED:
                 return None
@@ -91,3 +98,9 @@ class DirHandles:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def handles_for(root: str | os.PathLike[str],
+                ) -> contextlib.AbstractContextManager[DirHandles | None]:
+    """`DirHandles(root)` where the platform supports them, else a context of None."""
+    return DirHandles(root) if SUPPORTED else contextlib.nullcontext()

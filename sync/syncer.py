@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from indexer.chunk import Chunk
-from indexer.dir_handles import DirHandles
+from indexer.dir_handles import DirHandles, handles_for
 from indexer.embed_cache import CachedEmbedder, cache_key
 from indexer.local_chunks import LocalChunks, open_state_db
 from indexer.priority import embed_order
@@ -151,7 +151,7 @@ class Syncer:
         walked = walk_repo(self.root, max_file_bytes=self.max_file_bytes,
                            max_depth=LIMITS.max_depth - 1)
         self.progress.scanned(len(walked.files))
-        with DirHandles(self.root) as dirs:
+        with handles_for(self.root) as dirs:
             result = scan(self.root, walked, self.stat_cache,
                           read=lambda root, path: self._read(root, path, dirs))
         report.skipped.extend((s.path, s.describe()) for s in result.skipped)
@@ -160,7 +160,7 @@ class Syncer:
         report.seconds_walk = time.perf_counter() - t0
         return result.digests
 
-    def _read(self, root: Path, path: str, dirs: DirHandles) -> SourceFile | Skipped:
+    def _read(self, root: Path, path: str, dirs: DirHandles | None) -> SourceFile | Skipped:
         return read_source(root, path, max_file_bytes=self.max_file_bytes, dirs=dirs)
 
     # -- the sync -------------------------------------------------------------------
@@ -363,7 +363,7 @@ class Syncer:
         # Its own connection: this runs in the chunker thread.
         with contextlib.closing(open_state_db(self._state_path)) as db, \
                 contextlib.closing(SiblingChunks.for_root(self.root)) as siblings, \
-                DirHandles(self.root) as dirs:
+                handles_for(self.root) as dirs:
             writer = LocalChunks(db)
             batch: list[_Pending] = []
             batch_chunks = 0

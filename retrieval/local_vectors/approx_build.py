@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m retrieval.local_vectors.approx_build DIR BASE_ID",
               file=sys.stderr)
         return 2
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, AttributeError):  # AttributeError: no nice() here
         os.nice(10)  # background work on a machine that also runs the editor
     return 0 if build(Path(args[0]), bytes.fromhex(args[1])) else 1
 
