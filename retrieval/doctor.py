@@ -113,6 +113,7 @@ class _Plan:
     reupload: list[Finding] = field(default_factory=list)
     embed: list[Finding] = field(default_factory=list)
     index: list[Finding] = field(default_factory=list)
+    retry: list[tuple[Path, Finding]] = field(default_factory=list)  # a record to clear
 
 
 def doctor(path: str | Path = ".", *, repair: bool = False,
@@ -284,10 +285,21 @@ def _check_vectors(root: Path, config: RepoConfig, report: DoctorReport, plan: _
     folder = codeveil_dir(root) / "vectors"
     f = Finding(str(folder))
     report.findings.append(f)
-    bad = LocalVectorStore(folder).problem(config.model_id, config.dim)
+    store = LocalVectorStore(folder)
+    bad = store.problem(config.model_id, config.dim)
     if bad is not None:
         f.problem = f"damaged ({bad}; the next search rebuilds it)"
         plan.aside.append((folder, f))
+        return
+    failed = store.approx_failure()
+    if failed is not None:
+        record, why = failed
+        # Search still answers, exactly and slower: worth a repair, not a failed check.
+        g = Finding(str(record), advisory=True,
+                    problem=f"the approximate vector index could not be built ({why}); "
+                            "search is exact")
+        report.findings.append(g)
+        plan.retry.append((record, g))
 
 
 def _check_embedded_store(root: Path, config: RepoConfig, key: WorkspaceKey,
@@ -437,6 +449,9 @@ def _aside(path: Path) -> Path:
 def _repair(root: Path, plan: _Plan, embedder: Embedder | None, report: DoctorReport) -> None:
     for path, f in plan.aside:
         f.repaired = f"moved to {_aside(path).name}, rebuilt"
+    for path, f in plan.retry:
+        path.unlink(missing_ok=True)
+        f.repaired = "cleared: the next search builds it again"
     reupload = bool(plan.reupload)
     if plan.rebuild_store is not None:
         config = load_config(root)

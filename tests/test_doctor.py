@@ -373,3 +373,33 @@ def test_a_clean_index_with_repeated_chunks_gives_a_clean_doctor(
     report = doctor(root, embedder=HashingEmbedder())
     assert report.healthy, report.lines()
     assert not [f for f in report.findings if f.problem], report.lines()
+
+
+def test_a_failed_approximate_build_is_noted_and_repair_lets_it_run_again(
+        repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from retrieval.local_vectors.approx_build import approx_path, building
+
+    before = results(repo)  # saves the vector index; too small for an approximate one
+    folder = repo / ".codeveil" / "vectors"
+    with np.load(folder / "delta.npz") as z:
+        base_id = z["base_id"].tobytes()
+    assert not list(folder.glob("approx-*"))
+    monkeypatch.setenv("CODEVEIL_APPROX_MIN_CHUNKS", "1")  # now it qualifies
+    # Every attempt died (killed, say): the next search records the failure instead of
+    # starting a fourth.
+    (folder / f"approx-{base_id.hex()}.building").write_text(f"{2**22 + 7} 3\n")
+    assert results(repo) == before
+    noted = doctor(repo)
+    assert noted.healthy  # search works, exactly: a note, not a failed check
+    [finding] = [f for f in noted.findings if f.path.endswith(".failed")]
+    assert finding.advisory and "died 3 times" in (finding.problem or "")
+    assert any(line.startswith("note") and "search is exact" in line for line in noted.lines())
+    repaired = doctor(repo, repair=True)
+    assert repaired.healthy and not list(folder.glob("*.failed"))
+    assert results(repo) == before  # this search starts the build again
+    deadline = time.monotonic() + 120
+    while building(folder, base_id) or not approx_path(folder, base_id).exists():
+        assert time.monotonic() < deadline, "no build after the repair"
+        time.sleep(0.1)

@@ -174,6 +174,20 @@ class LocalVectorStore(DerivedStore[LocalVectorIndex, _Rows]):
             return str(exc) or type(exc).__name__
         return None
 
+    def approx_failure(self) -> tuple[Path, str] | None:
+        """(the record, why) when the saved base's approximate index could not be built
+        (`codeveil doctor`); None when it was, is being, or need not be."""
+        try:
+            with np.load(self.directory / DELTA_FILE, allow_pickle=False) as z:
+                base_id = z["base_id"].tobytes()
+        except UNREADABLE:  # no saved index, or a damaged one: `problem` says so
+            return None
+        record = failure_path(self.directory, base_id)
+        try:
+            return record, record.read_text().strip()
+        except FileNotFoundError:
+            return None
+
     # -- what the refresh reads and builds ------------------------------------------
 
     def read_stamp(self, db: sqlite3.Connection) -> Stamp:
