@@ -2,6 +2,7 @@
 it, warm, on real trees with the real model.
 
     python bench/search_latency.py [--trees requests,flask] [--queries 64]
+        [--wheel PATH] [--out NAME]
 
 Each tree is a git mirror under /work/.mirror (`psf+requests`, `pallets+flask`, ...; read
 with `git archive HEAD`, the commit recorded), copied into one folder, indexed once with
@@ -11,12 +12,17 @@ the names of symbols sampled from the index itself (the two kinds agents send), 
 sealed (the default mode: search runs here), plus the same with a `--path` filter that
 keeps one directory. Reports p50/p95 of the whole call and of the query embedding alone,
 and the machine's load beside them (the figures move with it). Writes
-bench/results/search_latency.json.
+bench/results/search_latency.json (`--out NAME`: NAME.json).
+
+`--wheel PATH` searches a package as its wheel ships it instead of mirrors (its files
+but the .dist-info folder, the wheel's sha256 recorded): django's git snapshot is more
+than this machine can fetch, its wheel is in the local package index.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import random
 import shutil
@@ -24,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,18 +58,35 @@ def _pct(values: list[float], q: int) -> float:
     return round(sorted(values)[min(len(values) - 1, len(values) * q // 100)], 2)
 
 
+def _unpack_wheel(wheel: Path, into: Path) -> str:
+    """The wheel's files but its .dist-info under `into`; its sha256."""
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            if name.split("/", 1)[0].endswith(".dist-info") or name.endswith("/"):
+                continue
+            target = into / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(z.read(name))
+    return "sha256:" + hashlib.sha256(wheel.read_bytes()).hexdigest()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trees", default="psf/requests,pallets/flask")
     parser.add_argument("--queries", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--wheel", type=Path, help="a wheel to search instead of --trees")
+    parser.add_argument("--out", default="search_latency", help="the result file's name")
     args = parser.parse_args()
     bench_cache("search_latency")
     work = Path(tempfile.mkdtemp(prefix="codeveil-latency-"))
     try:
         repo = work / "repo"
-        commits = {name: unpack_mirror(name, repo / name.split("/")[1])
-                   for name in args.trees.split(",")}
+        if args.wheel is not None:
+            commits = {args.wheel.name: _unpack_wheel(args.wheel, repo)}
+        else:
+            commits = {name: unpack_mirror(name, repo / name.split("/")[1])
+                       for name in args.trees.split(",")}
         from retrieval import Index
 
         with Index(repo) as idx:
@@ -110,7 +134,7 @@ def main() -> None:
           f" {os.cpu_count()} cores")
     print(table(["search (k=10, warm, in-process)", "p50 ms", "p95 ms", "mean ms"],
                 [[k, v["p50_ms"], v["p95_ms"], v["mean_ms"]] for k, v in rows.items()]))
-    path = write_json("search_latency", {"trees": commits, "chunks": report.chunks_total,
+    path = write_json(args.out, {"trees": commits, "chunks": report.chunks_total,
                                          "model": model, "queries": len(queries),
                                          "index_s": round(index_s, 1), "results": rows})
     print(f"wrote {path}")
