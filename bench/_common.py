@@ -53,6 +53,19 @@ def unpack_mirror(name: str, dest: Path, mirrors: Path = MIRRORS, commit: str = 
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
+def proc_status_kb(pid: int | str, field: str) -> int | None:
+    """A /proc/<pid>/status field in kB (`pid` may be "self"), None once the process is
+    gone. VmHWM, not ru_maxrss, for a peak: a forked child's ru_maxrss starts at its
+    parent's."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def bench_cache(name: str) -> Path:
     """Point codeveil's cache and config dirs at bench/.cache/<name> (kept between runs,
     so that a rerun embeds nothing it embedded before); returns that folder."""

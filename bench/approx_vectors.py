@@ -49,7 +49,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import Timer, isolate, table, write_json
+from bench._common import Timer, isolate, proc_status_kb, table, write_json
 from bench.local_vectors import FILES_PER_WRITE, MODEL, _file_chunks, pct
 from bench.query_latency import DIM, PER_FILE, synthetic
 from indexer.local_chunks import LocalChunks, open_state_db
@@ -122,10 +122,7 @@ def memory() -> dict[str, float]:
 
     info = psutil.Process().memory_info()
     mb = 2**20
-    # VmHWM, not ru_maxrss: a forked child's ru_maxrss starts at its parent's.
-    status = Path("/proc/self/status").read_text()
-    peak_kb = next((int(line.split()[1]) for line in status.splitlines()
-                    if line.startswith("VmHWM:")), -1)
+    peak_kb = proc_status_kb("self", "VmHWM") or -1
     return {"rss_mb": round(info.rss / mb, 1), "file_mb": round(info.shared / mb, 1),
             "anon_mb": round((info.rss - info.shared) / mb, 1),
             "peak_mb": round(peak_kb / 1024, 1)}
@@ -148,7 +145,7 @@ def run_builder(root: Path) -> dict[str, Any]:
     # The build runs in a process of its own: its high-water mark, read until it ends.
     peak_kb = 0
     while builder.poll() is None:
-        peak_kb = max(peak_kb, _hwm_kb(builder.pid))
+        peak_kb = max(peak_kb, proc_status_kb(builder.pid, "VmHWM") or 0)
         time.sleep(0.1)
     store.wait_approx()
     build_s = time.perf_counter() - t0
@@ -156,14 +153,6 @@ def run_builder(root: Path) -> dict[str, Any]:
     return {"build_s": round(build_s, 1), "build_process_peak_mb": round(peak_kb / 1024, 1),
             **{f"build_{k}": v for k, v in memory().items()}}
 
-
-def _hwm_kb(pid: int) -> int:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0
-    return next((int(line.split()[1]) for line in status.splitlines()
-                 if line.startswith("VmHWM:")), 0)
 
 
 def _keys(hits: list[tuple[ChunkLocation, float]]) -> set[tuple[str, int]]:

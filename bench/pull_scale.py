@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._common import Server, isolate, table, write_json  # noqa: E402
+from bench._common import Server, isolate, proc_status_kb, table, write_json  # noqa: E402
 
 JOIN = """
 import json, sys, time
@@ -92,17 +92,6 @@ def _env(base: Path, name: str) -> dict[str, str]:
     return {**os.environ, "CODEVEIL_CONFIG_DIR": str(base / name / "config"),
             "CODEVEIL_CACHE_DIR": str(base / name / "cache"), "CODEVEIL_EMBEDDER": "hashing",
             "PYTHONPATH": str(ROOT)}
-
-
-def _vm(pid: int, field: str) -> int | None:
-    """A /proc/<pid>/status field in kB, None once the process is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
 
 
 def run_size(base: Path, chunks: int, per_file: int, *, reuse: bool = False
@@ -171,8 +160,8 @@ def run_size(base: Path, chunks: int, per_file: int, *, reuse: bool = False
         searcher.start()
         hwm = 0
         while join.poll() is None:
-            rss = _vm(join.pid, "VmRSS")
-            hwm = max(hwm, _vm(join.pid, "VmHWM") or 0)
+            rss = proc_status_kb(join.pid, "VmRSS")
+            hwm = max(hwm, proc_status_kb(join.pid, "VmHWM") or 0)
             if rss is not None:
                 samples.append((time.monotonic() - started, rss))
             time.sleep(0.2)
