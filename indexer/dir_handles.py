@@ -82,13 +82,10 @@ class DirHandles:
         self._dirs[rel] = fd
         return fd
 
-    def _close_dirs(self) -> None:
+    def close(self) -> None:
         for fd in self._dirs.values():
             os.close(fd)
         self._dirs.clear()
-
-    def close(self) -> None:
-        self._close_dirs()
         if self._root >= 0:
             os.close(self._root)
             self._root = -1

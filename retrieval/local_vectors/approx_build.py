@@ -83,10 +83,14 @@ def _read_marker(path: Path) -> tuple[int, int] | None:
     return int(parts[0]), int(parts[1])
 
 
+def _held(marker: tuple[int, int] | None) -> bool:
+    """Whether a marker (`_read_marker`) names a builder that is starting or alive."""
+    return marker is not None and (marker[0] == -1 or (marker[0] > 0 and _alive(marker[0])))
+
+
 def building(directory: Path, base_id: bytes) -> bool:
     """Whether a live process builds the approximate index of `base_id` now."""
-    marker = _read_marker(_marker(directory, base_id))
-    return marker is not None and (marker[0] == -1 or (marker[0] > 0 and _alive(marker[0])))
+    return _held(_read_marker(_marker(directory, base_id)))
 
 
 def start_build(directory: Path, base_id: bytes) -> subprocess.Popen[bytes] | None:
@@ -96,9 +100,9 @@ def start_build(directory: Path, base_id: bytes) -> subprocess.Popen[bytes] | No
     from indexer.private_files import write_atomic
 
     marker = _marker(directory, base_id)
-    if failure_path(directory, base_id).exists() or building(directory, base_id):
-        return None
     held = _read_marker(marker)
+    if failure_path(directory, base_id).exists() or _held(held):
+        return None
     attempts = held[1] if held is not None else 0
     if attempts >= MAX_ATTEMPTS:
         _fail(directory, base_id, f"the build process died {attempts} times")

@@ -155,7 +155,8 @@ class LocalVectorStore(DerivedStore[LocalVectorIndex, _Rows]):
             failed = failure_path(self.directory, base_id)
             with contextlib.suppress(OSError):
                 log.warning("the approximate vector index in %s could not be built (%s); "
-                            "search stays exact until the next merge of its base",
+                            "search stays exact until the next merge of its base or "
+                            "`codeveil doctor --repair`",
                             self.directory, failed.read_text().strip())
                 self._failures_told.add(base_id)
 
