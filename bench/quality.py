@@ -260,15 +260,11 @@ class Corpus:
 
 
 def _chunker_fingerprint() -> str:
-    """Changes whenever the chunking code does, so stale chunk caches are not used."""
-    root = Path(__file__).resolve().parent.parent / "indexer"
-    h = hashlib.sha256()
-    for name in ("chunker.py", "textsplit.py", "languages.py", "tokens.py", "chunk.py",
-                 "notebook.py"):
-        p = root / name
-        if p.exists():
-            h.update(p.read_bytes())
-    return h.hexdigest()[:16]
+    """Changes whenever the chunking code does, so stale chunk caches are not used: the
+    stamp the chunk table keeps (its modules, symbol names included, and grammars)."""
+    from indexer.chunker_stamp import chunker_stamp
+
+    return chunker_stamp().hex()[:16]
 
 
 def load_tree(root: Path, name: str, chunk_cache: Path | None,

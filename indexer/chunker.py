@@ -443,7 +443,28 @@ class _TreeSplitter:
                 defined.append(scope + names)
             else:
                 within.append(scope)
+                defined.extend(self._nested(node, scope))
         return tuple(dict.fromkeys(defined)), tuple(dict.fromkeys(within))
+
+    def _nested(self, node: Node, scope: Path) -> list[Path]:
+        """The outermost named definitions inside a node that names nothing itself: the
+        functions of a Lua module written inside the function it returns, of an `#ifdef`
+        block, of an anonymous wrapper. Each node is looked at once, since the pieces
+        of a file are disjoint."""
+        out: list[Path] = []
+        stack = list(reversed(node.children))
+        definitions = self.definitions
+        while stack:
+            child = stack.pop()
+            if child.type in definitions:
+                names = definition_names(child)
+                if names:
+                    out.append(scope + names)
+                    continue
+            # A definition inside a node of one line is not one anybody looks for.
+            if child.child_count and child.end_point.row > child.start_point.row:
+                stack.extend(reversed(child.children))
+        return out
 
 
 def _is_header(members: list[_Item]) -> bool:

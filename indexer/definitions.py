@@ -83,6 +83,7 @@ _REPLACED: Final[dict[str, frozenset[str]]] = {
     "typescript": frozenset({"lexical_declaration", "variable_declaration"}),
     "tsx": frozenset({"lexical_declaration", "variable_declaration"}),
     "go": frozenset({"type_declaration"}),
+    "lua": frozenset({"variable_declaration"}),
 }
 
 # A value counts only where a reader looks for definitions: the file's top level, or

@@ -139,7 +139,10 @@ DEFINITIONS: Final[dict[str, frozenset[str]]] = {
         }
     ),
     "bash": frozenset({"function_definition"}),
-    "lua": frozenset({"function_declaration"}),
+    # `M.f = function() end` and `local f = function() end` name a function as surely as
+    # `function M.f() end` does; a module written inside `return function(busted) ... end`
+    # defines nothing else.
+    "lua": frozenset({"function_declaration", "assignment_statement", "variable_declaration"}),
 }
 
 # Definitions that only wrap another one: the inner node names the scope.
@@ -227,12 +230,26 @@ def _template_names(node: Node) -> Path:
 
 
 def _variable_names(node: Node) -> Path:
-    """`const handler = () => ...`: the variable names a function or class."""
+    """`const handler = () => ...`: the variable names a function or class; Lua's
+    `local f = function() end` likewise."""
     for child in node.named_children:
         if child.type == "variable_declarator":
             value = child.child_by_field_name("value")
             if value is not None and value.type in FUNCTION_VALUES:
                 return plain_name(child)
+        elif child.type == "assignment_statement":
+            return _lua_assigned_names(child)
+    return ()
+
+
+def _lua_assigned_names(node: Node) -> Path:
+    """`M.f = function() end`: the name of the first target given a function."""
+    if len(node.named_children) < 2:
+        return ()
+    targets, values = node.named_children[0].named_children, node.named_children[1].named_children
+    for target, value in zip(targets, values, strict=False):
+        if value.type == "function_definition":
+            return name_of(target)
     return ()
 
 
@@ -318,6 +335,7 @@ _NAME_HANDLERS: Final[dict[str, Callable[[Node], Path]]] = {
     "template_declaration": _template_names,
     "lexical_declaration": _variable_names,
     "variable_declaration": _variable_names,
+    "assignment_statement": _lua_assigned_names,
     "field_definition": _member_names,
     "public_field_definition": _member_names,
     "pair": _member_names,

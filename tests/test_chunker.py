@@ -156,6 +156,9 @@ SYMBOLS = [
     ("deploy.sh", "[deploy] %s", "log"),
     ("inventory.lua", "slot.count = slot.count + count", "Inventory > add"),
     ("inventory.lua", 'string.format("%s (%.1f kg)"', "describe"),
+    # Functions given to fields and locals inside the function a module returns.
+    ("reporter.lua", "io.stderr:write(paint(line, 31)", "reporter > testFailure"),
+    ("reporter.lua", "os.clock() - started_at", "elapsed"),
 ]
 
 
