@@ -77,12 +77,7 @@ def group(ranking: Sequence[tuple[ChunkLocation, float]], level: Level,
     ranks: dict[tuple[str, ...], list[int]] = {}
     # A file's score counts each of its symbols once, by its best chunk: a long function
     # cut into five chunks is one piece of evidence, not five (measured on CoSQA, where a
-    # file is one function: MRR 49.3 -> 51.5 with `decay`, SWE-bench unchanged). A chunk
-    # with no symbol is not part of one: module-level code, or the functions of a scope
-    # with no name (a Lua module's `return function(busted) ... end`, a script's body),
-    # so each counts on its own. Counting them as one symbol left such a file one chunk's
-    # score against files of named chunks (multi-language tune half, no vectors: Lua
-    # 0.717 -> 0.831 NDCG@10, all 0.805 -> 0.813; docs/benchmarks.md).
+    # file is one function: MRR 49.3 -> 51.5 with `decay`, SWE-bench unchanged).
     counted: set[tuple[str, str]] = set()
     for rank, (doc, score) in enumerate(ranking, start=1):
         key = group_key(doc, level)
@@ -92,7 +87,7 @@ def group(ranking: Sequence[tuple[ChunkLocation, float]], level: Level,
             scores[key] = []
             ranks[key] = []
         g.members.append(doc)
-        if level == "file" and doc.symbol:
+        if level == "file":
             if (doc.path, doc.symbol) in counted:
                 continue
             counted.add((doc.path, doc.symbol))

@@ -93,17 +93,6 @@ def test_a_symbol_cut_into_many_chunks_counts_once_for_its_file() -> None:
     assert files[1].score == pytest.approx(0.5) and len(files[1].members) == 5
 
 
-def test_chunks_without_a_symbol_each_count_for_their_file() -> None:
-    # Two functions inside a Lua module's anonymous `return function(...) end`: neither
-    # chunk has a symbol, and they are two pieces of evidence, as two named ones would be.
-    anonymous = [(_doc("base.lua", "", 1), 0.5), (_doc("base.lua", "", 21), 0.45)]
-    named = [(_doc("cli.lua", "cli > run", 1), 0.48), (_doc("cli.lua", "cli > parse", 11), 0.46)]
-    ranking = sorted([*anonymous, *named], key=lambda r: -r[1])
-    files = {g.key[0]: g.score for g in group(ranking, "file", "decay")}
-    assert files == pytest.approx({"base.lua": 0.5 + 0.45 / 2, "cli.lua": 0.48 + 0.46 / 2})
-    assert max(files, key=files.__getitem__) == "base.lua"
-
-
 def test_top_m_caps_a_long_file() -> None:
     long_file = [(_doc("long.py", f"f{i}", i * 10), 0.3) for i in range(10)]
     ranking = [(_doc("short.py", "s", 1), 0.85), (_doc("short.py", "t", 11), 0.2), *long_file]
