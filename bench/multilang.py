@@ -117,8 +117,6 @@ def systems(grid: bool = False) -> list[System]:
                        {"w_lexical_prose_peaked": w, "prose_peak_ratio": r})
                 for w, r in PEAK_GRID]
         out += [System("prose BM25 weight 1.0", {"w_lexical_prose": 1.0})]
-        out += [System(f"peaked prose vector weight {w}", {"w_vector_prose_peaked": w})
-                for w in (0.75, 0.5, 0.25)]
     # One row per name: a grid setting equal to a named row is not run twice.
     seen: set[str] = set()
     unique = []

@@ -163,9 +163,6 @@ class SearchOptions:
     # costs 4.0 (docs/benchmarks.md).
     w_lexical_prose_peaked: float | None = 1.0
     prose_peak_ratio: float = 2.0
-    # The vectors' vote (body; a plain-words query casts no header vote) for a query in
-    # plain words whose BM25 ranking is peaked, as above. None: w_vector.
-    w_vector_prose_peaked: float | None = None
     w_evidence: float = 1.0
     depth: int = DEPTH  # chunks taken from each ranking
     dedupe_terms: bool = True  # BM25: a query term counts once
@@ -368,9 +365,6 @@ class HybridRanker:
 
         w_header = o.w_header_vector_prose if prose else o.w_header_vector
         w_vector = o.w_vector
-        peaked_prose = prose and peaked(bm25, o.prose_peak_ratio)
-        if peaked_prose and o.w_vector_prose_peaked is not None:
-            w_vector = o.w_vector_prose_peaked
         if refs.identifier and ev_list is not None:
             # A bare name the repo defines: its definition is found by name, and the
             # vectors only add look-alikes. A name nothing defines keeps them.
@@ -390,7 +384,7 @@ class HybridRanker:
                 vote("header_vector", (d for d, _ in hv), w_header)
         if o.hybrid and len(self.lexical):
             prose_weight = o.w_lexical_prose if prose else None
-            if peaked_prose and o.w_lexical_prose_peaked is not None:
+            if prose and o.w_lexical_prose_peaked is not None and peaked(bm25, o.prose_peak_ratio):
                 prose_weight = o.w_lexical_prose_peaked
             vote("lexical", (self.lexical.doc(i) for i, _ in bm25),
                  o.w_lexical if prose_weight is None else prose_weight)
