@@ -33,6 +33,7 @@ from indexer.syntax_names import (
     IDENTIFIERS,
     WRAPPERS,
     definition_names,
+    lua_function_targets,
     name_of,
     node_text,
     plain_name,
@@ -231,11 +232,7 @@ def _holds_function(node: Node) -> bool:
 def _lua_function_names(node: Node) -> Iterator[Path]:
     """`local f = function() end`, `M.f = function() end`: the names given a function,
     wherever they stand (a module's functions are often locals of its body)."""
-    targets = node.named_children[0].named_children if node.named_children else []
-    values = node.named_children[1].named_children if len(node.named_children) > 1 else []
-    for target, value in zip(targets, values, strict=False):
-        if value.type != "function_definition":
-            continue
+    for target in lua_function_targets(node):
         names = tuple(p for p in re.split(r"[.:]", node_text(target)) if p)
         if names and all(n.isidentifier() for n in names):
             yield names

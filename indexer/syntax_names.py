@@ -5,7 +5,7 @@ chunker scopes its chunks by (`indexer.chunker`) and the definitions index reads
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from tree_sitter import Node
@@ -242,15 +242,21 @@ def _variable_names(node: Node) -> Path:
     return ()
 
 
-def _lua_assigned_names(node: Node) -> Path:
-    """`M.f = function() end`: the name of the first target given a function."""
+def lua_function_targets(node: Node) -> Iterator[Node]:
+    """The targets a Lua assignment gives a function (`M.f` of `M.f = function() end`),
+    in order."""
     if len(node.named_children) < 2:
-        return ()
+        return
     targets, values = node.named_children[0].named_children, node.named_children[1].named_children
     for target, value in zip(targets, values, strict=False):
         if value.type == "function_definition":
-            return name_of(target)
-    return ()
+            yield target
+
+
+def _lua_assigned_names(node: Node) -> Path:
+    """`M.f = function() end`: the name of the first target given a function."""
+    target = next(lua_function_targets(node), None)
+    return name_of(target) if target is not None else ()
 
 
 def _member_names(node: Node) -> Path:

@@ -162,6 +162,15 @@ SYMBOLS = [
 ]
 
 
+def test_a_block_that_names_nothing_is_named_after_the_definitions_in_it() -> None:
+    # An `#ifdef` that fits in one chunk: the functions inside name the chunk, as a
+    # class would if they were its methods.
+    fast = "\n".join(f"static int fast_{op}(const int *xs, int n) {{\n    return xs[n - 1];\n}}\n"
+                      for op in ("sum", "max"))
+    chunks = chunk_file("fast.c", f"#include <stdio.h>\n\n#ifdef USE_FAST\n{fast}#endif\n")
+    assert [c.symbol for c in chunks] == ["fast_sum, fast_max"]
+
+
 @pytest.mark.parametrize(("name", "needle", "expected"), SYMBOLS)
 def test_symbol_paths(name: str, needle: str, expected: str) -> None:
     for max_tokens in (48, DEFAULT_MAX_TOKENS):
