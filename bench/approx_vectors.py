@@ -154,7 +154,6 @@ def run_builder(root: Path) -> dict[str, Any]:
             **{f"build_{k}": v for k, v in memory().items()}}
 
 
-
 def _keys(hits: list[tuple[ChunkLocation, float]]) -> set[tuple[str, int]]:
     return {(d.path, d.start_line) for d, _ in hits}
 

@@ -135,8 +135,8 @@ def main() -> None:
     print(table(["search (k=10, warm, in-process)", "p50 ms", "p95 ms", "mean ms"],
                 [[k, v["p50_ms"], v["p95_ms"], v["mean_ms"]] for k, v in rows.items()]))
     path = write_json(args.out, {"trees": commits, "chunks": report.chunks_total,
-                                         "model": model, "queries": len(queries),
-                                         "index_s": round(index_s, 1), "results": rows})
+                                 "model": model, "queries": len(queries),
+                                 "index_s": round(index_s, 1), "results": rows})
     print(f"wrote {path}")
 
 

@@ -49,14 +49,7 @@ class DirHandles:
         file). Raises OSError as `os.open` does for anything else."""
         head, _, name = path.rpartition("/")
         parent = self._dir(head)
-        if parent is None:
-            return None
-        try:
-            return os.open(name, flags | _NOFOLLOW, dir_fd=parent)
-        except OSError as exc:
-            if exc.errno in _LINKED:
-                return None
-            raise
+        return None if parent is None else _open_at(parent, name, flags | _NOFOLLOW)
 
     def _dir(self, rel: str) -> int | None:
         if not rel:
@@ -71,15 +64,9 @@ class DirHandles:
             os.close(self._dirs.popitem(last=False)[1])
         head, _, name = rel.rpartition("/")
         parent = self._dir(head)
-        if parent is None:
-            return None
-        try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
-        except OSError as exc:
-            if exc.errno in _LINKED:
-                return None
-            raise
-        self._dirs[rel] = fd
+        fd = None if parent is None else _open_at(parent, name, _DIR_FLAGS)
+        if fd is not None:
+            self._dirs[rel] = fd
         return fd
 
     def close(self) -> None:
@@ -95,6 +82,17 @@ class DirHandles:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _open_at(parent: int, name: str, flags: int) -> int | None:
+    """`os.open(name, flags, dir_fd=parent)`, or None where a symlink (or a file that is
+    not a directory) stands in the way; any other OSError is raised."""
+    try:
+        return os.open(name, flags, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno in _LINKED:
+            return None
+        raise
 
 
 def handles_for(root: str | os.PathLike[str],
