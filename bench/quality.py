@@ -631,6 +631,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
               {"w_lexical_prose_peaked": w, "prose_peak_ratio": r}, agg)
              for w, r in PEAK_GRID]
     rows.append(("defaults, prose BM25 weight 1.0", fmt, {"w_lexical_prose": 1.0}, agg))
+    rows += [(f"defaults, vector weight {w}", fmt, {"w_vector": w}, agg) for w in (0.5, 0.25)]
     rows += [("defaults, no header", o, {}, agg) for o in other]
     rows += [("defaults, no BM25", fmt, {"hybrid": False}, agg)]
     rows += [(f"defaults, file agg {a}", fmt, {}, a)
