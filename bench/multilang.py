@@ -55,8 +55,15 @@ TOP_KEPT = 5  # files kept per query and system in the result file, to read the 
 
 
 def ndcg(files: Sequence[str], gold: set[str], k: int = NDCG_AT) -> float:
-    """Binary-relevance NDCG@k over distinct files."""
-    dcg = sum(1.0 / math.log2(i + 2) for i, f in enumerate(files[:k]) if f in gold)
+    """Binary-relevance NDCG@k over a list of files, each gold file gaining once, at its
+    first place: over distinct files (a file ranking) or over the files of the chunks
+    `codeveil search` prints, in order, repeats included (a chunk of a file already
+    shown gains nothing and takes a place)."""
+    dcg, seen = 0.0, set()
+    for i, f in enumerate(files[:k]):
+        if f in gold and f not in seen:
+            seen.add(f)
+            dcg += 1.0 / math.log2(i + 2)
     ideal = sum(1.0 / math.log2(i + 2) for i in range(min(len(gold), k)))
     return dcg / ideal if ideal else 0.0
 
@@ -101,6 +108,11 @@ def systems(grid: bool = False) -> list[System]:
     ]
     if grid:
         for vec, base in (("", {}), ("no vectors, ", NO_VECTORS)):
+            out += [System(f"{vec}saturation {f}", {**base, "saturation": f},
+                           vectors=not base) for f in (1.0, 0.8, 0.6, 0.4, 0.2, 0.0)]
+            out += [System(f"{vec}file first, saturation {f}",
+                           {**base, "saturation": f, "file_first": True},
+                           vectors=not base) for f in (1.0, 0.6, 0.4, 0.2, 0.0)]
             out += [System(f"{vec}non-code x{f}", {**base, "w_non_code": f},
                            vectors=not base) for f in (1.0, 0.8, 0.6, 0.4, 0.2)]
             out += [System(f"{vec}stem evidence {on}", {**base, "stem_evidence": on},
@@ -196,7 +208,9 @@ def prepare_repo(pin: Pin, data: Path, queries: Sequence[Query], enc, memo,
     def rank(q: str, system: System) -> tuple[list[ChunkLocation], list[str]]:
         ranking = ranker.rank(q, replace(SearchOptions(), **system.options))
         files = [g.key[0] for g in group_ranking(ranking, "file", agg)][:DEPTH]
-        return [d for d, _ in ranking.chunks], files
+        # What `codeveil search` prints: the chunk-level groups, in order.
+        printed = [g.best for g in group_ranking(ranking, "chunk")][:DEPTH]
+        return printed, files
 
     chunk_tokens = dict(zip((d.key for d in docs),
                             counter.count_batch([c.text for c in chunks]), strict=True))
@@ -217,31 +231,41 @@ def evaluate(repos: dict[str, Repo], queries: Sequence[Query], chosen: list[Syst
             continue
         gold = set(q.gold)
         got = repo.bm25(q.text)
+        # Whole-file BM25 prints files: its two scores are one.
         scores = {BM25: ndcg(got, gold)}
+        file_scores = {BM25: scores[BM25]}
         top = {BM25: got[:TOP_KEPT]}
         read = None
+        # The first system ranked: the shipped one, or with no vectors its own row.
+        shown = next(s.name for s in chosen if vectors or not s.vectors)
         for n, s in enumerate(chosen):
             if s.vectors and not vectors:
                 continue
             hits, files = repo.rank(q.text, s)
-            scores[s.name] = ndcg(files, gold)
-            top[s.name] = files[:TOP_KEPT]
+            scores[s.name] = ndcg([d.path for d in hits], gold)
+            file_scores[s.name] = ndcg(files, gold)
+            top[s.name] = [d.path for d in hits[:NDCG_AT]]
             if n == 0:  # the shipped ranking
                 read = repo.reading(hits, files, gold)
         rows.append({"repo": q.repo, "kind": q.kind, "language": q.language,
                      "half": repo.pin.half, "query": q.text, "gold": list(q.gold),
-                     "scores": scores, "top": top, "reading": read})
+                     "scores": scores, "file_scores": file_scores, "top": top,
+                     "distinct_files": len(set(top.get(shown, []))),
+                     "reading": read})
     return rows
 
 
-def mean_by(rows: list[dict], key: Callable[[dict], str]) -> dict[str, dict[str, float]]:
+def mean_by(rows: list[dict], key: Callable[[dict], str], field: str = "scores"
+            ) -> dict[str, dict[str, float]]:
+    """Mean of each system's `field` ("scores": the chunks printed; "file_scores": the
+    file ranking) per group of rows."""
     groups: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         groups[key(r)].append(r)
     out = {}
     for g, rs in sorted(groups.items()):
-        names = rs[0]["scores"].keys()
-        out[g] = {n: float(np.mean([r["scores"][n] for r in rs])) for n in names}
+        names = rs[0][field].keys()
+        out[g] = {n: float(np.mean([r[field][n] for r in rs])) for n in names}
         out[g]["queries"] = len(rs)
     return out
 
@@ -275,14 +299,22 @@ def print_tables(rows: list[dict], names: list[str]) -> dict:
             continue
         by_kind = mean_by(hr, lambda r: r["kind"])
         by_kind["all"] = mean_by(hr, lambda r: "all")["all"]
-        report[half] = {"kind": by_kind, "language": mean_by(hr, lambda r: r["language"]),
-                        "repo": mean_by(hr, lambda r: r["repo"])}
-        print(f"\n{half} half: NDCG@{NDCG_AT} by kind ({len(hr)} queries)")
-        print(table(["system", *[f"{k} ({by_kind[k]['queries']})" for k in by_kind]],
-                    [[n, *[by_kind[k].get(n, float("nan")) for k in by_kind]] for n in names]))
+        file_kind = mean_by(hr, lambda r: r["kind"], "file_scores")
+        file_kind["all"] = mean_by(hr, lambda r: "all", "file_scores")["all"]
+        shown = [r["distinct_files"] for r in hr]
+        report[half] = {"kind": by_kind, "file_kind": file_kind,
+                        "language": mean_by(hr, lambda r: r["language"]),
+                        "repo": mean_by(hr, lambda r: r["repo"]),
+                        "distinct_files_in_ten": float(np.mean(shown))}
+        for title, kinds in (("the ten chunks printed", by_kind),
+                             ("the file ranking", file_kind)):
+            print(f"\n{half} half: NDCG@{NDCG_AT} of {title}, by kind ({len(hr)} queries)")
+            print(table(["system", *[f"{k} ({kinds[k]['queries']})" for k in kinds]],
+                        [[n, *[kinds[k].get(n, float("nan")) for k in kinds]] for n in names]))
+        print(f"distinct files in the ten printed (shipped): mean {np.mean(shown):.2f}")
         for what in ("language", "repo"):
             groups = report[half][what]
-            print(f"\n{half} half: NDCG@{NDCG_AT} by {what}")
+            print(f"\n{half} half: NDCG@{NDCG_AT} of the ten chunks printed, by {what}")
             print(table([what, "queries", *[short[n] for n in names]],
                         [[g, v["queries"], *[v.get(n, float("nan")) for n in names]]
                          for g, v in groups.items()]))

@@ -8,7 +8,9 @@ Every hit carries its file's kind, and searches can keep some kinds only
 2. `tests`: a file under a test folder (`tests/`, `__tests__/`, `spec/`, `testdata/`,
    `fixtures/`, ...) or named as a test in its language (`test_*.py`, `*_test.go`,
    `*.spec.ts`, `*_spec.rb`, `FooTest.java`, `conftest.py`, ...);
-3. `docs`: anything under a docs folder (`docs/`, `doc/`, `documentation/`, `man/`);
+3. `docs`: anything under a docs folder (`docs/`, `doc/`, `documentation/`, `man/`)
+   but source in a programming language: a `doc/` package of Go files that generates
+   documentation is code, as its language says;
 4. `examples`: anything under `examples/`, `samples/`, `demo/`, `tutorials/`, ...;
 5. `config`: YAML, TOML, JSON, INI and XML files, dotfiles such as `.gitignore`, and
    `requirements*.txt`; other plain text and LaTeX are `docs`;
@@ -51,6 +53,10 @@ EXAMPLE_DIRS: Final = frozenset(
      "tutorial", "tutorials", "cookbook", "showcase", "playground", "gallery"}
 )
 _DOC_LANGUAGES: Final = PROSE_LANGUAGES - {"text"}  # Markdown, reStructuredText
+# What a docs folder holds as docs: prose, markup, styles, data, config and notebooks (a
+# tutorial's); anything else there is a program (None: no language known, an asset).
+_NOT_PROGRAMS: Final = frozenset({*PROSE_LANGUAGES, *CONFIG_LANGUAGES, "html", "css", "scss",
+                                  "less", "latex", "notebook", None})
 _PROSE_EXTENSIONS: Final = (".adoc", ".asciidoc", ".textile", ".org", ".pod")
 
 # Lower-case stem endings and starts that name a test file in some language.
@@ -84,7 +90,7 @@ def file_kind(path: str) -> FileKind:
         return FileKind.DOCS
     if not folders.isdisjoint(TEST_DIRS) or _is_test_name(name):
         return FileKind.TESTS  # plain text and LaTeX there are test inputs
-    if not folders.isdisjoint(DOC_DIRS):
+    if not folders.isdisjoint(DOC_DIRS) and language in _NOT_PROGRAMS:
         return FileKind.DOCS
     if not folders.isdisjoint(EXAMPLE_DIRS):
         return FileKind.EXAMPLES

@@ -26,7 +26,7 @@ import numpy as np
 
 from indexer.location import ChunkLocation
 from retrieval.filters import HitFilter
-from retrieval.grouping import Aggregation, Group, Level, group
+from retrieval.grouping import Aggregation, Group, Level, diversify, group
 from retrieval.lexical import LexicalIndex
 from retrieval.query import (
     Evidence,
@@ -93,10 +93,13 @@ class VectorSearch(Protocol):
 
 
 def rrf(rankings: Sequence[Sequence[K]], *, k: float = RRF_K,
-        weights: Sequence[float] | None = None) -> dict[K, float]:
+        weights: Sequence[float] | None = None, cap: int | None = None) -> dict[K, float]:
     """Reciprocal-rank fusion: item -> sum over rankings of weight / (k + rank), rank from 1.
 
-    An item listed twice in one ranking counts at its best rank only.
+    An item listed twice in one ranking counts at its best rank only. With `cap`, only
+    ranks up to `cap` add to a score; an item found deeper only is kept with score 0, so
+    that reading the rankings deeper (more results asked for) adds candidates after the
+    others and never reorders them.
     """
     weights = weights if weights is not None else [1.0] * len(rankings)
     if len(weights) != len(rankings):
@@ -110,7 +113,7 @@ def rrf(rankings: Sequence[Sequence[K]], *, k: float = RRF_K,
             if item in seen:
                 continue
             seen.add(item)
-            out[item] += w / (k + rank)
+            out[item] += w / (k + rank) if cap is None or rank <= cap else 0.0
     return dict(out)
 
 
@@ -165,6 +168,10 @@ class SearchOptions:
     prose_peak_ratio: float = 2.0
     w_evidence: float = 1.0
     depth: int = DEPTH  # chunks taken from each ranking
+    # Ranks beyond this add nothing to a score (rrf's `cap`): a search for more results
+    # reads the rankings deeper (`retrieval.searcher.ranking_depth`), and its first ten
+    # must be the ten a search for ten shows.
+    scored_depth: int = DEPTH
     dedupe_terms: bool = True  # BM25: a query term counts once
     # BM25: only the query's 32 rarest terms (None: every term). An issue text has
     # a hundred or more distinct words; its rarest are the names in it, and its common
@@ -216,6 +223,15 @@ class SearchOptions:
     # a name's definition is found by name and the vectors only add its look-alikes;
     # and the query is not embedded at all.
     w_meaning_identifier: float = 0.0
+    # The chunks printed (chunk level): a chunk's score is scaled by this once per chunk
+    # of its file ranked above it (retrieval.grouping.diversify; 1: no scaling). Chosen
+    # on the multi-language tune half, scoring the ten chunks printed: with no vectors
+    # 0.796 -> 0.811 at 0.6, 0.813 at 0.4 (docs/benchmarks.md).
+    saturation: float = 0.5
+    # The chunks printed: a file's first chunk is ranked by its file's score (its
+    # symbols' chunks aggregated, `decay`), the rest by their own. On the same tune half
+    # with saturation: 0.813 -> 0.818, what the file ranking scores.
+    file_first: bool = True
 
 
 @dataclass
@@ -230,6 +246,8 @@ class Ranking:
     file_lists: list[tuple[list[str], float]] = field(default_factory=list)
     file_best: dict[str, ChunkLocation] = field(default_factory=dict)  # a chunk to show per file
     rrf_k: float = RRF_K
+    saturation: float = 1.0  # chunk level: see `retrieval.grouping.diversify`
+    file_first: bool = False  # chunk level: a file's first chunk takes the file's score
 
 
 def group_ranking(ranking: Ranking, level: Level, agg: Aggregation | None = None) -> list[Group]:
@@ -239,6 +257,9 @@ def group_ranking(ranking: Ranking, level: Level, agg: Aggregation | None = None
     ranking (whole-file BM25) are fused by reciprocal rank; the fused score becomes the
     group's score.
     """
+    if level == "chunk":
+        return group(diversify(ranking.chunks, ranking.saturation,
+                               file_first=ranking.file_first), level)
     groups = group(ranking.chunks, level, agg)
     if level != "file" or not ranking.file_lists:
         return groups
@@ -393,7 +414,8 @@ class HybridRanker:
             vote("evidence", (self.lexical.doc(i) for i in ev_list[0]), o.w_evidence)
             matched = ev_list[1]
 
-        fused = rrf(lists, k=o.rrf_k, weights=weights)
+        cap = min(o.depth, o.scored_depth)
+        fused = rrf(lists, k=o.rrf_k, weights=weights, cap=cap)
         if o.w_non_code != 1.0:
             # Code first: what the votes (every vote's, or the words') gave tests, docs
             # and examples counts less.
@@ -401,13 +423,14 @@ class HybridRanker:
             if o.non_code_scope == "words":
                 word = [i for i, source in enumerate(voters) if source in WORD_SOURCES]
                 scaled = rrf([lists[i] for i in word], k=o.rrf_k,
-                             weights=[weights[i] for i in word])
+                             weights=[weights[i] for i in word], cap=cap)
             fused = prefer_code(fused, scaled, docs, query, o.w_non_code)
         chunks = [(docs[key], score) for key, score in ranked(fused)]
         if keep is not None:
             chunks = [(d, s) for d, s in chunks if keep(d)]
         result = Ranking(chunks, parts=len(parts), sources=sources, matched=matched,
-                         rrf_k=o.rrf_k)
+                         rrf_k=o.rrf_k, saturation=o.saturation,
+                         file_first=o.file_first)
         w_file = o.w_file_lexical_prose if prose else o.w_file_lexical
         if o.hybrid and w_file and len(self.lexical):
             files = self.lexical.file_top(lex_query, o.depth, mask=mask, dedupe=dedupe,
@@ -456,7 +479,8 @@ class HybridRanker:
                     best[d.key] = max(best.get(d.key, -2.0), s)
             return [(docs[key], s) for key, s in ranked(best)][: o.depth]
         weights = [o.w_first_part] + [1.0] * (len(per_part) - 1)
-        fused = rrf([[d.key for d, _ in hits] for hits in per_part], k=o.rrf_k, weights=weights)
+        fused = rrf([[d.key for d, _ in hits] for hits in per_part], k=o.rrf_k, weights=weights,
+                    cap=min(o.depth, o.scored_depth))
         return [(docs[key], s) for key, s in ranked(fused)][: o.depth]
 
     @staticmethod

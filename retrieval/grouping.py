@@ -20,6 +20,7 @@ for each level.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
@@ -96,6 +97,41 @@ def group(ranking: Sequence[tuple[ChunkLocation, float]], level: Level,
     for key, g in groups.items():
         g.score = _aggregate(agg, scores[key], ranks[key], top_m, rank_k)
     return sorted(groups.values(), key=lambda g: -g.score)
+
+
+def diversify(ranking: Sequence[tuple[ChunkLocation, float]], saturation: float,
+              *, file_first: bool = False) -> list[tuple[ChunkLocation, float]]:
+    """The chunk ranking with each chunk's score scaled by `saturation` once per chunk of
+    its file ranked above it (1: unchanged), best first.
+
+    What a search prints is read top down: a fifth chunk of one header shown above a
+    second file's first costs the reader a place, and a question whose answer spans
+    three files cannot be answered by one. Greedy: take the best adjusted score, then
+    lower the rest of that file's chunks; a chunk's score is recomputed lazily when it
+    reaches the top of the heap with a stale file count.
+    """
+    if (saturation >= 1.0 and not file_first) or len(ranking) < 2:
+        return list(ranking)
+    shown: dict[str, int] = {}
+    first: dict[str, float] = {}
+    if file_first:
+        # A file's first chunk stands for the file: it takes the file's score (its
+        # symbols' chunks, `decay`), so a file that answers in several places leads.
+        first = {g.key[0]: g.score for g in group(ranking, "file", "decay")}
+    # (-adjusted score, rank, file count it was adjusted for)
+    heap = [(-first.get(d.path, s), i, 0) for i, (d, s) in enumerate(ranking)]
+    heapq.heapify(heap)
+    out: list[tuple[ChunkLocation, float]] = []
+    while heap:
+        neg, i, seen = heapq.heappop(heap)
+        doc, score = ranking[i]
+        now = shown.get(doc.path, 0)
+        if now != seen:
+            heapq.heappush(heap, (-score * saturation**now, i, now))
+            continue
+        out.append((doc, -neg))
+        shown[doc.path] = now + 1
+    return out
 
 
 def _aggregate(agg: Aggregation, scores: list[float], ranks: list[int], top_m: int,

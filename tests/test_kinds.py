@@ -17,7 +17,11 @@ TABLE = [
     ("src/pkg/utils_test.py", TESTS),
     ("conftest.py", TESTS),
     ("testing/helpers.py", TESTS),
-    ("docs/conf.py", DOCS),
+    # A program in a docs folder is code: Sphinx's conf.py, a Go package that makes docs.
+    ("docs/conf.py", CODE),
+    ("doc/generate.go", CODE),
+    ("cmd/doc/main.go", CODE),
+    ("docs/theme/layout.html", DOCS),
     ("examples/plot_scatter.py", EXAMPLES),
     ("src/pkg/contest.py", CODE),
     ("src/pkg/latest.py", CODE),
