@@ -79,6 +79,10 @@ class System:
 # only, every kind of file alike (bench/quality.py's rows of the same name use it too).
 BEFORE = BEFORE_MULTILANG
 NO_VECTORS = {"w_vector": 0.0, "w_header_vector": 0.0}
+# The ranking as `codeveil search` printed it before the ten were scored as printed:
+# no saturation, no path vote, every file beside the implementation alike. (Programs in a
+# docs folder were docs then; that rule lives in indexer.kinds and is not switched here.)
+PRINTED_BEFORE = {"saturation": 1.0, "file_first": False, "w_path": 0.0, "w_secondary": 1.0}
 
 
 def systems(grid: bool = False) -> list[System]:
@@ -89,7 +93,11 @@ def systems(grid: bool = False) -> list[System]:
     d = SearchOptions()
     out = [
         System("codeveil (shipped defaults)", {}),
+        System("codeveil as printed before", PRINTED_BEFORE),
         System("codeveil before (Python names, kinds alike)", BEFORE),
+        System("defaults, no saturation", {"saturation": 1.0, "file_first": False}),
+        System("defaults, no path vote", {"w_path": 0.0}),
+        System("defaults, secondary files alike", {"w_secondary": 1.0}),
         System("defaults, Python names only", {"identifier_refs": False}),
         System("defaults, no stem evidence" if d.stem_evidence else "defaults + stem evidence",
                {"stem_evidence": not d.stem_evidence}),
@@ -102,6 +110,8 @@ def systems(grid: bool = False) -> list[System]:
         System("defaults, no header vector", {"w_header_vector": 0.0,
                                                "w_header_vector_prose": 0.0}),
         System("codeveil, no vectors (first index)", NO_VECTORS, vectors=False),
+        System("no vectors, as printed before", {**NO_VECTORS, **PRINTED_BEFORE},
+               vectors=False),
         System("no vectors, before", {**NO_VECTORS, **BEFORE}, vectors=False),
         System("BM25 chunks only", {**NO_VECTORS, "evidence": False, "w_non_code": 1.0},
                vectors=False),
@@ -110,6 +120,10 @@ def systems(grid: bool = False) -> list[System]:
         for vec, base in (("", {}), ("no vectors, ", NO_VECTORS)):
             out += [System(f"{vec}saturation {f}", {**base, "saturation": f},
                            vectors=not base) for f in (1.0, 0.8, 0.6, 0.4, 0.2, 0.0)]
+            out += [System(f"{vec}path vote {w}", {**base, "w_path": w},
+                           vectors=not base) for w in (0.0, 0.25, 0.5, 1.0)]
+            out += [System(f"{vec}secondary files x{w}", {**base, "w_secondary": w},
+                           vectors=not base) for w in (1.0, 0.8, 0.6, 0.4)]
             out += [System(f"{vec}file first, saturation {f}",
                            {**base, "saturation": f, "file_first": True},
                            vectors=not base) for f in (1.0, 0.6, 0.4, 0.2, 0.0)]

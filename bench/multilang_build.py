@@ -15,6 +15,11 @@ queries are drawn from it, seeded by the repository's name so a rebuild draws th
    exist at the pinned commit; those files are gold. The tree searched is the pinned one,
    not the commit's parent: one tree per repository keeps the embedding work bounded, at
    the cost of the gold files already holding the change (and what came after it).
+4. module: the first sentence of the comment a code file opens with (a Python module
+   docstring, a Go package comment, Rust's `//!`, a JSDoc or file header that is not a
+   license); the file is gold and the comment is cut out. What "what is X for" and
+   "how does X work" questions look like when people write them. Drawn with a generator
+   of its own, so the other kinds' queries are the ones drawn before it existed.
 
 The split is by repository: the first byte of sha256(owner/name), even is tune, odd is
 report (`half_of`). Settings are chosen on tune; numbers are published from report.
@@ -43,8 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import MIRRORS, ROOT, mirror_git_dir, unpack_mirror
 
 REPOS_FILE = ROOT / "bench" / "multilang_repos.tsv"
-KINDS = ("symbol", "doc", "commit")
-PER_KIND = {"symbol": 8, "doc": 8, "commit": 8}
+KINDS = ("symbol", "doc", "commit", "module")
+PER_KIND = {"symbol": 8, "doc": 8, "commit": 8, "module": 8}
 MIN_SYMBOL_CHARS = 6
 DOC_WORDS = (4, 30)
 COMMIT_WORDS = (3, 20)
@@ -146,7 +151,7 @@ def _clean_comment(lines: list[str]) -> str:
     out = []
     for line in lines:
         s = line.strip()
-        s = re.sub(r'^(///?|//!|/\*\*?|\*/|\*|#+|--+|[rRuU]?"""|[rRuU]?\'\'\')\s?', "", s)
+        s = re.sub(r'^(//!|///?|/\*\*?|\*/|\*|#+|--+|[rRuU]?"""|[rRuU]?\'\'\')\s?', "", s)
         s = re.sub(r'(\*/|"""|\'\'\')\s*$', "", s).strip()
         if s.startswith(("@", ":param", ":return", ":raises", "Args:", "Returns:", "<")):
             break  # tags and sections end the summary
@@ -200,7 +205,61 @@ def doc_comment(lines: list[str], start: int, language: str) -> DocComment | Non
     return DocComment(i + 2, last + 1, first_sentence(block))
 
 
-# -- the three kinds ------------------------------------------------------------------------
+_LICENSE = re.compile(r"licen[cs]e|copyright|\(c\)|spdx|all rights reserved", re.I)
+_SHEBANG_OR_TAG = re.compile(r"^\s*(#!|//go:build|// \+build|#\s*-\*-|# ?frozen_string_literal"
+                             r"|#\s*(encoding|coding)[:=]|<\?php|'use strict'|\"use strict\")")
+
+
+def module_comment(lines: list[str], language: str, def_starts: set[int]) -> DocComment | None:
+    """The comment a file opens with, saying what the module is for: a Python module
+    docstring, else the first comment block at the top (after a shebang, build tags or
+    `<?php`), when it is not a license and not the doc comment of the definition right
+    below it (a Go package comment sits above `package`, which defines nothing)."""
+    i = 0
+    while i < len(lines) and (not lines[i].strip() or _SHEBANG_OR_TAG.match(lines[i])):
+        i += 1
+    if i >= len(lines):
+        return None
+    if language == "python":
+        if not _DOCSTRING_OPEN.match(lines[i]):
+            return None
+        quote = _DOCSTRING_OPEN.match(lines[i]).group(1)  # type: ignore[union-attr]
+        j = i
+        if quote not in lines[i].split(quote, 1)[1]:
+            j += 1
+            while j < len(lines) and quote not in lines[j]:
+                j += 1
+        if j >= len(lines):
+            return None
+        block, first, last = lines[i : j + 1], i + 1, j + 1
+        if _LICENSE.search(" ".join(block)):
+            return None
+        return DocComment(first, last, first_sentence(block))
+    comment = _COMMENT_OF.get(language, _SLASH_COMMENT)
+    for _ in range(2):  # a license block first, then the module's own
+        j = i
+        if lines[i].lstrip().startswith("/*"):  # a block comment, to its end
+            while j < len(lines) and "*/" not in lines[j]:
+                j += 1
+            j += 1
+        else:
+            while j < len(lines) and lines[j].strip() and comment.match(lines[j]):
+                j += 1
+        if j == i or j > len(lines):
+            return None
+        k = j
+        while k < len(lines) and not lines[k].strip():
+            k += 1
+        block = lines[i:j]
+        if not _LICENSE.search(" ".join(block)):
+            if k + 1 in def_starts or (k < len(lines) and _ATTRIBUTE.match(lines[k])):
+                return None  # the doc comment of the first definition
+            return DocComment(i + 1, j, first_sentence(block))
+        i = k
+    return None
+
+
+# -- the kinds -------------------------------------------------------------------------------
 
 
 def _code_files(root: Path) -> dict[str, tuple[str, str]]:
@@ -277,6 +336,32 @@ def doc_queries(pin: Pin, files: dict, defs: dict, rng: random.Random
     return out, cuts
 
 
+def module_queries(pin: Pin, files: dict, defs: dict, taken: set[str], rng: random.Random
+                   ) -> tuple[list[Query], dict[str, list[tuple[int, int]]]]:
+    """What a module is for: the first sentence of the comment a file opens with (its
+    docstring, package comment, `//!` or file header), cut from the tree; the file is gold.
+    `taken`: sentences other queries already use."""
+    found = []
+    for path in sorted(files):
+        text, lang = files[path]
+        doc = module_comment(text.splitlines(), lang, {d.start_line for d in defs[path]})
+        if doc is None:
+            continue
+        n_words = len(doc.sentence.split())
+        if (DOC_WORDS[0] <= n_words <= DOC_WORDS[1] and re.search(r"[a-zA-Z]{3}", doc.sentence)
+                and "://" not in doc.sentence and doc.sentence.lower() not in taken):
+            found.append((path, doc))
+    rng.shuffle(found)
+    out, cuts = [], defaultdict(list)
+    for path, doc in found:
+        if len(out) >= PER_KIND["module"] or doc.sentence.lower() in taken:
+            continue
+        taken.add(doc.sentence.lower())
+        out.append(Query(pin.repo, "module", doc.sentence, (path,), files[path][1]))
+        cuts[path].append((doc.first, doc.last))
+    return out, cuts
+
+
 _SUBJECT_NOISE = re.compile(r"^(merge|bump|release|revert|v?\d+\.\d+|chore\(deps|update "
                             r"(dependencies|deps|changelog|readme)|prepare|version)", re.I)
 
@@ -339,7 +424,15 @@ def build(data: Path, mirrors: Path, pins: list[Pin]) -> list[Query]:
         docs, cuts = doc_queries(pin, files, defs, rng)
         got += docs
         got += commit_queries(pin, mirrors, files, rng)
+        # Its own generator: the other kinds draw what they drew before this kind existed.
+        modules, module_cuts = module_queries(
+            pin, files, defs, {q.text.lower() for q in docs}, random.Random(f"{pin.repo}/module"))
+        got += modules
+        for path, ranges in module_cuts.items():
+            cuts[path] += ranges
         cut_lines(root, cuts)
+        chunk_list = data / "chunks" / (pin.repo.replace("/", "+") + ".json")
+        chunk_list.unlink(missing_ok=True)  # chunked from the tree before its cuts
         queries += got
         counts = Counter(q.kind for q in got)
         print(f"{pin.repo:36} {pin.language:10} {pin.half:6} files {len(files):4}  "
@@ -348,6 +441,7 @@ def build(data: Path, mirrors: Path, pins: list[Pin]) -> list[Query]:
         for q in queries:
             f.write(json.dumps(asdict(q)) + "\n")
     (data / "pins.json").write_text(json.dumps([asdict(p) for p in pins]))
+    (data / "kinds.json").write_text(json.dumps(KINDS))
     return queries
 
 
@@ -361,9 +455,10 @@ def load(data: Path) -> tuple[list[Pin], list[Query]]:
 def is_built(data: Path, pins: list[Pin]) -> bool:
     try:
         built, _ = load(data)
+        kinds = tuple(json.loads((data / "kinds.json").read_text()))
     except (OSError, ValueError, TypeError):
         return False
-    return built == pins
+    return built == pins and kinds == KINDS
 
 
 def main() -> None:

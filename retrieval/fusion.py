@@ -17,7 +17,7 @@ benchmarks can feed it from plain vectors through the same ranking code.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Final, Literal, Protocol, TypeVar
@@ -28,6 +28,7 @@ from indexer.location import ChunkLocation
 from retrieval.filters import HitFilter
 from retrieval.grouping import Aggregation, Group, Level, diversify, group
 from retrieval.lexical import LexicalIndex
+from retrieval.path_vote import PathWords
 from retrieval.query import (
     Evidence,
     QueryRefs,
@@ -36,14 +37,13 @@ from retrieval.query import (
     lexical_terms,
     split_query,
 )
-from retrieval.signals import prefer_code
+from retrieval.ranking_parts import RESCORING, VOTES, Ballots, QueryView, Rescoring, Vote
 
 # Measured (docs/benchmarks.md, "Search quality"): 20 beats the customary 60 on SWE-bench
 # and CoSQA alike. At 60 the fused scores of the first ranks are nearly equal, so summing
 # a file's chunks (grouping) counts its chunks more than it weighs how good they are.
 RRF_K: Final = 20.0
 DEPTH: Final = 100
-WORD_SOURCES: Final = frozenset({"lexical", "evidence"})  # the votes cast by words and names
 
 K = TypeVar("K", bound=Hashable)
 
@@ -228,6 +228,17 @@ class SearchOptions:
     # on the multi-language tune half, scoring the ten chunks printed: with no vectors
     # 0.796 -> 0.811 at 0.6, 0.813 at 0.4 (docs/benchmarks.md).
     saturation: float = 0.5
+    # The vote of the small files whose own path holds the query's words
+    # (retrieval.path_vote; 0: none). Chosen on the multi-language tune half with no
+    # vectors: module questions 0.431 -> 0.535 NDCG@10 at 0.25, all +0.004; a half vote
+    # costs the doc comments 0.046 (docs/benchmarks.md).
+    w_path: float = 0.25
+    # Scores of chunks of files beside the implementation (legacy copies, type
+    # declarations, code-level config, barrels; retrieval.signals.is_secondary) are
+    # scaled by this unless the query asks for one (1: all alike). On the multi-language
+    # tune half with no vectors: commits +0.004 at 0.8; 0.4 costs symbols 0.014 (a type
+    # is defined in its declarations).
+    w_secondary: float = 0.8
     # The chunks printed: a file's first chunk is ranked by its file's score (its
     # symbols' chunks aggregated, `decay`), the rest by their own. On the same tune half
     # with saturation: 0.813 -> 0.818, what the file ranking scores.
@@ -300,6 +311,11 @@ class HybridRanker:
         self.count_many = count_many
         self.max_tokens = max_tokens
         self._names: RepoNames | None = None
+        self._path_words: PathWords | None = None
+        self.face_chunks = 3  # the largest file the path vote speaks for, in chunks
+        # The parts of a ranking, in order (retrieval.ranking_parts).
+        self.votes: tuple[Vote, ...] = VOTES
+        self.rescoring: tuple[Rescoring, ...] = RESCORING
 
     @classmethod
     def over(cls, lexical: LexicalIndex, embed: Embed, vectors: VectorSearch,
@@ -327,6 +343,7 @@ class HybridRanker:
         if lexical is not self.lexical:
             self.lexical = lexical
             self._names = None
+            self._path_words = None
 
     def names(self) -> RepoNames:
         """Paths and symbol names of the repo (built on first use, then kept)."""
@@ -335,32 +352,51 @@ class HybridRanker:
             self._names = RepoNames(paths, symbols, [tuple(x) for x in lines.tolist()])
         return self._names
 
+    def path_words(self) -> PathWords:
+        """The repo's files by the words of their paths (built on first use, then kept)."""
+        if self._path_words is None:
+            by_path = self.names().by_path
+            self._path_words = PathWords(list(by_path), by_path,
+                                         max_chunks=self.face_chunks)
+        return self._path_words
+
     def rank(self, query: str, options: SearchOptions = SearchOptions(), *,
              mask: np.ndarray | None = None,
              keep: Keep | None = None) -> Ranking:
-        """Fused chunk ranking of `query`.
+        """Fused chunk ranking of `query`: each vote of `self.votes` cast, fused by
+        reciprocal rank, then each step of `self.rescoring` (retrieval.ranking_parts).
 
         `mask` (over the lexical index's docs) and `keep` (on any doc) apply the same
         filter to every source; the vector side is asked for more when filtering.
         """
         o = options
-        lists: list[list[tuple[str, int, int]]] = []
-        weights: list[float] = []
-        docs: dict[tuple[str, int, int], ChunkLocation] = {}
-        sources: dict[str, int] = {}
-        voters: list[str] = []  # the source of each ranking in `lists`
+        q = self.view(query, o, mask, keep)
+        ballots = Ballots()
+        for v in self.votes:
+            v.cast(self, q, ballots)
+        cap = min(o.depth, o.scored_depth)
+        fused = ballots.fuse(o.rrf_k, cap)
+        for step in self.rescoring:
+            fused = step.apply(q, ballots, fused, cap)
+        chunks = [(ballots.docs[key], score) for key, score in ranked(fused)]
+        if keep is not None:
+            chunks = [(d, s) for d, s in chunks if keep(d)]
+        result = Ranking(chunks, parts=len(q.parts), sources=ballots.sources,
+                         matched=q.evidence[1] if q.evidence is not None else {},
+                         rrf_k=o.rrf_k, saturation=o.saturation, file_first=o.file_first)
+        w_file = o.w_file_lexical_prose if q.prose else o.w_file_lexical
+        if o.hybrid and w_file and len(self.lexical):
+            lex_query, dedupe = self._lexical_query(query, q.prose, o)
+            files = self.lexical.file_top(lex_query, o.depth, mask=mask, dedupe=dedupe,
+                                          max_terms=o.max_query_terms)
+            result.file_lists.append(([p for p, _ in files], w_file))
+            result.file_best = self._file_best([p for p, _ in files], q.bm25)
+            ballots.sources["file_lexical"] = len(files)
+        return result
 
-        def vote(source: str, ranking: Iterable[ChunkLocation], weight: float) -> None:
-            """Add one ranking to the fusion, with its weight."""
-            keys = []
-            for d in ranking:
-                docs.setdefault(d.key, d)
-                keys.append(d.key)
-            lists.append(keys)
-            weights.append(weight)
-            voters.append(source)
-            sources[source] = len(keys)
-
+    def view(self, query: str, o: SearchOptions, mask: np.ndarray | None,
+             keep: Keep | None) -> QueryView:
+        """What every part of a ranking of `query` reads, derived once."""
         parts = (split_query(query, self.count_tokens, self.max_tokens,
                              count_many=self.count_many)
                  if o.split != "none" else [query])
@@ -369,76 +405,34 @@ class HybridRanker:
         refs = extract_refs(query, identifiers=o.identifier_refs)
         prose = not refs
         bm25: list[tuple[int, float]] = []
-        lex_query: str | list[str] = query
-        dedupe = o.dedupe_terms
-        # Query handling for queries that name code (issue texts, identifier lookups);
-        # a query in plain words keeps plain BM25 terms.
-        if not prose and (o.stopwords or o.code_term_weight > 1):
-            lex_query = lexical_terms(query, stopwords=o.stopwords,
-                                      code_weight=o.code_term_weight)
-            dedupe = False  # each term listed once, or code_term_weight times
         if o.hybrid and len(self.lexical):
+            lex_query, dedupe = self._lexical_query(query, prose, o)
             bm25 = self.lexical.top(lex_query, o.depth, mask=mask, dedupe=dedupe,
                                     max_terms=o.max_query_terms)
-        ev_list = None
+        evidence = None
         if o.evidence and len(self.lexical):
-            ev_list = self._evidence_ranking(refs, bm25, mask, o.depth, stems=o.stem_evidence)
-
+            evidence = self._evidence_ranking(refs, bm25, mask, o.depth, stems=o.stem_evidence)
         w_header = o.w_header_vector_prose if prose else o.w_header_vector
         w_vector = o.w_vector
-        if refs.identifier and ev_list is not None:
+        if refs.identifier and evidence is not None:
             # A bare name the repo defines: its definition is found by name, and the
             # vectors only add look-alikes. A name nothing defines keeps them.
             w_vector *= o.w_meaning_identifier
             w_header *= o.w_meaning_identifier
-        header = bool(w_header and self.nearest_header is not None)
-        # No vote by meaning (an index with no vectors yet): the query is not embedded,
-        # so such a search neither loads the model nor waits for its graph.
-        if w_vector or header:
-            vectors = self.embed(parts)
-            vec = self._vector_ranking(vectors, o, keep, self.nearest, self.nearest_each)
-            vote("vector", (d for d, _ in vec), w_vector)
-            if header:
-                assert self.nearest_header is not None
-                hv = self._vector_ranking(vectors, o, keep, self.nearest_header,
-                                          self.nearest_header_each)
-                vote("header_vector", (d for d, _ in hv), w_header)
-        if o.hybrid and len(self.lexical):
-            prose_weight = o.w_lexical_prose if prose else None
-            if prose and o.w_lexical_prose_peaked is not None and peaked(bm25, o.prose_peak_ratio):
-                prose_weight = o.w_lexical_prose_peaked
-            vote("lexical", (self.lexical.doc(i) for i, _ in bm25),
-                 o.w_lexical if prose_weight is None else prose_weight)
-        matched: dict[str, list[str]] = {}
-        if ev_list is not None:
-            vote("evidence", (self.lexical.doc(i) for i in ev_list[0]), o.w_evidence)
-            matched = ev_list[1]
+        return QueryView(query, o, parts, refs, prose, bm25, evidence, mask, keep,
+                         w_vector, w_header)
 
-        cap = min(o.depth, o.scored_depth)
-        fused = rrf(lists, k=o.rrf_k, weights=weights, cap=cap)
-        if o.w_non_code != 1.0:
-            # Code first: what the votes (every vote's, or the words') gave tests, docs
-            # and examples counts less.
-            scaled = fused
-            if o.non_code_scope == "words":
-                word = [i for i, source in enumerate(voters) if source in WORD_SOURCES]
-                scaled = rrf([lists[i] for i in word], k=o.rrf_k,
-                             weights=[weights[i] for i in word], cap=cap)
-            fused = prefer_code(fused, scaled, docs, query, o.w_non_code)
-        chunks = [(docs[key], score) for key, score in ranked(fused)]
-        if keep is not None:
-            chunks = [(d, s) for d, s in chunks if keep(d)]
-        result = Ranking(chunks, parts=len(parts), sources=sources, matched=matched,
-                         rrf_k=o.rrf_k, saturation=o.saturation,
-                         file_first=o.file_first)
-        w_file = o.w_file_lexical_prose if prose else o.w_file_lexical
-        if o.hybrid and w_file and len(self.lexical):
-            files = self.lexical.file_top(lex_query, o.depth, mask=mask, dedupe=dedupe,
-                                          max_terms=o.max_query_terms)
-            result.file_lists.append(([p for p, _ in files], w_file))
-            result.file_best = self._file_best([p for p, _ in files], bm25)
-            sources["file_lexical"] = len(files)
-        return result
+    @staticmethod
+    def _lexical_query(query: str, prose: bool, o: SearchOptions
+                       ) -> tuple[str | list[str], bool]:
+        """BM25's terms for `query` and whether to count each once. A query that names
+        code (an issue text, an identifier lookup) drops stop words and weighs code
+        words; one in plain words keeps plain terms."""
+        if not prose and (o.stopwords or o.code_term_weight > 1):
+            # Each term listed once, or code_term_weight times.
+            return lexical_terms(query, stopwords=o.stopwords,
+                                 code_weight=o.code_term_weight), False
+        return query, o.dedupe_terms
 
     def _file_best(self, paths: list[str], bm25: list[tuple[int, float]]
                    ) -> dict[str, ChunkLocation]:
@@ -454,7 +448,7 @@ class HybridRanker:
                     best[p] = self.lexical.doc(int(docs[0]))
         return best
 
-    def _vector_ranking(self, vectors: np.ndarray, o: SearchOptions,
+    def vector_ranking(self, vectors: np.ndarray, o: SearchOptions,
                         keep: Keep | None, nearest: Nearest,
                         each: NearestEach | None) -> list[tuple[ChunkLocation, float]]:
         """One vector ranking for the query (one vector per part), however many parts."""

@@ -31,6 +31,38 @@ _ASKS: Final[dict[FileKind, frozenset[str]]] = {
 }
 _WORD: Final = re.compile(r"[a-z]+")
 
+# Files that stand beside the implementation: an old copy kept for compatibility, type
+# declarations, code-level configuration and constants, and barrels that re-export.
+# A name defined in both (`v1/client.ts`, `client.ts`) is asked of the implementation.
+_COPY_DIRS: Final = frozenset({"legacy", "compat", "deprecated", "_deprecated", "old",
+                               "v0", "v1", "obsolete", "backport", "backports"})
+_DECLARATION_DIRS: Final = frozenset({"types", "typings", "@types"})
+_SECONDARY_STEMS: Final = frozenset({"types", "typings", "config", "configuration", "settings",
+                                     "constants", "consts", "defaults", "index", "_deprecated",
+                                     "deprecated", "legacy", "compat"})
+_BARREL_EXTENSIONS: Final = (".ts", ".tsx", ".js", ".mjs", ".cjs", ".mts")
+# Words that ask for such a file.
+_ASKS_SECONDARY: Final = frozenset({"legacy", "compat", "compatibility", "deprecated", "old",
+                                    "type", "types", "typing", "typings", "declaration",
+                                    "declarations", "config", "configuration", "settings",
+                                    "constant", "constants", "defaults", "default", "index",
+                                    "export", "exports", "v1", "v0"})
+
+
+def is_secondary(path: str) -> bool:
+    """Whether `path` stands beside an implementation rather than being one (see above)."""
+    folder, _, name = path.rpartition("/")
+    lower = name.lower()
+    if lower.endswith((".d.ts", ".d.mts", ".d.cts")):
+        return True
+    folders = set(folder.lower().split("/")) if folder else set()
+    if not folders.isdisjoint(_COPY_DIRS) or not folders.isdisjoint(_DECLARATION_DIRS):
+        return True
+    stem = lower.rsplit(".", 1)[0]
+    if stem == "index":
+        return lower.endswith(_BARREL_EXTENSIONS)
+    return stem in _SECONDARY_STEMS
+
 
 def kinds_asked(query: str) -> frozenset[FileKind]:
     """The kinds of file besides code that `query` asks for by name."""
@@ -51,3 +83,13 @@ def prefer_code(fused: dict[K, float], scaled: dict[K, float],
         if file_kind(docs[key].path) not in asked:
             out[key] -= (1.0 - factor) * part
     return out
+
+
+def prefer_primary(fused: dict[K, float], docs: Mapping[K, ChunkLocation], query: str,
+                   factor: float) -> dict[K, float]:
+    """`fused` with the scores of chunks of secondary files (`is_secondary`) scaled by
+    `factor`, unless the query asks for such a file by name."""
+    if factor == 1.0 or not _ASKS_SECONDARY.isdisjoint(_WORD.findall(query.lower())):
+        return fused
+    return {key: score * factor if is_secondary(docs[key].path) else score
+            for key, score in fused.items()}

@@ -167,7 +167,8 @@ def ranker() -> HybridRanker:
 def test_hybrid_ranking_fuses_every_source(ranker: HybridRanker) -> None:
     r = ranker.rank("verify_password fails when stored hash differs")
     assert r.chunks[0][0].symbol == "verify_password"
-    assert set(r.sources) == {"vector", "lexical", "evidence"}
+    # auth/password.py is small and named by the query's word "password": the path vote.
+    assert set(r.sources) == {"vector", "lexical", "evidence", "path"}
     assert r.matched["symbols"] == ["verify_password"]
     keys = [d.key for d, _ in r.chunks]
     assert len(keys) == len(set(keys))  # one entry per chunk however many sources found it
@@ -211,7 +212,7 @@ def test_a_long_querys_parts_can_be_searched_at_once() -> None:
 
 
 def test_prose_query_gives_bm25_a_smaller_vote(ranker: HybridRanker) -> None:
-    only_bm25 = SearchOptions(w_vector=0.0, evidence=False, w_lexical=1.0,
+    only_bm25 = SearchOptions(w_vector=0.0, evidence=False, w_lexical=1.0, w_path=0.0,
                               w_lexical_prose=0.25, w_lexical_prose_peaked=None)
     prose = ranker.rank("password fails when the stored hash differs", only_bm25)
     code = ranker.rank("verify_password fails when the stored hash differs", only_bm25)
@@ -233,7 +234,7 @@ def test_a_prose_query_whose_words_single_out_a_chunk_gets_bm25_back() -> None:
     model = HashingEmbedder()
     ranker = HybridRanker(LexicalIndex.from_chunks(chunks), model.embed,
                           _Vectors(chunks, model).nearest, default_counter().count, 40)
-    only_bm25 = SearchOptions(w_vector=0.0, evidence=False, w_lexical_prose=0.25,
+    only_bm25 = SearchOptions(w_vector=0.0, evidence=False, w_lexical_prose=0.25, w_path=0.0,
                               w_lexical_prose_peaked=1.0, prose_peak_ratio=2.0)
     top = 1.0 / (only_bm25.rrf_k + 1)
     # Flat: every handler matches a little, so BM25 keeps its small prose vote.

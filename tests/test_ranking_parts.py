@@ -1,0 +1,103 @@
+"""The parts of a ranking that read what a file is from its path: the small file a
+question names by its own name (the module's face) is returned, and an old copy,
+declarations or a barrel rank below the implementation unless asked for. Real files, a
+real index (the hashing embedder: these parts read paths, not meaning)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from indexer.chunk import Chunk
+from indexer.embedder import HashingEmbedder
+from indexer.location import ChunkLocation
+from indexer.tokens import default_counter
+from retrieval import Index
+from retrieval.fusion import HybridRanker, SearchOptions
+from retrieval.lexical import LexicalIndex
+from retrieval.path_vote import path_words, query_words
+from retrieval.ranking_parts import RESCORING, VOTES
+from retrieval.signals import is_secondary
+from tests.conftest import write_repo
+
+
+def _worker(i: int, j: int) -> str:
+    return (f"export function schedule{i}_{j}(pool, job) {{\n"
+            f"  // take a worker from the pool and run the job on it\n"
+            f"  const worker = pool.take();\n  return worker.run(job, {j});\n}}\n")
+
+
+def test_the_small_file_a_question_names_gets_the_path_vote() -> None:
+    chunks = [Chunk(f"src/workers/pool/runner{i}.ts", 1 + 6 * j, 5 + 6 * j, "typescript",
+                    f"schedule{i}_{j}", _worker(i, j)) for i in range(12) for j in range(6)]
+    # The module's face: it only re-exports; its lines match none of the words.
+    face = Chunk("src/workers/pool.ts", 1, 1, "typescript", "", 'export * from "./impl";\n')
+    chunks.append(face)
+    model = HashingEmbedder()
+    lexical = LexicalIndex.from_chunks(chunks)
+    vectors = model.embed([c.embed_text for c in chunks])
+    docs = [ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language)
+            for c in chunks]
+
+    def nearest(v: np.ndarray, n: int, *, keep=None) -> list[tuple[ChunkLocation, float]]:
+        s = vectors @ v
+        return [(docs[i], float(s[i])) for i in np.argsort(-s)[:n]]
+
+    ranker = HybridRanker(lexical, model.embed, nearest, default_counter().count, 200)
+    query = "how does the worker pool work"
+    on = ranker.rank(query, SearchOptions())
+    off = ranker.rank(query, SearchOptions(w_path=0.0))
+    assert on.sources["path"] == 1  # one small file is named by its stem: the face
+    assert "path" not in off.sources
+    score = {d.path: s for d, s in on.chunks if d.path == face.path}
+    before = {d.path: s for d, s in off.chunks if d.path == face.path}
+    o = SearchOptions()
+    assert score[face.path] - before.get(face.path, 0.0) == pytest.approx(
+        o.w_path / (o.rrf_k + 1))
+
+
+def test_the_implementation_ranks_above_its_legacy_copy(tmp_path: Path) -> None:
+    impl = ("class Client:\n    def send(self, request):\n"
+            "        return self.transport.send(request)\n")
+    # The old copy says "request" once more: on words alone it would lead.
+    old = ("class Client:\n    def send(self, request):\n"
+           "        # send the request\n        return self.transport.send(request)\n")
+    repo = write_repo(tmp_path / "repo", {"http/client.py": impl,
+                                          "http/legacy/client.py": old})
+    with Index(repo, embedder=HashingEmbedder()) as idx:
+        idx.index()
+        query = "send a request with the client"
+        assert idx.search(query, k=2)[0].path == "http/client.py"
+        # Asked for, the old copy is not held back.
+        assert idx.search("the legacy client's send request", k=2)[0].path == \
+            "http/legacy/client.py"
+        idx.search_options = replace(idx.search_options, w_secondary=1.0)
+        assert idx.search(query, k=2)[0].path == "http/legacy/client.py"
+
+
+def test_what_stands_beside_an_implementation() -> None:
+    for path in ("src/v1/client.ts", "lib/legacy/pool.py", "types/index.d.ts",
+                 "src/types/options.ts", "src/index.ts", "src/config.ts",
+                 "pkg/compat/io.go"):
+        assert is_secondary(path), path
+    for path in ("src/client.ts", "src/index.py", "lib/pool.py", "src/indexer.ts",
+                 "src/api/v2/client.ts"):
+        assert not is_secondary(path), path
+
+
+def test_path_words() -> None:
+    assert path_words("src/tablib/formats/_xls.py") == ({"xls"}, {"tablib", "formats"})
+    stem, folders = path_words("clikt/parameters/options/RetryPolicy.kt")
+    assert stem == {"retrypolicy", "retry", "policy"}
+    assert "parameters" in folders
+    assert path_words("types/index.d.ts")[0] == frozenset()  # "index" names nothing
+    assert query_words("Tablib - XLS Support.") == {"tablib", "xls", "support"}
+
+
+def test_a_ranker_is_composed_of_named_parts() -> None:
+    assert [v.name for v in VOTES] == ["vector", "header_vector", "lexical", "path",
+                                       "evidence"]
+    assert [r.name for r in RESCORING] == ["prefer_code", "prefer_primary"]
