@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import MIRRORS, table, write_json
 from bench.multilang_build import Pin, Query, build, is_built, load, read_pins, tree_path
-from bench.quality import BEFORE_MULTILANG, PEAK_GRID
+from bench.quality import BEFORE_MULTILANG, PEAK_GRID, PRINTED_BEFORE
 from indexer.location import ChunkLocation
 
 log = logging.getLogger("bench.multilang")
@@ -79,10 +79,7 @@ class System:
 # only, every kind of file alike (bench/quality.py's rows of the same name use it too).
 BEFORE = BEFORE_MULTILANG
 NO_VECTORS = {"w_vector": 0.0, "w_header_vector": 0.0}
-# The ranking as `codeveil search` printed it before the ten were scored as printed:
-# no saturation, no path vote, every file beside the implementation alike. (Programs in a
-# docs folder were docs then; that rule lives in indexer.kinds and is not switched here.)
-PRINTED_BEFORE = {"saturation": 1.0, "file_first": False, "w_path": 0.0, "w_secondary": 1.0}
+
 
 
 def systems(grid: bool = False) -> list[System]:
