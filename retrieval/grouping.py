@@ -116,8 +116,17 @@ def diversify(ranking: Sequence[tuple[ChunkLocation, float]], saturation: float,
     first: dict[str, float] = {}
     if file_first:
         # A file's first chunk stands for the file: it takes the file's score (its
-        # symbols' chunks, `decay`), so a file that answers in several places leads.
-        first = {g.key[0]: g.score for g in group(ranking, "file", "decay")}
+        # symbols' chunks, `decay`, as `group` computes it), so a file that answers in
+        # several places leads.
+        counted: set[tuple[str, str]] = set()
+        taken: dict[str, int] = {}
+        for doc, score in ranking:
+            if (doc.path, doc.symbol) in counted:
+                continue
+            counted.add((doc.path, doc.symbol))
+            n = taken.get(doc.path, 0)
+            taken[doc.path] = n + 1
+            first[doc.path] = first.get(doc.path, 0.0) + score * 0.5**n
     # (-adjusted score, rank, file count it was adjusted for)
     heap = [(-first.get(d.path, s), i, 0) for i, (d, s) in enumerate(ranking)]
     heapq.heapify(heap)

@@ -72,8 +72,10 @@ class PathWords:
         self.by_stem: dict[str, list[str]] = defaultdict(list)
         self.by_folder: dict[str, list[str]] = defaultdict(list)
         self.stem_size: dict[str, int] = {}
+        self.folder_words: dict[str, frozenset[str]] = {}
         for path in paths:
             stem, folders = path_words(path)
+            self.folder_words[path] = folders
             # Identifier parts, not the whole identifier too: `RetryPolicy` is 2 words.
             self.stem_size[path] = max(len(stem) - (len(stem) > 1), 1)
             for w in stem:
@@ -105,11 +107,9 @@ class PathWords:
         # word with it (`IntrospectionProcessor` for "the processor") is a neighbour.
         for p in scores:
             scores[p] *= min(1.0, matched[p] / max(self.stem_size[p], 1)) ** COVERAGE_POWER
-        for w in words:  # folders only add to files the stem already named
-            idf = self._idf(w) * FOLDER_SHARE
-            for p in self.by_folder.get(w, ()):
-                if p in scores:
-                    scores[p] += idf
+        for p in scores:  # folders only add to files the stem already named
+            for w in words & self.folder_words[p]:
+                scores[p] += self._idf(w) * FOLDER_SHARE
         # Only small files: a long one is found by its own lines when it answers.
         order = sorted((p for p in scores if len(self.docs_of[p]) <= self.max_chunks),
                        key=lambda p: (-scores[p], len(self.docs_of[p]), p))

@@ -154,9 +154,10 @@ class PathVote:
     def cast(self, ranker: HybridRanker, q: QueryView, ballots: Ballots) -> None:
         if not q.options.hybrid or not q.options.w_path or not len(ranker.lexical):
             return
+        doc_path = ranker.names().doc_path
         best: dict[str, int] = {}
         for i, _ in q.bm25:
-            best.setdefault(ranker.lexical.doc(i).path, i)
+            best.setdefault(doc_path[i], i)
         faces = ranker.path_words().rank(q.text, best, q.options.depth)
         if q.mask is not None:
             faces = [i for i in faces if q.mask[i]]

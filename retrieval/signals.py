@@ -8,6 +8,7 @@ policy", "docs for routing") asks for it, and then it is not held back.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Hashable, Mapping
 from typing import Final, TypeVar
@@ -49,6 +50,7 @@ _ASKS_SECONDARY: Final = frozenset({"legacy", "compat", "compatibility", "deprec
                                     "export", "exports", "v1", "v0"})
 
 
+@functools.lru_cache(maxsize=1 << 16)  # asked for every fused chunk of every query
 def is_secondary(path: str) -> bool:
     """Whether `path` stands beside an implementation rather than being one (see above)."""
     folder, _, name = path.rpartition("/")
