@@ -52,6 +52,12 @@ class QueryView:
     w_header: float
     _vectors: np.ndarray | None = None
 
+    @property
+    def short(self) -> bool:
+        """A question, not an issue text: the parts tuned on short questions only (the
+        path vote, `prefer_primary`) leave a long query's ranking as SWE-bench measured it."""
+        return len(self.text.split()) <= self.options.short_query_words
+
     def vectors(self, ranker: HybridRanker) -> np.ndarray:
         """The parts' vectors, embedded on first use (a ranking with no vote by meaning
         never loads the model)."""
@@ -152,7 +158,8 @@ class PathVote:
     name = "path"
 
     def cast(self, ranker: HybridRanker, q: QueryView, ballots: Ballots) -> None:
-        if not q.options.hybrid or not q.options.w_path or not len(ranker.lexical):
+        if (not q.options.hybrid or not q.options.w_path or not q.short
+                or not len(ranker.lexical)):
             return
         doc_path = ranker.names().doc_path
         best: dict[str, int] = {}
@@ -201,6 +208,8 @@ class PreferPrimary:
 
     def apply(self, q: QueryView, ballots: Ballots, fused: dict[DocKey, float],
               cap: int) -> dict[DocKey, float]:
+        if not q.short:
+            return fused
         return prefer_primary(fused, ballots.docs, q.text, q.options.w_secondary)
 
 

@@ -57,6 +57,9 @@ def test_the_small_file_a_question_names_gets_the_path_vote() -> None:
     o = SearchOptions()
     assert score[face.path] - before.get(face.path, 0.0) == pytest.approx(
         o.w_path / (o.rrf_k + 1))
+    # An issue text keeps the ranking it was tuned with: no path vote.
+    issue = query + " when the job fails" * (o.short_query_words // 4)
+    assert "path" not in ranker.rank(issue, o).sources
 
 
 def test_the_implementation_ranks_above_its_legacy_copy(tmp_path: Path) -> None:
