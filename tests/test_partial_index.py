@@ -178,7 +178,8 @@ def test_embed_order_puts_source_first_then_recent(tmp_path: Path) -> None:
     assert category("src/app.py") == SOURCE
     assert category("tests/test_app.py") == TESTS
     assert category("pkg/app_test.go") == TESTS
-    assert category("docs/guide.py") == OTHER
+    assert category("docs/guide.md") == OTHER
+    assert category("docs/conf.py") == SOURCE  # a program is code wherever it sits
     assert category("README.md") == OTHER
     repo = write_repo(tmp_path / "r", {"a.py": "x = 1\n", "b.py": "y = 2\n",
                                        "tests/test_a.py": "z = 3\n", "NOTES.md": "n\n"})
