@@ -432,13 +432,7 @@ def serve(data: Path | None, store: str | None, host: str, port: int,
     on their side) can create workspaces. A server on a host other than loopback refuses
     to start without that token, unless given --open.
     """
-    from sync.exposure import open_server_refusal
-    from sync.server import admin_token_from_env
     from sync.server import serve as run_server
-
-    refusal = open_server_refusal(host, admin_token_from_env(), allow_open)
-    if refusal:
-        _fail(refusal)
 
     given = click.get_current_context().get_parameter_source("store")
     if data is not None and store and given == click.core.ParameterSource.COMMANDLINE:
@@ -446,7 +440,8 @@ def serve(data: Path | None, store: str | None, host: str, port: int,
     spec: str | Path | None = data if data is not None else store
     if not spec:
         raise click.UsageError("give --data DIR or --store URL (or set CODEVEIL_STORE)")
-    run_server(spec, host=host, port=port, max_workspaces=max_workspaces)
+    run_server(spec, host=host, port=port, max_workspaces=max_workspaces,
+               allow_open=allow_open)
 
 
 @main.command()
