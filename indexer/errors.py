@@ -11,6 +11,7 @@ hangs under another parent than drawn::
     ├── FormatError         (indexer.formats) a file of a format this version does not read
     ├── CorruptFileError    (indexer.sqlite_files)  a damaged SQLite file: which, what to do
     ├── NoIndexError        (sync.config)  no `.codeveil/` here or above
+    ├── IndexNotBuilt       (sync.index_state)  set up, but its first index never finished
     ├── SyncError           (sync.errors)     keys, crypto, store, server, network
     │   ├── WorkspaceKeyError   (sync.errors)     the workspace key cannot be used
     │   │   ├── KeyMissingError                   no key file and no CODEVEIL_KEY
@@ -41,6 +42,7 @@ hangs under another parent than drawn::
     │       ├── ServerUnavailable                 unreachable or overloaded: retry later
     │       └── ServerError                       a 5xx or an unreadable answer
     ├── SearchError         (retrieval.api)   bad search options (k, group, ...)
+    ├── ServerSearchOffline (retrieval.api)   a server-search workspace's server is unreachable
     ├── ToolInputError      (retrieval.symbols)  a name, file or pattern a lookup cannot use
     └── ModelMismatchError  (sync.workspace)       the workspace holds another model's vectors
 

@@ -209,9 +209,14 @@ def search(query: str, k: int, path_glob: str | None, language: str | None,
         hits = idx.search(query, k=k, path=path_glob, language=language, kind=kinds or None,
                           group=group)
         coverage = idx.coverage()
+        offline = idx.offline
+    if offline is not None:
+        click.echo(offline.note(), err=True)
     if as_json:
-        click.echo(json.dumps({"hits": [h.to_dict() for h in hits],
-                               "index": coverage.to_dict()}, indent=2))
+        out = {"hits": [h.to_dict() for h in hits], "index": coverage.to_dict()}
+        if offline is not None:
+            out["offline"] = offline.to_dict()
+        click.echo(json.dumps(out, indent=2))
         return
     if coverage.partial:
         click.echo(_partial_note(coverage), err=True)
@@ -318,18 +323,35 @@ def status(as_json: bool, repo: Path) -> None:
     """Show where the index is and what it holds."""
     with _index(repo) as idx:
         info = idx.status()
+        offline = idx.offline
+    if offline is not None:
+        click.echo(offline.note(), err=True)
     if as_json:
         click.echo(json.dumps(info.to_dict(), indent=2))
     else:
         for name, value in info.items():
+            if name == "offline":
+                continue  # said on stderr
+            if value is None and offline is not None and name.startswith("server_"):
+                value = "unknown (server unreachable)"
             if value is not None:  # `ref` of a store of one tree
                 click.echo(f"{name:>14}: {value}")
+    if not info.files and not info.server_chunks and not _was_indexed(Path(info.root)):
+        from sync.index_state import never_completed_message
+
+        _fail(never_completed_message(Path(info.root)))
     if not info.files and info.server_chunks:
         # The same state search refuses, in its words: a script must see it in the exit
         # code, not read "files: 0" as an empty index.
         from retrieval.api import lost_state_message
 
         _fail(lost_state_message(Path(info.root), info.server_chunks))
+
+
+def _was_indexed(root: Path) -> bool:
+    from sync.index_state import was_completed
+
+    return was_completed(root)
 
 
 @main.command()
