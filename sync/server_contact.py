@@ -62,18 +62,20 @@ class Unreachable:
     server: str
     error: str
     last_sync: str | None  # when this copy last completed a sync; None: never recorded
+    status: int | None = None  # what it answered (502/503/504); None: nothing answered
 
     def note(self) -> str:
         """The one line a command prints on stderr."""
         synced = (f"this copy last synced {_readable(self.last_sync)}" if self.last_sync
                   else "no completed sync of this copy is recorded")
-        return (f"codeveil: server at {self.server} unreachable; answered from this"
+        state = "unreachable" if self.status is None else f"unavailable (HTTP {self.status})"
+        return (f"codeveil: server at {self.server} {state}; answered from this"
                 f" machine's copy ({synced})")
 
     def to_dict(self) -> dict[str, Any]:
         """The `offline` field of `--json` and MCP results."""
-        return {"server": self.server, "reachable": False, "last_sync": self.last_sync,
-                "error": self.error}
+        return {"server": self.server, "reachable": False, "status": self.status,
+                "last_sync": self.last_sync, "error": self.error}
 
 
 def utc_now() -> str:
@@ -139,16 +141,20 @@ def record_sync(root: Path, workspace_id: str, server: str) -> None:
 def probe(server: str, workspace_id: str, root: Path) -> Unreachable | None:
     """Whether `server` answers; an `Unreachable` (with this copy's last sync) when it
     does not. For reads that never need the server, to say how fresh this copy is."""
-    from sync.http_client import ClientError, HttpClient
+    from sync.errors import SyncError
+    from sync.http_client import HttpClient, ServerUnavailable
 
     try:
         HttpClient.health(server, timeout=PROBE_TIMEOUT)
-    except ClientError as exc:
+    except ServerUnavailable as exc:
         return unreachable(root, workspace_id, server, exc)
+    except SyncError:
+        return None  # it answered: whatever it said, it is there
     return None
 
 
 def unreachable(root: Path, workspace_id: str, server: str, error: Exception) -> Unreachable:
     record = load_record(root, workspace_id, server)
     return Unreachable(server=server, error=str(error),
-                       last_sync=record.last_sync if record is not None else None)
+                       last_sync=record.last_sync if record is not None else None,
+                       status=getattr(error, "status", None))
