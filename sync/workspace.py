@@ -31,13 +31,16 @@ from sync import crypto
 from sync.client import StoreClient
 from sync.config import (
     ConfigError,
+    NoIndexError,
     RepoConfig,
     codeveil_dir,
     find_root,
     init_lock,
     load_config,
     load_token,
+    missing_config_message,
     new_workspace_id,
+    remember_checkout,
     save_config,
     save_token,
     state_path,
@@ -176,6 +179,11 @@ class Workspace:
         except CodeveilError:
             pass
         root = self._start.resolve()
+        # A checkout of a workspace on a server that lost its config.json: a new
+        # workspace here would be detached from the team's, under a new key.
+        recorded = missing_config_message(root)
+        if recorded:
+            raise NoIndexError(recorded + "; `codeveil init` instead starts a new workspace")
         with init_lock(root):
             if not (codeveil_dir(root) / "config.json").is_file():
                 self._init()
@@ -269,6 +277,7 @@ class Workspace:
         self._follow_ref(root, key, client)
         self._checked = True
         if config.server is not None:
+            remember_checkout(root, config)  # a checkout set up before such records
             record_check(root, ServerRecord(
                 workspace_id=config.workspace_id, server=config.server,
                 key_check=info.key_check.hex(), model_id=info.model_id, dim=info.dim,
