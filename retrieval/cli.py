@@ -235,10 +235,15 @@ def _search_many(query: str, k: int, path_glob: str | None, language: str | None
         hits = many.search(query, k=k, path=path_glob, language=language,
                            kind=kinds or None, group=group)
         coverage = many.coverage()
+        offline = many.offline()
+    for root, unreachable in offline.items():
+        click.echo(f"{root}: {unreachable.note()}", err=True)
     if as_json:
-        click.echo(json.dumps({"hits": [h.to_dict() for h in hits],
-                               "index": {r: c.to_dict() for r, c in coverage.items()}},
-                              indent=2))
+        out = {"hits": [h.to_dict() for h in hits],
+               "index": {r: c.to_dict() for r, c in coverage.items()}}
+        if offline:
+            out["offline"] = {r: u.to_dict() for r, u in offline.items()}
+        click.echo(json.dumps(out, indent=2))
         return
     for root, cov in coverage.items():
         if cov.partial:

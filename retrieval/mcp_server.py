@@ -138,9 +138,12 @@ def build_server(repo: Path) -> MCPServer:
             with state.use_many(repos) as many:
                 hits = many.search(query, k=k, group=group, path=path, language=language,
                                    kind=kind)
-                return _with_tokens({
-                    "query": query, "group": group, "hits": [h.to_dict() for h in hits],
-                    "index": {r: c.to_dict() for r, c in many.coverage().items()}})
+                out = {"query": query, "group": group, "hits": [h.to_dict() for h in hits],
+                       "index": {r: c.to_dict() for r, c in many.coverage().items()}}
+                unreachable = many.offline()
+                if unreachable:
+                    out["offline"] = {r: u.to_dict() for r, u in unreachable.items()}
+                return _with_tokens(out)
         with state.use() as idx:
             hits = idx.search(query, k=k, group=group, path=path, language=language,
                               kind=kind)

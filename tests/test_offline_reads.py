@@ -181,3 +181,20 @@ def test_server_search_refuses_search_offline_in_one_line_and_lookups_answer(
         looked = run_in_process(args, repo)
         assert looked.returncode == 0, (args, looked.stderr)
         assert NOTE.match(looked.stderr.strip()), looked.stderr
+
+
+def test_a_search_over_several_repositories_names_the_one_offline(
+        tmp_path: Path, server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory(tmp_path / "data")
+    repo = _indexed(tmp_path, server)
+    local = write_repo(tmp_path / "local", {"b.py": "def retry_later():\n    return 2\n"})
+    assert run_in_process(["index"], local).returncode == 0  # embedded: no server
+    server.stop()
+    result = run_in_process(["search", "retry", "-C", str(repo), "-C", str(local), "--json"],
+                            tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{repo.resolve()}: codeveil: server at")
+    out = json.loads(result.stdout)
+    assert list(out["offline"]) == [str(repo.resolve())]
+    assert {h["repo"] for h in out["hits"]} == {str(repo.resolve()), str(local.resolve())}
