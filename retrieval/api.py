@@ -190,7 +190,7 @@ class Index:
         # A workspace checked earlier was not asked just now: whether its server answers
         # is asked beside the search (a sealed search never needs it).
         probe = (ServerProbe(root) if config.server is not None and config.sealed
-                 and self._ws.offline is None else None)
+                 and not self._ws.asked_server else None)
         db = self._state_db(root)  # kept: opening one costs more than a query
         self._check_state(root, LocalChunks(db), None if self._ws.offline else client)
         searcher = self._reader.searcher(root, db, config, key, client)

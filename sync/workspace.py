@@ -109,6 +109,9 @@ class Workspace:
         #: Set by `open_for_read` when the server did not answer and this machine's copy
         #: answers alone (sync.server_contact); None when the server answered.
         self.offline: Unreachable | None = None
+        #: Whether the last `open` asked the server (a workspace checked earlier in this
+        #: process is not asked again).
+        self.asked_server = False
         self._pool = False  # whether the store keeps a tree per ref (set by `_check`)
         self.ref_name: str | None = None  # the ref this checkout syncs, with a pool
 
@@ -237,6 +240,8 @@ class Workspace:
         root = find_root(self._start)
         config = load_config(root)
         key = load_key(config.workspace_id)
+        self.asked_server = config.server is not None and (
+            self._client is None or not self._checked)
         if self._client is None or not self._checked:
             self._check(config, key)
         self.offline = None
