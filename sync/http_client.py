@@ -67,6 +67,7 @@ from sync.wire import (
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT = 120.0  # seconds; a full apply batch is written and fsynced before the answer
+CONNECT_TIMEOUT = 10.0  # seconds to open a connection (reads pass less: sync.workspace)
 
 
 class ClientError(SyncError):
@@ -102,6 +103,7 @@ class HttpClient:
         max_body_bytes: int = LIMITS.max_body_bytes,
         transport: httpx.BaseTransport | None = None,
         ref: bytes = DEFAULT_REF,
+        connect_timeout: float = CONNECT_TIMEOUT,
     ) -> None:
         if not isinstance(token, str) or not token.isascii() or not token.isprintable() or (
             not token or any(c.isspace() for c in token)
@@ -113,7 +115,8 @@ class HttpClient:
         self.stats = TransferStats()
         self._path = f"{API_PREFIX}/workspaces/{quote(workspace_id, safe='')}"
         self.ref = ref
-        self._http = _session(self.base_url, timeout, transport, token)
+        self._http = _session(self.base_url, timeout, transport, token,
+                              connect_timeout=connect_timeout)
 
     @property
     def ref(self) -> bytes:
@@ -283,7 +286,8 @@ def _ssl_context() -> ssl.SSLContext:
 
 
 def _session(
-    base_url: str, timeout: float, transport: httpx.BaseTransport | None, token: str | None
+    base_url: str, timeout: float, transport: httpx.BaseTransport | None, token: str | None,
+    *, connect_timeout: float = CONNECT_TIMEOUT,
 ) -> httpx.Client:
     headers = {"User-Agent": "codeveil"}
     if token is not None:
@@ -291,7 +295,7 @@ def _session(
     return httpx.Client(
         base_url=base_url,
         headers=headers,
-        timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+        timeout=httpx.Timeout(timeout, connect=min(timeout, connect_timeout)),
         transport=transport,
         verify=_ssl_context(),
     )

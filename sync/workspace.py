@@ -72,6 +72,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ENV_EMBED_ON", "ModelMismatchError", "Opened", "Workspace"]
 
+#: Seconds a read waits to connect to the server before answering from this machine.
+READ_CONNECT_TIMEOUT = 3.0
+
 #: The setting that sends a sync's embedding to a Ray cluster (see `Workspace.sync`).
 ENV_EMBED_ON = "CODEVEIL_EMBED_ON"
 
@@ -109,6 +112,7 @@ class Workspace:
         #: Set by `open_for_read` when the server did not answer and this machine's copy
         #: answers alone (sync.server_contact); None when the server answered.
         self.offline: Unreachable | None = None
+        self._connect_timeout: float | None = None  # the HTTP client's default
         #: Whether the last `open` asked the server (a workspace checked earlier in this
         #: process is not asked again).
         self.asked_server = False
@@ -254,6 +258,10 @@ class Workspace:
         confirmed (`sync.server_contact`), still refusing a key, model or mode other
         than that, and `offline` says that the server did not answer and when this copy
         last synced. The next call asks the server again."""
+        if self._client is None:
+            # A read waits less for a connection than a sync: off the VPN, a server's
+            # address may drop packets rather than refuse them.
+            self._connect_timeout = READ_CONNECT_TIMEOUT
         try:
             return self.open()
         except SyncError as exc:
@@ -272,7 +280,7 @@ class Workspace:
 
     def _check(self, config: RepoConfig, key: WorkspaceKey) -> None:
         root = find_root(self._start)
-        client = self._client or _open_client(root, config)
+        client = self._client or _open_client(root, config, self._connect_timeout)
         self._client = client
         info = client.info()
         self._compare(config, key, key_check=info.key_check, dim=info.dim,
@@ -460,11 +468,16 @@ def _padding_rows(db: sqlite3.Connection, local: LocalChunks) -> int:
                for n in (per_file.get(p, 0) for p in local.file_digests()))
 
 
-def _open_client(root: Path, config: RepoConfig) -> StoreClient:
+def _open_client(root: Path, config: RepoConfig,
+                 connect_timeout: float | None = None) -> StoreClient:
     if config.server is None:
         from sync.local_client import LocalClient
 
         return LocalClient.open(store_path(root), config.workspace_id)
     from sync.http_client import HttpClient
 
-    return HttpClient(config.server, config.workspace_id, load_token(config.workspace_id))
+    token = load_token(config.workspace_id)
+    if connect_timeout is None:
+        return HttpClient(config.server, config.workspace_id, token)
+    return HttpClient(config.server, config.workspace_id, token,
+                      connect_timeout=connect_timeout)

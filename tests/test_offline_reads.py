@@ -9,8 +9,11 @@ the server, refuses search in one line while its lookups still answer.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -198,3 +201,40 @@ def test_a_search_over_several_repositories_names_the_one_offline(
     out = json.loads(result.stdout)
     assert list(out["offline"]) == [str(repo.resolve())]
     assert {h["repo"] for h in out["hits"]} == {str(repo.resolve()), str(local.resolve())}
+
+
+def _silent_listener(port: int) -> list[socket.socket]:
+    """A port that takes no more connections and refuses none: its accept queue full,
+    new SYNs are dropped, as by a server's address seen from off the VPN."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", port))
+    srv.listen(0)
+    held = [srv]
+    for _ in range(4):
+        c = socket.socket()
+        c.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            c.connect(("127.0.0.1", port))
+        held.append(c)
+    time.sleep(0.3)
+    return held
+
+
+def test_a_server_that_drops_packets_delays_a_read_a_few_seconds(
+        tmp_path: Path, server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory(tmp_path / "data")
+    repo = _indexed(tmp_path, server)
+    server.stop()
+    held = _silent_listener(server.port)
+    try:
+        for args in (["search", "retry failed requests"], ["def", "send_all"]):
+            started = time.monotonic()
+            result = run_in_process(args, repo)
+            took = time.monotonic() - started
+            assert result.returncode == 0, (args, result.stderr)
+            assert "unreachable; answered from this machine's copy" in result.stderr
+            assert took < 8.0, (args, took)  # a sync's connect timeout is 10 s
+    finally:
+        for s in held:
+            s.close()
