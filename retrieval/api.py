@@ -192,7 +192,7 @@ class Index:
         probe = (ServerProbe(root) if config.server is not None and config.sealed
                  and not self._ws.asked_server else None)
         db = self._state_db(root)  # kept: opening one costs more than a query
-        self._check_state(root, LocalChunks(db), None if self._ws.offline else client)
+        self._check_state(root, db, None if self._ws.offline else client)
         searcher = self._reader.searcher(root, db, config, key, client)
         try:
             ranking = searcher.rank(query, self.search_options, k, keep)
@@ -227,17 +227,17 @@ class Index:
         return self._search_db
 
     @staticmethod
-    def _check_state(root: Path, local: LocalChunks, client: StoreClient | None) -> None:
+    def _check_state(root: Path, db: sqlite3.Connection, client: StoreClient | None) -> None:
         """Refuse to search with a lost client state: the hits would silently change
         (no lexical side, no exact scores, nothing to re-locate edited chunks with); or
         over an index that was never built. `client` is None when the server did not
         answer."""
-        if local.count_files():
+        if LocalChunks(db).count_files():
             return
         held = client.info().chunks if client is not None else 0
         if held:
             raise CodeveilError(lost_state_message(root, held))
-        if not was_completed(root):
+        if not was_completed(db):
             raise IndexNotBuilt(never_completed_message(root))
 
     def _vector_index(self, root: Path, db: sqlite3.Connection,

@@ -354,9 +354,15 @@ def status(as_json: bool, repo: Path) -> None:
 
 
 def _was_indexed(root: Path) -> bool:
+    from indexer.local_chunks import open_state_db
+    from sync.config import state_path
     from sync.index_state import was_completed
 
-    return was_completed(root)
+    db = open_state_db(state_path(root))
+    try:
+        return was_completed(db)
+    finally:
+        db.close()
 
 
 @main.command()

@@ -238,3 +238,18 @@ def test_a_server_that_drops_packets_delays_a_read_a_few_seconds(
     finally:
         for s in held:
             s.close()
+
+
+def test_a_lost_client_state_offline_says_to_index_not_no_results(
+        tmp_path: Path, server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory(tmp_path / "data")
+    repo = _indexed(tmp_path, server)
+    server.stop()
+    for name in ("state.sqlite", "state.sqlite-wal", "state.sqlite-shm"):
+        (repo / ".codeveil" / name).unlink(missing_ok=True)
+    for args in (["search", "retry failed requests"], ["def", "send_all"], ["status"]):
+        result = run_in_process(args, repo)
+        assert result.returncode == 1, (args, result.stdout)
+        last = result.stderr.strip().splitlines()[-1]
+        assert "was never completed on this machine" in last, (args, result.stderr)
+        assert "state.sqlite was removed" in last and "run `codeveil index" in last
