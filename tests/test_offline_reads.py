@@ -75,9 +75,22 @@ def _indexed(tmp_path: Path, server: ServerProcess, *, server_search: bool = Fal
     return repo
 
 
+def _server(backend: str, tmp_path: Path, server_factory: Callable[..., ServerProcess],
+            request: pytest.FixtureRequest) -> ServerProcess:
+    """A server on a data dir, or a replica on a PostgreSQL database of the test's own."""
+    if backend == "data":
+        return server_factory(tmp_path / "data")
+    from tests.pg_fixtures import other_database
+
+    url = other_database(request.getfixturevalue("pg_url"), "codeveil_offline_reads")
+    return server_factory(tmp_path / "replica", store=url)
+
+
+@pytest.mark.parametrize("backend", ["data", "postgres"])
 def test_every_read_answers_offline_and_says_so(
-        tmp_path: Path, server_factory: Callable[..., ServerProcess]) -> None:
-    server = server_factory(tmp_path / "data")
+        tmp_path: Path, server_factory: Callable[..., ServerProcess],
+        request: pytest.FixtureRequest, backend: str) -> None:
+    server = _server(backend, tmp_path, server_factory, request)
     repo = _indexed(tmp_path, server)
     online = run_in_process(["search", "retry failed requests", "--json"], repo)
     assert online.returncode == 0 and online.stderr == "", online.stderr
