@@ -140,21 +140,48 @@ def record_sync(root: Path, workspace_id: str, server: str) -> None:
 
 def probe(server: str, workspace_id: str, root: Path) -> Unreachable | None:
     """Whether `server` answers; an `Unreachable` (with this copy's last sync) when it
-    does not. For reads that never need the server, to say how fresh this copy is."""
-    from sync.errors import SyncError
-    from sync.http_client import HttpClient, ServerUnavailable
+    does not. For reads that never need the server, to say how fresh this copy is: a
+    bare HTTP request (http.client), so that a lookup does not import the HTTP client's
+    stack to ask. Any answer, even one refused, means it is there."""
+    import http.client
+    from urllib.parse import urlsplit
 
+    from sync.wire import API_PREFIX
+
+    parts = urlsplit(server)
+    connection: type[http.client.HTTPConnection] = http.client.HTTPConnection
+    handshake: tuple[type[Exception], ...] = ()
+    if parts.scheme == "https":  # ssl is imported only for a server that needs it
+        import ssl
+
+        connection, handshake = http.client.HTTPSConnection, (ssl.SSLError,)
+    conn = None
     try:
-        HttpClient.health(server, timeout=PROBE_TIMEOUT)
-    except ServerUnavailable as exc:
-        return unreachable(root, workspace_id, server, exc)
-    except SyncError:
-        return None  # it answered: whatever it said, it is there
+        conn = connection(parts.hostname or "", parts.port, timeout=PROBE_TIMEOUT)
+        conn.request("GET", f"{parts.path.rstrip('/')}{API_PREFIX}/health",
+                      headers={"User-Agent": "codeveil"})
+        status = conn.getresponse().status
+    except handshake:
+        return None  # something answered the handshake: not an outage
+    except (OSError, http.client.HTTPException) as exc:
+        return unreachable(root, workspace_id, server,
+                           f"cannot reach server at {server}: {exc}")
+    finally:
+        if conn is not None:
+            conn.close()
+    if status in (502, 503, 504):
+        return unreachable(root, workspace_id, server,
+                           f"server at {server} unavailable ({status})", status=status)
     return None
 
 
-def unreachable(root: Path, workspace_id: str, server: str, error: Exception) -> Unreachable:
+def unreachable(root: Path, workspace_id: str, server: str, error: Exception | str, *,
+                status: int | None = None) -> Unreachable:
+    """What a read answered without `server` says; `status` (else the error's own) is
+    what it answered, None when nothing did."""
     record = load_record(root, workspace_id, server)
+    if status is None:
+        status = getattr(error, "status", None)
     return Unreachable(server=server, error=str(error),
                        last_sync=record.last_sync if record is not None else None,
-                       status=getattr(error, "status", None))
+                       status=status)
