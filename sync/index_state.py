@@ -20,7 +20,7 @@ from indexer.errors import CodeveilError
 from indexer.local_chunks import LocalChunks, open_state_db
 from sync.config import state_path
 
-__all__ = ["IndexNotBuilt", "check_built", "local_files", "mark_completed",
+__all__ = ["IndexNotBuilt", "check_built", "has_files", "mark_completed",
            "never_completed_message", "was_completed"]
 
 _KEY = "completed"
@@ -56,19 +56,19 @@ def never_completed_message(root: Path) -> str:
             f" `codeveil index {root}` to build it")
 
 
-def local_files(db: sqlite3.Connection) -> int:
-    """Files in the chunk table of the client state `db`, 0 when it has no such table
-    (read only: a lookup never creates the tables)."""
+def has_files(db: sqlite3.Connection) -> bool:
+    """Whether the chunk table of the client state `db` holds a file (False when it has
+    no such table: a lookup never creates the tables)."""
     try:
-        return int(db.execute("SELECT count(*) FROM chunk_files").fetchone()[0])
+        return db.execute("SELECT 1 FROM chunk_files LIMIT 1").fetchone() is not None
     except sqlite3.OperationalError as exc:
         if "no such table" in str(exc):
-            return 0
+            return False
         raise
 
 
 def check_built(root: Path, db: sqlite3.Connection) -> None:
     """Raise `IndexNotBuilt` when `root`'s chunk table is empty and no sync of it ever
     finished (an empty index that finished is no error: nothing matches there)."""
-    if not local_files(db) and not was_completed(db):
+    if not was_completed(db) and not has_files(db):
         raise IndexNotBuilt(never_completed_message(root))
