@@ -11,6 +11,7 @@ hangs under another parent than drawn::
     ├── FormatError         (indexer.formats) a file of a format this version does not read
     ├── CorruptFileError    (indexer.sqlite_files)  a damaged SQLite file: which, what to do
     ├── NoIndexError        (sync.config)  no `.codeveil/` here or above
+    ├── IndexNotBuilt       (sync.index_state)  set up, but its first index never finished
     ├── SyncError           (sync.errors)     keys, crypto, store, server, network
     │   ├── WorkspaceKeyError   (sync.errors)     the workspace key cannot be used
     │   │   ├── KeyMissingError                   no key file and no CODEVEIL_KEY
@@ -34,12 +35,14 @@ hangs under another parent than drawn::
     │   │   └── AuthError                         no or wrong token (401)
     │   │       └── PermissionDenied              a token of another workspace (403)
     │   ├── SnapshotError       (sync.store.vector_index)  a search snapshot that cannot be used
+    │   ├── ServeRefused        (sync.exposure)   a server beyond loopback with no admin token
     │   ├── DaemonError         (sync.daemon)     the daemon cannot start or be reached
     │   │   └── AlreadyRunningError               another daemon holds the repo's lock
     │   └── ClientError         (sync.http_client)  the server could not answer
     │       ├── ServerUnavailable                 unreachable or overloaded: retry later
     │       └── ServerError                       a 5xx or an unreadable answer
     ├── SearchError         (retrieval.api)   bad search options (k, group, ...)
+    ├── ServerSearchOffline (retrieval.api)   a server-search workspace's server is unreachable
     ├── ToolInputError      (retrieval.symbols)  a name, file or pattern a lookup cannot use
     └── ModelMismatchError  (sync.workspace)       the workspace holds another model's vectors
 

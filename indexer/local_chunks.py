@@ -184,6 +184,12 @@ class LocalChunks:
         stamp = ours if row is None and empty else MIXED_CHUNKERS
         self._db.execute("INSERT OR REPLACE INTO state_meta VALUES ('chunker', ?)", (stamp,))
 
+    def set_meta(self, key: str, value: bytes) -> None:
+        """Set one value of `state_meta` (what the state records about itself)."""
+        with self._db:
+            self._db.execute(_META_SCHEMA)
+            self._db.execute("INSERT OR REPLACE INTO state_meta VALUES (?, ?)", (key, value))
+
     def file_digests(self) -> dict[str, bytes]:
         return dict(self._db.execute("SELECT path, digest FROM chunk_files"))
 

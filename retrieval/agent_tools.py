@@ -22,6 +22,7 @@ from retrieval.symbols import (
 )
 from retrieval.trigram_index import TrigramStore
 from sync.config import codeveil_dir, find_root, state_path
+from sync.index_state import check_built
 
 __all__ = ["AgentTools"]
 
@@ -94,7 +95,13 @@ class AgentTools:
     def _state(self) -> tuple[Path, sqlite3.Connection]:
         """The root and a connection to its client state (the caller closes it)."""
         root = find_root(self._path)
-        return root, open_state_db(state_path(root))
+        db = open_state_db(state_path(root))
+        try:
+            check_built(root, db)
+        except BaseException:
+            db.close()
+            raise
+        return root, db
 
 
 def _positive(limit: int) -> int:

@@ -32,13 +32,16 @@ from retrieval.searcher import (
     SearchReader,
     ranking_depth,
 )
+from retrieval.server_probe import ServerProbe
 from sync.client import StoreClient
 from sync.config import (
     RepoConfig,
     find_root,
     state_path,
 )
-from sync.errors import KeyMismatchError
+from sync.errors import KeyMismatchError, SyncError
+from sync.index_state import IndexNotBuilt, never_completed_message, was_completed
+from sync.server_contact import Unreachable
 from sync.syncer import Progress, SyncReport
 from sync.workspace import Workspace
 from sync.workspace_status import WorkspaceStatus
@@ -63,6 +66,16 @@ __all__ = ["MAX_DEPTH", "OVERFETCH", "QUERY_CACHE_SIZE", "Index", "SearchError",
 
 class SearchError(CodeveilError):
     """A search was asked with options that cannot work (bad k, unknown group...)."""
+
+
+class ServerSearchOffline(CodeveilError):
+    """A server-search workspace's search, with its server unreachable: it ranks there."""
+
+
+def server_search_offline_message(error: str) -> str:
+    return (f"this workspace ranks on its server (server-search), which cannot be reached"
+            f" ({error}); search needs it, while `codeveil def`, `outline`, `uses` and"
+            " `grep` answer from this machine")
 
 
 # The key on this machine is not the one the workspace was built with: the same error
@@ -171,12 +184,34 @@ class Index:
         keep, level = _search_arguments(query, k, path, language, kind, group)
         from retrieval.fusion import group_ranking
 
-        root, config, key, client = self._ws.open()
+        root, config, key, client = self._ws.open_for_read()
+        if self._ws.offline is not None and not config.sealed:
+            raise ServerSearchOffline(server_search_offline_message(self._ws.offline.error))
+        # A workspace checked earlier was not asked just now: whether its server answers
+        # is asked beside the search (a sealed search never needs it).
+        probe = (ServerProbe(root) if config.server is not None and config.sealed
+                 and not self._ws.asked_server else None)
         db = self._state_db(root)  # kept: opening one costs more than a query
-        self._check_state(root, LocalChunks(db), client)
+        self._check_state(root, db, None if self._ws.offline else client)
         searcher = self._reader.searcher(root, db, config, key, client)
-        ranking = searcher.rank(query, self.search_options, k, keep)
-        return self._read_hits(root, LocalChunks(db), group_ranking(ranking, level), k)
+        try:
+            ranking = searcher.rank(query, self.search_options, k, keep)
+        except SyncError as exc:  # a server-search workspace's ranking
+            from sync.http_client import ServerUnavailable  # imported only by a client
+
+            if not isinstance(exc, ServerUnavailable):
+                raise
+            raise ServerSearchOffline(server_search_offline_message(str(exc))) from exc
+        hits = self._read_hits(root, LocalChunks(db), group_ranking(ranking, level), k)
+        if probe is not None:
+            self._ws.offline = probe.result()
+        return hits
+
+    @property
+    def offline(self) -> Unreachable | None:
+        """Set when the last search or status answered from this machine's copy alone
+        because the server did not answer (`sync.server_contact.Unreachable`)."""
+        return self._ws.offline
 
     def _state_db(self, root: Path) -> sqlite3.Connection:
         """The connection searches read the client state through: opened once and kept,
@@ -192,14 +227,18 @@ class Index:
         return self._search_db
 
     @staticmethod
-    def _check_state(root: Path, local: LocalChunks, client: StoreClient) -> None:
+    def _check_state(root: Path, db: sqlite3.Connection, client: StoreClient | None) -> None:
         """Refuse to search with a lost client state: the hits would silently change
-        (no lexical side, no exact scores, nothing to re-locate edited chunks with)."""
-        if local.count_files():
+        (no lexical side, no exact scores, nothing to re-locate edited chunks with); or
+        over an index that was never built. `client` is None when the server did not
+        answer."""
+        if LocalChunks(db).count_files():
             return
-        held = client.info().chunks
+        held = client.info().chunks if client is not None else 0
         if held:
             raise CodeveilError(lost_state_message(root, held))
+        if not was_completed(db):
+            raise IndexNotBuilt(never_completed_message(root))
 
     def _vector_index(self, root: Path, db: sqlite3.Connection,
                       config: RepoConfig) -> LocalVectorIndex:

@@ -209,9 +209,14 @@ def search(query: str, k: int, path_glob: str | None, language: str | None,
         hits = idx.search(query, k=k, path=path_glob, language=language, kind=kinds or None,
                           group=group)
         coverage = idx.coverage()
+        offline = idx.offline
+    if offline is not None:
+        click.echo(offline.note(), err=True)
     if as_json:
-        click.echo(json.dumps({"hits": [h.to_dict() for h in hits],
-                               "index": coverage.to_dict()}, indent=2))
+        out = {"hits": [h.to_dict() for h in hits], "index": coverage.to_dict()}
+        if offline is not None:
+            out["offline"] = offline.to_dict()
+        click.echo(json.dumps(out, indent=2))
         return
     if coverage.partial:
         click.echo(_partial_note(coverage), err=True)
@@ -230,10 +235,15 @@ def _search_many(query: str, k: int, path_glob: str | None, language: str | None
         hits = many.search(query, k=k, path=path_glob, language=language,
                            kind=kinds or None, group=group)
         coverage = many.coverage()
+        offline = many.offline()
+    for root, unreachable in offline.items():
+        click.echo(f"{root}: {unreachable.note()}", err=True)
     if as_json:
-        click.echo(json.dumps({"hits": [h.to_dict() for h in hits],
-                               "index": {r: c.to_dict() for r, c in coverage.items()}},
-                              indent=2))
+        out = {"hits": [h.to_dict() for h in hits],
+               "index": {r: c.to_dict() for r, c in coverage.items()}}
+        if offline:
+            out["offline"] = {r: u.to_dict() for r, u in offline.items()}
+        click.echo(json.dumps(out, indent=2))
         return
     for root, cov in coverage.items():
         if cov.partial:
@@ -318,18 +328,41 @@ def status(as_json: bool, repo: Path) -> None:
     """Show where the index is and what it holds."""
     with _index(repo) as idx:
         info = idx.status()
+        offline = idx.offline
+    if offline is not None:
+        click.echo(offline.note(), err=True)
     if as_json:
         click.echo(json.dumps(info.to_dict(), indent=2))
     else:
         for name, value in info.items():
+            if name == "offline":
+                continue  # said on stderr
+            if value is None and offline is not None and name.startswith("server_"):
+                value = "unknown (server unreachable)"
             if value is not None:  # `ref` of a store of one tree
                 click.echo(f"{name:>14}: {value}")
+    if not info.files and not info.server_chunks and not _was_indexed(Path(info.root)):
+        from sync.index_state import never_completed_message
+
+        _fail(never_completed_message(Path(info.root)))
     if not info.files and info.server_chunks:
         # The same state search refuses, in its words: a script must see it in the exit
         # code, not read "files: 0" as an empty index.
         from retrieval.api import lost_state_message
 
         _fail(lost_state_message(Path(info.root), info.server_chunks))
+
+
+def _was_indexed(root: Path) -> bool:
+    from indexer.local_chunks import open_state_db
+    from sync.config import state_path
+    from sync.index_state import was_completed
+
+    db = open_state_db(state_path(root))
+    try:
+        return was_completed(db)
+    finally:
+        db.close()
 
 
 @main.command()
@@ -432,13 +465,7 @@ def serve(data: Path | None, store: str | None, host: str, port: int,
     on their side) can create workspaces. A server on a host other than loopback refuses
     to start without that token, unless given --open.
     """
-    from sync.exposure import open_server_refusal
-    from sync.server import admin_token_from_env
     from sync.server import serve as run_server
-
-    refusal = open_server_refusal(host, admin_token_from_env(), allow_open)
-    if refusal:
-        _fail(refusal)
 
     given = click.get_current_context().get_parameter_source("store")
     if data is not None and store and given == click.core.ParameterSource.COMMANDLINE:
@@ -446,7 +473,8 @@ def serve(data: Path | None, store: str | None, host: str, port: int,
     spec: str | Path | None = data if data is not None else store
     if not spec:
         raise click.UsageError("give --data DIR or --store URL (or set CODEVEIL_STORE)")
-    run_server(spec, host=host, port=port, max_workspaces=max_workspaces)
+    run_server(spec, host=host, port=port, max_workspaces=max_workspaces,
+               allow_open=allow_open)
 
 
 @main.command()

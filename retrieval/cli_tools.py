@@ -3,23 +3,37 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from retrieval.cli_base import _JSON_OPTION, _REPO_OPTION, _echo_json
+from retrieval.server_probe import ServerProbe
 
 if TYPE_CHECKING:
     from retrieval.agent_tools import AgentTools
 
 # -- agent tools: def, outline, uses, grep ------------------------------------------
 # Answered from the client state and the grep index alone (retrieval.agent_tools): no
-# model or store is loaded.
+# model or store is loaded. Beside the lookup, a workspace on a server is asked whether
+# it answers (retrieval.server_probe): when it does not, one line on stderr and the
+# `offline` field of --json say so.
 
 def _tools(repo: Path) -> AgentTools:
     from retrieval.agent_tools import AgentTools
 
     return AgentTools(repo, watch=False)  # one call: watches would never be read
+
+
+def _offline(probe: ServerProbe, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Say on stderr that the server did not answer, if so; `payload` with the
+    `offline` field added then."""
+    payload = {} if payload is None else payload
+    unreachable = probe.result()
+    if unreachable is not None:
+        click.echo(unreachable.note(), err=True)
+        payload["offline"] = unreachable.to_dict()
+    return payload
 
 
 @click.command(name="def")
@@ -34,9 +48,11 @@ def definition(name: str, limit: int, as_json: bool, repo: Path) -> None:
     From the syntax trees read at index time; best candidate first (the whole name
     over a tail of it, source over tests and docs).
     """
+    probe = ServerProbe(repo)
     hits = _tools(repo).definition(name, limit=limit)
+    out = _offline(probe, {"name": name, "definitions": [h.to_dict() for h in hits]})
     if as_json:
-        _echo_json({"name": name, "definitions": [h.to_dict() for h in hits]})
+        _echo_json(out)
         return
     if not hits:
         click.echo(f"no definition of {name} in the index", err=True)
@@ -53,9 +69,11 @@ def definition(name: str, limit: int, as_json: bool, repo: Path) -> None:
 @_REPO_OPTION
 def outline(path: Path, as_json: bool, repo: Path) -> None:
     """The symbols of the file at PATH, with their lines and signatures."""
+    probe = ServerProbe(repo)
     result = _tools(repo).outline(path.absolute())
+    out = _offline(probe, result.to_dict())
     if as_json:
-        _echo_json(result.to_dict())
+        _echo_json(out)
         return
     if result.reparsed:
         click.echo(f"{result.path} changed since indexed: parsed as it is now", err=True)
@@ -78,9 +96,11 @@ def uses(name: str, path_glob: str | None, limit: int, as_json: bool, repo: Path
     In languages with a grammar only identifiers count (not comments or strings);
     elsewhere whole words, marked approximate. The definition itself is left out.
     """
+    probe = ServerProbe(repo)
     hits = _tools(repo).references(name, path=path_glob, limit=limit)
+    out = _offline(probe, {"name": name, "references": [h.to_dict() for h in hits]})
     if as_json:
-        _echo_json({"name": name, "references": [h.to_dict() for h in hits]})
+        _echo_json(out)
         return
     if not hits:
         click.echo(f"no uses of {name} in the index", err=True)
@@ -111,9 +131,11 @@ def grep(pattern: str, path_glob: str | None, ignore_case: bool, limit: int | No
     Python regex syntax, matched line by line; files are read as they are on disk now,
     and only those the index cannot rule out are read. Prints path:line:text.
     """
+    probe = ServerProbe(repo)
     result = _tools(repo).grep(pattern, path=path_glob, ignore_case=ignore_case, limit=limit)
+    out = _offline(probe, result.to_dict())
     if as_json:
-        _echo_json(result.to_dict())
+        _echo_json(out)
         return
     for match in result.matches:
         click.echo(f"{match.path}:{match.line}:{match.text}")

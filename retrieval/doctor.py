@@ -41,6 +41,7 @@ from retrieval.api import Index
 from retrieval.lexical import LexicalStore
 from retrieval.local_vectors import LocalVectorStore
 from sync import crypto
+from sync.checkouts import find_recorded
 from sync.config import (
     ConfigError,
     NoIndexError,
@@ -127,12 +128,15 @@ def doctor(path: str | Path = ".", *, repair: bool = False,
     if plan.config is not None:
         # Nothing else can be checked without the config: rebuild it, then check again.
         try:
-            recover_config(root)
-        except ConfigError as exc:
+            recovered = recover_config(root)
+        except CodeveilError as exc:
             report.remaining = [Finding(plan.config.path, f"{plan.config.problem}; {exc}")]
             return report
         rebuilt = plan.config
-        rebuilt.repaired = "rebuilt from the store's registry and the key file"
+        rebuilt.repaired = (
+            "rebuilt from the store's registry and the key file" if recovered.server is None
+            else f"rebuilt for workspace {recovered.workspace_id} on {recovered.server}"
+                 " from this machine's record of the checkout")
         report, plan = _check(root, embedder)
         report.findings[0] = rebuilt
         if not any(f.problem for f in report.findings[1:]):
@@ -155,6 +159,9 @@ def _root(start: Path) -> Path:
     except NoIndexError:
         if (store_path(start.resolve()) / "registry.sqlite").is_file():
             return start.resolve()
+        recorded = find_recorded(start)  # a checkout of a workspace on a server
+        if recorded is not None:
+            return Path(recorded.root)
         raise
 
 

@@ -13,6 +13,10 @@ Tools (the official `mcp` SDK's `MCPServer`, stdio transport):
 - `grep(pattern, path, ignore_case, limit)`: regex lines of the indexed files, narrowed by
   the grep index (exact: the lines a full scan finds).
 - `index_status()`: where the index is and what it holds.
+
+When the workspace's server cannot be reached, every answer comes from this machine's
+copy and carries `offline`: {server, reachable: false, last_sync, error} (a
+server-search workspace's search, which ranks on the server, is refused instead).
 - `sync_index()`: bring the index up to date with the working tree (incremental: only
   changed files are read, chunked, embedded and sent).
 
@@ -45,6 +49,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from indexer.errors import CodeveilError
 from retrieval.api import Index
 from retrieval.multi import MultiIndex
+from retrieval.server_probe import ServerProbe
 
 INSTRUCTIONS = """\
 codeveil searches this repository's code by meaning and by name (hybrid: embeddings,
@@ -68,6 +73,15 @@ def estimate_tokens(payload: dict[str, Any]) -> int:
     """Tokens an agent reads for `payload`: its JSON text's length / 4, rounded up (the
     usual rule of thumb for code and English under BPE tokenizers)."""
     return math.ceil(len(json.dumps(payload, ensure_ascii=False)) / 4)
+
+
+def _offline(probe: ServerProbe, payload: dict[str, Any]) -> dict[str, Any]:
+    """`payload`, with `offline` when the server did not answer (the lookup answered from
+    this machine's copy alone)."""
+    unreachable = probe.result()
+    if unreachable is not None:
+        payload["offline"] = unreachable.to_dict()
+    return payload
 
 
 def _with_tokens(payload: dict[str, Any]) -> dict[str, Any]:
@@ -124,16 +138,22 @@ def build_server(repo: Path) -> MCPServer:
             with state.use_many(repos) as many:
                 hits = many.search(query, k=k, group=group, path=path, language=language,
                                    kind=kind)
-                return _with_tokens({
-                    "query": query, "group": group, "hits": [h.to_dict() for h in hits],
-                    "index": {r: c.to_dict() for r, c in many.coverage().items()}})
+                out = {"query": query, "group": group, "hits": [h.to_dict() for h in hits],
+                       "index": {r: c.to_dict() for r, c in many.coverage().items()}}
+                unreachable = many.offline()
+                if unreachable:
+                    out["offline"] = {r: u.to_dict() for r, u in unreachable.items()}
+                return _with_tokens(out)
         with state.use() as idx:
             hits = idx.search(query, k=k, group=group, path=path, language=language,
                               kind=kind)
             coverage = idx.coverage()
-        return _with_tokens({"query": query, "group": group,
-                             "hits": [h.to_dict() for h in hits],
-                             "index": coverage.to_dict()})
+            offline = idx.offline
+        out = {"query": query, "group": group, "hits": [h.to_dict() for h in hits],
+               "index": coverage.to_dict()}
+        if offline is not None:
+            out["offline"] = offline.to_dict()
+        return _with_tokens(out)
 
     @server.tool()
     def definition(name: str, limit: int = 5) -> dict[str, Any]:
@@ -146,6 +166,7 @@ def build_server(repo: Path) -> MCPServer:
         tokens (what this result costs to read).
         """
         limit = max(1, min(int(limit), 50))
+        probe = ServerProbe(state.repo)
         with state.use() as idx:
             hits = idx.definition(name, limit=limit)
             root = idx.root
@@ -153,7 +174,7 @@ def build_server(repo: Path) -> MCPServer:
         for hit in hits:
             text, cut = _excerpt(root, hit.path, hit.start_line, hit.end_line)
             out.append({**hit.to_dict(), "text": text, "truncated": cut})
-        return _with_tokens({"name": name, "definitions": out})
+        return _with_tokens(_offline(probe, {"name": name, "definitions": out}))
 
     @server.tool()
     def outline(path: str) -> dict[str, Any]:
@@ -162,8 +183,10 @@ def build_server(repo: Path) -> MCPServer:
         reparsed (true if the file changed since it was indexed and was read as it is
         now). Cheaper than reading the file to see what is in it.
         """
+        probe = ServerProbe(state.repo)
         with state.use() as idx:
-            return _with_tokens(idx.outline(path).to_dict())
+            result = idx.outline(path).to_dict()
+        return _with_tokens(_offline(probe, result))
 
     @server.tool()
     def references(name: str, path: str | None = None, limit: int = 20) -> dict[str, Any]:
@@ -178,9 +201,11 @@ def build_server(repo: Path) -> MCPServer:
         rank first).
         """
         limit = max(1, min(int(limit), 100))
+        probe = ServerProbe(state.repo)
         with state.use() as idx:
             hits = idx.references(name, path=path, limit=limit)
-        return _with_tokens({"name": name, "references": [h.to_dict() for h in hits]})
+        return _with_tokens(_offline(probe, {"name": name,
+                                             "references": [h.to_dict() for h in hits]}))
 
     @server.tool()
     def grep(pattern: str, path: str | None = None, ignore_case: bool = False,
@@ -192,9 +217,10 @@ def build_server(repo: Path) -> MCPServer:
         (1-1000); truncated says there were more. Each match: path, line, column, text.
         """
         limit = max(1, min(int(limit), 1000))
+        probe = ServerProbe(state.repo)
         with state.use() as idx:
             result = idx.grep(pattern, path=path, ignore_case=ignore_case, limit=limit)
-        return _with_tokens(result.to_dict())
+        return _with_tokens(_offline(probe, result.to_dict()))
 
     @server.tool()
     def index_status() -> dict[str, Any]:

@@ -32,6 +32,7 @@ from retrieval.api import Index
 from retrieval.coverage import Coverage
 from retrieval.hits import Hit
 from sync.config import find_root, load_config
+from sync.server_contact import Unreachable
 
 #: Hits of each repository that enter the merge (at least k).
 MERGE_DEPTH: Final = 20
@@ -117,6 +118,11 @@ class MultiIndex:
                 if key in vectors:
                     out[i] = float(vectors[key] @ q)
         return out
+
+    def offline(self) -> dict[str, Unreachable]:
+        """The repositories whose last search answered from this machine's copy alone,
+        their server unreachable (`Index.offline`), by folder."""
+        return {str(idx.root): idx.offline for idx in self.indexes if idx.offline is not None}
 
     def coverage(self) -> dict[str, Coverage]:
         """`Index.coverage()` of each repository, by its folder."""

@@ -75,9 +75,26 @@ def find_root(start: Path) -> Path:
     for folder in (start, *start.parents):
         if (folder / DIR_NAME / "config.json").is_file():
             return folder
+    recorded = missing_config_message(start)
+    if recorded:
+        raise NoIndexError(recorded)
     raise NoIndexError(
         f"no codeveil index in {start} or any parent folder; run `codeveil index` there first"
     )
+
+
+def missing_config_message(start: Path) -> str | None:
+    """What to say when no config.json is found at or above `start` but this machine
+    recorded a checkout there on a server (`sync.checkouts`); None when it did not."""
+    from sync.checkouts import find_recorded, record_path
+
+    record = find_recorded(start)
+    if record is None:
+        return None
+    return (f"{Path(record.root) / DIR_NAME / 'config.json'} is missing, but"
+            f" {record.root} belongs to workspace {record.workspace_id} on"
+            f" {record.server} (recorded in {record_path(Path(record.root))}): run"
+            f" `codeveil doctor --repair -C {record.root}` to restore it")
 
 
 def codeveil_dir(root: Path) -> Path:
@@ -97,7 +114,9 @@ def load_config(root: Path) -> RepoConfig:
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
-        raise NoIndexError(f"no codeveil index at {root}; run `codeveil index` first") from None
+        raise NoIndexError(missing_config_message(root)
+                           or f"no codeveil index at {root}; run `codeveil index` first"
+                           ) from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path} is unreadable or not JSON ({exc}); {_CONFIG_ADVICE}") from exc
     if not isinstance(raw, dict) or raw.get("version") != CONFIG_VERSION:
@@ -147,6 +166,21 @@ def _make_dir(root: Path) -> Path:
 def save_config(root: Path, config: RepoConfig) -> None:
     folder = _make_dir(root)
     write_atomic(folder / "config.json", json.dumps(asdict(config), indent=2) + "\n")
+    remember_checkout(root, config)
+
+
+def remember_checkout(root: Path, config: RepoConfig) -> None:
+    """Record which server and workspace the checkout at `root` belongs to, in the user
+    config dir (`sync.checkouts`): a lost config.json can then be rebuilt. A checkout
+    on an embedded store is forgotten there (its store holds what rebuilds it)."""
+    from sync.checkouts import CheckoutRecord, forget_checkout, record_checkout
+
+    if config.server is None:
+        forget_checkout(root)
+        return
+    record_checkout(CheckoutRecord(
+        root=str(root.resolve()), workspace_id=config.workspace_id, server=config.server,
+        model_id=config.model_id, dim=config.dim, mode=config.mode))
 
 
 @contextlib.contextmanager

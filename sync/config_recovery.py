@@ -7,9 +7,10 @@ and mode in the embedded store's registry, and the key that proves which workspa
 this repo's in the key file of that id. A config is rebuilt only when exactly one
 workspace of the registry has a key file whose key check matches the registry's, and
 when whatever of the damaged file is still readable agrees with it; otherwise the error
-says what disagrees. A workspace on a server cannot be recovered this way (the server's
-URL and the bearer token's workspace are only in the config): the error says how to
-join it again.
+says what disagrees. A workspace on a server is rebuilt from this machine's record of the
+checkout (`sync.checkouts`, in the user config dir beside the key and token): same
+server, same workspace, provided its key is here and what is still readable of the
+damaged file agrees; without a record the error says how to join it again.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 from pathlib import Path
 
 from indexer.errors import CodeveilError
+from sync.checkouts import CheckoutRecord, load_checkout, record_path
 from sync.config import (
     CONFIG_VERSION,
     ConfigError,
@@ -34,6 +36,9 @@ from sync.store import Store
 def recover_config(root: Path) -> RepoConfig:
     """The config of the repo at `root`, rebuilt from its embedded store and key file,
     and saved. Raises ConfigError, saying why, when they cannot settle it."""
+    recorded = load_checkout(root)
+    if recorded is not None:
+        return _from_record(root, recorded)
     registry = store_path(root) / "registry.sqlite"
     if not registry.is_file():
         raise ConfigError(
@@ -75,6 +80,24 @@ def recover_config(root: Path) -> RepoConfig:
     record = keyed[0]
     config = RepoConfig(workspace_id=record.workspace_id, model_id=record.model_id,
                         dim=record.dim, server=None, version=CONFIG_VERSION,
+                        mode=record.mode)
+    save_config(root, config)
+    return config
+
+
+def _from_record(root: Path, record: CheckoutRecord) -> RepoConfig:
+    """The config of a checkout on a server, from this machine's record of it."""
+    remnant = _readable_part(root)
+    for name in ("workspace_id", "server"):
+        if remnant.get(name) is not None and remnant[name] != getattr(record, name):
+            raise ConfigError(
+                f"cannot rebuild the config: it still names {name} {remnant[name]!r} but"
+                f" {record_path(root)} records {getattr(record, name)!r}; fix the file by"
+                " hand, or delete both and join again with `codeveil init --server URL"
+                " --workspace ID`")
+    load_key(record.workspace_id)  # a config whose key is not here would not open
+    config = RepoConfig(workspace_id=record.workspace_id, model_id=record.model_id,
+                        dim=record.dim, server=record.server, version=CONFIG_VERSION,
                         mode=record.mode)
     save_config(root, config)
     return config

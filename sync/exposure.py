@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import ipaddress
 
+from sync.errors import SyncError
+
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+class ServeRefused(SyncError):
+    """A server asked to listen beyond loopback with nothing guarding workspace creation."""
 
 
 def is_loopback(host: str) -> bool:

@@ -27,6 +27,7 @@ import numpy as np
 
 from sync.client import TransferStats
 from sync.errors import SyncError
+from sync.http_advice import advice
 from sync.records import (
     DEFAULT_REF,
     MODE_SERVER_SEARCH,
@@ -66,6 +67,7 @@ from sync.wire import (
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT = 120.0  # seconds; a full apply batch is written and fsynced before the answer
+CONNECT_TIMEOUT = 10.0  # seconds to open a connection (reads pass less: sync.workspace)
 
 
 class ClientError(SyncError):
@@ -74,6 +76,11 @@ class ClientError(SyncError):
 
 class ServerUnavailable(ClientError):
     """No answer from the server (refused, reset, timed out, 502/503/504): retry later."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        #: The HTTP status it answered (502/503/504), None when nothing answered.
+        self.status = status
 
 
 class ServerError(ClientError):
@@ -96,6 +103,7 @@ class HttpClient:
         max_body_bytes: int = LIMITS.max_body_bytes,
         transport: httpx.BaseTransport | None = None,
         ref: bytes = DEFAULT_REF,
+        connect_timeout: float = CONNECT_TIMEOUT,
     ) -> None:
         if not isinstance(token, str) or not token.isascii() or not token.isprintable() or (
             not token or any(c.isspace() for c in token)
@@ -107,7 +115,8 @@ class HttpClient:
         self.stats = TransferStats()
         self._path = f"{API_PREFIX}/workspaces/{quote(workspace_id, safe='')}"
         self.ref = ref
-        self._http = _session(self.base_url, timeout, transport, token)
+        self._http = _session(self.base_url, timeout, transport, token,
+                              connect_timeout=connect_timeout)
 
     @property
     def ref(self) -> bytes:
@@ -230,7 +239,7 @@ class HttpClient:
         except WorkspaceNotFound as exc:  # a 404 of this route: the ref, not the workspace
             if "has no ref" not in str(exc):
                 raise
-            raise RefNotFound(str(exc)) from None
+            raise RefNotFound(str(exc).split(" (HTTP 404", 1)[0]) from None
 
     def collect_garbage(self, *, max_ref_age_days: float | None = None,
                         grace_s: float | None = None) -> dict[str, int]:
@@ -255,7 +264,8 @@ class HttpClient:
     def _tree_request(self, method: str, path: str, payload: dict[str, Any] | None = None
                       ) -> dict[str, Any]:
         return _call(self._http, self.base_url, method, self._tree + path, payload,
-                     stats=self.stats, max_body_bytes=self.max_body_bytes)
+                     stats=self.stats, max_body_bytes=self.max_body_bytes,
+                     workspace_id=self.workspace_id)
 
     def _request(
         self, method: str, path: str, payload: dict[str, Any] | None = None,
@@ -264,6 +274,7 @@ class HttpClient:
         return _call(
             self._http, self.base_url, method, self._path + path, payload,
             stats=self.stats, max_body_bytes=self.max_body_bytes, conflict=conflict,
+            workspace_id=self.workspace_id,
         )
 
 
@@ -275,7 +286,8 @@ def _ssl_context() -> ssl.SSLContext:
 
 
 def _session(
-    base_url: str, timeout: float, transport: httpx.BaseTransport | None, token: str | None
+    base_url: str, timeout: float, transport: httpx.BaseTransport | None, token: str | None,
+    *, connect_timeout: float = CONNECT_TIMEOUT,
 ) -> httpx.Client:
     headers = {"User-Agent": "codeveil"}
     if token is not None:
@@ -283,7 +295,7 @@ def _session(
     return httpx.Client(
         base_url=base_url,
         headers=headers,
-        timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+        timeout=httpx.Timeout(timeout, connect=min(timeout, connect_timeout)),
         transport=transport,
         verify=_ssl_context(),
     )
@@ -299,8 +311,10 @@ def _call(
     stats: TransferStats | None = None,
     max_body_bytes: int = LIMITS.max_body_bytes,
     conflict: type[StoreError] | None = None,
+    workspace_id: str | None = None,
 ) -> dict[str, Any]:
-    """One request; `conflict` is the error a 409 stands for on this route."""
+    """One request; `conflict` is the error a 409 stands for on this route;
+    `workspace_id` the workspace it is about (named in the advice of a refusal)."""
     content = None
     if payload is not None:
         content = json.dumps(payload, separators=(",", ":")).encode()
@@ -336,12 +350,18 @@ def _call(
         message = _error_message(response)
         known = conflict if status == 409 and conflict else ERRORS_BY_STATUS.get(status)
         if known is not None:
-            raise known(message)
+            raise known(f"{message} (HTTP {status} from {base_url}); "
+                        + advice(status, base_url, workspace_id))
         if status in (502, 503, 504):
-            raise ServerUnavailable(f"server at {base_url} unavailable ({status}): {message}")
+            # Answered, but unable to serve now (its store, or the server behind a proxy):
+            # retried like an outage, said as what it is.
+            raise ServerUnavailable(f"server at {base_url} unavailable ({status}): {message};"
+                                    " retry later, and if it persists tell its operator",
+                                    status=status)
         if status < 500:
             raise BadRequest(message, status=status)
-        raise ServerError(f"server at {base_url} failed ({status}): {message}")
+        raise ServerError(f"server at {base_url} failed ({status}): {message}; "
+                          + advice(status, base_url, workspace_id))
     try:
         answer = response.json()
     except ValueError:

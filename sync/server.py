@@ -42,6 +42,7 @@ import contextlib
 import hmac
 import logging
 import os
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ from indexer.errors import CodeveilError
 from indexer.sqlite_files import CorruptFileError
 from sync.body_fields import Bytes, Key, Vector
 from sync.db_url import is_database_url, mask_url
+from sync.exposure import ServeRefused, open_server_refusal
 from sync.records import DEFAULT_REF, MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
 from sync.server_middleware import BodyLimit, RequestLog
 from sync.server_refs import (
@@ -483,10 +485,15 @@ def serve(
     log_level: str = "info",
     max_body_bytes: int = LIMITS.max_body_bytes,
     max_workspaces: int | None = None,
+    allow_open: bool = False,
 ) -> None:
     """Run the server on `data_dir` (a data dir or a PostgreSQL URL) until interrupted
     (SIGINT/SIGTERM). Creating workspaces needs the token in CODEVEIL_ADMIN_TOKEN when
-    that is set."""
+    that is set. A `host` beyond loopback without that token is refused
+    (`ServeRefused`) unless `allow_open`: every way of starting a server passes here."""
+    refusal = open_server_refusal(host, admin_token_from_env(), allow_open)
+    if refusal:
+        raise ServeRefused(refusal)
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -530,13 +537,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-body-bytes", type=int, default=LIMITS.max_body_bytes)
     parser.add_argument("--max-workspaces", type=int, default=None,
                         help="refuse to create workspaces beyond this many")
+    parser.add_argument("--open", dest="allow_open", action="store_true",
+                        help="let anyone who reaches a non-loopback --host create"
+                             " workspaces (without it such a server needs"
+                             " CODEVEIL_ADMIN_TOKEN)")
     args = parser.parse_args(argv)
     spec = args.data or args.store or os.environ.get(STORE_ENV, "").strip()
     if not spec:
         parser.error(f"give --data DIR or --store URL (or set {STORE_ENV})")
     try:
         serve(spec, args.host, args.port, log_level=args.log_level,
-              max_body_bytes=args.max_body_bytes, max_workspaces=args.max_workspaces)
+              max_body_bytes=args.max_body_bytes, max_workspaces=args.max_workspaces,
+              allow_open=args.allow_open)
+    except ServeRefused as exc:
+        print(f"python -m sync.server: error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     except CodeveilError as exc:  # a damaged registry, say: one line, not a traceback
         log.error("cannot serve %s: %s", describe_store(spec), exc)
         raise SystemExit(1) from None

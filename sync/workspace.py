@@ -31,24 +31,37 @@ from sync import crypto
 from sync.client import StoreClient
 from sync.config import (
     ConfigError,
+    NoIndexError,
     RepoConfig,
     codeveil_dir,
     find_root,
     init_lock,
     load_config,
     load_token,
+    missing_config_message,
     new_workspace_id,
+    remember_checkout,
     save_config,
     save_token,
     state_path,
     store_path,
 )
-from sync.errors import KeyMismatchError
+from sync.errors import KeyMismatchError, SyncError
+from sync.index_state import mark_completed
 from sync.keys import ENV_KEY, WorkspaceKey, create_key, load_key
 from sync.progress import Progress, SyncFollower
 from sync.records import DEFAULT_REF, MODE_SEALED, MODE_SERVER_SEARCH
 from sync.refs import ref_id, ref_name
 from sync.sealed_rows import padded_row_count
+from sync.server_contact import (
+    ServerRecord,
+    Unreachable,
+    load_record,
+    record_check,
+    record_sync,
+    unreachable,
+    utc_now,
+)
 from sync.syncer import Syncer, SyncReport
 from sync.workspace_status import WorkspaceStatus
 
@@ -58,6 +71,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["ENV_EMBED_ON", "ModelMismatchError", "Opened", "Workspace"]
+
+#: Seconds a read waits to connect to the server before answering from this machine.
+READ_CONNECT_TIMEOUT = 3.0
 
 #: The setting that sends a sync's embedding to a Ray cluster (see `Workspace.sync`).
 ENV_EMBED_ON = "CODEVEIL_EMBED_ON"
@@ -92,6 +108,14 @@ class Workspace:
         self._embedder_given = embedder
         self._embedder: CachedEmbedder | None = None
         self._client: StoreClient | None = None
+        self._checked = False  # whether `_client` was checked against the workspace
+        #: Set by `open_for_read` when the server did not answer and this machine's copy
+        #: answers alone (sync.server_contact); None when the server answered.
+        self.offline: Unreachable | None = None
+        self._connect_timeout: float | None = None  # the HTTP client's default
+        #: Whether the last `open` asked the server (a workspace checked earlier in this
+        #: process is not asked again).
+        self.asked_server = False
         self._pool = False  # whether the store keeps a tree per ref (set by `_check`)
         self.ref_name: str | None = None  # the ref this checkout syncs, with a pool
 
@@ -162,6 +186,11 @@ class Workspace:
         except CodeveilError:
             pass
         root = self._start.resolve()
+        # A checkout of a workspace on a server that lost its config.json: a new
+        # workspace here would be detached from the team's, under a new key.
+        recorded = missing_config_message(root)
+        if recorded:
+            raise NoIndexError(recorded + "; `codeveil init` instead starts a new workspace")
         with init_lock(root):
             if not (codeveil_dir(root) / "config.json").is_file():
                 self._init()
@@ -215,37 +244,81 @@ class Workspace:
         root = find_root(self._start)
         config = load_config(root)
         key = load_key(config.workspace_id)
-        if self._client is None:
-            self._client = _open_client(root, config)
+        self.asked_server = config.server is not None and (
+            self._client is None or not self._checked)
+        if self._client is None or not self._checked:
             self._check(config, key)
+        self.offline = None
+        assert self._client is not None  # set by _check
         return Opened(root, config, key, self._client)
 
+    def open_for_read(self) -> Opened:
+        """`open`, for a read this machine's copy can answer alone. When the server
+        cannot be reached, the workspace opens on what the last check against it
+        confirmed (`sync.server_contact`), still refusing a key, model or mode other
+        than that, and `offline` says that the server did not answer and when this copy
+        last synced. The next call asks the server again."""
+        if self._client is None:
+            # A read waits less for a connection than a sync: off the VPN, a server's
+            # address may drop packets rather than refuse them.
+            self._connect_timeout = READ_CONNECT_TIMEOUT
+        try:
+            return self.open()
+        except SyncError as exc:
+            root = find_root(self._start)
+            config = load_config(root)
+            if config.server is None or self._client is None or not _unreachable(exc):
+                raise
+            key = load_key(config.workspace_id)
+            record = load_record(root, config.workspace_id, config.server)
+            if record is not None:
+                self._compare(config, key, key_check=bytes.fromhex(record.key_check),
+                              dim=record.dim, model_id=record.model_id, mode=record.mode)
+                self._pool = record.pool
+            self.offline = unreachable(root, config.workspace_id, config.server, exc)
+            return Opened(root, config, key, self._client)
+
     def _check(self, config: RepoConfig, key: WorkspaceKey) -> None:
-        client = self._client or _open_client(find_root(self._start), config)
+        root = find_root(self._start)
+        client = self._client or _open_client(root, config, self._connect_timeout)
         self._client = client
         info = client.info()
-        if info.key_check != key.key_check:
+        self._compare(config, key, key_check=info.key_check, dim=info.dim,
+                      model_id=info.model_id, mode=info.mode)
+        # A store with a blob pool keeps one tree per ref: this checkout's branch's.
+        self._pool = info.mode == MODE_SEALED and bool(info.extra.get("pool"))
+        self._follow_ref(root, key, client)
+        self._checked = True
+        if config.server is not None:
+            remember_checkout(root, config)  # a checkout set up before such records
+            record_check(root, ServerRecord(
+                workspace_id=config.workspace_id, server=config.server,
+                key_check=info.key_check.hex(), model_id=info.model_id, dim=info.dim,
+                mode=info.mode, pool=self._pool, checked_at=utc_now()))
+
+    def _compare(self, config: RepoConfig, key: WorkspaceKey, *, key_check: bytes,
+                 dim: int, model_id: str, mode: str) -> None:
+        """Refuse a key, config or embedder other than the workspace's (as the server
+        answers it, or as it last answered)."""
+        if key_check != key.key_check:
             raise WrongKeyError(
                 f"the key for workspace {config.workspace_id} does not match the one its index"
                 " was built with; import the right one with `codeveil key import`"
             )
-        for name, have, want in (("dim", config.dim, info.dim),
-                                 ("model_id", config.model_id, info.model_id),
-                                 ("mode", config.mode, info.mode)):
+        for name, have, want in (("dim", config.dim, dim),
+                                 ("model_id", config.model_id, model_id),
+                                 ("mode", config.mode, mode)):
             if have != want:
                 path = codeveil_dir(find_root(self._start)) / "config.json"
                 raise ConfigError(
                     f"{path}: {name} is {have!r} but workspace {config.workspace_id} holds"
                     f" {want!r}; set it back to {want!r}"
                 )
-        # A store with a blob pool keeps one tree per ref: this checkout's branch's.
-        self._pool = info.mode == MODE_SEALED and bool(info.extra.get("pool"))
-        self._follow_ref(find_root(self._start), key, client)
         model = self.embedder
-        if info.model_id != model.model_id or info.dim != model.dim:
+        if model_id != model.model_id or dim != model.dim:
             raise ModelMismatchError(
-                f"workspace {config.workspace_id} holds vectors of {info.model_id} (dim"
-                f" {info.dim}) but the embedder in use is {model.model_id} (dim {model.dim})"
+                f"workspace {config.workspace_id} holds vectors of {model_id} (dim"
+                f" {dim}) but the embedder in use is {model.model_id} (dim {model.dim})"
             )
 
     def sync(self, *, progress: Progress | None = None, reupload: bool = False,
@@ -292,6 +365,9 @@ class Workspace:
             if remote is not None:
                 remote.close()
         client.verify()  # never report success over a store that cannot read its rows
+        mark_completed(root)
+        if config.server is not None:
+            record_sync(root, config.workspace_id, config.server)
         if self._pool and report.files_changed:
             drop_legacy_tree(client)
         return report
@@ -324,8 +400,15 @@ class Workspace:
 
     def status(self) -> WorkspaceStatus:
         """Where the workspace is, what it holds here and in the store, where that is."""
-        root, config, _key, client = self.open()
-        info = client.info()
+        root, config, _key, client = self.open_for_read()
+        info = None
+        if self.offline is None:
+            try:
+                info = client.info()
+            except SyncError as exc:
+                if config.server is None or not _unreachable(exc):
+                    raise
+                self.offline = unreachable(root, config.workspace_id, config.server, exc)
         ref = ref_name(root) if self._pool else None  # the next sync's, checked out now
         db = open_state_db(state_path(root))
         try:
@@ -337,15 +420,29 @@ class Workspace:
         return WorkspaceStatus(
             root=str(root), workspace_id=config.workspace_id,
             server=config.server or "embedded", mode=config.mode, model_id=config.model_id,
-            files=files, chunks=chunks, server_chunks=info.chunks - padding,
-            server_rows=info.chunks, server_nodes=info.nodes, ref=ref,
+            files=files, chunks=chunks,
+            server_chunks=None if info is None else info.chunks - padding,
+            server_rows=None if info is None else info.chunks,
+            server_nodes=None if info is None else info.nodes, ref=ref,
+            last_sync=self._last_sync(root, config),
+            offline=None if self.offline is None else self.offline.to_dict(),
         )
+
+    @staticmethod
+    def _last_sync(root: Path, config: RepoConfig) -> str | None:
+        """When this copy last completed a sync with its server (None: embedded, or not
+        recorded)."""
+        if config.server is None:
+            return None
+        record = load_record(root, config.workspace_id, config.server)
+        return None if record is None else record.last_sync
 
     def close(self) -> None:
         """Close the client (a later call opens it again)."""
         if self._client is not None:
             self._client.close()
             self._client = None
+            self._checked = False
 
 
 def drop_legacy_tree(client: StoreClient) -> None:
@@ -356,6 +453,14 @@ def drop_legacy_tree(client: StoreClient) -> None:
         client.drop_ref(DEFAULT_REF)
 
 
+def _unreachable(exc: SyncError) -> bool:
+    """Whether `exc` says that the server could not be reached (`ServerUnavailable`,
+    whose module only a workspace on a server imports)."""
+    from sync.http_client import ServerUnavailable
+
+    return isinstance(exc, ServerUnavailable)
+
+
 def _padding_rows(db: sqlite3.Connection, local: LocalChunks) -> int:
     """The padding rows a sealed store holds for this machine's files."""
     per_file = dict(db.execute("SELECT path, count(*) FROM chunks GROUP BY path").fetchall())
@@ -363,11 +468,16 @@ def _padding_rows(db: sqlite3.Connection, local: LocalChunks) -> int:
                for n in (per_file.get(p, 0) for p in local.file_digests()))
 
 
-def _open_client(root: Path, config: RepoConfig) -> StoreClient:
+def _open_client(root: Path, config: RepoConfig,
+                 connect_timeout: float | None = None) -> StoreClient:
     if config.server is None:
         from sync.local_client import LocalClient
 
         return LocalClient.open(store_path(root), config.workspace_id)
     from sync.http_client import HttpClient
 
-    return HttpClient(config.server, config.workspace_id, load_token(config.workspace_id))
+    token = load_token(config.workspace_id)
+    if connect_timeout is None:
+        return HttpClient(config.server, config.workspace_id, token)
+    return HttpClient(config.server, config.workspace_id, token,
+                      connect_timeout=connect_timeout)

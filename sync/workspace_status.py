@@ -4,6 +4,7 @@ store, and where that store is."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from indexer.record_view import FieldsMapping
 
@@ -25,9 +26,15 @@ class WorkspaceStatus(FieldsMapping):
     chunks: int
     # A sealed store's rows include the padding rows of each file (sync.sealed_rows):
     # its chunks are its rows less the padding this machine's files account for.
-    server_chunks: int
-    server_rows: int
-    server_nodes: int
+    # None when the server could not be reached (then `offline` says so).
+    server_chunks: int | None
+    server_rows: int | None
+    server_nodes: int | None
     # The ref (branch tree, sync.refs) this checkout syncs; None where the store keeps
     # one tree (server-search, or a store without a blob pool).
     ref: str | None = None
+    # When this copy last completed a sync with its server (UTC ISO 8601); None in an
+    # embedded workspace, or before the first sync recorded it.
+    last_sync: str | None = None
+    # Set when the server could not be reached: `sync.server_contact.Unreachable`'s dict.
+    offline: dict[str, Any] | None = None

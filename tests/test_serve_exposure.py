@@ -74,3 +74,31 @@ def test_serve_on_loopback_starts_as_before(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(15)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_python_m_sync_server_beyond_loopback_without_token_refuses(
+        tmp_path: Path, host: str) -> None:
+    env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
+    env.pop("CODEVEIL_ADMIN_TOKEN", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sync.server", "--data", str(tmp_path / "data"),
+         "--host", host, "--port", str(free_port())],
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "refusing to serve on" in lines[0] and "CODEVEIL_ADMIN_TOKEN" in lines[0]
+    assert "--open" in lines[0]
+    assert not (tmp_path / "data").exists()
+
+
+def test_the_server_itself_refuses_whoever_starts_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sync.exposure import ServeRefused
+    from sync.server import serve
+
+    monkeypatch.delenv("CODEVEIL_ADMIN_TOKEN", raising=False)
+    with pytest.raises(ServeRefused, match=r"refusing to serve on 0\.0\.0\.0"):
+        serve(tmp_path / "data", host="0.0.0.0", port=free_port())
+    assert not (tmp_path / "data").exists()

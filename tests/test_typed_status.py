@@ -103,9 +103,12 @@ def test_workspace_status_is_typed_and_prints_the_json_it_always_did(
     old = json.loads((FIXTURES / "workspace.json").read_text())
     new = json.loads(printed.stdout)
     # Every key it always had, in its order, with its type; then the ref this checkout
-    # syncs, added since (a string in a sealed workspace with a blob pool).
-    assert list(new) == [*old, "ref"] and isinstance(new["ref"], str)
+    # syncs, added since (a string in a sealed workspace with a blob pool), and when it
+    # last synced with a server and whether it could not reach it (None here: embedded).
+    assert list(new) == [*old, "ref", "last_sync", "offline"]
+    assert isinstance(new["ref"], str) and new["last_sync"] is new["offline"] is None
     assert {k: type(new[k]) for k in old} == {k: type(v) for k, v in old.items()}
     text = run_in_process(["status"], repo)
     assert text.stdout.splitlines()[5] == f"{'files':>14}: 2"
-    assert text.stdout == "".join(f"{name:>14}: {value}\n" for name, value in new.items())
+    assert text.stdout == "".join(f"{name:>14}: {value}\n" for name, value in new.items()
+                                  if value is not None)

@@ -22,11 +22,16 @@ Snapshot (`write_snapshot`, `read_snapshot`): one file, written to a temporary n
 fsynced and renamed into place, so a reader sees a whole snapshot or the previous one::
 
     faiss index (faiss.write_index) || rid || fid || chunk ids || meta offsets || metas
-    || trailer: JSON {format, dim, generation, ..., sections: name -> [offset, length]}
+    || trailer: JSON {format, dim, generation, ..., sections: name -> [offset, length],
+                      digests: name -> xxh3-128 hex of the section's bytes}
     || u64 trailer length || magic "CVSNAP01"
 
 Arrays are little-endian and C-ordered. The trailer records the store generation the
 snapshot reflects; the store decides whether to trust it (see sync.store.search_index).
+Every section is read back against its digest: a snapshot with a byte changed is a
+`SnapshotError` naming the section (faiss would read garbled vectors without a word, and
+searches would silently rank by them), so the store rebuilds the index from its rows and
+`codeveil doctor --data` names the file. Format 1 (no digests) is rebuilt likewise.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
 import numpy as np
+import xxhash
 
 from indexer.lazy import LazyModule
 from indexer.private_files import fsync_dir
@@ -67,7 +73,7 @@ __all__ = [
 ]
 
 CHUNK_ID_BYTES: Final = 16
-SNAPSHOT_FORMAT: Final = 1
+SNAPSHOT_FORMAT: Final = 2  # 2: a digest per section
 _MAGIC: Final = b"CVSNAP01"
 _TAIL = struct.Struct("<Q8s")
 _BATCH: Final = 65_536  # rows per add: bounds the temporary copies of a rebuild
@@ -512,16 +518,26 @@ def write_snapshot(
     try:
         with open(tmp, "wb") as f:
             sections: dict[str, list[int]] = {}
+            digests: dict[str, str] = {}
             start = f.tell()
-            writer = faiss.PyCallbackIOWriter(f.write)
+            hasher = xxhash.xxh3_128()
+
+            def write(data: bytes) -> int:
+                hasher.update(data)
+                return f.write(data)
+
+            writer = faiss.PyCallbackIOWriter(write)
             faiss.write_index(index.index, writer)
             del writer  # flushes its buffer into f
             sections["faiss"] = [start, f.tell() - start]
+            digests["faiss"] = hasher.hexdigest()
             arrays: dict[str, Any] = {}
             for name, array in rows.columns().items():
                 start = f.tell()
-                f.write(np.ascontiguousarray(array).data)
+                data = np.ascontiguousarray(array).data
+                f.write(data)
                 sections[name] = [start, f.tell() - start]
+                digests[name] = xxhash.xxh3_128_hexdigest(data)
                 arrays[name] = [array.dtype.str, list(array.shape)]
             trailer = json.dumps(
                 {
@@ -530,6 +546,7 @@ def write_snapshot(
                     "dim": index.dim,
                     "index": {"kind": index.kind, "trained_rows": index.trained_rows},
                     "sections": sections,
+                    "digests": digests,
                     "arrays": arrays,
                 }
             ).encode()
@@ -559,18 +576,26 @@ def read_snapshot(
     """The index, rows and info written by `write_snapshot`."""
     with open(path, "rb") as f:
         info = _trailer(f)
-        sections, arrays = info["sections"], info["arrays"]
+        sections, arrays, digests = info["sections"], info["arrays"], info["digests"]
         try:
             offset, length = sections["faiss"]
             f.seek(offset)
             left = length
+            hasher = xxhash.xxh3_128()
 
             def read(n: int) -> bytes:
                 nonlocal left
                 data = f.read(min(n, left))
                 left -= len(data)
+                hasher.update(data)
                 return data
 
+            # The digest first: faiss is not handed bytes that are not the ones written.
+            while read(1 << 20):
+                pass
+            _check_digest(path, "faiss", hasher.hexdigest(), digests)
+            f.seek(offset)
+            left = length
             raw = faiss.read_index(faiss.PyCallbackIOReader(read))
             cols = {}
             for name, (dtype, shape) in arrays.items():
@@ -579,6 +604,7 @@ def read_snapshot(
                 buf = bytearray(length)
                 if f.readinto(buf) != length:
                     raise SnapshotError(f"{path}: section {name} is cut short")
+                _check_digest(path, name, xxhash.xxh3_128_hexdigest(buf), digests)
                 cols[name] = np.frombuffer(buf, np.dtype(dtype)).reshape(shape)
         except (KeyError, ValueError, TypeError, RuntimeError) as exc:
             raise SnapshotError(f"{path}: {exc}") from exc
@@ -594,6 +620,12 @@ def read_snapshot(
     if len(rows) != vindex.ntotal:
         raise SnapshotError(f"{path}: {len(rows)} rows but {vindex.ntotal} vectors")
     return vindex, rows, info
+
+
+def _check_digest(path: Path, name: str, digest: str, digests: dict[str, str]) -> None:
+    if digests.get(name) != digest:
+        raise SnapshotError(f"{path}: section {name} does not match its digest (the file"
+                            " is damaged)")
 
 
 def _trailer(f: BinaryIO) -> dict[str, Any]:
