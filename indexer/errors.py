@@ -36,6 +36,7 @@ hangs under another parent than drawn::
     │   │       └── PermissionDenied              a token of another workspace (403)
     │   ├── SnapshotError       (sync.store.vector_index)  a search snapshot that cannot be used
     │   ├── ServeRefused        (sync.exposure)   a server beyond loopback with no admin token
+    │   ├── InviteError         (sync.invite)     an invite string cut, altered or expired
     │   ├── DaemonError         (sync.daemon)     the daemon cannot start or be reached
     │   │   └── AlreadyRunningError               another daemon holds the repo's lock
     │   └── ClientError         (sync.http_client)  the server could not answer

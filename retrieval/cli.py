@@ -21,6 +21,7 @@ from indexer.errors import CodeveilError
 from retrieval.cli_base import EXIT_ERROR, _fail, _Group, _index
 from retrieval.cli_daemon import daemon
 from retrieval.cli_refs import refs
+from retrieval.cli_team import invite, join
 from retrieval.cli_tools import definition, grep, outline, uses
 from sync.progress import Progress
 
@@ -494,7 +495,7 @@ def mcp(repo: Path) -> None:
 __all__ = ["EXIT_ERROR", "main"]
 
 # The commands of their own modules (the help lists every command by name).
-for _command in (definition, outline, uses, grep, daemon, refs):
+for _command in (definition, outline, uses, grep, daemon, refs, invite, join):
     main.add_command(_command)
 
 

@@ -1,0 +1,160 @@
+"""`codeveil invite` and `codeveil join` end to end, on a real server on loopback: one
+teammate indexes and invites, another joins a copy of the repo with the string and pulls
+every vector instead of embedding. A cut, altered, expired or refused string leaves no
+trace: no `.codeveil/`, no key, no token."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from sync.invite import Invite, InviteError, decode_invite, parse_duration
+from sync.keys import WorkspaceKey
+from tests.cli_in_process import run_in_process
+from tests.conftest import write_repo
+
+
+def _config(tmp: Path, who: str) -> dict[str, str]:
+    # A cache of one's own too: a shared one would answer Bob's chunks from Alice's run.
+    return {"CODEVEIL_CONFIG_DIR": str(tmp / f"{who}-config"),
+            "CODEVEIL_CACHE_DIR": str(tmp / f"{who}-cache")}
+
+
+def _nothing_written(clone: Path, config_dir: Path) -> None:
+    assert not (clone / ".codeveil").exists()
+    assert not list(config_dir.rglob("*.key")) and not list(config_dir.rglob("*.token"))
+
+
+@pytest.fixture
+def invited(server_url: str, tmp_path: Path) -> tuple[str, Path]:
+    """Alice's indexed repo on the server, and the invite she printed."""
+    alice = write_repo(tmp_path / "alice")
+    env = _config(tmp_path, "alice")
+    made = run_in_process(["init", "--server", server_url], alice, **env)
+    assert made.returncode == 0, made.stderr
+    indexed = run_in_process(["index", "-q"], alice, **env)
+    assert indexed.returncode == 0, indexed.stderr
+    printed = run_in_process(["invite"], alice, **env)
+    assert printed.returncode == 0, printed.stderr
+    assert "secret" in printed.stderr and "password" in printed.stderr
+    return printed.stdout.strip(), alice
+
+
+def _clone(alice: Path, tmp: Path) -> Path:
+    bob = tmp / "bob"
+    shutil.copytree(alice, bob, ignore=shutil.ignore_patterns(".codeveil"))
+    return bob
+
+
+def test_a_teammate_joins_with_the_string_and_pulls_every_vector(
+        invited: tuple[str, Path], tmp_path: Path) -> None:
+    string, alice = invited
+    assert string.startswith("cvinv1_") and "\n" not in string
+    bob, env = _clone(alice, tmp_path), _config(tmp_path, "bob")
+    joined = run_in_process(["join", string, str(bob), "--json"], tmp_path, **env)
+    assert joined.returncode == 0, joined.stderr
+    report = json.loads(joined.stdout)
+    assert report["chunks_embedded"] == 0
+    assert report["chunks_pulled"] > 0
+    assert report["chunks_pulled"] == report["chunks_total"]
+    found = run_in_process(["search", "hash a password", "--json"], bob, **env)
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout)["hits"]
+    alice_ws = json.loads(run_in_process(["status", "--json"], alice,
+                                         **_config(tmp_path, "alice")).stdout)
+    bob_ws = json.loads(run_in_process(["status", "--json"], bob, **env).stdout)
+    assert bob_ws["workspace_id"] == alice_ws["workspace_id"]
+
+
+def _tamper(string: str) -> str:
+    middle = len(string) // 2
+    return string[:middle] + ("A" if string[middle] != "A" else "B") + string[middle + 1:]
+
+
+@pytest.mark.parametrize("spoil", [_tamper, lambda s: s[:-5], lambda s: s[:len(s) // 2]],
+                         ids=["one-char-changed", "end-cut", "half"])
+def test_a_spoiled_string_is_refused_in_one_line_before_anything_is_written(
+        invited: tuple[str, Path], tmp_path: Path, spoil) -> None:
+    string, alice = invited
+    bob, env = _clone(alice, tmp_path), _config(tmp_path, "bob")
+    bad = spoil(string)
+    assert bad != string
+    refused = run_in_process(["join", bad, str(bob)], tmp_path, **env)
+    assert refused.returncode == 1
+    assert refused.stderr.count("\n") == 1 and "invite" in refused.stderr
+    assert bad[8:40] not in refused.stderr  # the secret is never echoed
+    _nothing_written(bob, tmp_path / "bob-config")
+
+
+def test_an_expired_string_is_refused_before_anything_is_written(
+        invited: tuple[str, Path], tmp_path: Path) -> None:
+    string, alice = invited
+    good = decode_invite(string)
+    expired = Invite(good.server, good.workspace_id, good.token, good.key,
+                     expires_at=time.time() - 1).encode()
+    bob, env = _clone(alice, tmp_path), _config(tmp_path, "bob")
+    refused = run_in_process(["join", expired, str(bob)], tmp_path, **env)
+    assert refused.returncode == 1 and "expired" in refused.stderr
+    _nothing_written(bob, tmp_path / "bob-config")
+
+
+def test_a_string_whose_token_the_server_refuses_writes_nothing(
+        invited: tuple[str, Path], tmp_path: Path) -> None:
+    string, alice = invited
+    good = decode_invite(string)
+    revoked = Invite(good.server, good.workspace_id, "no-longer-valid-token", good.key).encode()
+    bob, env = _clone(alice, tmp_path), _config(tmp_path, "bob")
+    refused = run_in_process(["join", revoked, str(bob)], tmp_path, **env)
+    assert refused.returncode == 1 and "refuses the invite's token" in refused.stderr
+    _nothing_written(bob, tmp_path / "bob-config")
+
+
+def test_a_string_with_another_key_writes_nothing(invited: tuple[str, Path],
+                                                  tmp_path: Path) -> None:
+    string, alice = invited
+    good = decode_invite(string)
+    wrong = Invite(good.server, good.workspace_id, good.token, WorkspaceKey.generate()).encode()
+    bob, env = _clone(alice, tmp_path), _config(tmp_path, "bob")
+    refused = run_in_process(["join", wrong, str(bob)], tmp_path, **env)
+    assert refused.returncode == 1 and "not the key" in refused.stderr
+    _nothing_written(bob, tmp_path / "bob-config")
+
+
+def test_an_embedded_workspace_cannot_be_invited_to(sample_repo: Path) -> None:
+    assert run_in_process(["index", "-q"], sample_repo).returncode == 0
+    refused = run_in_process(["invite"], sample_repo)
+    assert refused.returncode == 1
+    assert "embedded" in refused.stderr and refused.stderr.count("\n") == 1
+    assert not refused.stdout
+
+
+def test_the_string_round_trips_and_checks_each_field() -> None:
+    key = WorkspaceKey.generate()
+    made = Invite("https://cv.example:7400", "ws-1", "tok_en", key, expires_at=None)
+    back = decode_invite(made.encode())
+    assert (back.server, back.workspace_id, back.token, back.key) == (
+        made.server, made.workspace_id, made.token, key)
+    assert "tok_en" not in repr(back)
+    wrapped = made.encode()
+    assert decode_invite(wrapped[:30] + "\n  " + wrapped[30:]).key == key
+    for bad_server in ("ftp://x", ""):
+        with pytest.raises(InviteError, match="server"):
+            decode_invite(Invite(bad_server, "ws-1", "t", key).encode())
+    with pytest.raises(InviteError, match="workspace id"):
+        decode_invite(Invite("http://x", "../etc", "t", key).encode())
+    with pytest.raises(InviteError, match="v2"):
+        decode_invite("cvinv2_" + made.encode()[7:])
+    with pytest.raises(InviteError, match="not a codeveil invite"):
+        decode_invite("codeveil-key-v1:abc")
+
+
+def test_durations() -> None:
+    assert parse_duration("12h") == 12 * 3600
+    assert parse_duration("7d") == 7 * 86_400
+    for bad in ("0d", "soon", "5y", "-1h"):
+        with pytest.raises(InviteError):
+            parse_duration(bad)
