@@ -44,6 +44,7 @@ hangs under another parent than drawn::
     │       └── ServerError                       a 5xx or an unreadable answer
     ├── SearchError         (retrieval.api)   bad search options (k, group, ...)
     ├── ServerSearchOffline (retrieval.api)   a server-search workspace's server is unreachable
+    ├── AgentSetupError     (retrieval.agent_clients)  an agent's config file left unedited
     ├── ToolInputError      (retrieval.symbols)  a name, file or pattern a lookup cannot use
     └── ModelMismatchError  (sync.workspace)       the workspace holds another model's vectors
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import click
 
 from indexer.errors import CodeveilError
+from retrieval.cli_agent import agent
 from retrieval.cli_base import EXIT_ERROR, _fail, _Group, _index
 from retrieval.cli_daemon import daemon
 from retrieval.cli_refs import refs
@@ -495,7 +496,7 @@ def mcp(repo: Path) -> None:
 __all__ = ["EXIT_ERROR", "main"]
 
 # The commands of their own modules (the help lists every command by name).
-for _command in (definition, outline, uses, grep, daemon, refs, invite, join):
+for _command in (definition, outline, uses, grep, daemon, refs, invite, join, agent):
     main.add_command(_command)
 
 
