@@ -30,6 +30,7 @@ hangs under another parent than drawn::
     │   │   ├── StoreUnavailable                  the store's database cannot be reached (503)
     │   │   ├── WorkspaceNotFound                 no such workspace (404)
     │   │   ├── RefNotFound                       no tree of that ref in the workspace (404)
+    │   │   ├── InviteeNotFound                   no invitee token of that id (404)
     │   │   ├── WorkspaceExists                   the id is taken (409)
     │   │   ├── SealedWorkspaceError              search asked of a sealed workspace (409)
     │   │   └── AuthError                         no or wrong token (401)

@@ -40,12 +40,14 @@ from sync.records import (
     SearchHit,
     WorkspaceInfo,
 )
+from sync.store.invitees import Invitee
 from sync.wire import (
     API_PREFIX,
     ERRORS_BY_STATUS,
     LIMITS,
     AuthError,
     BadRequest,
+    InviteeNotFound,
     RefNotFound,
     SealedWorkspaceError,
     StoreError,
@@ -240,6 +242,33 @@ class HttpClient:
             if "has no ref" not in str(exc):
                 raise
             raise RefNotFound(str(exc).split(" (HTTP 404", 1)[0]) from None
+
+    # -- invitee tokens (sync.store.invitees); the workspace's own token only ------------
+
+    def create_invitee(self, expires_in: float | None = None
+                       ) -> tuple[str, str, float | None]:
+        """A new invitee token: (token id, token, expires_at or None)."""
+        def read(a: dict[str, Any]) -> tuple[str, str, float | None]:
+            expires = a["expires_at"]
+            return str(a["token_id"]), str(a["token"]), None if expires is None else float(
+                expires)
+
+        return _field(self._request("POST", "/invitees", {"expires_in": expires_in}), read)
+
+    def invitees(self) -> list[Invitee]:
+        """The workspace's invitee tokens not revoked, oldest first."""
+        return _field(self._request("GET", "/invitees"), lambda a: [
+            Invitee(str(i["token_id"]), float(i["created_at"]),
+                    None if i["expires_at"] is None else float(i["expires_at"]))
+            for i in a["invitees"]])
+
+    def revoke_invitee(self, token_id: str) -> None:
+        try:
+            self._request("POST", "/invitees/revoke", {"token_id": token_id})
+        except WorkspaceNotFound as exc:  # a 404 of this route: the token id
+            if "no invitee token" not in str(exc):
+                raise
+            raise InviteeNotFound(str(exc)) from None
 
     def collect_garbage(self, *, max_ref_age_days: float | None = None,
                         grace_s: float | None = None) -> dict[str, int]:

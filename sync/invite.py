@@ -13,10 +13,10 @@ or had a character changed (with probability 1 - 2^-64), so that `join` refuses 
 before anything is written. Whoever holds the string holds the key and the token: it is
 a secret like a password.
 
-The token is the workspace's own bearer token (the server has no per-invitee tokens
-yet), so an invite cannot be revoked on its own, and the expiry is enforced by `join`
-only: a string past it is refused, but the token it carried stays valid until the
-workspace's token changes.
+The token is an invitee token (sync.store.invitees) made for this one invite by the
+workspace's owner: the server refuses it once it expires or is revoked
+(`codeveil invite --revoke ID`), whatever else the other teammates hold. The expiry is
+in the string too, so that `join` refuses a string past it before asking the server.
 """
 
 from __future__ import annotations
@@ -30,11 +30,26 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sync.errors import SyncError
 from sync.keys import KEY_SIZE, WorkspaceKey
 
-__all__ = ["PREFIX", "Invite", "InviteError", "decode_invite", "make_invite", "parse_duration"]
+if TYPE_CHECKING:
+    from sync.config import RepoConfig
+    from sync.http_client import HttpClient
+    from sync.store.invitees import Invitee
+
+__all__ = [
+    "PREFIX",
+    "Invite",
+    "InviteError",
+    "decode_invite",
+    "list_invitees",
+    "make_invite",
+    "parse_duration",
+    "revoke_invitee",
+]
 
 PREFIX = "cvinv1_"
 VERSION = 1
@@ -157,11 +172,12 @@ def parse_duration(text: str) -> float:
     return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
-def make_invite(repo: Path, *, expires_in: float | None = None) -> Invite:
-    """The invite to the workspace of the checkout at or above `repo`. Refused for an
-    embedded store: a teammate cannot reach a store inside this folder."""
+def _owner_client(repo: Path) -> tuple[RepoConfig, HttpClient]:
+    """The config of the checkout at or above `repo` and a client of its server with the
+    token stored here. Refused for an embedded store: a teammate cannot reach a store
+    inside this folder."""
     from sync.config import codeveil_dir, find_root, load_config, load_token
-    from sync.keys import load_key
+    from sync.http_client import HttpClient
 
     root = find_root(repo)
     config = load_config(root)
@@ -169,7 +185,34 @@ def make_invite(repo: Path, *, expires_in: float | None = None) -> Invite:
         raise InviteError(f"the workspace of {root} is embedded in {codeveil_dir(root)}, not"
                           " on a server, so no teammate can reach it: index into a server"
                           " (`codeveil init --server URL` in a fresh clone) to share it")
-    expires_at = None if expires_in is None else time.time() + expires_in
-    return Invite(server=config.server, workspace_id=config.workspace_id,
-                  token=load_token(config.workspace_id), key=load_key(config.workspace_id),
-                  expires_at=expires_at)
+    return config, HttpClient(config.server, config.workspace_id,
+                              load_token(config.workspace_id))
+
+
+def make_invite(repo: Path, *, expires_in: float | None = None) -> tuple[Invite, str]:
+    """An invite to the workspace of the checkout at or above `repo`, carrying a new
+    invitee token (valid `expires_in` seconds, or until revoked), and that token's id."""
+    from sync.keys import load_key
+
+    config, client = _owner_client(repo)
+    key = load_key(config.workspace_id)
+    assert config.server is not None
+    with client:
+        token_id, token, expires_at = client.create_invitee(expires_in)
+    made = Invite(server=config.server, workspace_id=config.workspace_id, token=token,
+                  key=key, expires_at=expires_at)
+    return made, token_id
+
+
+def list_invitees(repo: Path) -> list[Invitee]:
+    """The invitee tokens of the workspace of the checkout at or above `repo`."""
+    _config, client = _owner_client(repo)
+    with client:
+        return client.invitees()
+
+
+def revoke_invitee(repo: Path, token_id: str) -> None:
+    """Revoke one invitee token of the workspace of the checkout at or above `repo`."""
+    _config, client = _owner_client(repo)
+    with client:
+        client.revoke_invitee(token_id)

@@ -19,10 +19,12 @@ replicas may serve one database behind a load balancer.
     POST /v1/workspaces/{id}/rows                    {files: [key]} -> {files: {key:
                                                      [[chunk_id, meta]]}}; keys past the
                                                      answer's size bound are left out
+    POST|GET /v1/workspaces/{id}/invitees[/revoke]   invitee tokens (sync.server_invitees)
 
 Node = {key, value (null while pending), is_dir}. Bytes are base64url without padding and
 vectors base64url of little-endian float32 (sync.wire). Every route under a workspace
-needs `Authorization: Bearer <token>`: none or an unknown token gives 401, the token of
+needs `Authorization: Bearer <token>`, the workspace's own or an invitee token that has
+not expired (sync.store.invitees): none or an unknown token gives 401, the token of
 another workspace 403, an unknown workspace 404 (only to a caller with a valid token).
 
 Every refusal is a 4xx with a JSON body {"error": "<what is wrong>"}: 400 for a body that
@@ -62,6 +64,7 @@ from sync.body_fields import Bytes, Key, Vector
 from sync.db_url import is_database_url, mask_url
 from sync.exposure import ServeRefused, open_server_refusal
 from sync.records import DEFAULT_REF, MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
+from sync.server_invitees import InviteeBody, RevokeBody, invitee_handlers
 from sync.server_middleware import BodyLimit, RequestLog
 from sync.server_refs import (
     REF_PARAMETER,
@@ -442,6 +445,10 @@ def create_app(
     route("GET", ws + "/refs", refs_handler(_authorized))
     route("POST", ws + "/blobs", blobs_handler(_authorized), BlobsBody)
     route("POST", ws + "/gc", gc_handler(_authorized), GcBody)
+    create_invitee, list_invitees, revoke_invitee = invitee_handlers(_bearer)
+    route("POST", ws + "/invitees", create_invitee, InviteeBody)
+    route("GET", ws + "/invitees", list_invitees)
+    route("POST", ws + "/invitees/revoke", revoke_invitee, RevokeBody)
 
     @app.exception_handler(StoreError)
     async def store_error(_request: Request, exc: StoreError) -> JSONResponse:

@@ -122,6 +122,12 @@ class RefNotFound(StoreError):
     http_status = 404
 
 
+class InviteeNotFound(StoreError):
+    """The workspace has no invitee token of this id (sync.store.invitees)."""
+
+    http_status = 404
+
+
 class WorkspaceExists(StoreError):
     """A workspace with this id already exists."""
 

@@ -6,6 +6,7 @@ trace: no `.codeveil/`, no key, no token."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -54,6 +55,10 @@ def test_a_teammate_joins_with_the_string_and_pulls_every_vector(
         invited: tuple[str, Path], tmp_path: Path) -> None:
     string, alice = invited
     assert string.startswith("cvinv1_") and "\n" not in string
+    # The string carries a token made for it, not the workspace's own.
+    workspace_id = decode_invite(string).workspace_id
+    own = (tmp_path / "alice-config" / "tokens" / f"{workspace_id}.token").read_text()
+    assert decode_invite(string).token != own.strip()
     bob, env = _clone(alice, tmp_path), _config(tmp_path, "bob")
     joined = run_in_process(["join", string, str(bob), "--json"], tmp_path, **env)
     assert joined.returncode == 0, joined.stderr
@@ -102,13 +107,59 @@ def test_an_expired_string_is_refused_before_anything_is_written(
     _nothing_written(bob, tmp_path / "bob-config")
 
 
-def test_a_string_whose_token_the_server_refuses_writes_nothing(
+def _token_id(stderr: str) -> str:
+    match = re.search(r"--revoke ([0-9a-f]{16})", stderr)
+    assert match, stderr
+    return match.group(1)
+
+
+def test_a_revoked_invite_is_refused_alone_and_writes_nothing(
+        server_url: str, tmp_path: Path) -> None:
+    alice = write_repo(tmp_path / "alice")
+    env = _config(tmp_path, "alice")
+    assert run_in_process(["init", "--server", server_url], alice, **env).returncode == 0
+    assert run_in_process(["index", "-q"], alice, **env).returncode == 0
+    first = run_in_process(["invite"], alice, **env)
+    second = run_in_process(["invite", "--expires", "7d"], alice, **env)
+    assert first.stdout != second.stdout
+    first_id, second_id = _token_id(first.stderr), _token_id(second.stderr)
+    listed = run_in_process(["invite", "--list"], alice, **env).stdout
+    assert first_id in listed and second_id in listed and "until revoked" in listed
+
+    bob, bob_env = _clone(alice, tmp_path), _config(tmp_path, "bob")
+    assert run_in_process(["join", first.stdout.strip(), str(bob), "--no-index"],
+                          tmp_path, **bob_env).returncode == 0
+    # A teammate who joined cannot hand out invites of their own.
+    refused = run_in_process(["invite"], bob, **bob_env)
+    assert refused.returncode == 1 and "only the token" in refused.stderr
+
+    revoked = run_in_process(["invite", "--revoke", first_id], alice, **env)
+    assert revoked.returncode == 0, revoked.stderr
+    assert first_id not in run_in_process(["invite", "--list"], alice, **env).stdout
+    carol = tmp_path / "carol"
+    shutil.copytree(bob, carol, ignore=shutil.ignore_patterns(".codeveil"))
+    again = run_in_process(["join", first.stdout.strip(), str(carol)], tmp_path,
+                           **_config(tmp_path, "carol"))
+    assert again.returncode == 1 and "refuses the invite's token" in again.stderr
+    assert again.stderr.count("\n") == 1
+    _nothing_written(carol, tmp_path / "carol-config")
+    # Bob's access went with his token; Alice's and the other invite's stay.
+    assert run_in_process(["index", "-q"], bob, **bob_env).returncode == 1
+    assert run_in_process(["index", "-q"], alice, **env).returncode == 0
+    dave = tmp_path / "dave"
+    shutil.copytree(bob, dave, ignore=shutil.ignore_patterns(".codeveil"))
+    joined = run_in_process(["join", second.stdout.strip(), str(dave), "--no-index"],
+                            tmp_path, **_config(tmp_path, "dave"))
+    assert joined.returncode == 0, joined.stderr
+
+
+def test_a_string_whose_token_the_server_never_made_writes_nothing(
         invited: tuple[str, Path], tmp_path: Path) -> None:
     string, alice = invited
     good = decode_invite(string)
-    revoked = Invite(good.server, good.workspace_id, "no-longer-valid-token", good.key).encode()
+    unknown = Invite(good.server, good.workspace_id, "no-such-token", good.key).encode()
     bob, env = _clone(alice, tmp_path), _config(tmp_path, "bob")
-    refused = run_in_process(["join", revoked, str(bob)], tmp_path, **env)
+    refused = run_in_process(["join", unknown, str(bob)], tmp_path, **env)
     assert refused.returncode == 1 and "refuses the invite's token" in refused.stderr
     _nothing_written(bob, tmp_path / "bob-config")
 

@@ -377,6 +377,7 @@ def test_ef_search_grows_with_the_graph() -> None:
 # -- schema version 1 (one tree a workspace) -> 2 (a tree per ref, the blob pool) ------------
 
 _TO_VERSION_1 = """
+DROP TABLE codeveil.invitees;
 DROP TABLE codeveil.refs; DROP TABLE codeveil.blobs; DROP INDEX codeveil.nodes_value;
 ALTER TABLE codeveil.nodes DROP CONSTRAINT nodes_pkey;
 ALTER TABLE codeveil.nodes DROP COLUMN ref;

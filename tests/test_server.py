@@ -472,8 +472,9 @@ def test_openapi_describes_path_parameters_and_request_bodies(live_server: Serve
             if method == "post":
                 body = op["requestBody"]["content"]["application/json"]["schema"]
                 assert body["$ref"].startswith("#/components/schemas/"), (method, path)
-    # 9 routes, and the 9 of refs and the blob pool (5 tree routes under /refs/{ref})
-    assert operations == 18
+    # 9 routes, the 9 of refs and the blob pool (5 tree routes under /refs/{ref}), and
+    # the 3 of invitee tokens
+    assert operations == 21
     apply_body = schemas["ApplyBody"]["properties"]["updates"]["items"]
     assert apply_body["$ref"] == "#/components/schemas/UpdateBody"
     assert "base64url" in schemas["UpdateBody"]["properties"]["file_key"]["description"]

@@ -50,6 +50,9 @@ from sync.records import (
 )
 from sync.wire import Limits
 
+if TYPE_CHECKING:
+    from sync.store.invitees import Invitee
+
 
 @dataclass(frozen=True, slots=True)
 class WorkspaceRecord:
@@ -221,12 +224,33 @@ class StoreBackend(Protocol):
         check and the creation are atomic against concurrent creators in any process."""
         ...
 
-    def authenticate(self, workspace_id: str, token: str | None) -> None:
-        """Return if `token` is the bearer token of `workspace_id`. AuthError (401)
-        without a token or for one of no workspace; WorkspaceNotFound (404) for an
-        unknown workspace, and only to a valid token, so that a caller without one
-        learns nothing of which workspaces exist; PermissionDenied (403) for another
-        workspace's token. Tokens are compared in constant time."""
+    def authenticate(self, workspace_id: str, token: str | None, *,
+                     owner_only: bool = False) -> None:
+        """Return if `token` is the bearer token of `workspace_id` or one of its invitee
+        tokens that has not expired (sync.store.invitees); with `owner_only`, only the
+        workspace's own token. AuthError (401) without a token, for one of no workspace
+        or for an expired invitee token; WorkspaceNotFound (404) for an unknown
+        workspace, and only to a valid token, so that a caller without one learns
+        nothing of which workspaces exist; PermissionDenied (403) for another
+        workspace's token, or an invitee token where `owner_only`. Tokens are compared
+        in constant time."""
+        ...
+
+    def create_invitee(self, workspace_id: str, expires_in: float | None = None
+                       ) -> tuple[str, str, float | None]:
+        """A new invitee token of `workspace_id`, valid for `expires_in` seconds (None:
+        until revoked): (token id, token, expires_at); the token is shown this once.
+        BadRequest for an expiry out of bounds. Does not authenticate."""
+        ...
+
+    def invitees(self, workspace_id: str) -> list[Invitee]:
+        """The workspace's invitee tokens not revoked, expired ones included, oldest
+        first."""
+        ...
+
+    def revoke_invitee(self, workspace_id: str, token_id: str) -> None:
+        """Revoke one invitee token, from the next request on, on every process and
+        replica. InviteeNotFound (404) for an id the workspace does not have."""
         ...
 
     def workspace(self, workspace_id: str) -> WorkspaceBackend:

@@ -13,6 +13,8 @@ tables too::
                               (fid, value) the row belongs to (sealed)
     codeveil.blobs            the pool of a sealed workspace: (workspace, fid, value) ->
                               when it was left without a ref (NULL while a leaf names it)
+    codeveil.invitees         invitee tokens (sync.store.invitees): sha256(token), token
+                              id, workspace, created_at, expires_at
 
 As in the embedded store every column but dim, model id, mode and created_at holds a
 keyed hash or ciphertext. The `vector` column has no declared dimension because
@@ -37,7 +39,8 @@ SCHEMA = "codeveil"
 # 2: one tree per ref (nodes gain a ref column; the one tree became the default ref's)
 # and a sealed workspace's rows grouped by blob (docs/architecture.md, "Refs and the
 # blob pool").
-SCHEMA_VERSION = 2
+# 3: invitee tokens (sync.store.invitees).
+SCHEMA_VERSION = 3
 # pg_advisory_xact_lock keys: one for schema changes, one for creating workspaces.
 SCHEMA_LOCK = 0x636F_6465_7665_0001
 CREATE_LOCK = 0x636F_6465_7665_0002
@@ -103,6 +106,21 @@ CREATE TABLE {SCHEMA}.blobs (
 CREATE INDEX blobs_orphaned ON {SCHEMA}.blobs (workspace, orphaned)
     WHERE orphaned IS NOT NULL;
 """
+_INVITEES = f"""
+CREATE TABLE {SCHEMA}.invitees (
+    token_sha256 bytea PRIMARY KEY,
+    token_id text NOT NULL UNIQUE,
+    workspace text NOT NULL REFERENCES {SCHEMA}.workspaces (id) ON DELETE CASCADE,
+    created_at double precision NOT NULL,
+    expires_at double precision  -- NULL: never
+);
+CREATE INDEX invitees_workspace ON {SCHEMA}.invitees (workspace);
+"""
+
+
+def _to_3(conn: psycopg.Connection) -> None:
+    """Version 2 -> 3: the invitee tokens' table."""
+    conn.execute(_INVITEES)
 
 
 def _to_2(conn: psycopg.Connection) -> None:
@@ -144,7 +162,7 @@ def _to_2(conn: psycopg.Connection) -> None:
 
 
 # version n -> what takes a database from n to n + 1
-MIGRATIONS: dict[int, Callable[[psycopg.Connection], None]] = {1: _to_2}
+MIGRATIONS: dict[int, Callable[[psycopg.Connection], None]] = {1: _to_2, 2: _to_3}
 
 
 def ensure_schema(conn: psycopg.Connection, where: str) -> None:
@@ -166,7 +184,7 @@ def ensure_schema(conn: psycopg.Connection, where: str) -> None:
             ) from None
         row = conn.execute("SELECT to_regclass(%s)", (f"{SCHEMA}.schema_version",)).fetchone()
         if row is None or row[0] is None:
-            conn.execute(_CREATE + _ROWS + _ROWS_INDEX + _POOL)
+            conn.execute(_CREATE + _ROWS + _ROWS_INDEX + _POOL + _INVITEES)
             conn.execute(f"INSERT INTO {SCHEMA}.schema_version VALUES (%s)", (SCHEMA_VERSION,))
             return
         found = conn.execute(f"SELECT version FROM {SCHEMA}.schema_version").fetchone()

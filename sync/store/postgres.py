@@ -19,6 +19,14 @@ from sync.db_url import is_database_url, mask_url
 from sync.records import MODE_SERVER_SEARCH, MODES
 from sync.store.backend import WorkspaceRecord
 from sync.store.checks import WORKSPACE_ID_RE, new_workspace_id, quota_check, token_hash
+from sync.store.invitees import (
+    OWNER_ONLY,
+    Invitee,
+    check_token_id,
+    expired,
+    expired_error,
+    new_invitee,
+)
 from sync.store.options import DEFAULT_BLOB_GRACE, DEFAULT_REF_MAX_AGE_DAYS
 from sync.store.pg_conn import DEFAULT_POOL_SIZE, Pool
 from sync.store.pg_schema import CREATE_LOCK, ensure_schema
@@ -26,6 +34,7 @@ from sync.store.pg_workspace import HNSW_THRESHOLD, PgWorkspace, W
 from sync.wire import (
     LIMITS,
     AuthError,
+    InviteeNotFound,
     Limits,
     PermissionDenied,
     StoreCorrupt,
@@ -118,18 +127,62 @@ class PgStore:
         log.info("created workspace %s (dim %d, %s)", workspace_id, dim, mode)
         return workspace_id, token
 
-    def authenticate(self, workspace_id: str, token: str | None) -> None:
-        """As `Store.authenticate`: 401 without a valid token, 404 for an unknown
-        workspace (only then), 403 for the token of another workspace."""
+    def authenticate(self, workspace_id: str, token: str | None, *,
+                     owner_only: bool = False) -> None:
+        """As `Store.authenticate`: 401 without a valid token (or with an expired invitee
+        token), 404 for an unknown workspace (only then), 403 for the token of another
+        workspace, or an invitee token where `owner_only`."""
         if not token:
             raise AuthError("missing bearer token (send 'Authorization: Bearer <token>')")
         self._check_open()
-        owner = self._owner(token_hash(token))
+        digest = token_hash(token)
+        owner = self._owner(digest)
+        invitee = owner is None
+        if owner is None:
+            owner = self._invitee_owner(digest)
         if owner is None:
             raise AuthError("invalid bearer token")
         record = self._record(workspace_id)  # raises WorkspaceNotFound
         if not hmac.compare_digest(owner.encode(), record.workspace_id.encode()):
             raise PermissionDenied("this token belongs to another workspace")
+        if invitee and owner_only:
+            raise PermissionDenied(OWNER_ONLY)
+
+    def create_invitee(self, workspace_id: str, expires_in: float | None = None
+                       ) -> tuple[str, str, float | None]:
+        """As `Store.create_invitee`."""
+        self._check_open()
+        token_id, token, created, expires_at = new_invitee(expires_in)
+        self._record(workspace_id)
+        with self._pool.connection() as conn, conn.transaction():
+            conn.execute(
+                f"INSERT INTO {W}.invitees (token_sha256, token_id, workspace, created_at,"
+                " expires_at) VALUES (%s, %s, %s, %s, %s)",
+                (token_hash(token), token_id, workspace_id, created, expires_at))
+        log.info("workspace %s: invitee token %s made", workspace_id, token_id)
+        return token_id, token, expires_at
+
+    def invitees(self, workspace_id: str) -> list[Invitee]:
+        """As `Store.invitees`."""
+        self._check_open()
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                f"SELECT token_id, created_at, expires_at FROM {W}.invitees"
+                " WHERE workspace = %s ORDER BY created_at", (workspace_id,)).fetchall()
+        return [Invitee(r[0], float(r[1]), None if r[2] is None else float(r[2]))
+                for r in rows]
+
+    def revoke_invitee(self, workspace_id: str, token_id: str) -> None:
+        """As `Store.revoke_invitee`."""
+        check_token_id(token_id)
+        self._check_open()
+        with self._pool.connection() as conn, conn.transaction():
+            gone = conn.execute(
+                f"DELETE FROM {W}.invitees WHERE workspace = %s AND token_id = %s",
+                (workspace_id, token_id)).rowcount
+        if not gone:
+            raise InviteeNotFound(f"workspace {workspace_id} has no invitee token {token_id}")
+        log.info("workspace %s: invitee token %s revoked", workspace_id, token_id)
 
     def workspace(self, workspace_id: str) -> PgWorkspace:
         """The store of a workspace (made on first use, then shared)."""
@@ -193,6 +246,19 @@ class PgStore:
             return None
         with self._lock:
             self._owners[digest] = row[0]
+        return str(row[0])
+
+    def _invitee_owner(self, digest: bytes) -> str | None:
+        """As `Store._invitee_owner`: read every time, so that a revocation on any
+        replica takes effect at once on all."""
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                f"SELECT workspace, expires_at, token_sha256 FROM {W}.invitees"
+                " WHERE token_sha256 = %s", (digest,)).fetchone()
+        if row is None or not hmac.compare_digest(bytes(row[2]), digest):
+            return None
+        if expired(row[1]):
+            raise expired_error()
         return str(row[0])
 
     def _check_open(self) -> None:

@@ -1,6 +1,7 @@
 """The embedded store's registry: all workspaces of one data dir (registry.sqlite: id,
-sha256(token), dim, model id, key check, created_at, mode), creating them, checking
-their tokens and opening them (sync.store.workspace).
+sha256(token), dim, model id, key check, created_at, mode; and the invitee tokens,
+sync.store.invitees), creating them, checking their tokens and opening them
+(sync.store.workspace).
 """
 
 from __future__ import annotations
@@ -17,11 +18,20 @@ from pathlib import Path
 from sync.records import MODE_SERVER_SEARCH, MODES
 from sync.store.backend import WorkspaceRecord
 from sync.store.checks import WORKSPACE_ID_RE, new_workspace_id, quota_check, token_hash
+from sync.store.invitees import (
+    OWNER_ONLY,
+    Invitee,
+    check_token_id,
+    expired,
+    expired_error,
+    new_invitee,
+)
 from sync.store.options import StoreOptions
 from sync.store.sqlite_tree import REGISTRY_ADVICE, REGISTRY_MIGRATIONS, connect, transaction
 from sync.store.workspace import WorkspaceStore
 from sync.wire import (
     AuthError,
+    InviteeNotFound,
     PermissionDenied,
     StoreCorrupt,
     StoreError,
@@ -58,6 +68,16 @@ class Store:
                 created_at REAL NOT NULL,
                 mode TEXT NOT NULL DEFAULT '{MODE_SERVER_SEARCH}'
             );
+            -- Added beside the workspaces without a format change: a codeveil that
+            -- predates it never reads it, and refuses its tokens as unknown ones.
+            CREATE TABLE IF NOT EXISTS invitees (
+                token_sha256 BLOB PRIMARY KEY,
+                token_id TEXT NOT NULL UNIQUE,
+                workspace_id TEXT NOT NULL,
+                created_at REAL NOT NULL,
+                expires_at REAL
+            );
+            CREATE INDEX IF NOT EXISTS invitees_workspace ON invitees (workspace_id);
             """
         )
         self._open: dict[str, WorkspaceStore] = {}
@@ -105,13 +125,17 @@ class Store:
         log.info("created workspace %s (dim %d, %s)", workspace_id, dim, mode)
         return workspace_id, token
 
-    def authenticate(self, workspace_id: str, token: str | None) -> None:
-        """Raise unless `token` is the bearer token of `workspace_id`.
+    def authenticate(self, workspace_id: str, token: str | None, *,
+                     owner_only: bool = False) -> None:
+        """Raise unless `token` is the bearer token of `workspace_id`, or one of its
+        invitee tokens (sync.store.invitees) that has not expired; with `owner_only`,
+        only the workspace's own token.
 
-        AuthError (401) without a token or with one of no workspace; WorkspaceNotFound
-        (404) for an unknown workspace, and only then, so that the existence of a
-        workspace is not revealed to callers holding no valid token; PermissionDenied
-        (403) for the token of another workspace.
+        AuthError (401) without a token or with one of no workspace, or an expired
+        invitee token; WorkspaceNotFound (404) for an unknown workspace, and only then,
+        so that the existence of a workspace is not revealed to callers holding no valid
+        token; PermissionDenied (403) for the token of another workspace, or an invitee
+        token where `owner_only`.
         """
         if not token:
             raise AuthError("missing bearer token (send 'Authorization: Bearer <token>')")
@@ -119,11 +143,57 @@ class Store:
         with self._lock:
             self._check_open()
             owner = self._owner(digest)
+            invitee = owner is None
+            if owner is None:
+                owner = self._invitee_owner(digest)
             if owner is None:
                 raise AuthError("invalid bearer token")
             record = self._record(workspace_id)  # raises WorkspaceNotFound
         if not hmac.compare_digest(owner.encode(), record.workspace_id.encode()):
             raise PermissionDenied("this token belongs to another workspace")
+        if invitee and owner_only:
+            raise PermissionDenied(OWNER_ONLY)
+
+    def create_invitee(self, workspace_id: str, expires_in: float | None = None
+                       ) -> tuple[str, str, float | None]:
+        """A new invitee token of `workspace_id`: (token id, token, expires_at). The token
+        is shown this once. The caller has authenticated the owner."""
+        token_id, token, created, expires_at = new_invitee(expires_in)
+        with self._lock:
+            self._check_open()
+            self._record(workspace_id)
+            with transaction(self._registry) as conn:
+                conn.execute(
+                    "INSERT INTO invitees (token_sha256, token_id, workspace_id, created_at,"
+                    " expires_at) VALUES (?, ?, ?, ?, ?)",
+                    (token_hash(token), token_id, workspace_id, created, expires_at))
+        log.info("workspace %s: invitee token %s made", workspace_id, token_id)
+        return token_id, token, expires_at
+
+    def invitees(self, workspace_id: str) -> list[Invitee]:
+        """The invitee tokens of `workspace_id` not revoked (expired ones included), oldest
+        first."""
+        with self._lock:
+            self._check_open()
+            rows = self._registry.execute(
+                "SELECT token_id, created_at, expires_at FROM invitees WHERE workspace_id = ?"
+                " ORDER BY created_at", (workspace_id,)).fetchall()
+        return [Invitee(r[0], float(r[1]), None if r[2] is None else float(r[2]))
+                for r in rows]
+
+    def revoke_invitee(self, workspace_id: str, token_id: str) -> None:
+        """Revoke one invitee token: refused from the next request on. InviteeNotFound
+        (404) for an id the workspace does not have."""
+        check_token_id(token_id)
+        with self._lock:
+            self._check_open()
+            with transaction(self._registry) as conn:
+                gone = conn.execute(
+                    "DELETE FROM invitees WHERE workspace_id = ? AND token_id = ?",
+                    (workspace_id, token_id)).rowcount
+        if not gone:
+            raise InviteeNotFound(f"workspace {workspace_id} has no invitee token {token_id}")
+        log.info("workspace %s: invitee token %s revoked", workspace_id, token_id)
 
     def workspace(self, workspace_id: str) -> WorkspaceStore:
         """The open store of a workspace (opened on first use, then shared)."""
@@ -197,6 +267,18 @@ class Store:
                 return None
             owner = self._owners[digest] = row[0]
         return owner
+
+    def _invitee_owner(self, digest: bytes) -> str | None:
+        """The workspace of an invitee token, read every time (a revocation or an expiry
+        takes effect at once); AuthError once it has expired. Caller holds _lock."""
+        row = self._registry.execute(
+            "SELECT workspace_id, expires_at, token_sha256 FROM invitees"
+            " WHERE token_sha256 = ?", (digest,)).fetchone()
+        if row is None or not hmac.compare_digest(bytes(row[2]), digest):
+            return None
+        if expired(row[1]):
+            raise expired_error()
+        return str(row[0])
 
     def _check_open(self) -> None:
         if self._closed:
