@@ -25,7 +25,15 @@ from pathlib import Path
 
 from indexer.errors import CodeveilError
 
-__all__ = ["CLIENTS", "SERVER_NAME", "AgentSetupError", "Client", "client_named", "mcp_command"]
+__all__ = [
+    "CLIENTS",
+    "SERVER_NAME",
+    "AgentSetupError",
+    "Client",
+    "client_named",
+    "mcp_command",
+    "mcp_env",
+]
 
 SERVER_NAME = "codeveil"
 
@@ -82,11 +90,14 @@ class Client:
         project = repo / self.project
         return (project.parent if project.parent != repo else project).exists()
 
-    def entry(self, command: list[str]) -> dict[str, object]:
+    def entry(self, command: list[str], env: dict[str, str] | None = None
+              ) -> dict[str, object]:
         """codeveil's entry in this client's format."""
         entry: dict[str, object] = {"command": command[0], "args": command[1:]}
         if self.stdio_type:
             entry = {"type": "stdio", **entry}
+        if env:
+            entry["env"] = dict(env)
         return entry
 
 
@@ -117,6 +128,19 @@ def client_named(name: str) -> Client:
             return client
     raise AgentSetupError(f"no agent client {name!r}; known: "
                           + ", ".join(c.name for c in CLIENTS))
+
+
+# Where this machine keeps codeveil's keys and cache, when moved from the default: the
+# server an agent starts must look in the same place. Never CODEVEIL_KEY or
+# CODEVEIL_TOKEN: a secret does not belong in an agent's config file.
+_CARRIED_ENV = ("CODEVEIL_CONFIG_DIR", "CODEVEIL_CACHE_DIR")
+
+
+def mcp_env() -> dict[str, str]:
+    """The settings the MCP server must be started with to find what this shell's
+    codeveil finds (absolute paths)."""
+    return {name: str(Path(os.environ[name]).absolute()) for name in _CARRIED_ENV
+            if os.environ.get(name)}
 
 
 def mcp_command(repo: Path) -> list[str]:

@@ -57,24 +57,26 @@ def detect_clients(repo: Path, home: Path) -> list[Client]:
 
 
 def install(clients: list[Client], command: list[str], *, scope: str, repo: Path,
-            home: Path, write: bool = True) -> list[Change]:
-    """Set codeveil's entry, running `command`, in each client's file for `scope`."""
+            home: Path, env: dict[str, str] | None = None,
+            write: bool = True) -> list[Change]:
+    """Set codeveil's entry, running `command` (with `env`), in each client's file for
+    `scope`."""
     changes = []
     for client in clients:
         path = client.path(client.scope_for(scope), repo, home)
         edit = _toml_install if client.format == "toml" else _json_install
-        changes.append(edit(client, path, client.entry(command), write))
+        changes.append(edit(client, path, client.entry(command, env), write))
     return changes
 
 
-def uninstall(clients: list[Client], *, scope: str, repo: Path, home: Path,
+def uninstall(clients: list[Client], *, scopes: tuple[str, ...], repo: Path, home: Path,
               write: bool = True) -> list[Change]:
-    """Remove codeveil's entry from each client's file for `scope`."""
+    """Remove codeveil's entry from each client's file for each of `scopes`."""
     changes = []
     for client in clients:
-        path = client.path(client.scope_for(scope), repo, home)
+        paths = dict.fromkeys(client.path(client.scope_for(s), repo, home) for s in scopes)
         edit = _toml_uninstall if client.format == "toml" else _json_uninstall
-        changes.append(edit(client, path, write))
+        changes += [edit(client, path, write) for path in paths]
     return changes
 
 
@@ -215,11 +217,15 @@ def _toml_str(value: str) -> str:
 
 
 def _toml_block(client: Client, entry: dict[str, object]) -> str:
-    args = entry["args"]
-    assert isinstance(args, list)
-    return (f"[{client.key}.{SERVER_NAME}]\n"
-            f"command = {_toml_str(str(entry['command']))}\n"
-            f"args = [{', '.join(_toml_str(str(a)) for a in args)}]\n")
+    args, env = entry["args"], entry.get("env", {})
+    assert isinstance(args, list) and isinstance(env, dict)
+    block = (f"[{client.key}.{SERVER_NAME}]\n"
+             f"command = {_toml_str(str(entry['command']))}\n"
+             f"args = [{', '.join(_toml_str(str(a)) for a in args)}]\n")
+    if env:
+        pairs = ", ".join(f"{name} = {_toml_str(str(value))}" for name, value in env.items())
+        block += f"env = {{ {pairs} }}\n"
+    return block
 
 
 def _toml_load(path: Path, text: str | None) -> dict[str, Any]:

@@ -96,14 +96,14 @@ def install(names: tuple[str, ...], scope: str, dry_run: bool, instructions: boo
     entries of the file are kept; the file is copied to FILE.bak before its first
     change; installing again leaves one entry.
     """
-    from retrieval.agent_clients import mcp_command
+    from retrieval.agent_clients import mcp_command, mcp_env
     from retrieval.agent_install import install as run_install
     from retrieval.agent_install import install_instructions, instruction_files
 
     root, home = _repo_root(repo), Path.home()
     clients = _chosen(names, root, home)
     changes = run_install(clients, mcp_command(root), scope=scope, repo=root, home=home,
-                          write=not dry_run)
+                          env=mcp_env(), write=not dry_run)
     if instructions:
         changes += install_instructions(instruction_files(root, clients), write=not dry_run)
     _report(changes, dry_run)
@@ -111,10 +111,11 @@ def install(names: tuple[str, ...], scope: str, dry_run: bool, instructions: boo
 
 @agent.command("uninstall")
 @_CLIENT_OPTION
-@_SCOPE_OPTION
+@click.option("--scope", type=click.Choice(["project", "user"]), default=None,
+              help="Only the repo's files or only your user config (default: both).")
 @_PRINT_OPTION
 @_REPO_OPTION
-def uninstall(names: tuple[str, ...], scope: str, dry_run: bool, repo: Path) -> None:
+def uninstall(names: tuple[str, ...], scope: str | None, dry_run: bool, repo: Path) -> None:
     """Remove codeveil's entry (and its AGENTS.md / CLAUDE.md section) that install added.
 
     Other entries stay as they are; a file install created and nothing else uses is
@@ -125,9 +126,10 @@ def uninstall(names: tuple[str, ...], scope: str, dry_run: bool, repo: Path) -> 
 
     root, home = _repo_root(repo), Path.home()
     clients = [client_named(n) for n in dict.fromkeys(names)] if names else list(CLIENTS)
-    changes = run_uninstall(clients, scope=scope, repo=root, home=home, write=not dry_run)
+    scopes = (scope,) if scope else ("project", "user")
+    changes = run_uninstall(clients, scopes=scopes, repo=root, home=home, write=not dry_run)
     changes += uninstall_instructions(root, write=not dry_run)
-    shown = [c for c in changes if c.action != "absent"] or changes[:0]
+    shown = [c for c in changes if c.action != "absent"]
     if not shown:
         click.echo("codeveil was in no client's config file", err=True)
     _report(shown, dry_run)

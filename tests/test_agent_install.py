@@ -76,6 +76,8 @@ def test_install_merges_is_idempotent_and_uninstall_removes_only_ours(
     ours = data[client.key]["codeveil"]
     assert Path(ours["command"]).is_absolute() and os.access(ours["command"], os.X_OK)
     assert ours["args"][-3:] == ["mcp", "-C", str(repo)]
+    # The server the agent starts finds the keys where this codeveil does.
+    assert ours["env"]["CODEVEIL_CONFIG_DIR"] == os.environ["CODEVEIL_CONFIG_DIR"]
     assert data[client.key]["other"] == before[client.key]["other"]
     assert {k: v for k, v in data.items() if k != client.key} == {
         k: v for k, v in before.items() if k != client.key}
@@ -188,3 +190,21 @@ def test_the_command_it_writes_starts_codeveil(repo: Path, home: Path) -> None:
     helped = subprocess.run([entry["command"], *entry["args"][:-3], "mcp", "--help"],
                             capture_output=True, text=True, timeout=120, check=False)
     assert helped.returncode == 0 and "Model Context Protocol" in helped.stdout
+
+
+def test_no_secret_is_written_and_uninstall_finds_either_scope(
+        repo: Path, home: Path) -> None:
+    done = run_in_process(["agent", "install", "--client", "codex", "--client", "gemini",
+                           "--scope", "user", "-C", str(repo)], repo, HOME=str(home),
+                          CODEVEIL_KEY="codeveil-key-v1:not-to-be-written",
+                          CODEVEIL_TOKEN="not-to-be-written-either")
+    assert done.returncode == 0, done.stderr
+    codex = home / ".codex" / "config.toml"
+    gemini = home / ".gemini" / "settings.json"
+    for path in (codex, gemini):
+        assert "not-to-be-written" not in path.read_text()
+    env = tomllib.loads(codex.read_text())["mcp_servers"]["codeveil"]["env"]
+    assert set(env) == {"CODEVEIL_CONFIG_DIR", "CODEVEIL_CACHE_DIR"}
+    gone = agent(["uninstall"], repo, home)
+    assert gone.returncode == 0 and gone.stdout.count("removed from") == 2
+    assert not codex.exists() and not gemini.exists()
