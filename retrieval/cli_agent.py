@@ -3,7 +3,9 @@ files (retrieval.agent_install does the edits; this module parses and prints).""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -11,11 +13,13 @@ from retrieval.agent_clients import CLIENTS, Client, client_named
 from retrieval.agent_install import Change
 from retrieval.cli_base import _fail
 
+F = TypeVar("F", bound=Callable[..., Any])
 _NAMES = [c.name for c in CLIENTS]
-_CLIENT_OPTION = click.option(
-    "--client", "names", multiple=True, type=click.Choice(_NAMES), metavar="NAME",
-    help="Only this client (repeat for several): " + ", ".join(_NAMES)
-         + ". Default: every client found on this machine or in the repo.")
+def _client_option(default: str) -> Callable[[F], F]:
+    return click.option(
+        "--client", "names", multiple=True, type=click.Choice(_NAMES), metavar="NAME",
+        help="Only this client (repeat for several): " + ", ".join(_NAMES)
+             + f". Default: {default}.")
 _SCOPE_OPTION = click.option(
     "--scope", type=click.Choice(["project", "user"]), default="project", show_default=True,
     help="The repo's own file (.mcp.json, .cursor/mcp.json...) or your user config."
@@ -80,7 +84,7 @@ def agent() -> None:
 
 
 @agent.command("install")
-@_CLIENT_OPTION
+@_client_option("every client found on this machine or in the repo")
 @_SCOPE_OPTION
 @_PRINT_OPTION
 @click.option("--with-instructions", "instructions", is_flag=True,
@@ -110,7 +114,7 @@ def install(names: tuple[str, ...], scope: str, dry_run: bool, instructions: boo
 
 
 @agent.command("uninstall")
-@_CLIENT_OPTION
+@_client_option("every client")
 @click.option("--scope", type=click.Choice(["project", "user"]), default=None,
               help="Only the repo's files or only your user config (default: both).")
 @_PRINT_OPTION

@@ -46,12 +46,34 @@ def join_workspace(path: Path, invite: Invite) -> RepoConfig:
     import_key(invite.workspace_id, export_key(invite.key))
     from sync.workspace import Workspace
 
+    # A token stored here for this workspace that the server still takes (the owner's,
+    # or an earlier invite's, joining a second clone) is kept: the tokens are the
+    # user's, not the clone's, and replacing the owner's would lose the right to invite.
+    token = None if _stored_token_works(invite) else invite.token
     ws = Workspace(root, embedder=embedder)
     try:
-        return ws.init(server=invite.server, workspace_id=invite.workspace_id,
-                       token=invite.token)
+        return ws.init(server=invite.server, workspace_id=invite.workspace_id, token=token)
     finally:
         ws.close()
+
+
+def _stored_token_works(invite: Invite) -> bool:
+    from sync.config import token_path
+    from sync.http_client import HttpClient
+    from sync.wire import StoreError
+
+    try:
+        stored = token_path(invite.workspace_id).read_text().strip()
+    except OSError:
+        return False
+    if not stored or stored == invite.token:
+        return False
+    try:
+        with HttpClient(invite.server, invite.workspace_id, stored) as client:
+            client.info()
+    except StoreError:
+        return False
+    return True
 
 
 def _ask_server(invite: Invite) -> WorkspaceInfo:

@@ -209,3 +209,18 @@ def test_durations() -> None:
     for bad in ("0d", "soon", "5y", "-1h"):
         with pytest.raises(InviteError):
             parse_duration(bad)
+
+
+def test_the_owner_joining_a_second_clone_keeps_the_right_to_invite(
+        invited: tuple[str, Path], tmp_path: Path) -> None:
+    string, alice = invited
+    env = _config(tmp_path, "alice")
+    workspace_id = decode_invite(string).workspace_id
+    token_file = tmp_path / "alice-config" / "tokens" / f"{workspace_id}.token"
+    own = token_file.read_text()
+    second = tmp_path / "alice-second"
+    shutil.copytree(alice, second, ignore=shutil.ignore_patterns(".codeveil"))
+    joined = run_in_process(["join", string, str(second), "--no-index"], tmp_path, **env)
+    assert joined.returncode == 0, joined.stderr
+    assert token_file.read_text() == own
+    assert run_in_process(["invite"], second, **env).returncode == 0
