@@ -9,14 +9,20 @@ what they are, and never as a server that cannot be reached.
 from __future__ import annotations
 
 from sync.config import token_path
+from sync.store.invitees import OWNER_ONLY
 
 __all__ = ["advice"]
 
 
-def advice(status: int, base_url: str, workspace_id: str | None) -> str:
-    """The remedy for an answer of HTTP `status` from the server at `base_url`, for a
-    request about `workspace_id` (None: creating one, or asking its health)."""
+def advice(status: int, base_url: str, workspace_id: str | None, message: str = "") -> str:
+    """The remedy for an answer of HTTP `status` (and the server's `message`) from the
+    server at `base_url`, for a request about `workspace_id` (None: creating one, or
+    asking its health)."""
     ws = f"workspace {workspace_id}" if workspace_id else "the workspace"
+    if status == 403 and message.startswith(OWNER_ONLY[:40]):
+        return "a teammate who joined with an invite cannot invite in turn"
+    if status == 401 and "invitee token has expired" in message:
+        return "ask the workspace's owner for a new invite, and run `codeveil join` with it"
     if status == 401 and workspace_id is None:
         return ("this server creates workspaces only for its admin token: set"
                 " CODEVEIL_ADMIN_TOKEN to it (ask the server's operator)")
@@ -28,8 +34,9 @@ def advice(status: int, base_url: str, workspace_id: str | None) -> str:
         where = f"{token_path(workspace_id)}" if workspace_id else "its token file"
         return (f"this machine's token for {ws} {whose}: put the workspace's token (from"
                 f" whoever created it) in {where}, or set CODEVEIL_TOKEN"
-                + (" (a workspace removed from the server takes its token with it)"
-                   if status == 401 else ""))
+                + (" (an invite's token that was revoked, or a workspace removed from the"
+                   " server, is refused: ask its owner for a new invite and run `codeveil"
+                   " join`)" if status == 401 else ""))
     if status == 404:
         return (f"{ws} is not on this server (removed, or the server's data was replaced):"
                 " ask its operator to restore it, or remove .codeveil/ and run `codeveil"

@@ -268,7 +268,10 @@ class HttpClient:
         except WorkspaceNotFound as exc:  # a 404 of this route: the token id
             if "no invitee token" not in str(exc):
                 raise
-            raise InviteeNotFound(str(exc)) from None
+            raise InviteeNotFound(
+                f"workspace {self.workspace_id} has no invite token {token_id[:40]!r} on"
+                f" {self.base_url} (revoked already, or never made: `codeveil invite"
+                " --list` shows them)") from None
 
     def collect_garbage(self, *, max_ref_age_days: float | None = None,
                         grace_s: float | None = None) -> dict[str, int]:
@@ -380,7 +383,7 @@ def _call(
         known = conflict if status == 409 and conflict else ERRORS_BY_STATUS.get(status)
         if known is not None:
             raise known(f"{message} (HTTP {status} from {base_url}); "
-                        + advice(status, base_url, workspace_id))
+                        + advice(status, base_url, workspace_id, message))
         if status in (502, 503, 504):
             # Answered, but unable to serve now (its store, or the server behind a proxy):
             # retried like an outage, said as what it is.

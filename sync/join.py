@@ -17,7 +17,7 @@ from pathlib import Path
 
 from indexer.embedder import Embedder
 from indexer.errors import CodeveilError
-from sync.config import RepoConfig, codeveil_dir
+from sync.config import RepoConfig, codeveil_dir, load_config, save_token
 from sync.invite import Invite, InviteError
 from sync.keys import export_key, import_key
 from sync.records import WorkspaceInfo
@@ -28,14 +28,20 @@ __all__ = ["join_workspace"]
 
 def join_workspace(path: Path, invite: Invite) -> RepoConfig:
     """Point the checkout at `path` at the invite's workspace, with the key and token
-    stored; raises (writing nothing) when the checkout is already indexed, the server
-    refuses the token, or the key or model do not fit the workspace."""
+    stored; raises (writing nothing) when the checkout is indexed into another
+    workspace, the server refuses the token, or the key or model do not fit the
+    workspace. A checkout already pointed at the workspace only gets the new token."""
     root = path.resolve()
     if not root.is_dir():
         raise CodeveilError(f"no such folder: {path}")
-    if (codeveil_dir(root) / "config.json").exists():
-        raise CodeveilError(f"{root} is already indexed; remove {codeveil_dir(root)} first to"
-                            " join another workspace there")
+    rejoin = (codeveil_dir(root) / "config.json").exists()
+    if rejoin:
+        # The same workspace again (a new invite after the last one's token was revoked
+        # or expired): only the token changes. Another one is refused.
+        config = load_config(root)
+        if (config.workspace_id, config.server) != (invite.workspace_id, invite.server):
+            raise CodeveilError(f"{root} is indexed into another workspace; remove"
+                                f" {codeveil_dir(root)} first to join this one there")
     info = _ask_server(invite)
     if info.key_check != invite.key.key_check:
         raise InviteError(f"the invite's key is not the key of workspace {invite.workspace_id}"
@@ -50,6 +56,10 @@ def join_workspace(path: Path, invite: Invite) -> RepoConfig:
     # or an earlier invite's, joining a second clone) is kept: the tokens are the
     # user's, not the clone's, and replacing the owner's would lose the right to invite.
     token = None if _stored_token_works(invite) else invite.token
+    if rejoin:
+        if token is not None:
+            save_token(invite.workspace_id, token)
+        return load_config(root)
     ws = Workspace(root, embedder=embedder)
     try:
         return ws.init(server=invite.server, workspace_id=invite.workspace_id, token=token)

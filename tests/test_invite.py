@@ -146,6 +146,11 @@ def test_a_revoked_invite_is_refused_alone_and_writes_nothing(
     # Bob's access went with his token; Alice's and the other invite's stay.
     assert run_in_process(["index", "-q"], bob, **bob_env).returncode == 1
     assert run_in_process(["index", "-q"], alice, **env).returncode == 0
+    # A new invite lets Bob back into the same checkout: only his token changes.
+    third = run_in_process(["invite"], alice, **env)
+    rejoined = run_in_process(["join", third.stdout.strip(), str(bob)], tmp_path, **bob_env)
+    assert rejoined.returncode == 0, rejoined.stderr
+    assert run_in_process(["index", "-q"], bob, **bob_env).returncode == 0
     dave = tmp_path / "dave"
     shutil.copytree(bob, dave, ignore=shutil.ignore_patterns(".codeveil"))
     joined = run_in_process(["join", second.stdout.strip(), str(dave), "--no-index"],
@@ -224,3 +229,15 @@ def test_the_owner_joining_a_second_clone_keeps_the_right_to_invite(
     assert joined.returncode == 0, joined.stderr
     assert token_file.read_text() == own
     assert run_in_process(["invite"], second, **env).returncode == 0
+
+
+def test_a_checkout_of_another_workspace_is_not_re_pointed(
+        invited: tuple[str, Path], sample_repo: Path, tmp_path: Path) -> None:
+    string, _alice = invited
+    assert run_in_process(["index", "-q"], sample_repo).returncode == 0
+    config = (sample_repo / ".codeveil" / "config.json").read_text()
+    refused = run_in_process(["join", string, str(sample_repo)], tmp_path,
+                             **_config(tmp_path, "bob"))
+    assert refused.returncode == 1 and "another workspace" in refused.stderr
+    assert (sample_repo / ".codeveil" / "config.json").read_text() == config
+    assert not list((tmp_path / "bob-config").rglob("*.key"))
