@@ -24,6 +24,7 @@ from retrieval.cli_daemon import daemon
 from retrieval.cli_refs import refs
 from retrieval.cli_team import invite, join
 from retrieval.cli_tools import definition, grep, outline, uses
+from retrieval.limits import SEARCH
 from sync.progress import Progress
 
 if TYPE_CHECKING:
@@ -181,8 +182,8 @@ def _print_report(r: SyncReport) -> None:
 
 @main.command()
 @click.argument("query")
-@click.option("-k", "k", default=10, show_default=True, type=click.IntRange(1, 200),
-              help="How many results.")
+@click.option("-k", "k", default=SEARCH.default, show_default=True,
+              type=click.IntRange(1, SEARCH.most), help="How many results.")
 @click.option("--path", "path_glob", metavar="GLOB", help="Only paths matching GLOB.")
 @click.option("--lang", "language", metavar="LANG", help="Only this language (python, go...).")
 @click.option("--kind", "kinds", metavar="KIND", multiple=True,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from retrieval.cli_base import _JSON_OPTION, _REPO_OPTION, _echo_json
+from retrieval.limits import DEFINITIONS, REFERENCES
 from retrieval.server_probe import ServerProbe
 
 if TYPE_CHECKING:
@@ -38,8 +39,8 @@ def _offline(probe: ServerProbe, payload: dict[str, Any] | None = None) -> dict[
 
 @click.command(name="def")
 @click.argument("name")
-@click.option("-n", "--limit", default=10, show_default=True, type=click.IntRange(1, 200),
-              help="How many candidates.")
+@click.option("-n", "--limit", default=DEFINITIONS.default, show_default=True,
+              type=click.IntRange(1, DEFINITIONS.most), help="How many candidates.")
 @_JSON_OPTION
 @_REPO_OPTION
 def definition(name: str, limit: int, as_json: bool, repo: Path) -> None:
@@ -86,8 +87,8 @@ def outline(path: Path, as_json: bool, repo: Path) -> None:
 @click.command()
 @click.argument("name")
 @click.option("--path", "path_glob", metavar="GLOB", help="Only paths matching GLOB.")
-@click.option("-n", "--limit", default=20, show_default=True, type=click.IntRange(1, 500),
-              help="How many chunks.")
+@click.option("-n", "--limit", default=REFERENCES.default, show_default=True,
+              type=click.IntRange(1, REFERENCES.most), help="How many chunks.")
 @_JSON_OPTION
 @_REPO_OPTION
 def uses(name: str, path_glob: str | None, limit: int, as_json: bool, repo: Path) -> None:

@@ -41,13 +41,14 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from indexer.errors import CodeveilError
 from retrieval.api import Index
+from retrieval.limits import DEFINITIONS, GREP, REFERENCES, SEARCH
 from retrieval.multi import MultiIndex
 from retrieval.server_probe import ServerProbe
 
@@ -62,11 +63,10 @@ indexed files (exact and fast). Each lookup result says how many tokens it costs
 Call sync_index after editing files if results look stale.
 """
 
-MAX_K = 100
 CONTEXT_LINES = 6
 """Lines of a definition shown from its first; longer ones say `truncated`."""
-GREP_LIMIT = 100
-"""grep's default cap on lines returned."""
+GREP_LIMIT: Final = GREP.default
+"""grep's default cap on lines returned (retrieval.limits)."""
 
 
 def estimate_tokens(payload: dict[str, Any]) -> int:
@@ -108,7 +108,7 @@ def build_server(repo: Path) -> MCPServer:
     @server.tool()
     def search(
         query: str,
-        k: int = 10,
+        k: int = SEARCH.default,
         group: Literal["chunk", "symbol", "file"] = "chunk",
         path: str | None = None,
         language: str | None = None,
@@ -118,7 +118,7 @@ def build_server(repo: Path) -> MCPServer:
         """Search the repository's code for `query` (a question, a description of
         behaviour, an identifier, an error message or a stack trace).
 
-        k: how many results (1-100). group: "chunk" (line ranges), "symbol" (one result
+        k: how many results (1-200). group: "chunk" (line ranges), "symbol" (one result
         per function/class) or "file" (one result per file). path: a glob the result
         paths must match, e.g. "src/*" or "*.py". language: e.g. "python". kind: only
         files of these kinds, e.g. "code" or "code,tests" (code, tests, docs, examples,
@@ -133,7 +133,7 @@ def build_server(repo: Path) -> MCPServer:
         is still embedding (every chunk is searched by name and words already, only
         chunks_with_vectors of them by meaning); tokens: what the answer costs to read.
         """
-        k = max(1, min(int(k), MAX_K))
+        k = SEARCH.clamp(k)
         if repos:
             with state.use_many(repos) as many:
                 hits = many.search(query, k=k, group=group, path=path, language=language,
@@ -156,16 +156,16 @@ def build_server(repo: Path) -> MCPServer:
         return _with_tokens(out)
 
     @server.tool()
-    def definition(name: str, limit: int = 5) -> dict[str, Any]:
+    def definition(name: str, limit: int = DEFINITIONS.default) -> dict[str, Any]:
         """Where a symbol is defined: a class, function, method, type or constant, by
         name (`send`) or qualified (`Session.send`, `Sinatra::Base`, `pkg.Func`), from
-        the syntax tree (not a text match). limit: how many candidates (1-50).
+        the syntax tree (not a text match). limit: how many candidates (1-200).
         Returns definitions best first (the whole name over a tail of it, source over
         tests and docs): path, start_line, end_line, symbol, kind, signature, text (its
         first lines as on disk now), truncated (the definition goes on to end_line), and
         tokens (what this result costs to read).
         """
-        limit = max(1, min(int(limit), 50))
+        limit = DEFINITIONS.clamp(limit)
         probe = ServerProbe(state.repo)
         with state.use() as idx:
             hits = idx.definition(name, limit=limit)
@@ -189,10 +189,11 @@ def build_server(repo: Path) -> MCPServer:
         return _with_tokens(_offline(probe, result))
 
     @server.tool()
-    def references(name: str, path: str | None = None, limit: int = 20) -> dict[str, Any]:
+    def references(name: str, path: str | None = None,
+                   limit: int = REFERENCES.default) -> dict[str, Any]:
         """The chunks that use `name` (an identifier; for `Session.send` the uses of
         `send`, those naming `Session` first), the definition left out. path: a glob the
-        files must match. limit: how many chunks (1-100). Each: path, start_line,
+        files must match. limit: how many chunks (1-500). Each: path, start_line,
         end_line, symbol, lines (where the name is), text (up to 3 of those lines),
         truncated, approximate (true where whole words were matched because the
         language has no grammar here; false means identifiers in the syntax tree),
@@ -200,7 +201,7 @@ def build_server(repo: Path) -> MCPServer:
         defines it: Python, JavaScript/TypeScript relative imports, Go packages; those
         rank first).
         """
-        limit = max(1, min(int(limit), 100))
+        limit = REFERENCES.clamp(limit)
         probe = ServerProbe(state.repo)
         with state.use() as idx:
             hits = idx.references(name, path=path, limit=limit)
@@ -216,7 +217,7 @@ def build_server(repo: Path) -> MCPServer:
         path: a glob the files must match, e.g. "*.py". limit: at most this many lines
         (1-1000); truncated says there were more. Each match: path, line, column, text.
         """
-        limit = max(1, min(int(limit), 1000))
+        limit = GREP.clamp(limit)
         probe = ServerProbe(state.repo)
         with state.use() as idx:
             result = idx.grep(pattern, path=path, ignore_case=ignore_case, limit=limit)
