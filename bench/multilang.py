@@ -115,7 +115,8 @@ def systems(grid: bool = False) -> list[System]:
     ]
     if grid:
         for vec, base in (("", {}), ("no vectors, ", NO_VECTORS)):
-            out += [System(f"{vec}saturation {f}", {**base, "saturation": f},
+            out += [System(f"{vec}saturation {f}", {**base, "saturation": f,
+                                                     "file_first": False},
                            vectors=not base) for f in (1.0, 0.8, 0.6, 0.4, 0.2, 0.0)]
             out += [System(f"{vec}path vote {w}", {**base, "w_path": w},
                            vectors=not base) for w in (0.0, 0.25, 0.5, 1.0)]
