@@ -51,7 +51,9 @@ DEPTH = 50
 NDCG_AT = 10
 HALVES = ("tune", "report")
 READ_DEPTH = 10  # hits an agent reads at most, chunks or files
-TOP_KEPT = 5  # files kept per query and system in the result file, to read the misses
+TOP_KEPT = 5  # BM25's files kept per query in the result file, to read the misses
+# The systems whose ten printed files are kept per query (beside the first one ranked).
+KEEP_TOP = frozenset({"codeveil as printed before", "no vectors, as printed before"})
 
 
 def ndcg(files: Sequence[str], gold: set[str], k: int = NDCG_AT) -> float:
@@ -256,7 +258,8 @@ def evaluate(repos: dict[str, Repo], queries: Sequence[Query], chosen: list[Syst
             hits, files = repo.rank(q.text, s)
             scores[s.name] = ndcg([d.path for d in hits], gold)
             file_scores[s.name] = ndcg(files, gold)
-            top[s.name] = [d.path for d in hits[:NDCG_AT]]
+            if s.name == shown or s.name in KEEP_TOP:
+                top[s.name] = [d.path for d in hits[:NDCG_AT]]
             if n == 0:  # the shipped ranking
                 read = repo.reading(hits, files, gold)
         rows.append({"repo": q.repo, "kind": q.kind, "language": q.language,
