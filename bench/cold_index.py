@@ -49,7 +49,7 @@ def index_once(code: Path, src: Path, work: Path, models: Path) -> dict:
            "CODEVEIL_CACHE_DIR": str(cache)}
     env.pop("CODEVEIL_EMBEDDER", None)  # the default model, as a user's install picks it
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "retrieval.cli", "index", "--json", "."],
+    proc = subprocess.run([sys.executable, "-m", "retrieval.cli", "index", "--wait", "--json", "."],
                           cwd=repo, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:

@@ -343,22 +343,47 @@ class Workspace:
         report.seconds += took
         return report
 
+    def index_words(self, *, progress: Progress | None = None) -> SyncReport:
+        """The part of a sync that needs neither the model nor the store
+        (`Syncer.run_local`): changed files chunked into this machine's chunk table
+        (pending until they have vectors), deleted ones dropped; creates the workspace on
+        first use. `codeveil index` returns after this and leaves the rest to the
+        builder, which runs `sync`."""
+        self.ensure()
+        root = find_root(self._start)
+        config = load_config(root)
+        syncer = self._syncer(root, config, load_key(config.workspace_id), None,
+                              self.embedder, progress)
+        try:
+            return syncer.run_local(embed=False)
+        finally:
+            syncer.close()
+
     def _sync(self, progress: Progress | None, reupload: bool,
               embed_on: str | None) -> SyncReport:
+        from sync.http_client import ServerUnavailable
+
         remote = self._remote_embedder(embed_on or os.environ.get(ENV_EMBED_ON))
         self.ensure()
-        root, config, key, client = self.open()
+        try:
+            root, config, key, client = self.open()
+        except ServerUnavailable as exc:
+            if remote is not None:
+                remote.close()
+            return self._sync_offline(progress, exc)
         self._follow_ref(root, key, client)
         embedder = self.embedder
         if remote is not None:
             embedder = CachedEmbedder(remote, embedder.cache)
-        syncer = Syncer(
-            root, state_path(root), client, key, config.workspace_id, embedder,
-            None if config.sealed else crypto.VectorCipher(key, embedder.dim),
-            sealed=config.sealed, pool=self._pool, progress=progress,
-        )
+        syncer = self._syncer(root, config, key, client, embedder, progress)
         try:
-            report = syncer.run(reupload=reupload)
+            try:
+                report = syncer.run(reupload=reupload)
+            except ServerUnavailable as exc:  # it went away mid-sync: finish here alone
+                log.warning("%s; indexing on this machine only", exc)
+                report = syncer.run_local(embed=True)
+                report.offline = str(exc)
+                return report
             report.embedded_on = (remote.address or "auto") if remote is not None else "here"
         finally:
             syncer.close()
@@ -371,6 +396,39 @@ class Workspace:
         if self._pool and report.files_changed:
             drop_legacy_tree(client)
         return report
+
+    def _sync_offline(self, progress: Progress | None, exc: Exception) -> SyncReport:
+        """The sync with the server unreachable: this machine's index (chunks, words and,
+        here, vectors) is brought up to date alone. Nothing is queued apart: the store's
+        tree still says what it holds, so the next sync that reaches it sends exactly
+        what it lacks (the Merkle diff), and nothing twice."""
+        self.close()  # a client that could not connect is opened afresh next time
+        root = find_root(self._start)
+        config = load_config(root)
+        embedder = self.embedder
+        if (embedder.model_id, embedder.dim) != (config.model_id, config.dim):
+            raise ModelMismatchError(
+                f"workspace {config.workspace_id} holds vectors of {config.model_id} (dim"
+                f" {config.dim}) but the embedder in use is {embedder.model_id} (dim"
+                f" {embedder.dim})")
+        log.warning("%s; indexing on this machine only", exc)
+        syncer = self._syncer(root, config, load_key(config.workspace_id), None, embedder,
+                              progress)
+        try:
+            report = syncer.run_local(embed=True)
+        finally:
+            syncer.close()
+        report.offline = str(exc)
+        return report
+
+    def _syncer(self, root: Path, config: RepoConfig, key: WorkspaceKey,
+                client: StoreClient | None, embedder: CachedEmbedder,
+                progress: Progress | None) -> Syncer:
+        return Syncer(
+            root, state_path(root), client, key, config.workspace_id, embedder,
+            None if config.sealed else crypto.VectorCipher(key, embedder.dim),
+            sealed=config.sealed, pool=self._pool, progress=progress,
+        )
 
     def _follow_ref(self, root: Path, key: WorkspaceKey, client: StoreClient) -> None:
         """Point `client` at the tree of the branch checked out now (a store with a
