@@ -380,7 +380,7 @@ class Workspace:
             try:
                 report = syncer.run(reupload=reupload)
             except ServerUnavailable as exc:  # it went away mid-sync: finish here alone
-                log.warning("%s; indexing on this machine only", exc)
+                log.info("%s; indexing on this machine only", exc)
                 report = syncer.run_local(embed=True)
                 report.offline = str(exc)
                 return report
@@ -411,7 +411,7 @@ class Workspace:
                 f"workspace {config.workspace_id} holds vectors of {config.model_id} (dim"
                 f" {config.dim}) but the embedder in use is {embedder.model_id} (dim"
                 f" {embedder.dim})")
-        log.warning("%s; indexing on this machine only", exc)
+        log.info("%s; indexing on this machine only", exc)
         syncer = self._syncer(root, config, load_key(config.workspace_id), None, embedder,
                               progress)
         try:
