@@ -7,15 +7,20 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import time
 from pathlib import Path
 
+from indexer.embed_cache import EmbeddingCache, cache_key
+from indexer.local_chunks import LocalChunks, open_state_db
 from sync.builder import MAX_ATTEMPTS, Builder
+from sync.config import load_config, state_path
+from tests.conftest import write_repo
 from tests.test_cli import run
 
 
-def _json(args: list[str], cwd: Path) -> dict:
-    proc = run(args, cwd)
+def _json(args: list[str], cwd: Path, **env: str) -> dict:
+    proc = run(args, cwd, **env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -106,3 +111,83 @@ def test_a_builder_that_dies_three_times_is_given_up_and_doctor_says_so(
     assert builder.given_up() is None
     assert run(["index", "-q"], sample_repo).returncode == 0
     assert _wait_built(sample_repo)["state"] == "done"
+
+
+def _pending_files(repo: Path) -> int:
+    db = sqlite3.connect(f"file:{repo / '.codeveil' / 'state.sqlite'}?mode=ro", uri=True,
+                         timeout=5)
+    try:
+        return int(db.execute("SELECT count(*) FROM pending_files").fetchone()[0])
+    finally:
+        db.close()
+
+
+def _cached_vectors(repo: Path, cache_dir: Path) -> dict[str, bytes]:
+    """embedded text -> the bytes of the vector this machine's cache holds for it."""
+    config = load_config(repo)
+    db = open_state_db(state_path(repo))
+    cache = EmbeddingCache(cache_dir / "embeddings.sqlite")
+    try:
+        keys = {c.embed_text: cache_key(config.model_id, c.embed_text)
+                for _, c in LocalChunks(db).iter_all()}
+        found = cache.get_many(list(keys.values()), config.dim)
+        return {text: found[key].tobytes() for text, key in keys.items() if key in found}
+    finally:
+        cache.close()
+        db.close()
+
+
+def test_a_builder_killed_mid_way_resumes_to_the_same_vectors(tmp_path: Path) -> None:
+    files = {f"pkg/mod{i:04d}.py": "".join(
+        f"def handler_{i}_{j}(value):\n    \"\"\"Handle case {j} of module {i}.\"\"\"\n"
+        f"    return value * {j} + {i}\n\n\n" for j in range(12)) for i in range(1500)}
+    killed_repo = write_repo(tmp_path / "killed", files)
+    whole_repo = write_repo(tmp_path / "whole", files)
+    killed_env = {"CODEVEIL_CONFIG_DIR": str(tmp_path / "k-config"),
+                  "CODEVEIL_CACHE_DIR": str(tmp_path / "k-cache")}
+    whole_env = {"CODEVEIL_CONFIG_DIR": str(tmp_path / "w-config"),
+                 "CODEVEIL_CACHE_DIR": str(tmp_path / "w-cache")}
+
+    assert run(["index", "-q"], killed_repo, **killed_env).returncode == 0
+    builder = Builder(killed_repo)
+    total = _pending_files(killed_repo)
+    deadline = time.monotonic() + 120
+    while True:  # kill it once some files have their vectors and others do not
+        assert time.monotonic() < deadline, "the builder never got going"
+        st = builder.state()
+        left = _pending_files(killed_repo)
+        if st is not None and st.state == "running" and 0 < left < total:
+            os.kill(st.pid, signal.SIGKILL)
+            break
+        assert st is None or st.state in ("starting", "running"), st
+        time.sleep(0.005)
+    for _ in range(100):
+        if not builder.running():
+            break
+        time.sleep(0.05)
+    assert not builder.running()
+    mid = _json(["status", "--json"], killed_repo, **killed_env)
+    assert mid["builder"]["state"] == "running" and not mid["builder"]["running"]
+    assert mid["server_rows"] == 0  # sealed rows are sent once every file is embedded
+
+    # The next run resumes where the cache stops: what was embedded is not again.
+    resumed = json.loads(run(["index", "--wait", "--json"], killed_repo,
+                             **killed_env).stdout)
+    assert resumed["chunks_from_cache"] > 0
+    assert 0 < resumed["chunks_embedded"] < resumed["chunks_total"]
+    whole = json.loads(run(["index", "--wait", "--json"], whole_repo, **whole_env).stdout)
+    assert whole["chunks_embedded"] == whole["chunks_total"] == resumed["chunks_total"]
+
+    k_status = _json(["status", "--json"], killed_repo, **killed_env)
+    w_status = _json(["status", "--json"], whole_repo, **whole_env)
+    assert k_status["server_rows"] == w_status["server_rows"] > 0
+    assert k_status["chunks"] == w_status["chunks"]
+    mine = _cached_vectors(killed_repo, tmp_path / "k-cache")
+    theirs = _cached_vectors(whole_repo, tmp_path / "w-cache")
+    assert len(mine) == resumed["chunks_total"] and mine == theirs
+    query = ["search", "handle case 7 of module 42", "--json", "-k", "5"]
+    k_hits = json.loads(run(query, killed_repo, **killed_env).stdout)
+    w_hits = json.loads(run(query, whole_repo, **whole_env).stdout)
+    assert not k_hits["index"]["partial"] and not w_hits["index"]["partial"]
+    # The clear winner is the same; ties further down follow each table's row order.
+    assert k_hits["hits"][0]["path"] == w_hits["hits"][0]["path"] == "pkg/mod0042.py"
