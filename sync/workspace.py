@@ -45,6 +45,7 @@ from sync.config import (
     save_token,
     state_path,
     store_path,
+    token_path,
 )
 from sync.errors import KeyMismatchError, SyncError
 from sync.index_state import mark_completed
@@ -214,13 +215,16 @@ class Workspace:
                     model_id=embedder.model_id, key_check=key.key_check, mode=mode,
                 ).close()
             else:
-                from sync.http_client import HttpClient
+                from sync.http_client import ServerUnavailable
 
-                token = HttpClient.create_workspace(
-                    server, workspace_id=workspace_id, dim=embedder.dim,
-                    model_id=embedder.model_id, key_check=key.key_check, mode=mode,
-                )
-                save_token(workspace_id, token)
+                try:
+                    _create_on_server(server, workspace_id, key, embedder, mode)
+                except ServerUnavailable as exc:
+                    # The workspace id and the key are made here: the server can be
+                    # told later. Until then this machine indexes alone.
+                    log.warning("%s; the workspace is created there by the first index"
+                                " that reaches it", exc)
+                    _create_later(root).touch()
         elif server is None:
             raise CodeveilError("joining an existing workspace needs --server URL")
         else:
@@ -235,7 +239,8 @@ class Workspace:
                             dim=embedder.dim, server=server, mode=mode)
         save_config(root, config)
         self._start = root
-        self._check(config, load_key(workspace_id))
+        if not _create_later(root).exists():
+            self._check(config, load_key(workspace_id))
         return config
 
     def open(self) -> Opened:
@@ -247,6 +252,11 @@ class Workspace:
         self.asked_server = config.server is not None and (
             self._client is None or not self._checked)
         if self._client is None or not self._checked:
+            if config.server is not None and _create_later(root).exists():
+                if not token_path(config.workspace_id).exists():  # else made, then a crash
+                    _create_on_server(config.server, config.workspace_id, key,
+                                      self.embedder, config.mode)
+                _create_later(root).unlink()
             self._check(config, key)
         self.offline = None
         assert self._client is not None  # set by _check
@@ -524,6 +534,23 @@ def _padding_rows(db: sqlite3.Connection, local: LocalChunks) -> int:
     per_file = dict(db.execute("SELECT path, count(*) FROM chunks GROUP BY path").fetchall())
     return sum(padded_row_count(n) - n
                for n in (per_file.get(p, 0) for p in local.file_digests()))
+
+
+def _create_later(root: Path) -> Path:
+    """Present while the workspace of a server that was unreachable at `init` is still
+    to be created there (the next `open` that reaches it does)."""
+    return codeveil_dir(root) / "create-on-server"
+
+
+def _create_on_server(server: str, workspace_id: str, key: WorkspaceKey,
+                      embedder: CachedEmbedder, mode: str) -> None:
+    """Create the workspace on `server` and keep its token."""
+    from sync.http_client import HttpClient
+
+    token = HttpClient.create_workspace(
+        server, workspace_id=workspace_id, dim=embedder.dim, model_id=embedder.model_id,
+        key_check=key.key_check, mode=mode)
+    save_token(workspace_id, token)
 
 
 def _open_client(root: Path, config: RepoConfig,

@@ -194,3 +194,23 @@ def test_a_first_index_with_the_server_down_builds_here_and_syncs_later(
     caught_up = json.loads(_ok(["index", "--wait", "--json"], repo, env).stdout)
     assert caught_up["files_changed"] == 5 and caught_up["chunks_embedded"] == 0
     _teammate_pulls_exactly(tmp_path, repo, server.url, env)
+
+
+def test_init_with_the_server_down_indexes_here_and_creates_the_workspace_later(
+        tmp_path: Path, server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory(tmp_path / "data")
+    server.stop()  # its port is known: the URL a user was given
+    env = _env(tmp_path, "alice")
+    repo = write_repo(tmp_path / "repo")
+    init = _ok(["init", "--server", server.url], repo, env)
+    assert "cannot reach server" in init.stderr
+    first = _ok(["index", "--wait", "--json"], repo, env)
+    _offline_line(first)
+    _local_vectors_cover(repo, env, "auth/password.py", "verify_password")
+
+    server.start()
+    caught_up = json.loads(_ok(["index", "--wait", "--json"], repo, env).stdout)
+    assert not caught_up["offline"]
+    assert caught_up["files_changed"] == 5 and caught_up["chunks_embedded"] == 0
+    assert not (repo / ".codeveil" / "create-on-server").exists()
+    _teammate_pulls_exactly(tmp_path, repo, server.url, env)
