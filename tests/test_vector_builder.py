@@ -12,9 +12,12 @@ import time
 from pathlib import Path
 
 from indexer.embed_cache import EmbeddingCache, cache_key
+from indexer.embedder import HashingEmbedder
 from indexer.local_chunks import LocalChunks, open_state_db
 from sync.builder import MAX_ATTEMPTS, Builder
 from sync.config import load_config, state_path
+from sync.daemon.target import WorkspaceSync
+from sync.workspace import Workspace
 from tests.conftest import write_repo
 from tests.test_cli import run
 
@@ -191,3 +194,43 @@ def test_a_builder_killed_mid_way_resumes_to_the_same_vectors(tmp_path: Path) ->
     assert not k_hits["index"]["partial"] and not w_hits["index"]["partial"]
     # The clear winner is the same; ties further down follow each table's row order.
     assert k_hits["hits"][0]["path"] == w_hits["hits"][0]["path"] == "pkg/mod0042.py"
+
+
+def test_daemon_stop_stops_the_builder_and_the_next_index_resumes(tmp_path: Path) -> None:
+    repo = write_repo(tmp_path / "repo", {f"pkg/mod{i:04d}.py": "".join(
+        f"def step_{i}_{j}(value):\n    return value - {j}\n\n\n" for j in range(12))
+        for i in range(1500)})
+    assert run(["index", "-q"], repo).returncode == 0
+    builder = Builder(repo)
+    deadline = time.monotonic() + 60
+    while (st := builder.state()) is None or st.state != "running":  # its SIGTERM handler set
+        assert time.monotonic() < deadline and (st is None or st.state == "starting"), st
+        time.sleep(0.01)
+    stopped = run(["daemon", "stop"], repo)
+    assert stopped.returncode == 0, stopped.stderr
+    assert "vector builder stopped" in stopped.stdout
+    st = builder.state()
+    assert st is not None and st.state == "stopped" and st.attempts == 0
+    assert not builder.running()
+    resumed = json.loads(run(["index", "--wait", "--json"], repo).stdout)
+    assert resumed["chunks_total"] > 0
+    found = _json(["search", "step_42_7", "--json", "-k", "1"], repo)
+    assert found["hits"][0]["path"] == "pkg/mod0042.py" and not found["index"]["partial"]
+
+
+def test_a_daemon_sync_leaves_a_running_builder_alone_and_asks_it_for_a_pass(
+        sample_repo: Path, hashing_embedder: HashingEmbedder) -> None:
+    assert run(["index", "--wait", "-q"], sample_repo).returncode == 0
+    (sample_repo / "auth" / "tokens.py").write_text("def mint_token():\n    return 1\n")
+    target = WorkspaceSync(Workspace(sample_repo, embedder=hashing_embedder))
+    builder = Builder(sample_repo)
+    try:
+        with builder.hold() as held:  # what a running builder holds
+            assert held
+            report = target.sync()
+            assert report.files_changed == 0  # no second sync beside the builder
+            assert builder.files.again.exists()
+        report = target.sync()
+        assert report.files_changed == 1
+    finally:
+        target.close()
