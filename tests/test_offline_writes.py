@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -54,12 +55,29 @@ def _many_files(repo: Path, n: int) -> None:
         for j in range(12)) for i in range(n)})
 
 
-def _killed_after(args: list[str], cwd: Path, env: dict[str, str], seconds: float) -> None:
+def _killed_mid_way(args: list[str], cwd: Path, env: dict[str, str]) -> None:
+    """Run `codeveil ARGS` and SIGKILL it once it has written chunks that still wait for
+    their vectors (pending): mid-way, between the chunk table and the rest."""
+    state = cwd / ".codeveil" / "state.sqlite"
     proc = subprocess.Popen([sys.executable, "-m", "retrieval.cli", *args], cwd=cwd, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(seconds)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    try:
+        while proc.poll() is None:
+            db = sqlite3.connect(f"file:{state}?mode=ro", uri=True, timeout=5)
+            try:
+                pending = db.execute("SELECT count(*) FROM pending_files").fetchone()[0]
+            except sqlite3.OperationalError:  # locked for a moment: look again
+                pending = 0
+            finally:
+                db.close()
+            if pending:
+                proc.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.002)
+        assert proc.wait() == -signal.SIGKILL, "it finished before it could be killed"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def _offline_line(proc: subprocess.CompletedProcess[str]) -> None:
@@ -134,17 +152,17 @@ def test_offline_index_then_catch_up(tmp_path: Path, killed: bool,
     env = _env(tmp_path, "alice")
     repo = write_repo(tmp_path / "repo")
     if killed:
-        _many_files(repo, 60)
+        _many_files(repo, 300)
     _ok(["init", "--server", server.url], repo, env)
     _ok(["index", "--wait", "-q"], repo, env)
 
     server.stop()
     _edit_delete_add(repo)
     if killed:
-        for i in range(0, 60, 2):  # more work offline, for the kill to land in
+        for i in range(0, 300, 2):  # more work offline, for the kill to land in
             (repo / "pkg" / f"mod{i:03d}.py").write_text(
                 f"def changed_{i}(x):\n    return x - {i}\n")
-        _killed_after(["index", "--wait", "-q"], repo, env, 2.5)
+        _killed_mid_way(["index", "--wait", "-q"], repo, env)
     offline = _ok(["index", "--wait", "--json"], repo, env)
     _offline_line(offline)
     report = json.loads(offline.stdout)
@@ -154,7 +172,7 @@ def test_offline_index_then_catch_up(tmp_path: Path, killed: bool,
 
     server.start()  # same port, same data
     if killed:
-        _killed_after(["index", "--wait", "-q"], repo, env, 2.5)
+        _killed_mid_way(["index", "--wait", "-q"], repo, env)
     caught_up = json.loads(_ok(["index", "--wait", "--json"], repo, env).stdout)
     assert not caught_up["offline"]
     if not killed:
