@@ -20,7 +20,7 @@ Files in `.codeveil/`:
     builder.json    its state and progress (`BuilderState`), written atomically
     builder.failed  why it was given up: it died MAX_ATTEMPTS times in a row; no builder
                     starts until a foreground `codeveil index --wait` succeeds
-    builder.log     its log
+    builder.log     its log (builder.log.1 the one before, past 1 MiB)
 
 A second `index` while a builder runs leaves it running and asks it for another pass
 (`builder.again`): the sync it runs resumes from the store's tree, so stopping it would
@@ -57,6 +57,8 @@ MAX_ATTEMPTS: Final = 3
 BUILDER_MODULE: Final = "retrieval.vector_builder"
 #: Seconds between two writes of the progress file.
 PROGRESS_EVERY_S: Final = 1.0
+#: A log past this size is moved aside (to builder.log.1) when the next builder starts.
+LOG_BYTES: Final = 1 << 20
 #: States after which a start is not a retry.
 CLEAN_STATES: Final = frozenset({"done", "stopped", "offline"})
 
@@ -200,6 +202,9 @@ class Builder:
         package_root = str(Path(__file__).resolve().parents[1])  # for -m, as installed
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)}
+        with contextlib.suppress(OSError):  # one older log kept, so it never grows unbounded
+            if self.files.log.stat().st_size > LOG_BYTES:
+                self.files.log.replace(self.files.log.with_name("builder.log.1"))
         try:
             with open(self.files.log, "ab") as logf:
                 # Its own session: a Ctrl-C or the exit of whoever started it does not
