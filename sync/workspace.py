@@ -12,6 +12,11 @@ search), joining one on a server, choosing the client (in-process or HTTP), chec
 the key and the model against what the workspace holds, choosing the embedder (the
 workspace's own model unless one is given), and the sync itself (`Syncer`, embedding
 here or on a Ray cluster). Searching is retrieval's: it ranks over what `open` returns.
+
+With the server unreachable, a sync brings this machine's index up to date alone
+(`Syncer.run_local`) and says why in `SyncReport.offline`; the next sync that reaches
+the server sends what it lacks. A workspace whose server was unreachable at `init` is
+created there by the first `open` that reaches it.
 """
 
 from __future__ import annotations
@@ -391,6 +396,7 @@ class Workspace:
                 report = syncer.run(reupload=reupload)
             except ServerUnavailable as exc:  # it went away mid-sync: finish here alone
                 log.info("%s; indexing on this machine only", exc)
+                self.close()  # never reuse a client whose connection broke
                 report = syncer.run_local(embed=True)
                 report.offline = str(exc)
                 return report

@@ -232,3 +232,39 @@ def test_init_with_the_server_down_indexes_here_and_creates_the_workspace_later(
     assert caught_up["files_changed"] == 5 and caught_up["chunks_embedded"] == 0
     assert not (repo / ".codeveil" / "create-on-server").exists()
     _teammate_pulls_exactly(tmp_path, repo, server.url, env)
+
+
+def test_a_server_that_goes_away_mid_sync_leaves_the_index_updated_here(
+        tmp_path: Path, server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory(tmp_path / "data")
+    env = _env(tmp_path, "alice")
+    repo = write_repo(tmp_path / "repo")
+    _ok(["init", "--server", server.url], repo, env)
+    _ok(["index", "--wait", "-q"], repo, env)
+    _many_files(repo, 300)  # sent in one go once embedded: the server dies before that
+    _edit_delete_add(repo)
+    state = repo / ".codeveil" / "state.sqlite"
+    proc = subprocess.Popen([sys.executable, "-m", "retrieval.cli", "index", "--wait",
+                             "--json"], cwd=repo, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    while proc.poll() is None:  # the diff is done and the files are being read
+        db = sqlite3.connect(f"file:{state}?mode=ro", uri=True, timeout=5)
+        try:
+            pending = db.execute("SELECT count(*) FROM pending_files").fetchone()[0]
+        finally:
+            db.close()
+        if pending:
+            server.kill()
+            break
+        time.sleep(0.002)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    _offline_line(subprocess.CompletedProcess(proc.args, 0, out, err))
+    assert json.loads(out)["offline"]
+    _local_vectors_cover(repo, env, "net/upload.py", "offline_edited_helper")
+    _local_vectors_cover(repo, env, "pkg/mod123.py", "handler_123_")
+
+    server.start()
+    caught_up = json.loads(_ok(["index", "--wait", "--json"], repo, env).stdout)
+    assert caught_up["files_changed"] == 302 and caught_up["chunks_embedded"] == 0
+    _teammate_pulls_exactly(tmp_path, repo, server.url, env)
