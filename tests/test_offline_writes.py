@@ -1,7 +1,8 @@
 """With the server unreachable, `codeveil index` updates this machine's index (chunks,
 words and vectors) and the next index that reaches the server sends exactly what it
 lacks: a real server on loopback, stopped and restarted; real `codeveil` processes,
-killed with SIGKILL on the way; a teammate who then pulls the workspace.
+killed with SIGKILL on the way; a teammate who then pulls the workspace. The server
+keeps its workspace in a data dir or, where one can be started, on PostgreSQL.
 
 The hashing embedder stands for the model: what is under test is what is sent, not
 how the vectors rank."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import sqlite3
 import subprocess
@@ -25,6 +27,7 @@ from indexer.local_chunks import LocalChunks, open_state_db
 from sync.config import load_config, state_path
 from sync.keys import export_key, load_key
 from tests.conftest import write_repo
+from tests.pg_fixtures import other_database
 from tests.server_fixtures import ServerProcess
 
 EDITED = "def offline_edited_helper(records):\n    return sorted(records)\n"
@@ -145,10 +148,20 @@ def _edit_delete_add(repo: Path) -> None:
     (repo / "tools" / "added.py").write_text("def added_while_offline():\n    return 7\n")
 
 
+@pytest.fixture(params=["data-dir", "postgres"])
+def store(request: pytest.FixtureRequest) -> str | None:
+    """Where the server keeps the workspace: its data dir, or a PostgreSQL database of
+    the test's own (skipped where none can be started)."""
+    if request.param == "data-dir":
+        return None
+    return other_database(request.getfixturevalue("pg_url"),
+                          f"codeveil_offline_{secrets.token_hex(4)}")
+
+
 @pytest.mark.parametrize("killed", [False, True], ids=["clean", "kill-9"])
-def test_offline_index_then_catch_up(tmp_path: Path, killed: bool,
+def test_offline_index_then_catch_up(tmp_path: Path, killed: bool, store: str | None,
                                      server_factory: Callable[..., ServerProcess]) -> None:
-    server = server_factory(tmp_path / "data")
+    server = server_factory(tmp_path / "data", store=store)
     env = _env(tmp_path, "alice")
     repo = write_repo(tmp_path / "repo")
     if killed:
