@@ -306,7 +306,7 @@ def _repo_names(roots: list[Path]) -> dict[str, str]:
 def _partial_note(coverage: Coverage) -> str:
     return (f"index is partial: {coverage.chunks_with_vectors} of {coverage.chunks}"
             " chunks have vectors so far (all are searched by name and words); results"
-            " improve as `codeveil index` goes on")
+            " improve as the vectors are built (`codeveil status` shows how far)")
 
 
 def _print_hits(hits: list[Hit], query: str, *, names: dict[str, str] | None = None) -> None:
