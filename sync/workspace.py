@@ -370,9 +370,11 @@ class Workspace:
         syncer = self._syncer(root, config, load_key(config.workspace_id), None,
                               self.embedder, progress)
         try:
-            return syncer.run_local(embed=False)
+            report = syncer.run_local(embed=False)
         finally:
             syncer.close()
+        mark_completed(root)  # the chunk table holds every file: the index exists
+        return report
 
     def _sync(self, progress: Progress | None, reupload: bool,
               embed_on: str | None) -> SyncReport:
@@ -399,6 +401,7 @@ class Workspace:
                 self.close()  # never reuse a client whose connection broke
                 report = syncer.run_local(embed=True)
                 report.offline = str(exc)
+                mark_completed(root)
                 return report
             report.embedded_on = (remote.address or "auto") if remote is not None else "here"
         finally:
@@ -434,6 +437,7 @@ class Workspace:
             report = syncer.run_local(embed=True)
         finally:
             syncer.close()
+        mark_completed(root)
         report.offline = str(exc)
         return report
 

@@ -182,6 +182,12 @@ def test_offline_index_then_catch_up(tmp_path: Path, killed: bool, store: str | 
     assert report["offline"] and report["files_deleted"] == (0 if killed else 1)
     _local_vectors_cover(repo, env, "net/upload.py", "offline_edited_helper")
     _local_vectors_cover(repo, env, "tools/added.py", "added_while_offline")
+    # Searched with the server still down: the edit is found, the deleted file is not.
+    found = _ok(["search", "sorted records helper", "--json", "-k", "3"], repo, env)
+    hits = json.loads(found.stdout)["hits"]
+    assert hits[0]["path"] == "net/upload.py" and "offline_edited_helper" in hits[0]["text"]
+    assert all(h["path"] != "auth/password.py" for h in hits)
+    assert "unreachable" in found.stderr
 
     server.start()  # same port, same data
     if killed:
