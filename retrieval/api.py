@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 from collections import OrderedDict
@@ -37,6 +38,7 @@ from sync.client import StoreClient
 from sync.config import (
     RepoConfig,
     find_root,
+    load_config,
     state_path,
 )
 from sync.errors import KeyMismatchError, SyncError
@@ -160,6 +162,7 @@ class Index:
         if not wait:
             report = self._ws.index_words(progress=progress)
             SearchReady(self._ws).words()
+            self._ask_server()
             Builder(self._ws.root).start()
             return report
         self._ws.ensure()
@@ -174,6 +177,17 @@ class Index:
                                    follower=SearchReady(self._ws, self._vector_index))
         builder.clear_failure()
         return report
+
+    def _ask_server(self) -> None:
+        """A server that refuses this checkout (a token it does not accept, a workspace
+        it does not hold) says so now, in one line, rather than in the builder's log; one
+        that does not answer leaves the builder to index offline."""
+        from sync.http_client import ServerUnavailable
+
+        if load_config(find_root(self._ws.root)).server is None:
+            return
+        with contextlib.suppress(ServerUnavailable):  # a workspace still to be created
+            self._ws.open_for_read()
 
     def builder(self) -> dict[str, object]:
         """The background vector builder of this index (`sync.builder`): `running`,
