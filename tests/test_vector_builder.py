@@ -234,3 +234,22 @@ def test_a_daemon_sync_leaves_a_running_builder_alone_and_asks_it_for_a_pass(
         assert report.files_changed == 1
     finally:
         target.close()
+
+
+def test_index_wait_stops_a_running_builder_and_finishes_in_the_foreground(
+        tmp_path: Path) -> None:
+    repo = write_repo(tmp_path / "repo", {f"pkg/mod{i:04d}.py": "".join(
+        f"def task_{i}_{j}(value):\n    return value + {j}\n\n\n" for j in range(12))
+        for i in range(1500)})
+    assert run(["index", "-q"], repo).returncode == 0
+    builder = Builder(repo)
+    deadline = time.monotonic() + 60
+    while (st := builder.state()) is None or st.state != "running":
+        assert time.monotonic() < deadline and (st is None or st.state == "starting"), st
+        time.sleep(0.01)
+    waited = json.loads(run(["index", "--wait", "--json"], repo).stdout)
+    assert waited["chunks_total"] > 0
+    st = builder.state()
+    assert st is not None and st.state == "stopped" and not builder.running()
+    found = _json(["search", "task_42_7", "--json", "-k", "1"], repo)
+    assert found["hits"][0]["path"] == "pkg/mod0042.py" and not found["index"]["partial"]
