@@ -18,7 +18,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from types import FrameType
 
@@ -57,10 +56,7 @@ def run(root: Path) -> int:
     with builder.hold(wait=2.0) as held:
         if not held:  # another builder has this index: it does the work
             return 0
-        prev = builder.state()
-        st = BuilderState(state="running", pid=os.getpid(),
-                          attempts=prev.attempts if prev is not None else 1,
-                          started=time.time())
+        st = builder.begin(os.getpid())
         try:
             while True:
                 st.chunks_todo = _chunks_waiting(builder.root)

@@ -249,6 +249,18 @@ class Builder:
 
     # -- held by the one that builds ------------------------------------------------
 
+    def begin(self, pid: int) -> BuilderState:
+        """The builder's first state, "running", written under the start lock: the
+        process that started it has written its own ("starting", with the attempt
+        count) by then, so the count is never lost to a race between the two."""
+        with _flocked(self.files.start_lock):
+            prev = self.state()
+            st = BuilderState(state="running", pid=pid,
+                              attempts=prev.attempts if prev is not None else 1,
+                              started=time.time())
+            self.write(st)
+            return st
+
     @contextlib.contextmanager
     def hold(self, *, wait: float = 0.0) -> Iterator[bool]:
         """The index's builder lock, for the process that syncs it (the builder, or a

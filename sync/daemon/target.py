@@ -73,7 +73,7 @@ class WorkspaceSync:
 
         builder = Builder(self.workspace.root)
         try:
-            with builder.hold() as held:
+            with builder.hold(wait=0.5) as held:  # rides out a `status` probe of the lock
                 if not held:
                     # A vector builder syncs this index now: it is asked for one more
                     # pass rather than racing it with a second sync.
