@@ -499,7 +499,9 @@ class Workspace:
             root=str(root), workspace_id=config.workspace_id,
             server=config.server or "embedded", mode=config.mode, model_id=config.model_id,
             files=files, chunks=chunks,
-            server_chunks=None if info is None else info.chunks - padding,
+            # Never below 0: files embedded here but not sent yet (the builder sends a
+            # sealed workspace's rows at its end; offline, later) hold no rows there.
+            server_chunks=None if info is None else max(info.chunks - padding, 0),
             server_rows=None if info is None else info.chunks,
             server_nodes=None if info is None else info.nodes, ref=ref,
             last_sync=self._last_sync(root, config),
@@ -540,10 +542,12 @@ def _unreachable(exc: SyncError) -> bool:
 
 
 def _padding_rows(db: sqlite3.Connection, local: LocalChunks) -> int:
-    """The padding rows a sealed store holds for this machine's files."""
+    """The padding rows a sealed store holds for this machine's files: those with
+    vectors here (a pending file, still being embedded by the builder, was not sent)."""
     per_file = dict(db.execute("SELECT path, count(*) FROM chunks GROUP BY path").fetchall())
-    return sum(padded_row_count(n) - n
-               for n in (per_file.get(p, 0) for p in local.file_digests()))
+    pending = local.pending_files()
+    return sum(padded_row_count(per_file.get(p, 0)) - per_file.get(p, 0)
+               for p in local.file_digests() if p not in pending)
 
 
 def _create_later(root: Path) -> Path:
