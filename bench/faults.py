@@ -145,7 +145,7 @@ def clean_state(repo: Path, work: Path, key: str, server: Server | None) -> tupl
     env.pop("CODEVEIL_TOKEN", None)
     if server is not None:
         run(["init", ".", "--server", server.url], clean, env)
-    run(["index", "-q"], clean, env)
+    run(["index", "--wait", "-q"], clean, env)
     return contents(clean, workspace_of(clean), key, server)
 
 
@@ -261,7 +261,7 @@ def trial_single(work: Path, rng: random.Random, files: int, kills: int,
     done = 0
     try:
         for attempt in range(kills):
-            proc = cli(["index", "-q"], repo, env)
+            proc = cli(["index", "--wait", "-q"], repo, env)
             if server is not None and rng.random() < 0.5:
                 time.sleep(rng.uniform(0.5, 3.0))
                 server.kill()  # the server dies mid-sync; the client fails or finished
@@ -271,7 +271,7 @@ def trial_single(work: Path, rng: random.Random, files: int, kills: int,
             else:
                 done += _kill_after([proc], rng.uniform(0.5, 3.0))
             mutate(repo, rng, f"a{attempt}")
-        run(["index", "-q"], repo, env)
+        run(["index", "--wait", "-q"], repo, env)
         ws = workspace_of(repo)
         key = export_key(ws)
         state = contents(repo, ws, key, server)
@@ -290,7 +290,7 @@ def trial_teammates(work: Path, rng: random.Random, files: int, kills: int,
         write_files(one, files, rng)
         env = _env()
         run(["init", ".", "--server", server.url], one, env)
-        run(["index", "-q"], one, env)
+        run(["index", "--wait", "-q"], one, env)
         ws = workspace_of(one)
         key = export_key(ws)
         from sync.config import load_token
@@ -306,7 +306,8 @@ def trial_teammates(work: Path, rng: random.Random, files: int, kills: int,
                 break
             mutate(one, rng, f"one{attempt}")
             mutate(two, rng, f"two{attempt}")
-            procs = [cli(["index", "-q"], one, mate), cli(["index", "-q"], two, mate)]
+            procs = [cli(["index", "--wait", "-q"], one, mate),
+                     cli(["index", "--wait", "-q"], two, mate)]
             if rng.random() < 0.5:
                 procs.reverse()
             # Kill one of them at a random moment of its run (an incremental index of
@@ -321,7 +322,7 @@ def trial_teammates(work: Path, rng: random.Random, files: int, kills: int,
                     proc.stderr.close()
         ok = True
         for repo in (one, two):
-            run(["index", "-q"], repo, mate)
+            run(["index", "--wait", "-q"], repo, mate)
             state = contents(repo, ws, key, server)
             clean = clean_state(repo, work, key, server)
             if state != clean:

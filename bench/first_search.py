@@ -47,7 +47,7 @@ def main() -> None:
     load_graph("int8")  # exported once per machine, not per index
     cli = [sys.executable, "-m", "retrieval.cli"]
     t0 = time.perf_counter()
-    indexing = subprocess.Popen([*cli, "index", "-q"], cwd=repo, env=env,
+    indexing = subprocess.Popen([*cli, "index", "--wait", "-q"], cwd=repo, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     samples = []
     first = None

@@ -220,7 +220,7 @@ def kill_attempts(trial: Trial, repo: Path, env: dict[str, str], replicas: Repli
     for attempt in range(4 * kills):
         if trial.kills == kills:
             return
-        proc = faults.cli(["index", "-q"], repo, env)
+        proc = faults.cli(["index", "--wait", "-q"], repo, env)
         started = time.monotonic()
         delay = window.delay(rng)
         killed = False
@@ -283,7 +283,7 @@ def trial_first(work: Path, trial: Trial, args: argparse.Namespace, source: Path
         init()
         kill_attempts(trial, repo, env, replicas, using, database, rng, args.kills, window,
                       between)
-        faults.run(["index", "-q"], repo, env, timeout=1800)
+        faults.run(["index", "--wait", "-q"], repo, env, timeout=1800)
         server = replicas.servers[using[0]]
         ws = faults.workspace_of(repo)
         key = faults.export_key(ws)
@@ -313,7 +313,7 @@ def trial_join(work: Path, trial: Trial, args: argparse.Namespace, source: Path 
         planted = make_tree(alice, args, source, rng)
         env = faults._env()
         faults.run(["init", ".", "--server", replicas.urls()[0]], alice, env)
-        faults.run(["index", "-q"], alice, env, timeout=1800)
+        faults.run(["index", "--wait", "-q"], alice, env, timeout=1800)
         ws = faults.workspace_of(alice)
         key = faults.export_key(ws)
         from sync.config import load_token
@@ -339,7 +339,7 @@ def trial_join(work: Path, trial: Trial, args: argparse.Namespace, source: Path 
         join()
         kill_attempts(trial, bob, mate, replicas, using, database, rng, args.kills, window,
                       between)
-        report = json.loads(capture(["index", "--json"], bob, mate))
+        report = json.loads(capture(["index", "--wait", "--json"], bob, mate))
         server = replicas.servers[using[0]]
         state = faults.contents(bob, ws, key, server)
         clean = faults.clean_state(bob, work, key, server)
@@ -505,7 +505,7 @@ def load_run(args: argparse.Namespace, base: Path, source: Path | None,
         origin = work / "origin"  # the static workspace the teammate joins
         make_tree(origin, args, source, rng)
         faults.run(["init", ".", "--server", urls[0]], origin, env)
-        faults.run(["index", "-q"], origin, env, timeout=1800)
+        faults.run(["index", "--wait", "-q"], origin, env, timeout=1800)
         pull_tree = work / "origin-tree"
         shutil.copytree(origin, pull_tree, ignore=shutil.ignore_patterns(".codeveil"))
         sync_repos = []
@@ -513,7 +513,7 @@ def load_run(args: argparse.Namespace, base: Path, source: Path | None,
             repo = work / f"syncer-{n}"
             shutil.copytree(pull_tree, repo)
             faults.run(["init", ".", "--server", urls[n % 2]], repo, env)
-            faults.run(["index", "-q"], repo, env, timeout=1800)
+            faults.run(["index", "--wait", "-q"], repo, env, timeout=1800)
             sync_repos.append(str(repo))
         from sync.config import load_token
 

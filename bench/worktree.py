@@ -43,7 +43,7 @@ def codeveil(cwd: Path, *args: str) -> tuple[float, Any]:
 
 
 def index_row(name: str, cwd: Path) -> dict[str, Any]:
-    seconds, report = codeveil(cwd, "index", ".")
+    seconds, report = codeveil(cwd, "index", "--wait", ".")
     keys = ("files_changed", "files_reused", "chunks_total", "chunks_embedded", "chunks_from_cache",
             "headers_embedded", "seconds_chunk", "seconds_embed", "seconds_sync",
             "seconds_search_ready")

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 from collections import OrderedDict
@@ -37,6 +38,7 @@ from sync.client import StoreClient
 from sync.config import (
     RepoConfig,
     find_root,
+    load_config,
     state_path,
 )
 from sync.errors import KeyMismatchError, SyncError
@@ -139,18 +141,64 @@ class Index:
     # -- indexing -------------------------------------------------------------------
 
     def index(self, *, progress: Progress | None = None, reupload: bool = False,
-              embed_on: str | None = None) -> SyncReport:
+              embed_on: str | None = None, wait: bool = True) -> SyncReport:
         """Bring the index up to date with the folder; creates it on first use.
+
+        With `wait` (the default here) it returns once every chunk has its vectors and
+        the store holds them. Without, it returns once the words, names and structure
+        are indexed (`Workspace.index_words`: seconds) and leaves the model's work and
+        the sync to the index's background builder (`sync.builder`), started here;
+        `builder()` tells how it goes.
 
         `reupload` (send every file again) and `embed_on` (a Ray cluster,
         `ray://HOST:PORT[?actors=N]`, which sees the chunks' plain text: one you trust)
-        as `sync.workspace.Workspace.sync`. An index that sends many files also leaves the
-        search side built (retrieval.search_ready), so the first search does not build it.
+        as `sync.workspace.Workspace.sync`, and only with `wait`. An index that sends
+        many files also leaves the search side built (retrieval.search_ready), so the
+        first search does not build it.
         """
         from retrieval.search_ready import SearchReady
+        from sync.builder import Builder
 
-        return self._ws.sync(progress=progress, reupload=reupload, embed_on=embed_on,
-                             follower=SearchReady(self._ws, self._vector_index))
+        if not wait:
+            report = self._ws.index_words(progress=progress)
+            SearchReady(self._ws).words()
+            self._ask_server()
+            Builder(self._ws.root).start()
+            return report
+        self._ws.ensure()
+        builder = Builder(self._ws.root)
+        builder.stop()  # its sync and this one would do the same work twice
+        with builder.hold(wait=30.0) as held:
+            if not held:
+                raise CodeveilError(
+                    f"the vector builder of {builder.root} did not stop; see"
+                    f" {builder.files.log}")
+            report = self._ws.sync(progress=progress, reupload=reupload, embed_on=embed_on,
+                                   follower=SearchReady(self._ws, self._vector_index))
+        builder.clear_failure()
+        return report
+
+    def _ask_server(self) -> None:
+        """A server that refuses this checkout (a token it does not accept, a workspace
+        it does not hold) says so now, in one line, rather than in the builder's log; one
+        that does not answer leaves the builder to index offline."""
+        from sync.http_client import ServerUnavailable
+
+        if load_config(find_root(self._ws.root)).server is None:
+            return
+        with contextlib.suppress(ServerUnavailable):  # a workspace still to be created
+            self._ws.open_for_read()
+
+    def builder(self) -> dict[str, object]:
+        """The background vector builder of this index (`sync.builder`): `running`,
+        `given_up` (why, or None) and its last state and progress (`state`, `chunks_todo`,
+        `chunks_done`, `chunks_per_s`, `seconds_left`, ...), empty when none ran."""
+        from sync.builder import Builder
+
+        builder = Builder(self._ws.root)
+        st = builder.state()
+        return {"running": builder.running(), "given_up": builder.given_up(),
+                **(st.to_dict() if st is not None else {})}
 
     # -- search ---------------------------------------------------------------------
 

@@ -127,34 +127,73 @@ class _RichProgress(Progress):
 @click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--wait", is_flag=True,
+              help="Block until every chunk has its vectors and the store holds them"
+                   " (progress bar), instead of leaving that to the background builder.")
 @click.option("--embed-on", "embed_on", metavar="ray://HOST:PORT",
               envvar="CODEVEIL_EMBED_ON",
-              help="Embed on a Ray cluster you trust (it sees the code; ?actors=N).")
-def index(path: Path, as_json: bool, quiet: bool, embed_on: str | None) -> None:
+              help="Embed on a Ray cluster you trust (it sees the code; ?actors=N)."
+                   " Implies --wait.")
+def index(path: Path, as_json: bool, quiet: bool, wait: bool, embed_on: str | None) -> None:
     """Index PATH (default: here), or bring its index up to date.
+
+    Returns once the words, names and structure are indexed (seconds): search answers
+    by them at once, and by meaning as the vectors land. The model's work and the sync
+    run in a background builder (`codeveil status` shows it; `codeveil daemon stop`
+    stops it); --wait blocks until they are done.
 
     The first run creates PATH/.codeveil/ and a workspace key in your config dir.
     Later runs read only files whose size or mtime changed, and send only what differs.
     """
     if not path.exists():
         raise CodeveilError(f"no such folder: {path}")
+    wait = wait or bool(embed_on)
     idx = _index(path)
-    show_bar = not (quiet or as_json) and sys.stderr.isatty()
+    show_bar = wait and not (quiet or as_json) and sys.stderr.isatty()
     if show_bar:
         with _RichProgress() as bar:
             report = idx.index(progress=bar, embed_on=embed_on)
     else:
-        report = idx.index(embed_on=embed_on)
+        report = idx.index(embed_on=embed_on, wait=wait)
     from sync.records import MODE_SEALED
 
     mode = idx.mode
+    builder = None if wait else idx.builder()
+    coverage = idx.coverage() if builder is not None else None
     idx.close()
     if as_json:
-        click.echo(json.dumps({**report.to_dict(), "mode": mode}, indent=2))
+        out = {**report.to_dict(), "mode": mode}
+        if coverage is not None and builder is not None:
+            out["searchable_now"] = ["words", "names", "structure"] + (
+                [] if coverage.partial else ["vectors"])
+            out["vectors"] = {**coverage.to_dict(), "builder": builder}
+        click.echo(json.dumps(out, indent=2))
     else:
         _print_report(report)
+        if coverage is not None and builder is not None:
+            click.echo(_builder_line(coverage.chunks, coverage.chunks_with_vectors, builder))
         if mode != MODE_SEALED:
             click.echo(_SERVER_SEARCH_NOTE, err=True)
+    if report.offline:
+        click.echo(f"codeveil: {report.offline}; this machine's index is up to date and"
+                   " the changes are sent when the server answers (`codeveil index`)",
+                   err=True)
+
+
+def _builder_line(chunks: int, with_vectors: int, builder: dict[str, object]) -> str:
+    """What `codeveil index` leaves to the builder, in one line."""
+    if with_vectors >= chunks:
+        return "searchable now by words, names, structure and meaning"
+    now = (f"searchable now by words, names and structure; by meaning for {with_vectors}"
+           f" of {chunks} chunks")
+    if builder.get("running"):
+        return (f"{now}; vectors are being built in the background (process"
+                f" {builder.get('pid')}): `codeveil status` shows how far, `codeveil index"
+                " --wait` waits")
+    if builder.get("given_up"):
+        return f"{now}; the vector builder was given up ({builder['given_up']}): run" \
+               " `codeveil index --wait`"
+    return f"{now}; run `codeveil index --wait` to build the vectors"
 
 
 _SERVER_SEARCH_NOTE = (
@@ -267,7 +306,7 @@ def _repo_names(roots: list[Path]) -> dict[str, str]:
 def _partial_note(coverage: Coverage) -> str:
     return (f"index is partial: {coverage.chunks_with_vectors} of {coverage.chunks}"
             " chunks have vectors so far (all are searched by name and words); results"
-            " improve as `codeveil index` goes on")
+            " improve as the vectors are built (`codeveil status` shows how far)")
 
 
 def _print_hits(hits: list[Hit], query: str, *, names: dict[str, str] | None = None) -> None:
@@ -332,10 +371,11 @@ def status(as_json: bool, repo: Path) -> None:
     with _index(repo) as idx:
         info = idx.status()
         offline = idx.offline
+        builder = idx.builder()
     if offline is not None:
         click.echo(offline.note(), err=True)
     if as_json:
-        click.echo(json.dumps(info.to_dict(), indent=2))
+        click.echo(json.dumps({**info.to_dict(), "builder": builder}, indent=2))
     else:
         for name, value in info.items():
             if name == "offline":
@@ -344,6 +384,8 @@ def status(as_json: bool, repo: Path) -> None:
                 value = "unknown (server unreachable)"
             if value is not None:  # `ref` of a store of one tree
                 click.echo(f"{name:>14}: {value}")
+        if builder.get("state"):
+            click.echo(f"{'builder':>14}: {_builder_progress(builder)}")
     if not info.files and not info.server_chunks and not _was_indexed(Path(info.root)):
         from sync.index_state import never_completed_message
 
@@ -366,6 +408,24 @@ def _was_indexed(root: Path) -> bool:
         return was_completed(db)
     finally:
         db.close()
+
+
+def _builder_progress(b: dict[str, object]) -> str:
+    """The vector builder's state in one line: `codeveil status`."""
+    if b.get("given_up"):
+        return f"given up: {b['given_up']} (run `codeveil index --wait`)"
+    state = "running" if b.get("running") else str(b.get("state"))
+    if state == "running":
+        left = b.get("seconds_left")
+        return (f"running (process {b.get('pid')}): {b.get('chunks_done')} of"
+                f" {b.get('chunks_todo')} chunks, {b.get('chunks_per_s')}/s"
+                + (f", about {int(left) // 60}m{int(left) % 60:02d}s left"  # type: ignore[call-overload]
+                   if left is not None else ""))
+    if state == "offline":
+        return f"done on this machine; the server was unreachable ({b.get('offline')})"
+    if state in ("failed", "starting"):
+        return f"not running (last run: {b.get('error') or 'killed'}); `codeveil index` resumes"
+    return state
 
 
 @main.command()

@@ -125,11 +125,19 @@ def daemon_run(path: Path, interval: float, debounce: float, max_backoff: float,
               type=click.FloatRange(min=0.1), help="How long to wait for it to exit.")
 def daemon_stop(path: Path, timeout: float) -> None:
     """Stop the daemon for PATH (SIGTERM, then wait for it to exit)."""
+    from sync.builder import Builder
     from sync.daemon import DaemonFiles, read_status
     from sync.daemon import stop as stop_daemon
 
     root = _daemon_root(path)
     pid = stop_daemon(root, timeout=timeout)
+    builder = Builder(root)
+    if builder.running():
+        if builder.stop(timeout=timeout):
+            click.echo("codeveil: vector builder stopped (the next `codeveil index` resumes it)")
+        else:
+            click.echo(f"codeveil: the vector builder is still running; see {builder.files.log}",
+                       err=True)
     if pid is None:
         click.echo(f"codeveil daemon: not running for {root}")
         return

@@ -193,6 +193,7 @@ def _check(root: Path, embedder: Embedder | None) -> tuple[DoctorReport, _Plan]:
         _check_cache(root, idx, report, plan, sealed=config.sealed)
         _check_lexical(root, report, plan)
         _check_vectors(root, config, report, plan)
+        _check_builder(root, report, plan)
         if config.server is None:
             _check_embedded_store(root, config, key, report, plan)
         else:
@@ -307,6 +308,21 @@ def _check_vectors(root: Path, config: RepoConfig, report: DoctorReport, plan: _
                             "search is exact")
         report.findings.append(g)
         plan.retry.append((record, g))
+
+
+def _check_builder(root: Path, report: DoctorReport, plan: _Plan) -> None:
+    """The vector builder given up (sync.builder): search answers by words and names,
+    and by meaning only for what was embedded before; worth a repair, not a failure."""
+    from sync.builder import Builder
+
+    builder = Builder(root)
+    why = builder.given_up()
+    if why is not None:
+        f = Finding(str(builder.files.failed), advisory=True,
+                    problem=f"the vector builder was given up: {why}; run `codeveil index"
+                            f" --wait` to build the vectors here (log: {builder.files.log})")
+        report.findings.append(f)
+        plan.retry.append((builder.files.failed, f))
 
 
 def _check_embedded_store(root: Path, config: RepoConfig, key: WorkspaceKey,

@@ -12,13 +12,15 @@ Tools (the official `mcp` SDK's `MCPServer`, stdio transport):
 - `references(name, path, limit)`: the chunks that use a name, with the lines it is on.
 - `grep(pattern, path, ignore_case, limit)`: regex lines of the indexed files, narrowed by
   the grep index (exact: the lines a full scan finds).
-- `index_status()`: where the index is and what it holds.
+- `index_status()`: where the index is and what it holds, with the vector builder's
+  progress.
+- `sync_index()`: bring the index up to date with the working tree (incremental: only
+  changed files are read and chunked); returns once words and names are indexed, and
+  the vectors follow from the background builder (`sync.builder`).
 
 When the workspace's server cannot be reached, every answer comes from this machine's
 copy and carries `offline`: {server, reachable: false, last_sync, error} (a
 server-search workspace's search, which ranks on the server, is refused instead).
-- `sync_index()`: bring the index up to date with the working tree (incremental: only
-  changed files are read, chunked, embedded and sent).
 
 Every result of the four lookups carries `tokens`: an estimate of the tokens it costs an
 agent to read, len(JSON text) / 4 rounded up (`estimate_tokens`), so a caller can weigh
@@ -228,15 +230,20 @@ def build_server(repo: Path) -> MCPServer:
         """Where the index is and what it holds: root folder, workspace, server (or
         embedded), model, number of files and chunks."""
         with state.use() as idx:
-            return idx.status().to_dict()
+            return {**idx.status().to_dict(), "index": idx.coverage().to_dict(),
+                    "builder": idx.builder()}
 
     @server.tool()
     def sync_index() -> dict[str, Any]:
         """Bring the index up to date with the files on disk (only changed files are
-        read and embedded; the first run indexes everything and can take minutes).
-        Returns what changed."""
+        read). Returns in seconds, once every file is searchable by words, names and
+        structure; the vectors are built in the background (index_status shows how far:
+        builder.chunks_done of builder.chunks_todo, seconds_left), and search uses them
+        as they land. Returns what changed, and index/builder as index_status."""
         with state.use() as idx:
-            return idx.index().to_dict()
+            report = idx.index(wait=False)
+            return {**report.to_dict(), "index": idx.coverage().to_dict(),
+                    "builder": idx.builder()}
 
     return server
 

@@ -97,6 +97,12 @@ class SearchReady:
         self._refresh(with_vectors=True)
         return time.perf_counter() - started
 
+    def words(self) -> None:
+        """Bring the lexical and trigram indexes in step with the chunk table once: what
+        `codeveil index` does before it returns, so that the first search by words,
+        and grep, find them built."""
+        self._refresh(with_vectors=False, trigrams=True)
+
     def _own_vectors(self, root: Path, db: sqlite3.Connection, config: RepoConfig) -> None:
         from retrieval.local_vectors import LocalVectorStore
 
@@ -116,7 +122,7 @@ class SearchReady:
         while not self._stop.wait(self.interval):
             self._refresh(with_vectors=False)
 
-    def _refresh(self, *, with_vectors: bool) -> None:
+    def _refresh(self, *, with_vectors: bool, trigrams: bool = False) -> None:
         from retrieval.lexical import LexicalStore
 
         root = self.workspace.root  # the sync created the workspace before it planned
@@ -131,7 +137,7 @@ class SearchReady:
                 config = load_config(root)
                 if with_vectors and config.sealed:
                     self.vectors(root, db, config)
-                if with_vectors:
+                if with_vectors or trigrams:
                     self._grep_index(root, db)
             finally:
                 db.close()

@@ -40,6 +40,9 @@ class SyncReport:
     embed_chunks_per_s: float = 0.0
     #: Where the embedding ran: "here", or the Ray cluster's address.
     embedded_on: str = "here"
+    #: Why the store was not reached ("" when it was): the server was unreachable, and
+    #: this machine's index was updated alone; the next sync sends what the store lacks.
+    offline: str = ""
     requests: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0

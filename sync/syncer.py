@@ -103,7 +103,7 @@ class Syncer:
         self,
         root: Path,
         state_path: Path,
-        client: StoreClient,
+        client: StoreClient | None,
         key: WorkspaceKey,
         workspace_id: str,
         embedder: CachedEmbedder,
@@ -114,11 +114,12 @@ class Syncer:
         progress: Progress | None = None,
         max_file_bytes: int = 1_000_000,
     ) -> None:
-        """`cipher` encrypts vectors for server-search; a `sealed` workspace needs none."""
+        """`cipher` encrypts vectors for server-search; a `sealed` workspace needs none.
+        `client` may be None for `run_local`, which never reaches the store."""
         if cipher is None and not sealed:
             raise ValueError("a server-search workspace needs a VectorCipher")
         self.root = root
-        self.client = client
+        self._client = client
         self.key = key
         self.workspace_id = workspace_id
         self.embedder = embedder
@@ -142,6 +143,12 @@ class Syncer:
     def sealed(self) -> bool:
         return self.sealer is not None
 
+    @property
+    def client(self) -> StoreClient:
+        if self._client is None:
+            raise RuntimeError("this Syncer was made without a store client (run_local only)")
+        return self._client
+
     # -- scan -----------------------------------------------------------------------
 
     def scan(self, report: SyncReport) -> dict[str, bytes]:
@@ -162,6 +169,60 @@ class Syncer:
 
     def _read(self, root: Path, path: str, dirs: DirHandles | None) -> SourceFile | Skipped:
         return read_source(root, path, max_file_bytes=self.max_file_bytes, dirs=dirs)
+
+    # -- the local pass: what needs no store ----------------------------------------
+
+    def run_local(self, *, embed: bool) -> SyncReport:
+        """Bring this machine's chunk table in line with the folder without the store.
+
+        Every file whose content changed is read and chunked into the local chunk table,
+        marked pending, and deleted files leave it: the words, names and structure are
+        searchable at once. `codeveil index` returns after this (`embed=False`) and
+        leaves the model's work to the builder. With `embed` (the server is unreachable)
+        the pending files are also embedded into the cache; in a sealed workspace they
+        then stop being pending, since there "pending" means "no vectors on this
+        machine" and search runs here. What the store lacks is not recorded apart: the
+        next sync's Merkle diff finds exactly that and sends it."""
+        started = time.perf_counter()
+        report = SyncReport()
+        files = self.scan(report)
+        local_digests = self.local.file_digests()
+        stale = {p for p, d in files.items() if local_digests.get(p) != d}
+        gone = [p for p in local_digests if p not in files]
+        report.files_changed = len(stale)
+        report.files_deleted = len(gone)
+        self.local.remove_files(gone)
+        if embed:
+            stale |= self.local.pending_files() & files.keys()
+        todo = embed_order(stale, self.root) if embed else sorted(stale)
+        self.progress.planned(len(todo), 0)
+        moved = threading.Event()  # nothing is sent: a file that moves is read next time
+        for batch in self._batches(todo, set(todo), files, moved, report):
+            if embed:
+                self._embed_here(batch, report)
+            else:
+                self.progress.files_done(len(batch))
+        report._rate()
+        report.chunks_total = self.local.count()
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _embed_here(self, batch: list[_Pending], report: SyncReport) -> None:
+        """Embed one batch into the cache, sending nothing (`run_local`)."""
+        chunks = [(p, self.local.for_file(p.path)) for p in batch]
+        t0 = time.perf_counter()
+        result = self.embedder.embed([c.embed_text for _, cs in chunks for c in cs],
+                                     progress=self.progress.chunks_done)
+        report.chunks_embedded += result.embedded
+        report.chunks_from_cache += result.from_cache
+        if self.sealed:
+            headers = list(dict.fromkeys(c.header for _, cs in chunks for c in cs))
+            report.headers_embedded += self.embedder.embed(headers).embedded
+            self.local.mark_stored([p.path for p in batch])
+        report.seconds_embed += time.perf_counter() - t0
+        report._rate()
+        self.progress.files_done(len(batch))
+        self.progress.stages(report.stages(), report.embed_chunks_per_s)
 
     # -- the sync -------------------------------------------------------------------
 

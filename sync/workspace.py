@@ -12,6 +12,11 @@ search), joining one on a server, choosing the client (in-process or HTTP), chec
 the key and the model against what the workspace holds, choosing the embedder (the
 workspace's own model unless one is given), and the sync itself (`Syncer`, embedding
 here or on a Ray cluster). Searching is retrieval's: it ranks over what `open` returns.
+
+With the server unreachable, a sync brings this machine's index up to date alone
+(`Syncer.run_local`) and says why in `SyncReport.offline`; the next sync that reaches
+the server sends what it lacks. A workspace whose server was unreachable at `init` is
+created there by the first `open` that reaches it.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from sync.config import (
     save_token,
     state_path,
     store_path,
+    token_path,
 )
 from sync.errors import KeyMismatchError, SyncError
 from sync.index_state import mark_completed
@@ -214,13 +220,16 @@ class Workspace:
                     model_id=embedder.model_id, key_check=key.key_check, mode=mode,
                 ).close()
             else:
-                from sync.http_client import HttpClient
+                from sync.http_client import ServerUnavailable
 
-                token = HttpClient.create_workspace(
-                    server, workspace_id=workspace_id, dim=embedder.dim,
-                    model_id=embedder.model_id, key_check=key.key_check, mode=mode,
-                )
-                save_token(workspace_id, token)
+                try:
+                    _create_on_server(server, workspace_id, key, embedder, mode)
+                except ServerUnavailable as exc:
+                    # The workspace id and the key are made here: the server can be
+                    # told later. Until then this machine indexes alone.
+                    log.warning("%s; the workspace is created there by the first index"
+                                " that reaches it", exc)
+                    _create_later(root).touch()
         elif server is None:
             raise CodeveilError("joining an existing workspace needs --server URL")
         else:
@@ -235,7 +244,8 @@ class Workspace:
                             dim=embedder.dim, server=server, mode=mode)
         save_config(root, config)
         self._start = root
-        self._check(config, load_key(workspace_id))
+        if not _create_later(root).exists():
+            self._check(config, load_key(workspace_id))
         return config
 
     def open(self) -> Opened:
@@ -247,6 +257,11 @@ class Workspace:
         self.asked_server = config.server is not None and (
             self._client is None or not self._checked)
         if self._client is None or not self._checked:
+            if config.server is not None and _create_later(root).exists():
+                if not token_path(config.workspace_id).exists():  # else made, then a crash
+                    _create_on_server(config.server, config.workspace_id, key,
+                                      self.embedder, config.mode)
+                _create_later(root).unlink()
             self._check(config, key)
         self.offline = None
         assert self._client is not None  # set by _check
@@ -343,22 +358,51 @@ class Workspace:
         report.seconds += took
         return report
 
+    def index_words(self, *, progress: Progress | None = None) -> SyncReport:
+        """The part of a sync that needs neither the model nor the store
+        (`Syncer.run_local`): changed files chunked into this machine's chunk table
+        (pending until they have vectors), deleted ones dropped; creates the workspace on
+        first use. `codeveil index` returns after this and leaves the rest to the
+        builder, which runs `sync`."""
+        self.ensure()
+        root = find_root(self._start)
+        config = load_config(root)
+        syncer = self._syncer(root, config, load_key(config.workspace_id), None,
+                              self.embedder, progress)
+        try:
+            report = syncer.run_local(embed=False)
+        finally:
+            syncer.close()
+        mark_completed(root)  # the chunk table holds every file: the index exists
+        return report
+
     def _sync(self, progress: Progress | None, reupload: bool,
               embed_on: str | None) -> SyncReport:
+        from sync.http_client import ServerUnavailable
+
         remote = self._remote_embedder(embed_on or os.environ.get(ENV_EMBED_ON))
         self.ensure()
-        root, config, key, client = self.open()
+        try:
+            root, config, key, client = self.open()
+        except ServerUnavailable as exc:
+            if remote is not None:
+                remote.close()
+            return self._sync_offline(progress, exc)
         self._follow_ref(root, key, client)
         embedder = self.embedder
         if remote is not None:
             embedder = CachedEmbedder(remote, embedder.cache)
-        syncer = Syncer(
-            root, state_path(root), client, key, config.workspace_id, embedder,
-            None if config.sealed else crypto.VectorCipher(key, embedder.dim),
-            sealed=config.sealed, pool=self._pool, progress=progress,
-        )
+        syncer = self._syncer(root, config, key, client, embedder, progress)
         try:
-            report = syncer.run(reupload=reupload)
+            try:
+                report = syncer.run(reupload=reupload)
+            except ServerUnavailable as exc:  # it went away mid-sync: finish here alone
+                log.info("%s; indexing on this machine only", exc)
+                self.close()  # never reuse a client whose connection broke
+                report = syncer.run_local(embed=True)
+                report.offline = str(exc)
+                mark_completed(root)
+                return report
             report.embedded_on = (remote.address or "auto") if remote is not None else "here"
         finally:
             syncer.close()
@@ -371,6 +415,40 @@ class Workspace:
         if self._pool and report.files_changed:
             drop_legacy_tree(client)
         return report
+
+    def _sync_offline(self, progress: Progress | None, exc: Exception) -> SyncReport:
+        """The sync with the server unreachable: this machine's index (chunks, words and,
+        here, vectors) is brought up to date alone. Nothing is queued apart: the store's
+        tree still says what it holds, so the next sync that reaches it sends exactly
+        what it lacks (the Merkle diff), and nothing twice."""
+        self.close()  # a client that could not connect is opened afresh next time
+        root = find_root(self._start)
+        config = load_config(root)
+        embedder = self.embedder
+        if (embedder.model_id, embedder.dim) != (config.model_id, config.dim):
+            raise ModelMismatchError(
+                f"workspace {config.workspace_id} holds vectors of {config.model_id} (dim"
+                f" {config.dim}) but the embedder in use is {embedder.model_id} (dim"
+                f" {embedder.dim})")
+        log.info("%s; indexing on this machine only", exc)
+        syncer = self._syncer(root, config, load_key(config.workspace_id), None, embedder,
+                              progress)
+        try:
+            report = syncer.run_local(embed=True)
+        finally:
+            syncer.close()
+        mark_completed(root)
+        report.offline = str(exc)
+        return report
+
+    def _syncer(self, root: Path, config: RepoConfig, key: WorkspaceKey,
+                client: StoreClient | None, embedder: CachedEmbedder,
+                progress: Progress | None) -> Syncer:
+        return Syncer(
+            root, state_path(root), client, key, config.workspace_id, embedder,
+            None if config.sealed else crypto.VectorCipher(key, embedder.dim),
+            sealed=config.sealed, pool=self._pool, progress=progress,
+        )
 
     def _follow_ref(self, root: Path, key: WorkspaceKey, client: StoreClient) -> None:
         """Point `client` at the tree of the branch checked out now (a store with a
@@ -421,7 +499,9 @@ class Workspace:
             root=str(root), workspace_id=config.workspace_id,
             server=config.server or "embedded", mode=config.mode, model_id=config.model_id,
             files=files, chunks=chunks,
-            server_chunks=None if info is None else info.chunks - padding,
+            # Never below 0: files embedded here but not sent yet (the builder sends a
+            # sealed workspace's rows at its end; offline, later) hold no rows there.
+            server_chunks=None if info is None else max(info.chunks - padding, 0),
             server_rows=None if info is None else info.chunks,
             server_nodes=None if info is None else info.nodes, ref=ref,
             last_sync=self._last_sync(root, config),
@@ -462,10 +542,29 @@ def _unreachable(exc: SyncError) -> bool:
 
 
 def _padding_rows(db: sqlite3.Connection, local: LocalChunks) -> int:
-    """The padding rows a sealed store holds for this machine's files."""
+    """The padding rows a sealed store holds for this machine's files: those with
+    vectors here (a pending file, still being embedded by the builder, was not sent)."""
     per_file = dict(db.execute("SELECT path, count(*) FROM chunks GROUP BY path").fetchall())
-    return sum(padded_row_count(n) - n
-               for n in (per_file.get(p, 0) for p in local.file_digests()))
+    pending = local.pending_files()
+    return sum(padded_row_count(per_file.get(p, 0)) - per_file.get(p, 0)
+               for p in local.file_digests() if p not in pending)
+
+
+def _create_later(root: Path) -> Path:
+    """Present while the workspace of a server that was unreachable at `init` is still
+    to be created there (the next `open` that reaches it does)."""
+    return codeveil_dir(root) / "create-on-server"
+
+
+def _create_on_server(server: str, workspace_id: str, key: WorkspaceKey,
+                      embedder: CachedEmbedder, mode: str) -> None:
+    """Create the workspace on `server` and keep its token."""
+    from sync.http_client import HttpClient
+
+    token = HttpClient.create_workspace(
+        server, workspace_id=workspace_id, dim=embedder.dim, model_id=embedder.model_id,
+        key_check=key.key_check, mode=mode)
+    save_token(workspace_id, token)
 
 
 def _open_client(root: Path, config: RepoConfig,

@@ -36,7 +36,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -
 
 
 def test_index_json_then_search_json(sample_repo: Path) -> None:
-    proc = run(["index", ".", "--json"], sample_repo)
+    proc = run(["index", "--wait", ".", "--json"], sample_repo)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert set(summary) >= INDEX_KEYS
@@ -53,7 +53,7 @@ def test_index_json_then_search_json(sample_repo: Path) -> None:
 
 def test_index_json_shows_where_the_time_goes(sample_repo: Path, tmp_path: Path) -> None:
     cache = str(tmp_path / "own-cache")  # the shared cache would answer every chunk
-    summary = json.loads(run(["index", ".", "--json"], sample_repo,
+    summary = json.loads(run(["index", "--wait", ".", "--json"], sample_repo,
                              CODEVEIL_CACHE_DIR=cache).stdout)
     stages = ("seconds_walk", "seconds_chunk", "seconds_embed", "seconds_encrypt",
               "seconds_sync")
@@ -63,13 +63,13 @@ def test_index_json_shows_where_the_time_goes(sample_repo: Path, tmp_path: Path)
     n, s = summary["chunks_embedded"], summary["seconds_embed"]
     assert n / (s + 5e-5) * 0.99 <= summary["embed_chunks_per_s"] <= n / max(s - 5e-5, 1e-9)
     # Nothing embedded on a re-index: no rate to claim.
-    again = json.loads(run(["index", ".", "--json"], sample_repo,
+    again = json.loads(run(["index", "--wait", ".", "--json"], sample_repo,
                            CODEVEIL_CACHE_DIR=cache).stdout)
     assert again["chunks_embedded"] == 0 and again["embed_chunks_per_s"] == 0
 
 
 def test_search_prints_locations_and_snippets(sample_repo: Path) -> None:
-    assert run(["index", "-q"], sample_repo).returncode == 0
+    assert run(["index", "--wait", "-q"], sample_repo).returncode == 0
     proc = run(["search", "hash_password salt", "-k", "2", "--lang", "python"],
                sample_repo / "auth")
     assert proc.returncode == 0, proc.stderr
@@ -78,7 +78,7 @@ def test_search_prints_locations_and_snippets(sample_repo: Path) -> None:
 
 
 def test_status_and_key_commands(sample_repo: Path) -> None:
-    assert run(["index", "-q"], sample_repo).returncode == 0
+    assert run(["index", "--wait", "-q"], sample_repo).returncode == 0
     status = json.loads(run(["status", "--json"], sample_repo).stdout)
     assert status["server"] == "embedded" and status["chunks"] > 0
     shown = run(["key", "show"], sample_repo)
@@ -94,7 +94,7 @@ def test_status_and_key_commands(sample_repo: Path) -> None:
 
 
 def test_no_such_path(tmp_path: Path) -> None:
-    assert_one_line_error(run(["index", str(tmp_path / "missing")], tmp_path), "missing")
+    assert_one_line_error(run(["index", "--wait", str(tmp_path / "missing")], tmp_path), "missing")
 
 
 def test_no_index_here(tmp_path: Path) -> None:
@@ -102,22 +102,22 @@ def test_no_index_here(tmp_path: Path) -> None:
 
 
 def test_wrong_key(sample_repo: Path) -> None:
-    assert run(["index", "-q"], sample_repo).returncode == 0
+    assert run(["index", "--wait", "-q"], sample_repo).returncode == 0
     assert_one_line_error(
         run(["search", "password"], sample_repo, CODEVEIL_KEY="11" * 32), "key"
     )
 
 
 def test_corrupt_state_db(sample_repo: Path) -> None:
-    assert run(["index", "-q"], sample_repo).returncode == 0
+    assert run(["index", "--wait", "-q"], sample_repo).returncode == 0
     (sample_repo / ".codeveil/state.sqlite").write_bytes(b"this is not a database" * 100)
     for suffix in ("-wal", "-shm"):
         (sample_repo / f".codeveil/state.sqlite{suffix}").unlink(missing_ok=True)
-    assert_one_line_error(run(["index"], sample_repo), "corrupt")
+    assert_one_line_error(run(["index", "--wait"], sample_repo), "corrupt")
 
 
 def test_corrupt_config(sample_repo: Path) -> None:
-    assert run(["index", "-q"], sample_repo).returncode == 0
+    assert run(["index", "--wait", "-q"], sample_repo).returncode == 0
     (sample_repo / ".codeveil/config.json").write_text("{not json")
     assert_one_line_error(run(["search", "x"], sample_repo), "config.json")
 
@@ -149,7 +149,7 @@ def test_two_processes_initialising_one_folder_end_with_one_workspace(tmp_path: 
     for trial in range(1):
         repo = write_repo(tmp_path / f"repo{trial}")
         env = dict(os.environ, CODEVEIL_EMBEDDER="hashing")
-        procs = [subprocess.Popen([sys.executable, "-m", "retrieval.cli", "index", "-q"],
+        procs = [subprocess.Popen([sys.executable, "-m", "retrieval.cli", "index", "--wait", "-q"],
                                   cwd=repo, env=env, stderr=subprocess.PIPE, text=True)
                  for _ in range(2)]
         for proc in procs:

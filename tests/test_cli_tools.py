@@ -14,7 +14,7 @@ from tests.test_cli import assert_one_line_error, run
 
 @pytest.fixture
 def indexed(sample_repo: Path) -> Path:
-    proc = run_in_process(["index", ".", "-q"], sample_repo)
+    proc = run_in_process(["index", "--wait", ".", "-q"], sample_repo)
     assert proc.returncode == 0, proc.stderr
     return sample_repo
 

@@ -64,7 +64,7 @@ def test_many_folders_initialised_at_once_each_get_one_usable_workspace(
     # Usable afterwards: in this process (only the inits' concurrency needs processes).
     runner = CliRunner(env={"CODEVEIL_EMBEDDER": "hashing"})
     for i, repo in enumerate(repos):
-        indexed = runner.invoke(cli_main, ["index", str(repo), "-q"])
+        indexed = runner.invoke(cli_main, ["index", "--wait", str(repo), "-q"])
         assert indexed.exit_code == 0, indexed.output
         found = runner.invoke(cli_main, ["search", f"unique_handler_{i}", "--json",
                                          "-C", str(repo)])

@@ -318,7 +318,7 @@ def test_kill_9_mid_sync_then_restart_converges(tmp_path: Path, repos: list[Path
     wait_for_top_hit(repo, "pkg07/mod_00007.py", "def reticulate_splines_for_minimap")
     assert cv("daemon", "stop", repo).returncode == 0
 
-    index = cv("index", repo, "--json")
+    index = cv("index", "--wait", repo, "--json")
     assert index.returncode == 0, index.stderr
     report = json.loads(index.stdout)
     assert (report["files_changed"], report["files_deleted"]) == (0, 0)
@@ -362,7 +362,7 @@ def test_server_outage_retries_then_catches_up(
     wait_for_top_hit(repo, "net/upload.py", "def reticulate_splines_for_minimap")
 
     assert cv("daemon", "stop", repo).returncode == 0
-    report = json.loads(cv("index", repo, "--json").stdout)
+    report = json.loads(cv("index", "--wait", repo, "--json").stdout)
     assert (report["files_changed"], report["files_deleted"]) == (0, 0)
     with Index(repo, embedder=HashingEmbedder()) as idx:
         info = idx.status()

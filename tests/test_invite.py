@@ -37,7 +37,7 @@ def invited(server_url: str, tmp_path: Path) -> tuple[str, Path]:
     env = _config(tmp_path, "alice")
     made = run_in_process(["init", "--server", server_url], alice, **env)
     assert made.returncode == 0, made.stderr
-    indexed = run_in_process(["index", "-q"], alice, **env)
+    indexed = run_in_process(["index", "--wait", "-q"], alice, **env)
     assert indexed.returncode == 0, indexed.stderr
     printed = run_in_process(["invite"], alice, **env)
     assert printed.returncode == 0, printed.stderr
@@ -118,7 +118,7 @@ def test_a_revoked_invite_is_refused_alone_and_writes_nothing(
     alice = write_repo(tmp_path / "alice")
     env = _config(tmp_path, "alice")
     assert run_in_process(["init", "--server", server_url], alice, **env).returncode == 0
-    assert run_in_process(["index", "-q"], alice, **env).returncode == 0
+    assert run_in_process(["index", "--wait", "-q"], alice, **env).returncode == 0
     first = run_in_process(["invite"], alice, **env)
     second = run_in_process(["invite", "--expires", "7d"], alice, **env)
     assert first.stdout != second.stdout
@@ -144,13 +144,13 @@ def test_a_revoked_invite_is_refused_alone_and_writes_nothing(
     assert again.stderr.count("\n") == 1
     _nothing_written(carol, tmp_path / "carol-config")
     # Bob's access went with his token; Alice's and the other invite's stay.
-    assert run_in_process(["index", "-q"], bob, **bob_env).returncode == 1
-    assert run_in_process(["index", "-q"], alice, **env).returncode == 0
+    assert run_in_process(["index", "--wait", "-q"], bob, **bob_env).returncode == 1
+    assert run_in_process(["index", "--wait", "-q"], alice, **env).returncode == 0
     # A new invite lets Bob back into the same checkout: only his token changes.
     third = run_in_process(["invite"], alice, **env)
     rejoined = run_in_process(["join", third.stdout.strip(), str(bob)], tmp_path, **bob_env)
     assert rejoined.returncode == 0, rejoined.stderr
-    assert run_in_process(["index", "-q"], bob, **bob_env).returncode == 0
+    assert run_in_process(["index", "--wait", "-q"], bob, **bob_env).returncode == 0
     dave = tmp_path / "dave"
     shutil.copytree(bob, dave, ignore=shutil.ignore_patterns(".codeveil"))
     joined = run_in_process(["join", second.stdout.strip(), str(dave), "--no-index"],
@@ -181,7 +181,7 @@ def test_a_string_with_another_key_writes_nothing(invited: tuple[str, Path],
 
 
 def test_an_embedded_workspace_cannot_be_invited_to(sample_repo: Path) -> None:
-    assert run_in_process(["index", "-q"], sample_repo).returncode == 0
+    assert run_in_process(["index", "--wait", "-q"], sample_repo).returncode == 0
     refused = run_in_process(["invite"], sample_repo)
     assert refused.returncode == 1
     assert "embedded" in refused.stderr and refused.stderr.count("\n") == 1
@@ -234,7 +234,7 @@ def test_the_owner_joining_a_second_clone_keeps_the_right_to_invite(
 def test_a_checkout_of_another_workspace_is_not_re_pointed(
         invited: tuple[str, Path], sample_repo: Path, tmp_path: Path) -> None:
     string, _alice = invited
-    assert run_in_process(["index", "-q"], sample_repo).returncode == 0
+    assert run_in_process(["index", "--wait", "-q"], sample_repo).returncode == 0
     config = (sample_repo / ".codeveil" / "config.json").read_text()
     refused = run_in_process(["join", string, str(sample_repo)], tmp_path,
                              **_config(tmp_path, "bob"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 from mcp.client.session import ClientSession
@@ -33,6 +34,17 @@ async def _session_run(repo: Path, tmp: Path, steps) -> None:
             await steps(session)
 
 
+async def _built(session: ClientSession) -> Any:
+    """index_status once the background builder has finished (polled)."""
+    for _ in range(600):
+        status = await session.call_tool("index_status", {})
+        builder = status.structured_content["builder"]
+        if not builder["running"] and builder.get("state") == "done":
+            return status
+        await anyio.sleep(0.1)
+    raise AssertionError(f"the vector builder did not finish: {builder}")
+
+
 def test_tools_through_a_client_session(tmp_path: Path) -> None:
     repo = write_repo(tmp_path / "repo")
 
@@ -51,8 +63,17 @@ def test_tools_through_a_client_session(tmp_path: Path) -> None:
         synced = await session.call_tool("sync_index", {})
         assert not synced.is_error
         assert synced.structured_content["files_changed"] == 5
+        # It returned with the words indexed and the vectors left to the builder.
+        assert synced.structured_content["chunks_embedded"] == 0
+        assert synced.structured_content["builder"]["pid"] > 0
+        assert synced.structured_content["index"]["chunks_with_vectors"] == 0
+        early_words = await session.call_tool(
+            "search", {"query": "verify_password", "k": 1, "group": "symbol"})
+        assert early_words.structured_content["hits"][0]["path"] == "auth/password.py"
+        assert early_words.structured_content["index"]["partial"]
 
-        status = await session.call_tool("index_status", {})
+        status = await _built(session)
+        assert status.structured_content["builder"]["state"] == "done"
         assert status.structured_content["files"] == 5
         assert status.structured_content["chunks"] > 0
 
@@ -100,6 +121,7 @@ def test_tools_through_a_client_session(tmp_path: Path) -> None:
             "def resumable_chunked_transfer(stream):\n    return stream.read()\n")
         again = await session.call_tool("sync_index", {})
         assert again.structured_content["files_changed"] == 1
+        await _built(session)
         fresh = await session.call_tool(
             "search", {"query": "resumable_chunked_transfer", "k": 1, "group": "symbol"})
         top = fresh.structured_content["hits"][0]
@@ -169,8 +191,8 @@ def test_search_over_several_repositories_through_a_client_session(tmp_path: Pat
                CODEVEIL_CONFIG_DIR=str(tmp_path / "config"),
                CODEVEIL_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
     for r in (repo, other):
-        subprocess.run([sys.executable, "-m", "retrieval.cli", "index", "-q"], cwd=r, env=env,
-                       check=True, timeout=120)
+        subprocess.run([sys.executable, "-m", "retrieval.cli", "index", "--wait", "-q"], cwd=r,
+                       env=env, check=True, timeout=120)
 
     async def steps(session: ClientSession) -> None:
         tools = {t.name: t for t in (await session.list_tools()).tools}

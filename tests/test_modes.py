@@ -57,9 +57,9 @@ def test_the_cli_says_when_a_workspace_ranks_on_the_server(tmp_path: Path,
     assert made.returncode == 0, made.stderr
     assert "server-search" in made.stdout
     assert load_config(other).mode == MODE_SERVER_SEARCH
-    indexed = run_in_process(["index"], other)
+    indexed = run_in_process(["index", "--wait"], other)
     assert indexed.returncode == 0 and "ranks on the server" in indexed.stderr
-    sealed = run_in_process(["index"], sample_repo)
+    sealed = run_in_process(["index", "--wait"], sample_repo)
     assert sealed.returncode == 0 and "ranks on the server" not in sealed.stderr
     assert load_config(sample_repo).mode == MODE_SEALED
     elsewhere = tmp_path / "other2"

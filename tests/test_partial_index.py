@@ -67,7 +67,7 @@ def _cv(repo: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProc
 @pytest.mark.slow  # about 100 s on two busy cores; the in-process version below is fast
 def test_search_during_first_index_then_resume(big_repo: Path, tmp_path: Path) -> None:
     env = _env(tmp_path)
-    indexing = subprocess.Popen([sys.executable, "-m", "retrieval.cli", "index", "-q"],
+    indexing = subprocess.Popen([sys.executable, "-m", "retrieval.cli", "index", "--wait", "-q"],
                                 cwd=big_repo, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     try:
@@ -107,7 +107,7 @@ def test_search_during_first_index_then_resume(big_repo: Path, tmp_path: Path) -
     total, before = _coverage(big_repo)
     assert 0 < before < total, "the index finished before it could be interrupted"
 
-    resumed = _cv(big_repo, env, "index", "--json")
+    resumed = _cv(big_repo, env, "index", "--wait", "--json")
     assert resumed.returncode == 0, resumed.stderr
     report = json.loads(resumed.stdout)
     files = 43

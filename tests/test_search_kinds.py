@@ -56,7 +56,7 @@ def search(repo: Path, *args: str) -> list[dict]:
 
 def test_every_hit_has_a_kind_and_kind_filters_keep_those_kinds(tmp_path: Path) -> None:
     repo = write_repo(tmp_path / "repo", FILES)
-    assert run_in_process(["index", "-q"], repo).returncode == 0
+    assert run_in_process(["index", "--wait", "-q"], repo).returncode == 0
 
     everything = search(repo)
     assert {h["path"]: h["kind"] for h in everything} == {
@@ -88,7 +88,7 @@ def test_assets_are_skipped_with_a_reason_and_a_negation_brings_one_back(
         "data/attempts.csv": "attempt,delay\n1,0.5\n",
         "vendor/lib/backoff.go": "package lib\n// retry backoff\n",
     })
-    proc = run_in_process(["index", ".", "--json"], repo)
+    proc = run_in_process(["index", "--wait", ".", "--json"], repo)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert {s["path"]: s["reason"] for s in summary["skipped"]} == {
@@ -100,7 +100,7 @@ def test_assets_are_skipped_with_a_reason_and_a_negation_brings_one_back(
     assert summary["files_scanned"] == len(FILES)
 
     (repo / ".codeveilignore").write_text("!docs/diagram.svg\n!vendor/\n")
-    summary = json.loads(run_in_process(["index", ".", "--json"], repo).stdout)
+    summary = json.loads(run_in_process(["index", "--wait", ".", "--json"], repo).stdout)
     assert sorted(s["path"] for s in summary["skipped"]) == [
         "data/attempts.csv", "tests/fixtures/requests.json"]
     assert summary["files_changed"] == 3  # the two brought back and the ignore file
@@ -109,7 +109,7 @@ def test_assets_are_skipped_with_a_reason_and_a_negation_brings_one_back(
 
     # Taking the negation away drops them from the index again.
     (repo / ".codeveilignore").unlink()
-    run_in_process(["index", "-q"], repo)
+    run_in_process(["index", "--wait", "-q"], repo)
     assert {h["path"] for h in search(repo)}.isdisjoint(
         {"docs/diagram.svg", "vendor/lib/backoff.go"})
 
@@ -128,7 +128,7 @@ def test_notebook_hits_open_at_the_cell_and_never_show_outputs(tmp_path: Path) -
                       indent=1) + "\n"
     repo = write_repo(tmp_path / "repo", {"analysis/penguins.ipynb": text,
                                           "broken.ipynb": '{"cells": ['})
-    summary = json.loads(run_in_process(["index", ".", "--json"], repo).stdout)
+    summary = json.loads(run_in_process(["index", "--wait", ".", "--json"], repo).stdout)
     assert summary["skipped"] == [{"path": "broken.ipynb", "reason": "not a valid notebook"}]
 
     proc = run_in_process(["search", "load_flipper_lengths", "--json", "-k", "5"], repo)

@@ -11,7 +11,7 @@ from tests.test_cli import run
 
 def test_status_after_losing_state_db_says_so_and_fails(sample_repo: Path) -> None:
     # Set up in-process; the failing status runs in a real process, as a user meets it.
-    assert run_in_process(["index", "-q"], sample_repo).returncode == 0
+    assert run_in_process(["index", "--wait", "-q"], sample_repo).returncode == 0
     before = run_in_process(["status", "--json"], sample_repo)
     assert before.returncode == 0, before.stderr
     assert json.loads(before.stdout)["files"] > 0

@@ -56,7 +56,7 @@ def _first_index(repo: Path) -> dict[str, str]:
     import os
 
     env = dict(os.environ, CODEVEIL_EMBEDDER="hashing", PYTHONPATH=str(ROOT))
-    first = subprocess.run([sys.executable, "-m", "retrieval.cli", "index", "-q"],
+    first = subprocess.run([sys.executable, "-m", "retrieval.cli", "index", "--wait", "-q"],
                            cwd=repo, env=env, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
     return env
@@ -67,7 +67,7 @@ def _imported_by_an_index(repo: Path, env: dict[str, str], heavy: tuple[str, ...
     """Which of `heavy` a fresh `codeveil index` process in `repo` imports."""
     probe = textwrap.dedent(f"""
         import json, runpy, sys
-        sys.argv = ["codeveil", "index", "-q"]
+        sys.argv = ["codeveil", "index", "--wait", "-q"]
         try:
             runpy.run_module("retrieval.cli", run_name="__main__")
         except SystemExit as exc:

@@ -227,13 +227,13 @@ def test_client_killed_mid_sync_converges(tmp_path: Path, backend: Backend) -> N
     shutil.copytree(repo, timing)
     backend.init(timing, env)
     started = time.monotonic()
-    assert cli(["index", "-q"], timing, env).wait(300) == 0
+    assert cli(["index", "--wait", "-q"], timing, env).wait(300) == 0
     whole = time.monotonic() - started
     backend.init(repo, env)
     rng = random.Random(11)
     kills = 0
     for _ in range(4):
-        proc = cli(["index", "-q"], repo, env)
+        proc = cli(["index", "--wait", "-q"], repo, env)
         time.sleep(rng.uniform(0.3, 0.8) * whole)
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
@@ -244,7 +244,7 @@ def test_client_killed_mid_sync_converges(tmp_path: Path, backend: Backend) -> N
         if victim.exists():
             victim.unlink()
     assert kills >= 1
-    final = cli(["index", "-q"], repo, env)
+    final = cli(["index", "--wait", "-q"], repo, env)
     assert final.wait(300) == 0, final.stderr.read().decode()
     ws = load_config(repo).workspace_id
     state = backend.contents(repo, ws)
@@ -253,7 +253,7 @@ def test_client_killed_mid_sync_converges(tmp_path: Path, backend: Backend) -> N
     shutil.copytree(repo, clean_repo, ignore=shutil.ignore_patterns(".codeveil"))
     clean_env = dict(env, CODEVEIL_KEY=export_key(load_key(ws)))
     backend.init(clean_repo, clean_env)
-    assert cli(["index", "-q"], clean_repo, clean_env).wait(300) == 0
+    assert cli(["index", "--wait", "-q"], clean_repo, clean_env).wait(300) == 0
     clean_state = backend.contents(clean_repo, load_config(clean_repo).workspace_id,
                                    load_key(ws))
     assert state[0] == clean_state[0] and state[1] == clean_state[1]
@@ -285,7 +285,7 @@ def test_server_killed_mid_sync_converges(
     caught = 0
     with admin or contextlib.nullcontext():
         for _ in range(3):
-            proc = cli(["index", "-q"], repo, env)
+            proc = cli(["index", "--wait", "-q"], repo, env)
             if admin is not None:
                 caught += kill_mid_write(server, proc, admin, name)
             else:
@@ -298,7 +298,7 @@ def test_server_killed_mid_sync_converges(
             victim = repo / f"pkg{rng.randrange(7)}/mod_{rng.randrange(7, 1500, 7)}.py"
             victim.unlink(missing_ok=True)
     assert admin is None or caught >= 1  # at least one kill landed inside a write
-    final = cli(["index", "-q"], repo, env)
+    final = cli(["index", "--wait", "-q"], repo, env)
     assert final.wait(300) == 0, final.stderr.read().decode()
     ws = load_config(repo).workspace_id
     state = backend.contents(repo, ws)
@@ -307,7 +307,7 @@ def test_server_killed_mid_sync_converges(
     shutil.copytree(repo, clean_repo, ignore=shutil.ignore_patterns(".codeveil"))
     clean_env = dict(env, CODEVEIL_KEY=export_key(load_key(ws)))
     backend.init(clean_repo, clean_env)
-    assert cli(["index", "-q"], clean_repo, clean_env).wait(300) == 0
+    assert cli(["index", "--wait", "-q"], clean_repo, clean_env).wait(300) == 0
     clean_state = backend.contents(clean_repo, load_config(clean_repo).workspace_id,
                                    load_key(ws))
     assert state[0] == clean_state[0] and state[1] == clean_state[1]

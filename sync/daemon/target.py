@@ -69,9 +69,27 @@ class WorkspaceSync:
             # rather than with the first edit, which would then wait for it.
             self.workspace.embedder.embedder.embed(["warm up"])
             self._warm = True
+        from sync.builder import Builder
+
+        builder = Builder(self.workspace.root)
         try:
-            return self.workspace.sync(
-                follower=self.follower() if self.follower is not None else None)
+            with builder.hold(wait=0.5) as held:  # rides out a `status` probe of the lock
+                if not held:
+                    # A vector builder syncs this index now: it is asked for one more
+                    # pass rather than racing it with a second sync.
+                    builder.start()
+                    from sync.sync_report import SyncReport
+
+                    return SyncReport()
+                report = self.workspace.sync(
+                    follower=self.follower() if self.follower is not None else None)
+            if report.offline:
+                # This machine's index is up to date; the store is not: failed, so that
+                # the daemon retries with backoff until the server answers.
+                from sync.http_client import ServerUnavailable
+
+                raise ServerUnavailable(report.offline)
+            return report
         except BaseException:
             # Never reuse a client after a failure (a restarted server has dropped its
             # connections; an abandoned sync may have left it mid-request).

@@ -1,0 +1,255 @@
+"""`codeveil index` returns with the words indexed and leaves the vectors to one
+background builder per index (sync.builder, retrieval.vector_builder): real processes,
+real files, the hashing embedder (the model is not what is under test)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+from indexer.embed_cache import EmbeddingCache, cache_key
+from indexer.embedder import HashingEmbedder
+from indexer.local_chunks import LocalChunks, open_state_db
+from sync.builder import MAX_ATTEMPTS, Builder
+from sync.config import load_config, state_path
+from sync.daemon.target import WorkspaceSync
+from sync.workspace import Workspace
+from tests.conftest import write_repo
+from tests.test_cli import run
+
+
+def _json(args: list[str], cwd: Path, **env: str) -> dict:
+    proc = run(args, cwd, **env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _wait_built(repo: Path, timeout: float = 90.0) -> dict:
+    """`status --json`'s builder once it is no longer running."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        builder = _json(["status", "--json"], repo)["builder"]
+        if not builder["running"]:
+            return builder
+        time.sleep(0.2)
+    raise AssertionError(f"the builder still runs after {timeout} s: {builder}")
+
+
+def test_index_returns_with_the_words_and_the_builder_brings_the_vectors(
+        sample_repo: Path) -> None:
+    out = _json(["index", "--json"], sample_repo)
+    assert out["files_changed"] == 5 and out["chunks_total"] > 0
+    assert out["chunks_embedded"] == 0  # the model's work was left to the builder
+    assert out["searchable_now"] == ["words", "names", "structure"]
+    assert out["vectors"]["chunks_with_vectors"] == 0
+    assert out["vectors"]["builder"]["pid"] > 0
+
+    # Searchable by name at once, and saying the index is partial until the vectors land.
+    found = _json(["search", "verify_password", "--json", "-k", "1"], sample_repo)
+    assert found["hits"][0]["path"] == "auth/password.py"
+
+    builder = _wait_built(sample_repo)
+    assert builder["state"] == "done" and builder["attempts"] == 0
+    assert builder["chunks_done"] == builder["chunks_todo"] == out["chunks_total"]
+    after = _json(["search", "verify password digest", "--json", "-k", "1"], sample_repo)
+    assert after["index"] == {"partial": False, "chunks": out["chunks_total"],
+                              "chunks_with_vectors": out["chunks_total"]}
+    status = run(["status"], sample_repo)
+    assert "builder: done" in status.stdout
+
+    # Nothing changed: nothing to chunk, and the builder's pass finds nothing to do.
+    again = _json(["index", "--json"], sample_repo)
+    assert again["files_changed"] == 0 and "vectors" in again["searchable_now"]
+    assert _wait_built(sample_repo)["state"] == "done"
+
+
+def test_a_second_index_leaves_the_running_builder_and_asks_for_another_pass(
+        sample_repo: Path) -> None:
+    assert run(["index", "--wait", "-q"], sample_repo).returncode == 0
+    builder = Builder(sample_repo)
+    before = builder.state()
+    (sample_repo / "auth" / "tokens.py").write_text("def mint_token():\n    return 1\n")
+    with builder.hold() as held:  # what a running builder holds
+        assert held and builder.running()
+        out = _json(["index", "--json"], sample_repo)
+        assert out["files_changed"] == 1
+        assert out["vectors"]["builder"]["running"]
+        assert builder.files.again.exists()  # the running one is asked for a pass
+        assert builder.state() == before  # and no second builder was started
+    # The pass is taken by whoever builds next.
+    assert run(["index", "--wait", "-q"], sample_repo).returncode == 0
+    found = _json(["search", "mint_token", "--json", "-k", "1"], sample_repo)
+    assert found["hits"][0]["path"] == "auth/tokens.py"
+    assert not found["index"]["partial"]
+
+
+def test_a_builder_that_dies_three_times_is_given_up_and_doctor_says_so(
+        sample_repo: Path) -> None:
+    assert run(["index", "--wait", "-q"], sample_repo).returncode == 0
+    (sample_repo / "auth" / "tokens.py").write_text("def mint_token():\n    return 1\n")
+    builder = Builder(sample_repo)
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        pid = builder.start()
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)  # started by this process: reaped here
+        state = builder.state()
+        assert state is not None and state.attempts == attempt
+        assert not builder.running()
+    assert builder.start() is None
+    assert builder.given_up() is not None
+
+    out = run(["index"], sample_repo)
+    assert out.returncode == 0, out.stderr
+    assert "given up" in out.stdout
+    doctor = run(["doctor"], sample_repo)
+    assert "vector builder was given up" in doctor.stdout
+
+    # A foreground index builds the vectors and lets a builder start again.
+    assert run(["index", "--wait", "-q"], sample_repo).returncode == 0
+    assert builder.given_up() is None
+    assert run(["index", "-q"], sample_repo).returncode == 0
+    assert _wait_built(sample_repo)["state"] == "done"
+
+
+def _pending_files(repo: Path) -> int:
+    db = sqlite3.connect(f"file:{repo / '.codeveil' / 'state.sqlite'}?mode=ro", uri=True,
+                         timeout=5)
+    try:
+        return int(db.execute("SELECT count(*) FROM pending_files").fetchone()[0])
+    finally:
+        db.close()
+
+
+def _cached_vectors(repo: Path, cache_dir: Path) -> dict[str, bytes]:
+    """embedded text -> the bytes of the vector this machine's cache holds for it."""
+    config = load_config(repo)
+    db = open_state_db(state_path(repo))
+    cache = EmbeddingCache(cache_dir / "embeddings.sqlite")
+    try:
+        keys = {c.embed_text: cache_key(config.model_id, c.embed_text)
+                for _, c in LocalChunks(db).iter_all()}
+        found = cache.get_many(list(keys.values()), config.dim)
+        return {text: found[key].tobytes() for text, key in keys.items() if key in found}
+    finally:
+        cache.close()
+        db.close()
+
+
+def test_a_builder_killed_mid_way_resumes_to_the_same_vectors(tmp_path: Path) -> None:
+    files = {f"pkg/mod{i:04d}.py": "".join(
+        f"def handler_{i}_{j}(value):\n    \"\"\"Handle case {j} of module {i}.\"\"\"\n"
+        f"    return value * {j} + {i}\n\n\n" for j in range(12)) for i in range(1500)}
+    killed_repo = write_repo(tmp_path / "killed", files)
+    whole_repo = write_repo(tmp_path / "whole", files)
+    killed_env = {"CODEVEIL_CONFIG_DIR": str(tmp_path / "k-config"),
+                  "CODEVEIL_CACHE_DIR": str(tmp_path / "k-cache")}
+    whole_env = {"CODEVEIL_CONFIG_DIR": str(tmp_path / "w-config"),
+                 "CODEVEIL_CACHE_DIR": str(tmp_path / "w-cache")}
+
+    assert run(["index", "-q"], killed_repo, **killed_env).returncode == 0
+    builder = Builder(killed_repo)
+    total = _pending_files(killed_repo)
+    deadline = time.monotonic() + 120
+    while True:  # kill it once some files have their vectors and others do not
+        assert time.monotonic() < deadline, "the builder never got going"
+        st = builder.state()
+        left = _pending_files(killed_repo)
+        if st is not None and st.state == "running" and 0 < left < total:
+            os.kill(st.pid, signal.SIGKILL)
+            break
+        assert st is None or st.state in ("starting", "running"), st
+        time.sleep(0.005)
+    for _ in range(100):
+        if not builder.running():
+            break
+        time.sleep(0.05)
+    assert not builder.running()
+    mid = _json(["status", "--json"], killed_repo, **killed_env)
+    assert mid["builder"]["state"] == "running" and not mid["builder"]["running"]
+    assert mid["server_rows"] == 0  # sealed rows are sent once every file is embedded
+
+    # The next run resumes where the cache stops: what was embedded is not again.
+    resumed = json.loads(run(["index", "--wait", "--json"], killed_repo,
+                             **killed_env).stdout)
+    assert resumed["chunks_from_cache"] > 0
+    assert 0 < resumed["chunks_embedded"] < resumed["chunks_total"]
+    whole = json.loads(run(["index", "--wait", "--json"], whole_repo, **whole_env).stdout)
+    assert whole["chunks_embedded"] == whole["chunks_total"] == resumed["chunks_total"]
+
+    k_status = _json(["status", "--json"], killed_repo, **killed_env)
+    w_status = _json(["status", "--json"], whole_repo, **whole_env)
+    assert k_status["server_rows"] == w_status["server_rows"] > 0
+    assert k_status["chunks"] == w_status["chunks"]
+    mine = _cached_vectors(killed_repo, tmp_path / "k-cache")
+    theirs = _cached_vectors(whole_repo, tmp_path / "w-cache")
+    assert len(mine) == resumed["chunks_total"] and mine == theirs
+    query = ["search", "handle case 7 of module 42", "--json", "-k", "5"]
+    k_hits = json.loads(run(query, killed_repo, **killed_env).stdout)
+    w_hits = json.loads(run(query, whole_repo, **whole_env).stdout)
+    assert not k_hits["index"]["partial"] and not w_hits["index"]["partial"]
+    # The clear winner is the same; ties further down follow each table's row order.
+    assert k_hits["hits"][0]["path"] == w_hits["hits"][0]["path"] == "pkg/mod0042.py"
+
+
+def test_daemon_stop_stops_the_builder_and_the_next_index_resumes(tmp_path: Path) -> None:
+    repo = write_repo(tmp_path / "repo", {f"pkg/mod{i:04d}.py": "".join(
+        f"def step_{i}_{j}(value):\n    return value - {j}\n\n\n" for j in range(12))
+        for i in range(1500)})
+    assert run(["index", "-q"], repo).returncode == 0
+    builder = Builder(repo)
+    deadline = time.monotonic() + 60
+    while (st := builder.state()) is None or st.state != "running":  # its SIGTERM handler set
+        assert time.monotonic() < deadline and (st is None or st.state == "starting"), st
+        time.sleep(0.01)
+    stopped = run(["daemon", "stop"], repo)
+    assert stopped.returncode == 0, stopped.stderr
+    assert "vector builder stopped" in stopped.stdout
+    st = builder.state()
+    assert st is not None and st.state == "stopped" and st.attempts == 0
+    assert not builder.running()
+    resumed = json.loads(run(["index", "--wait", "--json"], repo).stdout)
+    assert resumed["chunks_total"] > 0
+    found = _json(["search", "step_42_7", "--json", "-k", "1"], repo)
+    assert found["hits"][0]["path"] == "pkg/mod0042.py" and not found["index"]["partial"]
+
+
+def test_a_daemon_sync_leaves_a_running_builder_alone_and_asks_it_for_a_pass(
+        sample_repo: Path, hashing_embedder: HashingEmbedder) -> None:
+    assert run(["index", "--wait", "-q"], sample_repo).returncode == 0
+    (sample_repo / "auth" / "tokens.py").write_text("def mint_token():\n    return 1\n")
+    target = WorkspaceSync(Workspace(sample_repo, embedder=hashing_embedder))
+    builder = Builder(sample_repo)
+    try:
+        with builder.hold() as held:  # what a running builder holds
+            assert held
+            report = target.sync()
+            assert report.files_changed == 0  # no second sync beside the builder
+            assert builder.files.again.exists()
+        report = target.sync()
+        assert report.files_changed == 1
+    finally:
+        target.close()
+
+
+def test_index_wait_stops_a_running_builder_and_finishes_in_the_foreground(
+        tmp_path: Path) -> None:
+    repo = write_repo(tmp_path / "repo", {f"pkg/mod{i:04d}.py": "".join(
+        f"def task_{i}_{j}(value):\n    return value + {j}\n\n\n" for j in range(12))
+        for i in range(1500)})
+    assert run(["index", "-q"], repo).returncode == 0
+    builder = Builder(repo)
+    deadline = time.monotonic() + 60
+    while (st := builder.state()) is None or st.state != "running":
+        assert time.monotonic() < deadline and (st is None or st.state == "starting"), st
+        time.sleep(0.01)
+    waited = json.loads(run(["index", "--wait", "--json"], repo).stdout)
+    assert waited["chunks_total"] > 0
+    st = builder.state()
+    assert st is not None and st.state == "stopped" and not builder.running()
+    found = _json(["search", "task_42_7", "--json", "-k", "1"], repo)
+    assert found["hits"][0]["path"] == "pkg/mod0042.py" and not found["index"]["partial"]
