@@ -28,12 +28,12 @@ from sync.config import state_path
 log = logging.getLogger("retrieval.vector_builder")
 
 
-class Stopped(BaseException):
+class _Stopped(BaseException):
     """SIGTERM: stop syncing. A BaseException so that no `except Exception` swallows it."""
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
-    raise Stopped
+    raise _Stopped
 
 
 def _chunks_waiting(root: Path) -> int:
@@ -74,7 +74,7 @@ def run(root: Path) -> int:
                 if not builder.finish_or_again(end):
                     return 0
                 log.info("another pass was asked for")
-        except Stopped:
+        except _Stopped:
             st.state, st.attempts = "stopped", 0
             builder.write(st)
             log.info("stopped")
