@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sqlite3
 from collections import OrderedDict
@@ -162,7 +161,7 @@ class Index:
         if not wait:
             report = self._ws.index_words(progress=progress)
             SearchReady(self._ws).words()
-            self._ask_server()
+            report.offline = self._ask_server()
             Builder(self._ws.root).start()
             return report
         self._ws.ensure()
@@ -178,16 +177,24 @@ class Index:
         builder.clear_failure()
         return report
 
-    def _ask_server(self) -> None:
+    def _ask_server(self) -> str:
         """A server that refuses this checkout (a token it does not accept, a workspace
         it does not hold) says so now, in one line, rather than in the builder's log; one
-        that does not answer leaves the builder to index offline."""
+        that does not answer leaves the builder to index offline, and the reason is
+        returned ("" when the server answered or there is none) for the command to say."""
         from sync.http_client import ServerUnavailable
 
         if load_config(find_root(self._ws.root)).server is None:
-            return
-        with contextlib.suppress(ServerUnavailable):  # a workspace still to be created
+            return ""
+        try:
             self._ws.open_for_read()
+        except ServerUnavailable as exc:  # a workspace still to be created there
+            return str(exc)
+        gone = self._ws.offline
+        if gone is None:
+            return ""
+        state = "unreachable" if gone.status is None else f"unavailable (HTTP {gone.status})"
+        return f"server at {gone.server} {state}"
 
     def builder(self) -> dict[str, object]:
         """The background vector builder of this index (`sync.builder`): `running`,

@@ -217,7 +217,10 @@ def test_a_first_index_with_the_server_down_builds_here_and_syncs_later(
 
     # In the background too: the builder ends "offline", and says why.
     (repo / "net" / "upload.py").write_text(EDITED)
-    _ok(["index", "-q"], repo, env)
+    background = _ok(["index", "-q"], repo, env)
+    # The command says at once that the server did not answer, in one line.
+    (line,) = [x for x in background.stderr.splitlines() if x.strip()]
+    assert "unreachable" in line and "sent when the server answers" in line
     deadline = time.monotonic() + 60
     while True:
         state = json.loads((repo / ".codeveil" / "builder.json").read_text())
