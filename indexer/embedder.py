@@ -25,6 +25,29 @@ log = logging.getLogger(__name__)
 MINILM_DIM = 384
 # all-MiniLM-L6-v2 reads 256 word pieces including [CLS] and [SEP].
 MINILM_MAX_TOKENS = 254
+# A batch holds at most about this many word pieces (texts x the longest, estimated from
+# characters). The model's activations grow with batch x length squared, and onnxruntime
+# keeps its arena at the largest batch it ran: 64 windows of 254 pieces peaked at 1.2 GB
+# on 600 chunks of code, 32 at 0.62 GB and no slower (bench/embed_memory.py).
+BATCH_TOKENS = 8192
+CHARS_PER_TOKEN = 3  # code runs ~3-4 characters per word piece: this errs on more pieces
+
+
+def token_batches(lengths: Sequence[int], most: int, budget: int) -> list[list[int]]:
+    """Positions 0..n-1 of texts sorted by length (`lengths`, in characters, ascending)
+    cut into batches of at most `most` texts whose count times the longest's estimated
+    word pieces stays within `budget` (a batch holds at least one text)."""
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    for i, chars in enumerate(lengths):
+        pieces = min(chars // CHARS_PER_TOKEN + 2, MINILM_MAX_TOKENS + 2)
+        if batch and (len(batch) >= most or (len(batch) + 1) * pieces > budget):
+            batches.append(batch)
+            batch = []
+        batch.append(i)
+    if batch:
+        batches.append(batch)
+    return batches
 
 
 class Embedder(ABC):
@@ -84,7 +107,9 @@ class Embedder(ABC):
         order = sorted(range(len(pieces)), key=lambda i: len(pieces[i]))
         pooled = np.zeros((len(keys), self.dim), dtype=np.float32)
         windows_left = np.bincount(owner, minlength=len(keys))
-        batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+        batches = token_batches([len(pieces[i]) for i in order], batch_size,
+                                int(os.environ.get("CODEVEIL_BATCH_TOKENS", BATCH_TOKENS)))
+        batches = [[order[j] for j in batch] for batch in batches]
         for b, vecs in self.embed_batches([[pieces[i] for i in idx] for idx in batches]):
             idx = batches[b]
             np.add.at(pooled, [owner[i] for i in idx], vecs)

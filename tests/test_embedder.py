@@ -144,3 +144,18 @@ def test_real_model_windows_fit_the_model(real_embedder) -> None:
         line = f"value_{i} = compute_something({i}, other_{i})"
         assert sum(line in p for p in pieces) == 1, line
     assert all(p.startswith("value_") for p in pieces)
+
+
+def test_batches_hold_a_budget_of_word_pieces() -> None:
+    from indexer.embedder import CHARS_PER_TOKEN, MINILM_MAX_TOKENS, token_batches
+
+    lengths = sorted([10] * 100 + [300] * 40 + [5000] * 40)  # short, middling, window-long
+    batches = token_batches(lengths, 64, 8192)
+    assert [i for b in batches for i in b] == list(range(len(lengths)))  # order kept
+    for b in batches:
+        longest = min(lengths[b[-1]] // CHARS_PER_TOKEN + 2, MINILM_MAX_TOKENS + 2)
+        assert len(b) <= 64 and (len(b) * longest <= 8192 or len(b) == 1)
+    assert len(batches[0]) == 64  # short texts fill a whole batch
+    # Window-long texts go 32 to a batch (8192 / 256), where 64 went before the budget.
+    assert max(len(b) for b in batches if lengths[b[-1]] == 5000) == 8192 // 256
+    assert token_batches([10**6], 64, 1) == [[0]]  # one text however long
