@@ -204,10 +204,10 @@ def test_the_build_runs_in_its_own_process_and_outlives_a_one_shot_caller(
     builder = int(done.stdout.split()[-1])
     assert builder != os.getpid()
     deadline = time.monotonic() + 120
-    while not approx_path(repo.folder, base_id).exists():
+    # The builder writes its index, then clears its marker: wait for both.
+    while not approx_path(repo.folder, base_id).exists() or building(repo.folder, base_id):
         assert time.monotonic() < deadline, "the build did not finish after its caller exited"
         time.sleep(0.1)
-    assert not building(repo.folder, base_id)
     again = LocalVectorStore(repo.folder)
     assert repo.current(again).approx is not None
     assert again.approx_builds == 0
