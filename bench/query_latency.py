@@ -338,7 +338,7 @@ def crossover(sizes: list[int], queries: int, k: int) -> list[dict[str, Any]]:
     query by query: where exact search stops being cheap, i.e. the threshold."""
     import faiss
 
-    from sync.store.vector_index import VectorIndex
+    from sync.store.embedded.vector_index import VectorIndex
 
     cipher = VectorCipher(WorkspaceKey.generate(), DIM)
     policy = IndexPolicy(exact_max_rows=1)  # IVF at every size

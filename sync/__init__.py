@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from sync.http_client import HttpClient
     from sync.keys import WorkspaceKey, create_key, load_key
     from sync.local_client import LocalClient
-    from sync.store.registry import Store
+    from sync.store.embedded.registry import Store
     from sync.syncer import Syncer, SyncReport
     from sync.wire import StoreError
 
@@ -34,7 +34,7 @@ __all__ = [
 _HOMES = {
     "HttpClient": "sync.http_client",
     "LocalClient": "sync.local_client",
-    "Store": "sync.store.registry",
+    "Store": "sync.store.embedded.registry",
     "StoreClient": "sync.client",
     "StoreError": "sync.wire",
     "SyncError": "sync.errors",

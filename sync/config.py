@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - not POSIX: no concurrent initialisers
 
 CONFIG_VERSION = 1
 DIR_NAME = ".codeveil"
-_WORKSPACE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")  # as sync.store.checks accepts
+_WORKSPACE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")  # as sync.store.core.checks accepts
 _CONFIG_ADVICE = (
     "`codeveil doctor --repair` rebuilds it from the embedded store and the key file, or"
     " restore the value (`codeveil status` on a teammate's clone shows it)"

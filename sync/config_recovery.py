@@ -30,7 +30,7 @@ from sync.config import (
     store_path,
 )
 from sync.keys import load_key
-from sync.store import Store
+from sync.store.embedded.registry import Store
 
 
 def recover_config(root: Path) -> RepoConfig:

@@ -103,8 +103,9 @@ PAD_TO = 32
 # known pair works up to 1 (99.7%) and fails from 2. A server that knows some of the code
 # has known pairs, so below 8 no beta changes the verdict, and 8 costs a third of the
 # recall: the protection against this server is sealed mode, not beta. So beta stays at
-# the value the ranking was tuned for (the IVF probes of sync.store.vector_index, measured at
-# 1: at 2 their recall against exact search falls below 0.95 in tests/test_store_index),
+# the value the ranking was tuned for (the IVF probes of
+# sync.store.embedded.vector_index, measured at 1: at 2 their recall against exact search
+# falls below 0.95 in tests/test_store_index),
 # where the encrypted top-10 holds 88% of the plain top-10 and the re-ranked top-50
 # 99.98% (2,000 CoSQA functions, 500 queries).
 DEFAULT_BETA = 1.0

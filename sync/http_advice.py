@@ -9,7 +9,7 @@ what they are, and never as a server that cannot be reached.
 from __future__ import annotations
 
 from sync.config import token_path
-from sync.store.invitees import OWNER_ONLY
+from sync.store.core.invitees import OWNER_ONLY
 
 __all__ = ["advice"]
 

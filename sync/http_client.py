@@ -40,7 +40,7 @@ from sync.records import (
     SearchHit,
     WorkspaceInfo,
 )
-from sync.store.invitees import Invitee
+from sync.store.core.invitees import Invitee
 from sync.wire import (
     API_PREFIX,
     ERRORS_BY_STATUS,
@@ -243,7 +243,7 @@ class HttpClient:
                 raise
             raise RefNotFound(str(exc).split(" (HTTP 404", 1)[0]) from None
 
-    # -- invitee tokens (sync.store.invitees); the workspace's own token only ------------
+    # -- invitee tokens (sync.store.core.invitees); the workspace's own token only ------------
 
     def create_invitee(self, expires_in: float | None = None
                        ) -> tuple[str, str, float | None]:

@@ -13,7 +13,7 @@ or had a character changed (with probability 1 - 2^-64), so that `join` refuses 
 before anything is written. Whoever holds the string holds the key and the token: it is
 a secret like a password.
 
-The token is an invitee token (sync.store.invitees) made for this one invite by the
+The token is an invitee token (sync.store.core.invitees) made for this one invite by the
 workspace's owner: the server refuses it once it expires or is revoked
 (`codeveil invite --revoke ID`), whatever else the other teammates hold. The expiry is
 in the string too, so that `join` refuses a string past it before asking the server.
@@ -38,7 +38,7 @@ from sync.keys import KEY_SIZE, WorkspaceKey
 if TYPE_CHECKING:
     from sync.config import RepoConfig
     from sync.http_client import HttpClient
-    from sync.store.invitees import Invitee
+    from sync.store.core.invitees import Invitee
 
 __all__ = [
     "PREFIX",

@@ -2,7 +2,7 @@
 
 The store lives under the repo's `.codeveil/store/`, laid out exactly as a server's data
 dir (see sync.store), so the code under test is the code a server runs. Any other
-`StoreBackend` (sync.store.backend; a `PgStore`, say) can be passed in instead. No
+`StoreBackend` (sync.store.core.backend; a `PgStore`, say) can be passed in instead. No
 tokens: the process that can open the store owns it. Bad input raises the same
 `StoreError` subclasses (sync.wire) that `HttpClient` raises for a server's 4xx answers.
 """
@@ -26,8 +26,8 @@ from sync.records import (
     SearchHit,
     WorkspaceInfo,
 )
-from sync.store import Store
-from sync.store.backend import StoreBackend, WorkspaceBackend
+from sync.store.core.backend import StoreBackend, WorkspaceBackend
+from sync.store.embedded.registry import Store
 from sync.wire import gather_blob_rows, gather_rows
 
 

@@ -1,4 +1,4 @@
-"""The client side of the blob pool (sync.store.pool) in a sync: which changed files
+"""The client side of the blob pool (sync.store.embedded.pool) in a sync: which changed files
 the workspace already holds under some ref, the links that point this ref's tree at
 them, and the pull of a file's rows by its content (sync.syncer uses these)."""
 

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 KEY_BYTES = 16  # node keys, node values, chunk ids: HMAC-SHA256 truncated to 16 bytes
-# The ref (one tree of a workspace, sync.store.pool) of a client that names none, and of
+# The ref (one tree of a workspace, sync.store.embedded.pool) of a client that names none, and of
 # every workspace's one tree before refs: 16 zero bytes, never an HMAC's output.
 DEFAULT_REF = bytes(KEY_BYTES)
 

@@ -1,4 +1,4 @@
-"""Which ref (one tree of a sealed workspace, sync.store.pool) this checkout syncs: its
+"""Which ref (one tree of a sealed workspace, sync.store.embedded.pool) this checkout syncs: its
 name, and the opaque id the store knows it by.
 
 The name is `user@host:branch` for a git checkout (a linked worktree reads its own

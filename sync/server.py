@@ -24,7 +24,7 @@ replicas may serve one database behind a load balancer.
 Node = {key, value (null while pending), is_dir}. Bytes are base64url without padding and
 vectors base64url of little-endian float32 (sync.wire). Every route under a workspace
 needs `Authorization: Bearer <token>`, the workspace's own or an invitee token that has
-not expired (sync.store.invitees): none or an unknown token gives 401, the token of
+not expired (sync.store.core.invitees): none or an unknown token gives 401, the token of
 another workspace 403, an unknown workspace 404 (only to a caller with a valid token).
 
 Every refusal is a 4xx with a JSON body {"error": "<what is wrong>"}: 400 for a body that
@@ -61,7 +61,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from indexer.errors import CodeveilError
 from indexer.sqlite_files import CorruptFileError
 from sync.body_fields import Bytes, Key, Vector
-from sync.db_url import is_database_url, mask_url
 from sync.exposure import ServeRefused, open_server_refusal
 from sync.records import DEFAULT_REF, MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
 from sync.server_invitees import InviteeBody, RevokeBody, invitee_handlers
@@ -76,8 +75,8 @@ from sync.server_refs import (
     ref_from_path,
     refs_handler,
 )
-from sync.store import Store
-from sync.store.backend import StoreBackend, WorkspaceBackend
+from sync.store.core.backend import StoreBackend, WorkspaceBackend
+from sync.store.open import describe_store, open_store
 from sync.wire import (
     API_PREFIX,
     LIMITS,
@@ -106,25 +105,6 @@ STORE_ENV = "CODEVEIL_STORE"
 def admin_token_from_env() -> str | None:
     """The server's admin token, or None when the variable is unset or blank."""
     return os.environ.get(ADMIN_TOKEN_ENV, "").strip() or None
-
-
-def describe_store(spec: str | os.PathLike[str]) -> str:
-    """The store spec as it may be logged: a database URL without its password."""
-    return mask_url(str(spec)) if is_database_url(spec) else str(Path(spec))
-
-
-def open_store(spec: str | os.PathLike[str]) -> StoreBackend:
-    """The store named by `spec`: a PostgreSQL URL (postgresql://...) or a data dir."""
-    if not is_database_url(spec):
-        return Store(spec)
-    try:
-        from sync.store.postgres import PgStore
-    except ImportError as exc:
-        raise StoreError(
-            f"serving {describe_store(spec)} needs psycopg ({exc}); install it with"
-            " `pip install 'codeveil[postgres]'`"
-        ) from None
-    return PgStore(str(spec))
 
 
 # -- request bodies ---------------------------------------------------------------------
@@ -332,7 +312,7 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
         if closes:
-            # Closing snapshots changed search indexes (sync.store.search_index), which
+            # Closing snapshots changed search indexes (sync.store.embedded.search_index), which
             # can take seconds for a large workspace: off the event loop.
             await run_in_threadpool(the_store.close)
 
@@ -433,7 +413,7 @@ def create_app(
     route("POST", ws + "/apply", _apply, ApplyBody)
     route("POST", ws + "/search", _search, SearchBody)
     route("POST", ws + "/rows", _rows, RowsBody)
-    # One tree per ref (sync.store.pool): the same tree routes under the ref's id, and
+    # One tree per ref (sync.store.embedded.pool): the same tree routes under the ref's id, and
     # the refs and blob pool of the workspace.
     tree = ws + "/refs/{ref}"
     route("GET", tree + "/tree/root", _root)

@@ -1,4 +1,4 @@
-"""The HTTP side of invitee tokens (sync.store.invitees), under a workspace, for its
+"""The HTTP side of invitee tokens (sync.store.core.invitees), under a workspace, for its
 owner's token only:
 
     POST /v1/workspaces/{id}/invitees          {expires_in: seconds | null} -> 201
@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sync.store.backend import StoreBackend
-from sync.store.invitees import MAX_EXPIRES_IN
+from sync.store.core.backend import StoreBackend
+from sync.store.core.invitees import MAX_EXPIRES_IN
 
 Bearer = Callable[[str | None], str | None]
 Answer = tuple[int, dict[str, Any]]

@@ -1,4 +1,4 @@
-"""The HTTP side of refs and the blob pool (sync.store.pool): the request bodies and
+"""The HTTP side of refs and the blob pool (sync.store.embedded.pool): the request bodies and
 handlers of `GET /refs`, `DELETE /refs/{ref}`, `POST /blobs` and `POST /gc` under a
 workspace, and the check of a ref in a path. The tree routes under `/refs/{ref}` are
 sync.server's own handlers, given the ref."""
@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sync.body_fields import Key
 from sync.records import KEY_BYTES
-from sync.store.backend import StoreBackend, WorkspaceBackend
+from sync.store.core.backend import StoreBackend, WorkspaceBackend
 from sync.wire import (
     LIMITS,
     BadRequest,

@@ -16,8 +16,8 @@ from sync.crypto import open_meta
 from sync.keys import WorkspaceKey
 from sync.records import KEY_BYTES, MODE_SEALED
 from sync.sealed_rows import RowSealer
-from sync.store.lance_table import TABLE
-from sync.store.rows import fid_of
+from sync.store.core.rows import fid_of
+from sync.store.embedded.lance_table import TABLE
 
 #: (root value, sorted rows, sorted nodes); a row is (fid, path, start line, end line,
 #: symbol, language, chunk hash), a node (key, parent, value, is_dir). A sealed
@@ -32,12 +32,12 @@ def workspace_contents(data_dir: Path, workspace_id: str, key: WorkspaceKey) -> 
                                 (workspace_id,)).fetchone()
     with sqlite3.connect(ws / "tree.sqlite") as db:
         # Node keys as their ref's client sees them (stored as ref id || key since store
-        # format 4, sync.store.pool); a data dir of one ref reads as before refs.
+        # format 4, sync.store.embedded.pool); a data dir of one ref reads as before refs.
         nodes = sorted((_node_key(k), None if p is None else _node_key(p), v, d)
                        for k, p, v, d in db.execute(
                            "SELECT key, parent, value, is_dir FROM nodes"))
         root = db.execute("SELECT value FROM nodes WHERE parent IS NULL").fetchone()
-        # A sealed workspace's rows are in its tree.sqlite (sync.store.rows).
+        # A sealed workspace's rows are in its tree.sqlite (sync.store.core.rows).
         found = (db.execute("SELECT chunk_id, fid, meta FROM rows").fetchall()
                  if mode == MODE_SEALED else None)
     if found is None:
@@ -62,7 +62,7 @@ def pg_workspace_contents(url: str, workspace_id: str, key: WorkspaceKey) -> Con
     REPEATABLE READ transaction, so it sees one committed state even with writers."""
     import psycopg
 
-    from sync.store.pg_schema import SCHEMA as S
+    from sync.store.postgres.schema import SCHEMA as S
 
     with psycopg.connect(url) as conn:
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ

@@ -125,7 +125,7 @@ class Syncer:
         self.embedder = embedder
         self.cipher = cipher
         self.sealer = RowSealer(key, workspace_id, embedder.dim) if sealed else None
-        # Sealed, on a store with a blob pool (sync.store.pool): files any ref sent are
+        # Sealed, on a store with a blob pool (sync.store.embedded.pool): files any ref sent are
         # linked, not sent, and pulled by content.
         self.pool = sealed and pool
         self.progress = progress or Progress()

@@ -123,7 +123,7 @@ class RefNotFound(StoreError):
 
 
 class InviteeNotFound(StoreError):
-    """The workspace has no invitee token of this id (sync.store.invitees)."""
+    """The workspace has no invitee token of this id (sync.store.core.invitees)."""
 
     http_status = 404
 

@@ -527,7 +527,7 @@ class Workspace:
 
 def drop_legacy_tree(client: StoreClient) -> None:
     """Once this checkout's ref holds its tree, drop the default ref's: the one tree of a
-    workspace made before refs, migrated there (sync.store.pool), which no client of
+    workspace made before refs, migrated there (sync.store.embedded.pool), which no client of
     refs syncs any more. Its blobs stay where this ref names them."""
     if client.ref != DEFAULT_REF and any(r.ref == DEFAULT_REF for r in client.refs()):
         client.drop_ref(DEFAULT_REF)

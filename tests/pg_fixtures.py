@@ -50,7 +50,7 @@ def pg_url() -> Iterator[str]:
 
 @pytest.fixture
 def pg_store(pg_url: str) -> Iterator[object]:
-    from sync.store.postgres import PgStore
+    from sync.store.postgres.registry import PgStore
 
     store = PgStore(pg_url)
     try:

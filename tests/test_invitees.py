@@ -1,4 +1,4 @@
-"""Invitee tokens (sync.store.invitees): made by a workspace's own token, each opens the
+"""Invitee tokens (sync.store.core.invitees): made by a workspace's own token, each opens the
 workspace until it expires or is revoked, alone; an invitee cannot make, list or revoke
 them. The same contract on the embedded store and PostgreSQL, and through the server's
 routes with the HTTP client."""
@@ -14,7 +14,7 @@ import pytest
 
 from sync.http_client import HttpClient
 from sync.records import MODE_SEALED
-from sync.store.backend import StoreBackend
+from sync.store.core.backend import StoreBackend
 from sync.wire import AuthError, BadRequest, InviteeNotFound, PermissionDenied
 
 KEY_CHECK = bytes(16)

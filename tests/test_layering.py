@@ -102,25 +102,95 @@ def test_the_store_imports_no_key_code() -> None:
 
 
 def test_the_embedded_workspace_is_composed_of_members_built_on_its_files() -> None:
-    # sync.store.workspace holds the members and the write order; each member is built
+    # sync.store.embedded.workspace holds the members and the write order; each member is built
     # on the workspace's files and never reaches back up to the workspace, and the files
     # are built on none of them (docs/architecture.md, "The embedded workspace").
     mods = _modules("sync")
-    files = "sync.store.workspace_files"
-    members = ("sync.store.lance_rows", "sync.store.search_index", "sync.store.pool_ops",
-               "sync.store.workspace_checks")
+    files = "sync.store.embedded.workspace_files"
+    members = ("sync.store.embedded.lance_rows", "sync.store.embedded.search_index",
+               "sync.store.embedded.pool_ops", "sync.store.embedded.workspace_checks")
 
     def imported(module: str, target: str) -> bool:
         return any(n == target or n.startswith(target + ".") for n in mods[module])
 
     for member in (files, *members):
-        assert imported("sync.store.workspace", member), member
-        assert not imported(member, "sync.store.workspace"), member
+        assert imported("sync.store.embedded.workspace", member), member
+        assert not imported(member, "sync.store.embedded.workspace"), member
     for member in members:
         assert imported(member, files), member
         assert not imported(files, member), member
     # Members, not base classes: the workspace derives from nothing of its own.
-    tree = ast.parse((ROOT / "sync" / "store" / "workspace.py").read_text())
+    tree = ast.parse((ROOT / "sync" / "store" / "embedded" / "workspace.py").read_text())
     (store,) = [n for n in tree.body if isinstance(n, ast.ClassDef)
                 and n.name == "WorkspaceStore"]
     assert store.bases == []
+
+
+def _store_graph() -> dict[str, set[str]]:
+    """sync.store's modules and the store modules each imports, read from the source:
+    every import, inside functions and `if TYPE_CHECKING:` blocks too. An import names the
+    deepest module it reaches (`from sync.store.postgres import schema` names
+    sync.store.postgres.schema); the parent packages Python loads on the way are not
+    edges, as the face (sync.store) imports its names on first use only."""
+    mods = {m: names for m, names in _modules("sync").items()
+            if m == "sync.store" or m.startswith("sync.store.")}
+    graph: dict[str, set[str]] = {}
+    for module, names in mods.items():
+        reached = set()
+        for name in names:
+            parts = name.split(".")
+            for cut in range(len(parts), 0, -1):
+                if ".".join(parts[:cut]) in mods:
+                    reached.add(".".join(parts[:cut]))
+                    break
+        graph[module] = reached - {module}
+    return graph
+
+
+def test_the_store_has_no_relative_imports() -> None:
+    # The graph below reads absolute imports only.
+    for path in (ROOT / "sync" / "store").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level], path
+
+
+def test_the_store_backends_build_on_the_core_and_not_on_each_other() -> None:
+    graph = _store_graph()
+    folders = {"core": "sync.store.core", "embedded": "sync.store.embedded",
+               "postgres": "sync.store.postgres"}
+
+    def inside(module: str, folder: str) -> bool:
+        return module == folders[folder] or module.startswith(folders[folder] + ".")
+
+    assert sum(inside(m, "embedded") for m in graph) > 5, sorted(graph)
+    assert sum(inside(m, "postgres") for m in graph) > 5, sorted(graph)
+    wrong = []
+    for module, reached in graph.items():
+        for target in reached:
+            for a, b in (("embedded", "postgres"), ("postgres", "embedded")):
+                if inside(module, a) and inside(target, b):
+                    wrong.append((module, target))
+            # The core imports neither backend, nor what opens them, nor the face.
+            if inside(module, "core") and not inside(target, "core"):
+                wrong.append((module, target))
+    assert not wrong, wrong
+
+
+def test_the_store_has_no_import_circle() -> None:
+    graph = _store_graph()
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        if module in path:
+            raise AssertionError([*path[path.index(module):], module])
+        if module in done:
+            return
+        path.append(module)
+        for target in sorted(graph[module]):
+            visit(target)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)

@@ -17,7 +17,7 @@ from retrieval.doctor import doctor
 from sync.config import load_config, state_path, store_path
 from sync.keys import load_key
 from sync.sealed_rows import META_BUCKETS, ROW_BUCKETS, RowSealer
-from sync.store.rows import fid_of
+from sync.store.core.rows import fid_of
 from tests.conftest import write_repo
 
 

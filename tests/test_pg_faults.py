@@ -42,7 +42,7 @@ from tests.test_teammates import FILES, Interleaved, Team
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
 
-from sync.store.postgres import PgStore  # noqa: E402  (after the skip: it needs psycopg)
+from sync.store.postgres.registry import PgStore  # noqa: E402  (after the skip: it needs psycopg)
 
 
 class PgTeam(Team):

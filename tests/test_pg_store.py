@@ -44,9 +44,10 @@ from tests.test_store import CHECK, DIM, MODEL, Killed, key, rand, set_dirs, upd
 psycopg = pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed")
 
 # After the skip: it needs psycopg.
-from sync.store import pg_schema  # noqa: E402
-from sync.store.pg_schema import SCHEMA_VERSION  # noqa: E402
-from sync.store.postgres import PgOptions, PgStore  # noqa: E402
+from sync.store.postgres import schema as pg_schema  # noqa: E402
+from sync.store.postgres.options import PgOptions  # noqa: E402
+from sync.store.postgres.registry import PgStore  # noqa: E402
+from sync.store.postgres.schema import SCHEMA_VERSION  # noqa: E402
 
 
 def test_tokens_are_kept_apart_between_workspaces(pg_store: PgStore) -> None:
@@ -353,7 +354,7 @@ def test_a_large_workspace_gets_an_hnsw_index_with_high_recall(pg_url: str) -> N
 def test_hnsw_build_memory_grows_with_the_rows_within_bounds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from sync.store.pg_workspace import BUILD_MEMORY_ENV, hnsw_build_memory_mb
+    from sync.store.postgres.workspace import BUILD_MEMORY_ENV, hnsw_build_memory_mb
 
     small, large = hnsw_build_memory_mb(30_000, 384), hnsw_build_memory_mb(1_000_000, 384)
     assert 64 <= small < large
@@ -366,7 +367,7 @@ def test_hnsw_build_memory_grows_with_the_rows_within_bounds(
 
 
 def test_ef_search_grows_with_the_graph() -> None:
-    from sync.store.pg_workspace import EF_SEARCH, MAX_EF_SEARCH, ef_search_for
+    from sync.store.postgres.workspace import EF_SEARCH, MAX_EF_SEARCH, ef_search_for
 
     assert ef_search_for(4000, 10) == ef_search_for(100_000, 10) == EF_SEARCH
     assert EF_SEARCH < ef_search_for(300_000, 10) < ef_search_for(600_000, 10) < MAX_EF_SEARCH

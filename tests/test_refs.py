@@ -1,4 +1,4 @@
-"""Refs and the blob pool of the embedded store (sync.store.pool) beyond the contract
+"""Refs and the blob pool of the embedded store (sync.store.embedded.pool) beyond the contract
 that tests/test_sealed_store.py runs on both backends: a malformed ref on the wire and
 the migration of a one-tree data dir (store format 3 -> 4)."""
 
@@ -79,7 +79,7 @@ def test_a_migration_killed_before_its_commit_leaves_format_3(tmp_path: Path) ->
     _format_3_workspace(data)
     tree = data / "workspaces" / "ws" / "tree.sqlite"
     db = sqlite3.connect(tree, isolation_level=None)
-    from sync.store.pool import tree_to_4
+    from sync.store.embedded.pool import tree_to_4
 
     db.execute("BEGIN IMMEDIATE")
     tree_to_4(db)  # inside the caller's transaction, which dies before its commit

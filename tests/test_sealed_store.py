@@ -25,7 +25,7 @@ from sync.records import (
     FileUpdate,
 )
 from sync.store import STORE_FORMAT, Store, StoreOptions
-from sync.store.backend import StoreBackend
+from sync.store.core.backend import StoreBackend
 from sync.wire import (
     BadRequest,
     Limits,
@@ -92,7 +92,7 @@ class Backend:
         self.pg_url = pg_url
         self.store: StoreBackend | None = None
         if pg_url is not None:
-            from sync.store.postgres import PgStore
+            from sync.store.postgres.registry import PgStore
 
             self.store = PgStore(pg_url)
         elif server is None:
@@ -134,7 +134,7 @@ class Backend:
         if url is not None:
             import psycopg
 
-            from sync.store.pg_schema import SCHEMA
+            from sync.store.postgres.schema import SCHEMA
 
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute(f"UPDATE {SCHEMA}.refs SET synced = synced - %s"
@@ -157,7 +157,7 @@ class Backend:
             assert self.store is not None
             self.store.close()
             if self.pg_url is not None:
-                from sync.store.postgres import PgStore
+                from sync.store.postgres.registry import PgStore
 
                 self.store = PgStore(self.pg_url)
             else:
@@ -423,7 +423,7 @@ def test_a_sealed_workspace_stores_no_vector_and_no_index(tmp_path: Path) -> Non
     columns = [(name, kind) for _, name, kind, *_ in db.execute("PRAGMA table_info(rows)")]
     stored = db.execute("SELECT chunk_id, meta FROM rows ORDER BY rid").fetchall()
     db.close()
-    # value: the row's blob is (fid, value), one version of one file (sync.store.pool)
+    # value: the row's blob is (fid, value), one version of one file (sync.store.embedded.pool)
     assert columns == [("rid", "INTEGER"), ("fid", "INTEGER"), ("chunk_id", "BLOB"),
                        ("meta", "BLOB"), ("value", "BLOB")]
     assert stored == rows_of(u)
@@ -557,7 +557,7 @@ def write_format_2(data: Path, workspace_id: str, superseded: list[FileUpdate]) 
     import pyarrow as pa
 
     from sync.store import fid_of
-    from sync.store.rows import table_schema
+    from sync.store.core.rows import table_schema
 
     folder = data / "workspaces" / workspace_id
     db = sqlite3.connect(folder / "tree.sqlite")
@@ -615,7 +615,7 @@ def test_rows_of_a_format_2_sealed_workspace_move_into_the_tree(tmp_path: Path) 
 
 _DIE_DURING_MOVE = """
 import contextlib, os, sys
-import sync.store.workspace_files as files
+import sync.store.embedded.workspace_files as files
 from sync.store import Store
 
 @contextlib.contextmanager
@@ -655,7 +655,7 @@ def test_a_move_killed_midway_is_finished_by_the_next_open(tmp_path: Path, when:
     _assert_moved(data, expected)  # moved once: no row twice, none lost
 
 
-# -- refs and the blob pool (sync.store.pool, sync.store.pg_pool) ----------------------------
+# -- refs and the blob pool (sync.store.embedded.pool, sync.store.postgres.pool) ---------
 
 REF_A = b"A" * 16
 REF_B = b"B" * 16
@@ -795,7 +795,8 @@ def test_a_blob_sent_again_keeps_one_copy_of_its_rows(backend: Backend) -> None:
 def _in_process(kind: str, tmp_path: Path, pg_url: Callable[[], str],
                 hook: Callable[[str], None] | None = None) -> StoreBackend:
     if kind == "postgres":
-        from sync.store.postgres import PgOptions, PgStore
+        from sync.store.postgres.options import PgOptions
+        from sync.store.postgres.registry import PgStore
 
         return PgStore(pg_url(), options=PgOptions(crash_hook=hook))
     return Store(tmp_path / "s", options=StoreOptions(crash_hook=hook))
@@ -807,7 +808,7 @@ def test_a_crash_in_a_linking_apply_loses_nothing_and_claims_nothing(
         request: pytest.FixtureRequest, tmp_path: Path, kind: str, steps: int) -> None:
     """Killed after step 1 or 2 of its write order (the embedded store keeps those steps;
     PostgreSQL rolls its one transaction back), a ref's apply of a link and an upload."""
-    from sync.store.options import WRITE_POINTS
+    from sync.store.embedded.options import WRITE_POINTS
     from tests.test_store import Killed, kill_at
 
     def url() -> str:

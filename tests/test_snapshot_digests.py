@@ -12,7 +12,7 @@ import pytest
 
 from retrieval.doctor import check_data_dir
 from sync.store import SNAPSHOT
-from sync.store.vector_index import SnapshotError, read_snapshot, read_snapshot_info
+from sync.store.embedded.vector_index import SnapshotError, read_snapshot, read_snapshot_info
 from tests.test_store_index import POLICY, Workspace, names
 
 

@@ -1,4 +1,4 @@
-"""The store contract (sync.store.backend), run against both backends over both
+"""The store contract (sync.store.core.backend), run against both backends over both
 interfaces: the embedded store and PostgreSQL, each through `LocalClient` (in-process)
 and through `HttpClient` against a real `python -m sync.server --data DIR | --store URL`
 on loopback. Crash tests drive the embedded store's write steps one by one in-process
@@ -22,8 +22,8 @@ from sync.http_client import HttpClient
 from sync.local_client import LocalClient
 from sync.records import ChunkRecord, DirValue, FileUpdate, NodeInfo, children_digest
 from sync.store import Store, StoreOptions
-from sync.store.backend import StoreBackend
-from sync.store.options import WRITE_POINTS
+from sync.store.core.backend import StoreBackend
+from sync.store.embedded.options import WRITE_POINTS
 from sync.wire import BadRequest
 from tests.pg_fixtures import other_database
 from tests.server_fixtures import ServerProcess
@@ -136,7 +136,7 @@ class PgBackend(_InProcess):
     kind = "postgres"
 
     def __init__(self, url: str) -> None:
-        from sync.store.postgres import PgStore
+        from sync.store.postgres.registry import PgStore
 
         self.url = url
         self.store = PgStore(url)
@@ -608,7 +608,8 @@ def _pg_crash_mid_apply(url: str, workspace_id: str, updates: list[FileUpdate]) 
     """Stop an apply inside its transaction once its rows are replaced (its crash hook,
     PgOptions.crash_hook), as a killed replica stops: the database rolls it back.
     Meanwhile every other reader sees the last committed state."""
-    from sync.store.postgres import PgOptions, PgStore
+    from sync.store.postgres.options import PgOptions
+    from sync.store.postgres.registry import PgStore
 
     with PgStore(url) as reader:
         before = reader.workspace(workspace_id).root()

@@ -19,7 +19,7 @@ def _fresh(code: str) -> subprocess.CompletedProcess[str]:
 def test_lancedb_import_defers_only_its_own_pydantic_models() -> None:
     proc = _fresh("""
         import sys
-        from sync.store.lance_table import import_lancedb
+        from sync.store.embedded.lance_table import import_lancedb
         assert "lancedb" not in sys.modules  # the store's modules alone do not import it
         lancedb = import_lancedb()
         from lance_namespace_urllib3_client.models import ListTablesResponse

@@ -24,7 +24,13 @@ from sync.keys import WorkspaceKey
 from sync.local_client import LocalClient
 from sync.records import ChunkRecord, FileUpdate
 from sync.store import SNAPSHOT, IndexPolicy, Store, StoreOptions, WorkspaceStore
-from sync.store.vector_index import RowTable, VectorIndex, chunk_id_array, pack, read_snapshot_info
+from sync.store.embedded.vector_index import (
+    RowTable,
+    VectorIndex,
+    chunk_id_array,
+    pack,
+    read_snapshot_info,
+)
 from tests.server_fixtures import ServerProcess
 from tests.test_store import Killed, kill_at
 

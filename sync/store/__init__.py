@@ -1,7 +1,7 @@
 """The store: what a server keeps, and what the embedded default keeps under a repo's
 `.codeveil/store/`. The embedded store (below) keeps one data dir holding many
 workspaces; the PostgreSQL store (sync.store.postgres) keeps them in a database; both
-keep the interface of sync.store.backend.
+keep the interface of sync.store.core.backend.
 
 Everything stored is a keyed hash or ciphertext (the client never sends anything else);
 the only cleartext is each workspace's dim, model id and creation time.
@@ -18,7 +18,7 @@ Layout::
                                              rows: rid, chunk_id, fid, vector, meta
     DATA/workspaces/<id>/writer.lock         empty; flock'ed by the writing process
     DATA/workspaces/<id>/search.index        server-search only: snapshot of the search
-                                             index and its rows (sync.store.vector_index),
+                                             index and its rows (sync.store.embedded.vector_index),
                                              and its generation
 
 Crash safety. `apply` writes in three steps (see `WorkspaceStore.apply`) so that a node's
@@ -38,14 +38,14 @@ A workspace is of one of two modes (sync.records.MODES). A sealed workspace's ro
 no vector and it has no search index: its rows are only stored and read back
 (`file_rows`), and the client searches; they live in tree.sqlite, and LanceDB, pyarrow
 and faiss are never imported for it. A server-search workspace ranks vectors here.
-Row layout, reading rows back and removing superseded rows' bytes: sync.store.rows.
+Row layout, reading rows back and removing superseded rows' bytes: sync.store.core.rows.
 A sealed workspace written by store format 2 or before keeps its rows in LanceDB; its
 first open copies them into tree.sqlite in one transaction and then removes the table
 (`WorkspaceFiles.move_sealed_rows`; a crash before the commit leaves the table as it
 was, and the next open starts again; after it, the next open only removes the table).
 
 A server-search workspace's search index, its snapshot and how it is kept in step with
-LanceDB, also across processes: sync.store.search_index.
+LanceDB, also across processes: sync.store.embedded.search_index.
 
 A workspace (`WorkspaceStore`) is composed of members, not base classes: its files
 (`WorkspaceFiles`: tree.sqlite, locks, the log's cut), in a server-search workspace its
@@ -53,32 +53,42 @@ search index (`SearchIndex`, holding its `LanceRows`), and its pool requests
 (`PoolOps`); the checks and the SQL are functions. Members are built on the files and
 never on the workspace or on each other's internals.
 
-Modules, one job each::
+Folders and modules, one job each. `core/` is what both backends share; `embedded/` and
+`postgres/` each import `core/` and never each other; `open.py` alone knows both::
 
-    options.py          StoreOptions: the tuning of a store and its workspaces
-    registry.py         Store: registry.sqlite; create, authenticate and open workspaces
-    workspace.py        WorkspaceStore: its members; tree reads, apply's write order top
+    open.py             open_store: a PostgreSQL URL or a data dir, opened as its backend
+    core/
+      backend.py        the interface both backends keep (Protocols), WorkspaceRecord
+      checks.py         request validation (validate_apply, its `Update`s) and the
+                        directory-value compare-and-set
+      tree_plan.py      step 1 of an apply, decided once for both backends (pure)
+      rows.py           each mode's row layout, reading rows back, purging superseded rows
+      blobs.py          a pull by blob checked and answered; the GC's defaults
+      invitees.py       invitee tokens: the record, their checks and expiry
+    embedded/           the store in a data dir (SQLite + LanceDB)
+      options.py        StoreOptions: the tuning of a store and its workspaces
+      registry.py       Store: registry.sqlite; create, authenticate and open workspaces
+      workspace.py      WorkspaceStore: its members; tree reads, apply's write order top
                         to bottom, set_dir_values, verify/check, close
-    workspace_files.py  WorkspaceFiles: tree.sqlite's connections, locks, writer.lock,
+      workspace_files.py  WorkspaceFiles: tree.sqlite's connections, locks, writer.lock,
                         the write-ahead log's cut, the format-2 sealed rows' move
-    search_index.py     SearchIndex: refresh, load, catch up, build, save; its part of
+      search_index.py   SearchIndex: refresh, load, catch up, build, save; its part of
                         an apply (prepare, replace rows, follow, after)
-    vector_index.py     the faiss index, its rows and its snapshot file
-    sqlite_tree.py      SQLite connections, formats and migrations; the tree's SQL
-    tree_plan.py        step 1 of an apply, decided once for both backends (pure)
-    lance_table.py      the LanceDB table: lazy import, read errors, scans, new rows
-    lance_rows.py       LanceRows: one workspace's table, written, compacted, counted
-    rows.py             each mode's row layout, reading rows back, purging superseded rows
-    pool.py             refs and the blob pool's SQL
-    pool_ops.py         PoolOps: pulls by blob, refs, GC; the pool's part of an apply
-    checks.py           request validation (validate_apply) and the directory-value
-                        compare-and-set
-    workspace_checks.py `codeveil doctor`'s look at one workspace (functions)
-    backend.py          the interface both backends keep (Protocols), WorkspaceRecord
-    postgres.py         PgStore and PgOptions: the store in PostgreSQL (+ pgvector);
-                        pg_workspace.py its workspaces, pg_schema.py its tables,
-                        pg_conn.py its connections, pg_tree.py the tree's SQL per ref,
-                        pg_pool.py refs and the blob pool
+      vector_index.py   the faiss index, its rows and its snapshot file
+      sqlite_tree.py    SQLite connections, formats and migrations; the tree's SQL
+      lance_table.py    the LanceDB table: lazy import, read errors, scans, new rows
+      lance_rows.py     LanceRows: one workspace's table, written, compacted, counted
+      pool.py           refs and the blob pool's SQL
+      pool_ops.py       PoolOps: pulls by blob, refs, GC; the pool's part of an apply
+      workspace_checks.py  `codeveil doctor`'s look at one workspace (functions)
+    postgres/           the store in PostgreSQL (+ pgvector)
+      options.py        PgOptions: the tuning of a store and its workspaces
+      registry.py       PgStore: the workspaces and tokens; opens workspaces
+      workspace.py      PgWorkspace: one workspace's tree, rows and search
+      schema.py         the tables, their version and migrations
+      conn.py           connections (Pool), COPY, vectors as text
+      tree.py           the tree's SQL per ref
+      pool.py           refs and the blob pool
 
 The names below are imported on first use (indexer.lazy): importing the package loads
 neither the store's modules nor LanceDB, pyarrow, faiss or psycopg.
@@ -91,13 +101,13 @@ from typing import TYPE_CHECKING
 from indexer.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from sync.store.options import StoreOptions
-    from sync.store.registry import Store
-    from sync.store.rows import fid_of
-    from sync.store.search_index import SNAPSHOT
-    from sync.store.sqlite_tree import STORE_FORMAT
-    from sync.store.vector_index import IndexPolicy
-    from sync.store.workspace import WorkspaceStore
+    from sync.store.core.rows import fid_of
+    from sync.store.embedded.options import StoreOptions
+    from sync.store.embedded.registry import Store
+    from sync.store.embedded.search_index import SNAPSHOT
+    from sync.store.embedded.sqlite_tree import STORE_FORMAT
+    from sync.store.embedded.vector_index import IndexPolicy
+    from sync.store.embedded.workspace import WorkspaceStore
     from sync.wire import (
         AuthError,
         BadRequest,
@@ -126,20 +136,20 @@ __all__ = [
 ]
 
 _HOMES = {
-    "SNAPSHOT": "sync.store.search_index",
-    "STORE_FORMAT": "sync.store.sqlite_tree",
+    "SNAPSHOT": "sync.store.embedded.search_index",
+    "STORE_FORMAT": "sync.store.embedded.sqlite_tree",
     "AuthError": "sync.wire",
     "BadRequest": "sync.wire",
-    "IndexPolicy": "sync.store.vector_index",
+    "IndexPolicy": "sync.store.embedded.vector_index",
     "PermissionDenied": "sync.wire",
-    "Store": "sync.store.registry",
+    "Store": "sync.store.embedded.registry",
     "StoreCorrupt": "sync.wire",
     "StoreError": "sync.wire",
-    "StoreOptions": "sync.store.options",
+    "StoreOptions": "sync.store.embedded.options",
     "WorkspaceExists": "sync.wire",
     "WorkspaceNotFound": "sync.wire",
-    "WorkspaceStore": "sync.store.workspace",
-    "fid_of": "sync.store.rows",
+    "WorkspaceStore": "sync.store.embedded.workspace",
+    "fid_of": "sync.store.core.rows",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _HOMES, globals())

@@ -3,7 +3,7 @@
 
 A workspace holds one Merkle tree per *ref* (a branch of a teammate, named by the client
 and sent as an opaque 16-byte id). The trees share one table: a node's stored key is its
-ref id followed by its node key, so the SQL of one tree (sync.store.sqlite_tree) runs
+ref id followed by its node key, so the SQL of one tree (sync.store.embedded.sqlite_tree) runs
 unchanged over `ref || key` and never sees another ref's nodes. Workspaces of store
 format 3 had one tree: its keys get the default ref (16 zero bytes) when tree.sqlite is
 migrated to format 4, in the migration's one transaction.
@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from sync.records import DEFAULT_REF, KEY_BYTES, RefInfo
-from sync.store.rows import SEALED_SCHEMA, fid_of
+from sync.store.core.rows import SEALED_SCHEMA, fid_of
 
 REF_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS refs (ref BLOB PRIMARY KEY, synced REAL NOT NULL)"

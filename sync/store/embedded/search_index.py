@@ -1,7 +1,7 @@
 """The search index of a server-search workspace: kept equal to its LanceDB rows,
 snapshotted, loaded, caught up and rebuilt.
 
-Search runs on one faiss index per workspace (sync.store.vector_index): exact L2 while the
+Search runs on one faiss index per workspace (sync.store.embedded.vector_index): exact L2 while the
 workspace is small, IVF beyond `IndexPolicy.exact_max_rows` rows, retrained as it grows.
 `apply` keeps it in step. Chunk rows get their faiss ids (`rid`) from a counter in
 tree.sqlite, not from their chunk ids, so two rows with the same chunk id (a client bug,
@@ -36,13 +36,13 @@ import numpy as np
 
 from indexer.lazy import LazyModule
 from sync.records import SearchHit
-from sync.store.checks import _Update
-from sync.store.lance_rows import LanceRows
-from sync.store.lance_table import COLUMNS, LANCE_ADVICE, Scanned, arrow_rows, lance_reads
-from sync.store.pool import unscoped
-from sync.store.rows import fid_of
-from sync.store.sqlite_tree import Plan
-from sync.store.vector_index import (
+from sync.store.core.checks import Update
+from sync.store.core.rows import fid_of
+from sync.store.embedded.lance_rows import LanceRows
+from sync.store.embedded.lance_table import COLUMNS, LANCE_ADVICE, Scanned, arrow_rows, lance_reads
+from sync.store.embedded.pool import unscoped
+from sync.store.embedded.sqlite_tree import Plan
+from sync.store.embedded.vector_index import (
     RowTable,
     SnapshotError,
     VectorIndex,
@@ -52,7 +52,7 @@ from sync.store.vector_index import (
     read_snapshot_info,
     write_snapshot,
 )
-from sync.store.workspace_files import WorkspaceFiles
+from sync.store.embedded.workspace_files import WorkspaceFiles
 from sync.wire import StoreCorrupt
 
 # faiss takes ~50 ms to import; a sync with nothing to send never needs it.
@@ -119,7 +119,7 @@ class _RWLock:
 
 class SearchIndex:
     """A server-search workspace's search index, the rows it stands for and the LanceDB
-    table (`table`) it is kept equal to (the module docstring). sync.store.workspace
+    table (`table`) it is kept equal to (the module docstring). sync.store.embedded.workspace
     holds one (a sealed workspace none) and calls it at the steps of an apply:
     `prepare_write`, `follow`, `replace_rows`, `after_apply`; and for `search`,
     `count`, `verify` and `close`. What happened to the index is counted in the
@@ -181,7 +181,7 @@ class SearchIndex:
         which the index follows as it goes."""
         self._loaded_generation = generation
 
-    def replace_rows(self, plan: Plan, updates: list[_Update]) -> int:
+    def replace_rows(self, plan: Plan, updates: list[Update]) -> int:
         """Step 2 of an apply: the rows of `plan.fids` replaced by those of `updates`,
         in LanceDB and then in the index; returns how many rows were deleted."""
         # Only files that have rows: a new file costs LanceDB nothing. (prepare_write
@@ -290,7 +290,7 @@ class SearchIndex:
                     if held:
                         raise
             # Read while another process wrote: it may have removed the table version
-            # being read (sync.store.rows). Read again once it is done; a failure now is
+            # being read (sync.store.core.rows). Read again once it is done; a failure now is
             # damage.
             with self.files.flock():
                 self._reload_if_needed(locked=True)

@@ -1,21 +1,18 @@
 """How the embedded store is tuned: one `StoreOptions`, given to `Store` and handed as it
 is to each `WorkspaceStore` it opens. (The PostgreSQL store has its own,
-sync.store.postgres.PgOptions.)"""
+sync.store.postgres.options.PgOptions.)"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sync.store.vector_index import IndexPolicy
+from sync.store.core.blobs import DEFAULT_BLOB_GRACE, DEFAULT_REF_MAX_AGE_DAYS
+from sync.store.embedded.vector_index import IndexPolicy
 from sync.wire import LIMITS, Limits
 
 # Seconds between index snapshots while applies keep coming (`index_save_interval`).
 DEFAULT_SAVE_INTERVAL = 60.0
-# A sync's look-up of the pool and its link are seconds apart; an hour is ample.
-DEFAULT_BLOB_GRACE = 3600.0
-# A branch nobody synced for three months is gone from every clone, most likely.
-DEFAULT_REF_MAX_AGE_DAYS = 90.0
 
 #: The named points of an apply's write order (`WorkspaceStore.apply`) at which
 #: `StoreOptions.crash_hook` is called: the paths marked pending (step 1), the rows
@@ -33,7 +30,7 @@ class StoreOptions:
     #: Applies between compactions of a server-search workspace's LanceDB table. Each
     #: apply adds a fragment and a version; merging them now and then keeps reads (index
     #: builds) fast and the folder small. An apply that deletes rows compacts at once
-    #: (sync.store.rows), and the count starts again.
+    #: (sync.store.core.rows), and the count starts again.
     compact_every: int = 32
     #: The OpenMP thread count faiss uses in the store's calls (None leaves faiss's
     #: default): a single exact query gets slower, not faster, with more threads on a
@@ -41,11 +38,11 @@ class StoreOptions:
     #: cores, far worse when the cores are busy), and the server runs concurrent searches
     #: on threads of its own anyway.
     faiss_threads: int | None = 1
-    #: Picks and tunes the search index (sync.store.vector_index.IndexPolicy).
+    #: Picks and tunes the search index (sync.store.embedded.vector_index.IndexPolicy).
     index_policy: IndexPolicy = field(default_factory=IndexPolicy)
     #: Bounds how often applies snapshot the search index, in seconds; a snapshot never
     #: takes more than a tenth of the time either, however large the index
-    #: (sync.store.search_index).
+    #: (sync.store.embedded.search_index).
     index_save_interval: float = DEFAULT_SAVE_INTERVAL
     #: The OpenMP thread count of index builds (None: all cores), which unlike a single
     #: search do gain from threads.

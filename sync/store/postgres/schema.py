@@ -13,7 +13,7 @@ tables too::
                               (fid, value) the row belongs to (sealed)
     codeveil.blobs            the pool of a sealed workspace: (workspace, fid, value) ->
                               when it was left without a ref (NULL while a leaf names it)
-    codeveil.invitees         invitee tokens (sync.store.invitees): sha256(token), token
+    codeveil.invitees         invitee tokens (sync.store.core.invitees): sha256(token), token
                               id, workspace, created_at, expires_at
 
 As in the embedded store every column but dim, model id, mode and created_at holds a
@@ -32,14 +32,14 @@ from collections.abc import Callable
 import psycopg
 
 from sync.records import DEFAULT_REF, MODE_SEALED
-from sync.store.rows import fid_of
+from sync.store.core.rows import fid_of
 from sync.wire import StoreCorrupt
 
 SCHEMA = "codeveil"
 # 2: one tree per ref (nodes gain a ref column; the one tree became the default ref's)
 # and a sealed workspace's rows grouped by blob (docs/architecture.md, "Refs and the
 # blob pool").
-# 3: invitee tokens (sync.store.invitees).
+# 3: invitee tokens (sync.store.core.invitees).
 SCHEMA_VERSION = 3
 # pg_advisory_xact_lock keys: one for schema changes, one for creating workspaces.
 SCHEMA_LOCK = 0x636F_6465_7665_0001
@@ -128,7 +128,7 @@ def _to_2(conn: psycopg.Connection) -> None:
     whole, and the next start migrates again): every workspace's one tree becomes its
     default ref's, and a sealed workspace's rows name their blob, the value of their
     file's committed leaf (rows of a pending leaf, whose file the next sync sends
-    again, are dropped), as the embedded store's format 4 (sync.store.pool.tree_to_4)."""
+    again, are dropped), as the embedded store's format 4 (sync.store.embedded.pool.tree_to_4)."""
     S = SCHEMA
     conn.execute(f"ALTER TABLE {S}.nodes ADD COLUMN ref bytea NOT NULL"
                  f" DEFAULT '\\x{DEFAULT_REF.hex()}'::bytea")

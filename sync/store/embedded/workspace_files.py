@@ -2,7 +2,7 @@
 write on, one to read on), `writer.lock`, the flock writers in any process take, and
 the write-ahead log's cut after rows were deleted; creating them, and moving a format-2
 sealed workspace's rows into tree.sqlite on its first open. Every other part of a
-workspace (sync.store.workspace) holds this one and reads its record, options and
+workspace (sync.store.embedded.workspace) holds this one and reads its record, options and
 locks here.
 
 Several processes may open the same data dir (the embedded store is used by the daemon
@@ -25,12 +25,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
-from sync.store.backend import WorkspaceRecord
-from sync.store.lance_table import TABLE, import_lancedb, open_table, scan_table
-from sync.store.options import StoreOptions
-from sync.store.pool import adopt_rows
-from sync.store.rows import SEALED_SCHEMA, checkpoint_superseded, has_sealed_rows, table_schema
-from sync.store.sqlite_tree import (
+from sync.store.core.backend import WorkspaceRecord
+from sync.store.core.rows import SEALED_SCHEMA, checkpoint_superseded, has_sealed_rows, table_schema
+from sync.store.embedded.lance_table import TABLE, import_lancedb, open_table, scan_table
+from sync.store.embedded.options import StoreOptions
+from sync.store.embedded.pool import adopt_rows
+from sync.store.embedded.sqlite_tree import (
     SQL_BATCH,
     batched,
     connect,
@@ -66,7 +66,7 @@ class WorkspaceFiles:
         self.limits = options.limits
         self.tree_path = path / "tree.sqlite"
         self.wconn = connect(self.tree_path)
-        # Deleted rows' bytes are overwritten, not left in free space (sync.store.rows).
+        # Deleted rows' bytes are overwritten, not left in free space (sync.store.core.rows).
         self.wconn.execute("PRAGMA secure_delete = ON")
         init_tree_db(self.wconn)
         self.rconn = connect(self.tree_path)  # reads; WAL lets them run during writes
@@ -119,7 +119,7 @@ class WorkspaceFiles:
                         conn.executemany("INSERT INTO rows (rid, fid, chunk_id, meta)"
                                          " VALUES (?, ?, ?, ?)", rows)
                         moved += len(rows)
-                    adopt_rows(conn)  # each row gets its blob (sync.store.pool)
+                    adopt_rows(conn)  # each row gets its blob (sync.store.embedded.pool)
                 log.info("workspace %s: %d sealed rows moved from LanceDB into %s in %.2fs",
                          self.workspace_id, moved, self.tree_path,
                          time.perf_counter() - started)
@@ -170,7 +170,7 @@ class WorkspaceFiles:
     def checkpoint(self) -> None:
         """After a sealed write that deleted rows (caller holds write_lock): the
         write-ahead log, which may hold their old page images, is copied into tree.sqlite
-        and cut (sync.store.rows). If a reader keeps it from finishing, the next apply
+        and cut (sync.store.core.rows). If a reader keeps it from finishing, the next apply
         tries again (`checkpoint_due`)."""
         started = time.perf_counter()
         try:

@@ -1,6 +1,6 @@
-"""The ref and pool operations of an embedded workspace (sync.store.pool): a pull by
+"""The ref and pool operations of an embedded workspace (sync.store.embedded.pool): a pull by
 blob, the refs listed and dropped, and the garbage collection (`PoolOps`, a part of
-`sync.store.workspace.WorkspaceStore` built on its files); and the pool's share of a
+`sync.store.embedded.workspace.WorkspaceStore` built on its files); and the pool's share of a
 sealed apply's steps 2 and 3 (`write_blobs`, `held_links`, `settle_blobs`), each inside
 the transaction the apply opened."""
 
@@ -10,8 +10,10 @@ import sqlite3
 from collections.abc import Sequence
 
 from sync.records import BlobRows, RefInfo
-from sync.store.checks import _key, _Update, gc_settings, ref_id
-from sync.store.pool import (
+from sync.store.core.blobs import blob_answer, blob_items
+from sync.store.core.checks import Update, gc_settings, ref_id
+from sync.store.core.rows import blob_rows_of, fid_of, replace_blob_rows
+from sync.store.embedded.pool import (
     adopt,
     collect,
     drop_ref_nodes,
@@ -25,53 +27,15 @@ from sync.store.pool import (
     touch_ref,
     unscoped,
 )
-from sync.store.rows import blob_rows_of, fid_of, replace_blob_rows
-from sync.store.sqlite_tree import Plan, sealed_reads, transaction
-from sync.store.workspace_files import WorkspaceFiles
-from sync.wire import BadRequest, Limits, RefNotFound
+from sync.store.embedded.sqlite_tree import Plan, sealed_reads, transaction
+from sync.store.embedded.workspace_files import WorkspaceFiles
+from sync.wire import BadRequest, RefNotFound
 
 DAY = 86_400.0
 
 
-def blob_items(items: object, limits: Limits) -> list[tuple[bytes, bytes]]:
-    """The checked (file key, value) pairs of a `blob_rows` request, one per file key."""
-    if not isinstance(items, Sequence) or isinstance(items, bytes | str):
-        raise BadRequest("blobs must be a list of (file key, value) pairs")
-    if len(items) > limits.max_row_files:
-        raise BadRequest(f"too many blobs: {len(items)} > {limits.max_row_files} per call")
-    out: dict[bytes, bytes] = {}
-    for i, item in enumerate(items):
-        if not isinstance(item, Sequence) or isinstance(item, bytes | str) or len(item) != 2:
-            raise BadRequest(f"blobs[{i}] must be a (file key, value) pair")
-        out[_key(item[0], f"blobs[{i}][0]")] = _key(item[1], f"blobs[{i}][1]")
-    return list(out.items())
-
-
-def blob_answer(wanted: list[tuple[bytes, bytes]],
-                found: dict[bytes, list[tuple[int, bytes, bytes]]],
-                max_bytes: int) -> BlobRows:
-    """A `blob_rows` answer from the rows `found` of each wanted file key (rid, chunk
-    id, meta), in row order: files in the order asked, as many as fit in `max_bytes`
-    (the first always), and the keys whose blob the pool lacks. Both backends answer
-    through it."""
-    out: dict[bytes, list[tuple[bytes, bytes]]] = {}
-    missing: list[bytes] = []
-    size = 0
-    for key, _ in wanted:
-        if key not in found:
-            missing.append(key)
-            continue
-        got = sorted(found[key], key=lambda r: r[0])
-        cost = sum(len(c) + len(m) for _, c, m in got)
-        if out and size + cost > max_bytes:
-            break
-        size += cost
-        out[key] = [(c, m) for _, c, m in got]
-    return BlobRows(out, missing)
-
-
 class PoolOps:
-    """The pool and refs requests of one workspace, on its files (sync.store.pool)."""
+    """The pool and refs requests of one workspace, on its files (sync.store.embedded.pool)."""
 
     def __init__(self, files: WorkspaceFiles) -> None:
         self.files = files
@@ -145,10 +109,10 @@ class PoolOps:
         return {"refs": len(dropped), "blobs": blobs, "rows": rows + released}
 
 
-# -- a sealed apply's steps over the pool (sync.store.workspace.WorkspaceStore.apply) ------
+# -- a sealed apply's steps over the pool (WorkspaceStore.apply) -------------------------
 
 
-def write_blobs(conn: sqlite3.Connection, plan: Plan, updates: list[_Update]) -> int:
+def write_blobs(conn: sqlite3.Connection, plan: Plan, updates: list[Update]) -> int:
     """Step 2, sealed, in the caller's one transaction (a crash keeps all of a blob's old
     rows or none of them): the rows of each uploaded blob replaced. Only uploaded blobs
     are written; the blobs the touched leaves named before stay until step 3 (another
@@ -174,8 +138,8 @@ def write_blobs(conn: sqlite3.Connection, plan: Plan, updates: list[_Update]) ->
     return deleted + release(conn, touched - named, now=ref_count(conn) <= 1)
 
 
-def held_links(conn: sqlite3.Connection, updates: list[_Update]
-               ) -> tuple[list[bytes], list[_Update]]:
+def held_links(conn: sqlite3.Connection, updates: list[Update]
+               ) -> tuple[list[bytes], list[Update]]:
     """Step 3, sealed, before the values are set: the keys of the links whose blob the
     pool lacks (their leaves stay pending; the client sends those files), and the
     updates whose values may be set."""
@@ -186,7 +150,7 @@ def held_links(conn: sqlite3.Connection, updates: list[_Update]
             [u for u in updates if id(u) not in lacking])
 
 
-def settle_blobs(conn: sqlite3.Connection, ref: bytes, updates: list[_Update],
+def settle_blobs(conn: sqlite3.Connection, ref: bytes, updates: list[Update],
                  grace_s: float) -> int:
     """Step 3, sealed, after the values are set: the blobs the leaves name again are no
     longer orphaned, those orphaned past `grace_s` go, and `ref` is marked synced.

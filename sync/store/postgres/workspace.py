@@ -1,6 +1,6 @@
 """One workspace of the store on PostgreSQL with pgvector (sync.store.postgres): the same
-operations, limits, errors and answers as the embedded store's (sync.store.workspace);
-the tables are in sync.store.pg_schema.
+operations, limits, errors and answers as the embedded store's (sync.store.embedded.workspace);
+the tables are in sync.store.postgres.schema.
 
 Write order. The embedded store's `apply` writes in three steps (mark pending, replace
 rows, commit values) because SQLite and LanceDB cannot commit together (a sealed
@@ -11,8 +11,8 @@ The steps still set every node above a change pending (NULL), because that is wh
 client sees after an apply until it sends directory values.
 
 Refs and the pool. A sealed workspace holds one tree per ref (the nodes' `ref` column;
-the tree's SQL in sync.store.pg_tree, step 1's plan in sync.store.tree_plan) over one
-pool of blobs shared by every ref (sync.store.pg_pool), as the embedded store does.
+the tree's SQL in sync.store.postgres.tree, step 1's plan in sync.store.core.tree_plan) over one
+pool of blobs shared by every ref (sync.store.postgres.pool), as the embedded store does.
 
 Concurrency. Every write to a workspace (`apply`, `set_dir_values`, `drop_ref`, the GC)
 first takes `SELECT ... FOR UPDATE` on the workspace's row, so two replicas' writes to
@@ -34,7 +34,7 @@ approximate query is written that way (see `_hnsw_search`). The indexes are not 
 the fixed layout: a replica that finds one uses it, one that does not searches exactly,
 and every insert keeps it in step whoever writes.
 
-Connections and the binary COPY of new rows: sync.store.pg_conn. A database that cannot
+Connections and the binary COPY of new rows: sync.store.postgres.conn. A database that cannot
 be reached is a `StoreUnavailable` (503) naming it with its password masked.
 """
 
@@ -66,8 +66,8 @@ from sync.records import (
     SearchHit,
     WorkspaceInfo,
 )
-from sync.store.backend import WorkspaceRecord
-from sync.store.checks import (
+from sync.store.core.backend import WorkspaceRecord
+from sync.store.core.checks import (
     Children,
     _key,
     _vector,
@@ -76,8 +76,9 @@ from sync.store.checks import (
     ref_id,
     validate_apply,
 )
-from sync.store.pg_conn import Pool, copy_rows, vector_text
-from sync.store.pg_pool import (
+from sync.store.core.rows import bounded_answer, fid_of, file_keys
+from sync.store.postgres.conn import Pool, copy_rows, vector_text
+from sync.store.postgres.pool import (
     PgPool,
     adopt,
     expire_orphans,
@@ -88,9 +89,8 @@ from sync.store.pg_pool import (
     replace_blob_rows,
     touch_ref,
 )
-from sync.store.pg_schema import SCHEMA
-from sync.store.pg_tree import commit_values, mark_pending
-from sync.store.rows import bounded_answer, fid_of, file_keys
+from sync.store.postgres.schema import SCHEMA
+from sync.store.postgres.tree import commit_values, mark_pending
 from sync.wire import (
     BadRequest,
     SealedWorkspaceError,
@@ -100,7 +100,7 @@ from sync.wire import (
 )
 
 if TYPE_CHECKING:
-    from sync.store.postgres import PgOptions
+    from sync.store.postgres.options import PgOptions
 
 __all__ = ["PgWorkspace"]
 
@@ -108,8 +108,6 @@ log = logging.getLogger(__name__)
 
 W = SCHEMA  # table prefix in queries
 
-# Rows from which a workspace gets its HNSW index: the embedded store's exact/IVF crossover.
-HNSW_THRESHOLD = 30_000
 # The graph's shape and the candidates a search keeps (hnsw.ef_search, when k is
 # smaller). On 100k synthetic code embeddings (bench/replicas.py), recall@10 against
 # exact: m 16 / ef_construction 64 (pgvector's defaults) reach 0.78 at ef_search 100 and
@@ -167,7 +165,8 @@ def hnsw_build_memory_mb(rows: int, dim: int, m: int = HNSW_M) -> int:
 
 class PgWorkspace:
     """The Merkle tree and chunk rows of one workspace in the database; the operations
-    of `WorkspaceStore` (sync.store.workspace). Thread-safe: every call takes its own connection."""
+    of `WorkspaceStore` (sync.store.embedded.workspace). Thread-safe: every call takes its
+    own connection."""
 
     def __init__(self, pool: Pool, record: WorkspaceRecord, options: PgOptions) -> None:
         self._pool = pool
@@ -207,7 +206,7 @@ class PgWorkspace:
             hnsw = self.has_hnsw_index()
             extra["index"] = {"kind": "pgvector-hnsw" if hnsw else "pgvector", "exact": not hnsw}
         else:
-            extra["pool"] = True  # one tree per ref over a pool of blobs (sync.store.pg_pool)
+            extra["pool"] = True  # one tree per ref over a pool of blobs (sync.store.postgres.pool)
         return WorkspaceInfo(
             workspace_id=r.workspace_id, dim=r.dim, model_id=r.model_id,
             key_check=r.key_check, chunks=int(row[1]), nodes=int(row[0]), extra=extra,
@@ -251,7 +250,7 @@ class PgWorkspace:
     def file_rows(self, keys: Sequence[bytes], ref: bytes = DEFAULT_REF) -> FileRows:
         """(chunk id, meta) of every row of each committed leaf of `keys`, as
         `WorkspaceStore.file_rows`. One statement: one committed state. Sealed, the rows
-        of the blob the leaf names (sync.store.pg_pool)."""
+        of the blob the leaf names (sync.store.postgres.pool)."""
         self._check_open()
         ref = ref_id(ref, self.sealed)
         wanted = file_keys(keys, self.limits)
@@ -359,8 +358,8 @@ class PgWorkspace:
               ref: bytes = DEFAULT_REF) -> list[bytes]:
         """As `WorkspaceStore.apply`, its three steps in one transaction (the module
         docstring), under the workspace's row lock: the tree's steps per ref
-        (sync.store.pg_tree), a sealed workspace's rows as blobs of the pool shared by
-        every ref (sync.store.pg_pool). Returns the links left pending."""
+        (sync.store.postgres.tree), a sealed workspace's rows as blobs of the pool shared by
+        every ref (sync.store.postgres.pool). Returns the links left pending."""
         self._check_open()
         ref = ref_id(ref, self.sealed)
         ups, dels = validate_apply(self, updates, deletes)
@@ -411,7 +410,7 @@ class PgWorkspace:
         if self.options.crash_hook is not None:
             self.options.crash_hook(point)
 
-    # -- refs and the pool (sync.store.pg_pool) -----------------------------------------
+    # -- refs and the pool (sync.store.postgres.pool) -----------------------------------------
 
     def blob_rows(self, items: Sequence[tuple[bytes, bytes]], *, rows: bool = True
                   ) -> BlobRows:
@@ -537,7 +536,7 @@ class PgWorkspace:
                     ([k for k, _ in items], [v for _, v in items], ws, ref),
                 )
 
-            refused = decide_dir_values(pending, children_of, write)  # sync.store.checks
+            refused = decide_dir_values(pending, children_of, write)  # sync.store.core.checks
         if refused:
             log.info(
                 "workspace %s: %d directory values refused: computed over other children"

@@ -1,5 +1,5 @@
 """`codeveil doctor`'s look at one embedded workspace: every problem its files hold, and
-its rows read in full. Functions of the workspace's files (sync.store.workspace_files)
+its rows read in full. Functions of the workspace's files (sync.store.embedded.workspace_files)
 and, in a server-search workspace, its LanceDB table, which `WorkspaceStore.check` and
 `rows_by_file` call."""
 
@@ -8,15 +8,15 @@ from __future__ import annotations
 import numpy as np
 
 from indexer import sqlite_files
-from sync.store.checks import pool_problems
-from sync.store.lance_rows import LanceRows
-from sync.store.lance_table import LANCE_ADVICE, lance_reads
-from sync.store.pool import unscoped
-from sync.store.rows import fid_of, sealed_rows_scan
-from sync.store.search_index import SNAPSHOT
-from sync.store.sqlite_tree import TREE_ADVICE, sealed_reads
-from sync.store.vector_index import SnapshotError, read_snapshot, read_snapshot_info
-from sync.store.workspace_files import WorkspaceFiles
+from sync.store.core.checks import pool_problems
+from sync.store.core.rows import fid_of, sealed_rows_scan
+from sync.store.embedded.lance_rows import LanceRows
+from sync.store.embedded.lance_table import LANCE_ADVICE, lance_reads
+from sync.store.embedded.pool import unscoped
+from sync.store.embedded.search_index import SNAPSHOT
+from sync.store.embedded.sqlite_tree import TREE_ADVICE, sealed_reads
+from sync.store.embedded.vector_index import SnapshotError, read_snapshot, read_snapshot_info
+from sync.store.embedded.workspace_files import WorkspaceFiles
 from sync.wire import StoreCorrupt
 
 
@@ -102,7 +102,7 @@ def rows_by_file(files: WorkspaceFiles, lance: LanceRows | None
 
 
 def _pool_problems(files: WorkspaceFiles, table: str, advice: str) -> list[str]:
-    """The pool's invariants (sync.store.pool): every row of a listed blob, every
+    """The pool's invariants (sync.store.embedded.pool): every row of a listed blob, every
     committed leaf naming a blob the pool holds."""
     with files.rlock, sealed_reads(files.tree_path):
         (loose,) = files.rconn.execute(

@@ -1,7 +1,7 @@
 """Refs and the pool of sealed file blobs in PostgreSQL (docs/architecture.md, "Refs and
-the blob pool"): the same semantics as the embedded store's (sync.store.pool,
-sync.store.pool_ops) over the tables `refs`, `blobs` and `rows.value`
-(sync.store.pg_schema).
+the blob pool"): the same semantics as the embedded store's (sync.store.embedded.pool,
+sync.store.embedded.pool_ops) over the tables `refs`, `blobs` and `rows.value`
+(sync.store.postgres.schema).
 
 The functions take the connection of the caller's transaction, which holds the
 workspace's row lock (`SELECT ... FOR UPDATE`), so an apply, a dropped ref and the GC
@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from sync.records import BlobRows, RefInfo
-from sync.store.checks import _Update, gc_settings, pool_problems, ref_id
-from sync.store.pg_conn import Pool, copy_rows
-from sync.store.pg_schema import NOW, SCHEMA
-from sync.store.pool_ops import blob_answer, blob_items
-from sync.store.rows import fid_of
+from sync.store.core.blobs import blob_answer, blob_items
+from sync.store.core.checks import Update, gc_settings, pool_problems, ref_id
+from sync.store.core.rows import fid_of
+from sync.store.postgres.conn import Pool, copy_rows
+from sync.store.postgres.schema import NOW, SCHEMA
 from sync.wire import BadRequest, RefNotFound
 
 if TYPE_CHECKING:
-    from sync.store.postgres import PgOptions
+    from sync.store.postgres.options import PgOptions
 
 W = SCHEMA
 DAY = 86_400.0
@@ -123,7 +123,7 @@ def fid_blobs(conn: psycopg.Connection, ws: str, fids: Iterable[int]) -> set[Blo
         (ws, sorted(set(fids))))}
 
 
-def replace_blob_rows(conn: psycopg.Connection, ws: str, uploads: list[_Update]) -> int:
+def replace_blob_rows(conn: psycopg.Connection, ws: str, uploads: list[Update]) -> int:
     """Replace the rows of each uploaded blob with its new rows and list it as held;
     returns the rows deleted."""
     if not uploads:
@@ -161,7 +161,7 @@ def expire_orphans(conn: psycopg.Connection, ws: str, grace_s: float) -> int:
 
 def collect(conn: psycopg.Connection, ws: str, grace_s: float) -> tuple[int, int]:
     """The GC's pass over the pool: a blob no ref names is marked orphaned (as
-    `sync.store.pool.collect`), one orphaned longer than `grace_s` is deleted with its
+    `sync.store.embedded.pool.collect`), one orphaned longer than `grace_s` is deleted with its
     rows, one named again is adopted. Returns (blobs deleted, rows deleted)."""
     found = conn.execute(
         f"SELECT b.fid, b.value, b.orphaned IS NOT NULL, b.orphaned <= {NOW} - %s,"

@@ -1,5 +1,6 @@
-"""Validation shared by the store backends (sync.store.workspace and
-sync.store.pg_workspace, their registries sync.store.registry and sync.store.postgres):
+"""Validation shared by the store backends (sync.store.embedded.workspace and
+sync.store.postgres.workspace, their registries sync.store.embedded.registry and
+sync.store.postgres.registry):
 what a request must be before any backend touches it, so both refuse the same input with
 the same message and status."""
 
@@ -38,7 +39,7 @@ def _key(value: object, where: str) -> bytes:
 
 
 def ref_id(value: object, sealed: bool) -> bytes:
-    """A checked ref id (16 bytes, sync.store.pool). A server-search workspace keeps
+    """A checked ref id (16 bytes, sync.store.embedded.pool). A server-search workspace keeps
     one tree, the default ref's: another ref is a 409 that says so."""
     ref = _key(value, "ref")
     if ref != DEFAULT_REF and not sealed:
@@ -83,7 +84,7 @@ _NO_ROWS = np.empty((0, 0), np.float32)
 
 
 @dataclass(frozen=True, slots=True)
-class _Update:
+class Update:
     """A validated FileUpdate, its chunks as columns."""
 
     file_key: bytes
@@ -211,7 +212,7 @@ class ApplyTarget(Protocol):
 
 def validate_apply(
     ws: ApplyTarget, updates: Sequence[FileUpdate], deletes: Sequence[bytes]
-) -> tuple[list[_Update], list[bytes]]:
+) -> tuple[list[Update], list[bytes]]:
     """An `apply` request checked whole before anything is written (BadRequest naming
     the field otherwise): the updates as columns, the deletes without repeats."""
     lim = ws.limits
@@ -224,7 +225,7 @@ def validate_apply(
         raise BadRequest(f"too many deletes: {len(deletes)} > {lim.max_deletes} per apply")
     dels = list(dict.fromkeys(_key(d, f"deletes[{i}]") for i, d in enumerate(deletes)))
     total = 0
-    out: list[_Update] = []
+    out: list[Update] = []
     vecs: list[np.ndarray] = []  # every chunk's vector, in order
     spans: list[tuple[int, int]] = []  # each update's rows in `vecs`
     shape: dict[bytes, tuple[bytes | None, bool]] = {}  # key -> (parent, is_dir)
@@ -293,7 +294,7 @@ def validate_apply(
                 vec = _vector(vec, ws.dim, f"{where}.chunks[{j}].vector")
             vecs.append(vec)
         spans.append((first, len(vecs)))
-        out.append(_Update(file_key, anc, value, ids, _NO_ROWS, metas, bool(u.link)))
+        out.append(Update(file_key, anc, value, ids, _NO_ROWS, metas, bool(u.link)))
     # One stack and one finiteness check for the whole batch; each update gets a view.
     matrix = np.stack(vecs) if vecs else np.empty((0, ws.dim), np.float32)
     finite = np.isfinite(matrix).all(axis=1)

@@ -1,8 +1,8 @@
 """The store on PostgreSQL with pgvector: what many stateless `codeveil serve` replicas
 share. Same operations, limits, errors and answers as the embedded store (sync.store):
 `PgStore` is its registry of workspaces and tokens, tuned by one `PgOptions`; a
-workspace's tree, rows and search: sync.store.pg_workspace; the tables:
-sync.store.pg_schema; connections: sync.store.pg_conn.
+workspace's tree, rows and search: sync.store.postgres.workspace; the tables:
+sync.store.postgres.schema; connections: sync.store.postgres.conn.
 """
 
 from __future__ import annotations
@@ -12,14 +12,12 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from sync.db_url import is_database_url, mask_url
 from sync.records import MODE_SERVER_SEARCH, MODES
-from sync.store.backend import WorkspaceRecord
-from sync.store.checks import WORKSPACE_ID_RE, new_workspace_id, quota_check, token_hash
-from sync.store.invitees import (
+from sync.store.core.backend import WorkspaceRecord
+from sync.store.core.checks import WORKSPACE_ID_RE, new_workspace_id, quota_check, token_hash
+from sync.store.core.invitees import (
     OWNER_ONLY,
     Invitee,
     check_token_id,
@@ -27,15 +25,13 @@ from sync.store.invitees import (
     expired_error,
     new_invitee,
 )
-from sync.store.options import DEFAULT_BLOB_GRACE, DEFAULT_REF_MAX_AGE_DAYS
-from sync.store.pg_conn import DEFAULT_POOL_SIZE, Pool
-from sync.store.pg_schema import CREATE_LOCK, ensure_schema
-from sync.store.pg_workspace import HNSW_THRESHOLD, PgWorkspace, W
+from sync.store.postgres.conn import Pool
+from sync.store.postgres.options import PgOptions
+from sync.store.postgres.schema import CREATE_LOCK, ensure_schema
+from sync.store.postgres.workspace import PgWorkspace, W
 from sync.wire import (
-    LIMITS,
     AuthError,
     InviteeNotFound,
-    Limits,
     PermissionDenied,
     StoreCorrupt,
     StoreError,
@@ -43,32 +39,9 @@ from sync.wire import (
     WorkspaceNotFound,
 )
 
-__all__ = ["PgOptions", "PgStore"]
+__all__ = ["PgStore"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class PgOptions:
-    """The tuning of a PostgreSQL store and of every workspace in it."""
-
-    #: The bounds every request to the store's workspaces is held to (sync.wire.Limits).
-    limits: Limits = LIMITS
-    #: Connections kept idle per process (sync.store.pg_conn.Pool); more may be open.
-    pool_size: int = DEFAULT_POOL_SIZE
-    #: Rows from which a workspace gets its HNSW index (sync.store.pg_workspace).
-    hnsw_threshold: int = HNSW_THRESHOLD
-    #: As `StoreOptions.blob_grace_s`: seconds a sealed blob no ref names is kept in a
-    #: workspace of several refs (sync.store.pg_pool).
-    blob_grace_s: float = DEFAULT_BLOB_GRACE
-    #: As `StoreOptions.ref_max_age_days`: days after which `collect_garbage` drops a
-    #: ref that has not synced (None: never).
-    ref_max_age_days: float | None = DEFAULT_REF_MAX_AGE_DAYS
-    #: As `StoreOptions.crash_hook`: called with each of WRITE_POINTS as an apply passes
-    #: it; "pending" and "rows" inside the apply's one transaction (an exception there
-    #: rolls all of it back, as a replica killed there would), "committed" after its
-    #: commit. None in service.
-    crash_hook: Callable[[str], None] | None = None
 
 
 class PgStore:

@@ -1,10 +1,10 @@
-"""The SQL of one ref's Merkle tree in PostgreSQL (sync.store.pg_workspace): the reads the
-tree plan takes (sync.store.tree_plan) and the writes of an apply's first and last
+"""The SQL of one ref's Merkle tree in PostgreSQL (sync.store.postgres.workspace): the reads the
+tree plan takes (sync.store.core.tree_plan) and the writes of an apply's first and last
 steps, each inside the caller's transaction, which holds the workspace's row lock.
 
 A node is (workspace, ref, key): every statement here names its ref, so two refs never
 see each other's nodes and the write order and compare-and-set hold per ref, as in the
-embedded store's `ref || key` (sync.store.pool).
+embedded store's `ref || key` (sync.store.embedded.pool).
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from collections.abc import Sequence
 
 import psycopg
 
-from sync.store.checks import _Update
-from sync.store.pg_schema import SCHEMA
-from sync.store.rows import fid_bounds, fid_of
-from sync.store.tree_plan import TreePlan, plan_tree
+from sync.store.core.checks import Update
+from sync.store.core.rows import fid_bounds, fid_of
+from sync.store.core.tree_plan import TreePlan, plan_tree
+from sync.store.postgres.schema import SCHEMA
 
 W = SCHEMA
 
 
 class PgTreeReads:
-    """What the tree plan reads of `ref`'s tree (sync.store.tree_plan.TreeReads)."""
+    """What the tree plan reads of `ref`'s tree (sync.store.core.tree_plan.TreeReads)."""
 
     def __init__(self, conn: psycopg.Connection, ws: str, ref: bytes) -> None:
         self.conn, self.ws, self.ref = conn, ws, ref
@@ -50,7 +50,7 @@ class PgTreeReads:
             ([lo for lo, _ in bounds], [hi for _, hi in bounds], self.ws, self.ref))]
 
 
-def mark_pending(conn: psycopg.Connection, ws: str, ref: bytes, updates: list[_Update],
+def mark_pending(conn: psycopg.Connection, ws: str, ref: bytes, updates: list[Update],
                  deletes: list[bytes]) -> tuple[TreePlan, set[tuple[int, bytes]]]:
     """Step 1 of `PgWorkspace.apply`: the plan written (its nodes pending), and the blobs
     (fid, value) the touched leaves named before it, which may be left without a ref."""
@@ -79,7 +79,7 @@ def mark_pending(conn: psycopg.Connection, ws: str, ref: bytes, updates: list[_U
     return plan, old_blobs
 
 
-def commit_values(conn: psycopg.Connection, ws: str, ref: bytes, updates: list[_Update],
+def commit_values(conn: psycopg.Connection, ws: str, ref: bytes, updates: list[Update],
                   remove: frozenset[bytes]) -> None:
     """Step 3 of `PgWorkspace.apply`: the leaf values set, the nodes of deleted subtrees
     deleted."""

@@ -41,12 +41,12 @@ deletions is left as it is until they pass 10%.) Below a million rows the table 
 fragment, so a purge rewrites all of it, once per apply that deleted rows (a first index
 deletes none and pays nothing): at dim 384, one file of 10 chunks replaced, 39 ms at
 10,000 rows and 146 ms at 50,000. A server-search workspace's search snapshot holds its
-rows' metadata too; it is rewritten on its own schedule (sync.store.search_index), at
+rows' metadata too; it is rewritten on its own schedule (sync.store.embedded.search_index), at
 the latest when the store closes.
 
 The LanceDB removal runs under the writer's flock. A reader in another process that
 reads the table without it (a search catching its index up while a writer is busy) may
-find a version gone; it reads again under the flock (sync.store.search_index).
+find a version gone; it reads again under the flock (sync.store.embedded.search_index).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ else:
 #: transaction, where `executescript` would not). rid is the rowid: rows are stored in
 #: the order they were sent, and a file's rows are found through the index on fid.
 #: Since store format 4 a row names its blob, (fid, value): one version of one file, which
-#: every ref holding that version points at (sync.store.pool); `blobs` lists the blobs
+#: every ref holding that version points at (sync.store.embedded.pool); `blobs` lists the blobs
 #: held, and since when one is without a ref.
 SEALED_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS rows (rid INTEGER PRIMARY KEY, fid INTEGER NOT NULL,"
@@ -255,7 +255,7 @@ def purge_superseded(table: Any, added_rows: int) -> float:
             table.update(where=f"rid = {rid}", values_sql={"rid": "rid"})
     with warnings.catch_warnings():
         # LanceDB warns that readers of older versions will fail: ours read under the
-        # flock held here, or read again under it (sync.store.search_index).
+        # flock held here, or read again under it (sync.store.embedded.search_index).
         warnings.simplefilter("ignore", UserWarning)
         table.optimize(cleanup_older_than=timedelta(0))
     with contextlib.suppress(AttributeError):

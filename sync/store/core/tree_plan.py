@@ -3,8 +3,8 @@ updates' ancestors and the deletes, and what the tree holds now, which nodes go 
 which rows go and which nodes step 3 deletes (docs/architecture.md, "Write order").
 
 `plan_tree` is pure: it reads the tree through a `TreeReads` the backend supplies (the
-embedded store's SQLite over `ref || key`, sync.store.sqlite_tree; PostgreSQL's rows of
-one ref, sync.store.pg_tree) and writes nothing; each backend then writes the plan in
+embedded store's SQLite over `ref || key`, sync.store.embedded.sqlite_tree; PostgreSQL's rows of
+one ref, sync.store.postgres.tree) and writes nothing; each backend then writes the plan in
 its own step 1 (`gone` and `shape` pending, then every node above `seeds`).
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sync.store.checks import _Update
-from sync.store.rows import fid_of, refuse_fid_collisions
+from sync.store.core.checks import Update
+from sync.store.core.rows import fid_of, refuse_fid_collisions
 from sync.wire import BadRequest
 
 #: key -> (parent, is_dir): the nodes an apply upserts, root first.
@@ -59,7 +59,7 @@ def _same(key: bytes) -> bytes:
     return key
 
 
-def plan_tree(updates: Sequence[_Update], deletes: Sequence[bytes], reads: TreeReads,
+def plan_tree(updates: Sequence[Update], deletes: Sequence[bytes], reads: TreeReads,
               node_key: Callable[[bytes], bytes] = _same) -> TreePlan:
     """Step 1 of `WorkspaceBackend.apply`'s write order, decided (the whole request was
     checked by `validate_apply`). `node_key` maps a stored key to the node key a client

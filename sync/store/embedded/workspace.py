@@ -3,17 +3,17 @@ read and written (sync.store, "Crash safety").
 
 `WorkspaceStore` is composed of members, each owning its state and its job:
 
-- `files` (sync.store.workspace_files.WorkspaceFiles): the record and options,
+- `files` (sync.store.embedded.workspace_files.WorkspaceFiles): the record and options,
   tree.sqlite's connections, the thread locks and the flock, the write-ahead log's cut;
   every other member is built on it;
-- `search_index` (sync.store.search_index.SearchIndex, server-search only): the faiss
+- `search_index` (sync.store.embedded.search_index.SearchIndex, server-search only): the faiss
   index, its rows, its snapshot, and the LanceDB rows it is kept equal to (its `table`,
-  sync.store.lance_rows.LanceRows);
-- `pool` (sync.store.pool_ops.PoolOps): the refs and blob pool requests.
+  sync.store.embedded.lance_rows.LanceRows);
+- `pool` (sync.store.embedded.pool_ops.PoolOps): the refs and blob pool requests.
 
-The request checks are functions (sync.store.checks, sync.store.workspace_checks), and
-so is the SQL of the tree (sync.store.sqlite_tree), of the pool (sync.store.pool,
-sync.store.pool_ops) and of the rows (sync.store.rows). This module holds the
+The request checks are functions (sync.store.core.checks, sync.store.embedded.workspace_checks), and
+so is the SQL of the tree (sync.store.embedded.sqlite_tree), of the pool (sync.store.embedded.pool,
+sync.store.embedded.pool_ops) and of the rows (sync.store.core.rows). This module holds the
 operations of the backend interface and the write order of `apply`, top to bottom.
 """
 
@@ -39,8 +39,8 @@ from sync.records import (
     SearchHit,
     WorkspaceInfo,
 )
-from sync.store.backend import WorkspaceRecord
-from sync.store.checks import (
+from sync.store.core.backend import WorkspaceRecord
+from sync.store.core.checks import (
     Children,
     _key,
     _vector,
@@ -49,13 +49,13 @@ from sync.store.checks import (
     ref_id,
     validate_apply,
 )
-from sync.store.lance_rows import LanceRows
-from sync.store.options import StoreOptions
-from sync.store.pool import ref_bounds, scoped, touch_ref, unscoped
-from sync.store.pool_ops import PoolOps, held_links, settle_blobs, write_blobs
-from sync.store.rows import blob_rows_of, bounded_answer, fid_of, file_keys
-from sync.store.search_index import SearchIndex
-from sync.store.sqlite_tree import (
+from sync.store.core.rows import blob_rows_of, bounded_answer, fid_of, file_keys
+from sync.store.embedded.lance_rows import LanceRows
+from sync.store.embedded.options import StoreOptions
+from sync.store.embedded.pool import ref_bounds, scoped, touch_ref, unscoped
+from sync.store.embedded.pool_ops import PoolOps, held_links, settle_blobs, write_blobs
+from sync.store.embedded.search_index import SearchIndex
+from sync.store.embedded.sqlite_tree import (
     SQL_BATCH,
     batched,
     commit_values,
@@ -63,8 +63,8 @@ from sync.store.sqlite_tree import (
     sealed_reads,
     transaction,
 )
-from sync.store.workspace_checks import rows_by_file, workspace_problems
-from sync.store.workspace_files import WorkspaceFiles
+from sync.store.embedded.workspace_checks import rows_by_file, workspace_problems
+from sync.store.embedded.workspace_files import WorkspaceFiles
 from sync.wire import BadRequest, SealedWorkspaceError
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class WorkspaceStore:
         if not self.sealed:
             extra["distance"] = "l2"
         else:
-            extra["pool"] = True  # one tree per ref over a pool of blobs (sync.store.pool)
+            extra["pool"] = True  # one tree per ref over a pool of blobs (sync.store.embedded.pool)
         if index is not None:
             extra["index"] = index
         return WorkspaceInfo(
@@ -260,7 +260,7 @@ class WorkspaceStore:
            faiss is brought into step.
         3. One SQLite transaction: set the leaf values; delete the nodes of deleted
            subtrees.
-        4. If rows were deleted, their bytes leave the data dir (sync.store.rows): the
+        4. If rows were deleted, their bytes leave the data dir (sync.store.core.rows): the
            write-ahead log is checkpointed and cut (sealed), or the table compacted and
            its older versions removed (server-search).
 
@@ -268,7 +268,7 @@ class WorkspaceStore:
         a client value, so the next sync re-sends them; no value ever claims chunks the
         store lacks. Re-applying the same batch is harmless (rows are replaced per file).
 
-        Sealed, the rows are a pool of blobs shared by every ref (sync.store.pool): step
+        Sealed, the rows are a pool of blobs shared by every ref (sync.store.embedded.pool): step
         2 replaces the rows of each uploaded blob, a link uploads none, and step 3 sets
         a link's leaf only if the pool holds its blob (otherwise the leaf stays pending
         and its key is returned: the client sends the file). Blobs the apply left
@@ -369,7 +369,7 @@ class WorkspaceStore:
                 conn.executemany("UPDATE nodes SET value = ? WHERE key = ?",
                                  [(v, scoped(ref, k)) for k, v in items])
 
-            refused = decide_dir_values(pending, children_of, write)  # sync.store.checks
+            refused = decide_dir_values(pending, children_of, write)  # sync.store.core.checks
         if refused:
             log.info(
                 "workspace %s: %d directory values refused: computed over other children"
@@ -378,7 +378,7 @@ class WorkspaceStore:
                 refused,
             )
 
-    # -- the pool (sync.store.pool_ops) -------------------------------------------------
+    # -- the pool (sync.store.embedded.pool_ops) -------------------------------------------------
 
     def blob_rows(self, items: Sequence[tuple[bytes, bytes]], *, rows: bool = True
                   ) -> BlobRows:
@@ -417,7 +417,7 @@ class WorkspaceStore:
 
     def check(self) -> list[str]:
         """Every problem found in this workspace's files, one line each (empty: none);
-        sync.store.workspace_checks."""
+        sync.store.embedded.workspace_checks."""
         return workspace_problems(self.files, self._table())
 
     def rows_by_file(self) -> dict[int, tuple[np.ndarray, list[bytes]]]:

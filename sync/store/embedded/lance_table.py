@@ -1,5 +1,5 @@
 """A server-search workspace's LanceDB table `chunks` (rid, chunk_id, fid, vector, meta;
-its columns: sync.store.rows.table_schema): importing lancedb only when rows are read
+its columns: sync.store.core.rows.table_schema): importing lancedb only when rows are read
 or written, turning a failed read into one `StoreCorrupt`, gathering scanned rows as the
 search index takes them, and the new rows of an apply as one Arrow table.
 """
@@ -17,7 +17,7 @@ import numpy as np
 
 from indexer.lazy import LazyModule
 from sync.records import KEY_BYTES, MODE_SERVER_SEARCH
-from sync.store.rows import table_schema
+from sync.store.core.rows import table_schema
 from sync.wire import StoreCorrupt, StoreError
 
 # faiss and pyarrow take ~90 ms to import; a sync with nothing to send needs neither.

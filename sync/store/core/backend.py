@@ -1,6 +1,6 @@
 """The store backend interface: what the server (sync.server) and `LocalClient` need from
-a store, written down once. The embedded store (sync.store.registry and
-sync.store.workspace: SQLite + LanceDB in a data dir) and sync.store.postgres
+a store, written down once. The embedded store (sync.store.embedded.registry and
+sync.store.embedded.workspace: SQLite + LanceDB in a data dir) and sync.store.postgres
 (PostgreSQL + pgvector) implement it; mypy holds both to it (the end of this module),
 and tests/test_store.py, tests/test_sealed_store.py and tests/test_sync.py run the same
 contract against each, in-process and behind `codeveil serve`. Both open a workspace
@@ -26,7 +26,7 @@ must keep both (docs/architecture.md, "Write order"):
 
 Writes to one workspace are serialised by the backend across every process that opens
 it (an flock; a row lock in the database). Requests are checked by the same code in
-both (sync.store.checks), so the same input is refused with the same `StoreError`
+both (sync.store.core.checks), so the same input is refused with the same `StoreError`
 (sync.wire) and message; the server maps each to its HTTP status.
 """
 
@@ -51,7 +51,7 @@ from sync.records import (
 from sync.wire import Limits
 
 if TYPE_CHECKING:
-    from sync.store.invitees import Invitee
+    from sync.store.core.invitees import Invitee
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +227,7 @@ class StoreBackend(Protocol):
     def authenticate(self, workspace_id: str, token: str | None, *,
                      owner_only: bool = False) -> None:
         """Return if `token` is the bearer token of `workspace_id` or one of its invitee
-        tokens that has not expired (sync.store.invitees); with `owner_only`, only the
+        tokens that has not expired (sync.store.core.invitees); with `owner_only`, only the
         workspace's own token. AuthError (401) without a token, for one of no workspace
         or for an expired invitee token; WorkspaceNotFound (404) for an unknown
         workspace, and only to a valid token, so that a caller without one learns
@@ -267,14 +267,3 @@ class StoreBackend(Protocol):
         any other call afterwards raises StoreError."""
         ...
 
-
-if TYPE_CHECKING:  # mypy checks that both backends keep the interface; nothing runs here
-    from sync.store.pg_workspace import PgWorkspace
-    from sync.store.postgres import PgStore
-    from sync.store.registry import Store
-    from sync.store.workspace import WorkspaceStore
-
-    _embedded: type[StoreBackend] = Store
-    _embedded_workspace: type[WorkspaceBackend] = WorkspaceStore
-    _postgres: type[StoreBackend] = PgStore
-    _postgres_workspace: type[WorkspaceBackend] = PgWorkspace

@@ -20,8 +20,8 @@ import psycopg
 from psycopg import conninfo
 
 from sync.db_url import mask_url
-from sync.store.checks import _Update
-from sync.store.rows import fid_of
+from sync.store.core.checks import Update
+from sync.store.core.rows import fid_of
 from sync.wire import StoreError, StoreUnavailable
 
 CONNECT_TIMEOUT = 10  # seconds; a replica answers 503 rather than hang on a dead database
@@ -130,7 +130,7 @@ def _field(data: bytes) -> bytes:
     return struct.pack(">i", len(data)) + data
 
 
-def copy_rows(workspace: str, updates: list[_Update], dim: int, sealed: bool) -> bytes:
+def copy_rows(workspace: str, updates: list[Update], dim: int, sealed: bool) -> bytes:
     """The new rows of `updates` for `COPY rows (workspace, fid, chunk_id, meta, vector,
     value) FROM STDIN (FORMAT BINARY)`: exact float32 vectors (pgvector's binary form is
     a dim, a reserved int16 and big-endian float32s), and no float-to-text round trip;

@@ -27,7 +27,7 @@ fsynced and renamed into place, so a reader sees a whole snapshot or the previou
     || u64 trailer length || magic "CVSNAP01"
 
 Arrays are little-endian and C-ordered. The trailer records the store generation the
-snapshot reflects; the store decides whether to trust it (see sync.store.search_index).
+snapshot reflects; the store decides whether to trust it (see sync.store.embedded.search_index).
 Every section is read back against its digest: a snapshot with a byte changed is a
 `SnapshotError` naming the section (faiss would read garbled vectors without a word, and
 searches would silently rank by them), so the store rebuilds the index from its rows and

@@ -1,7 +1,7 @@
-"""A server-search workspace's rows in its LanceDB table (sync.store.lance_table), a part
-of its search index (sync.store.search_index, which is kept equal to them): the table
+"""A server-search workspace's rows in its LanceDB table (sync.store.embedded.lance_table), a part
+of its search index (sync.store.embedded.search_index, which is kept equal to them): the table
 opened on first use, scanned, written by an apply's step 2, compacted or purged after it
-(sync.store.rows), and counted.
+(sync.store.core.rows), and counted.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from sync.store.lance_table import (
+from sync.store.core.rows import group_rows, purge_superseded
+from sync.store.embedded.lance_table import (
     CLEANUP_AFTER,
     LANCE_ADVICE,
     LANCE_IN_BATCH,
@@ -20,9 +21,8 @@ from sync.store.lance_table import (
     open_table,
     scan_table,
 )
-from sync.store.rows import group_rows, purge_superseded
-from sync.store.sqlite_tree import batched, transaction
-from sync.store.workspace_files import WorkspaceFiles
+from sync.store.embedded.sqlite_tree import batched, transaction
+from sync.store.embedded.workspace_files import WorkspaceFiles
 from sync.wire import StoreCorrupt
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class LanceRows:
 
     def purge(self, added: int) -> None:
         """After an apply that deleted rows: their bytes leave the data dir now
-        (sync.store.rows). It compacts the table too, so the count towards the next
+        (sync.store.core.rows). It compacts the table too, so the count towards the next
         compaction starts again. A failure is logged: the rows are gone from the table
         already, and the next apply that deletes rows purges them too."""
         self._applies_since_compact = 0
@@ -139,7 +139,7 @@ class LanceRows:
     def count(self) -> int:
         """The table's rows, from a fresh handle (it sees the latest version whoever
         wrote it). Read without the flock, so a writer may remove the version being read
-        (sync.store.rows); then it is read again under the flock, where a failure is
+        (sync.store.core.rows); then it is read again under the flock, where a failure is
         damage."""
         def count() -> int:
             with lance_reads(self.dir):

@@ -4,7 +4,7 @@ format and migrations, and the SQL of the Merkle tree (sync.store, "Layout").
 Connections run in autocommit mode with explicit transactions (`transaction`), in WAL
 mode with synchronous=FULL (sync.store, "Crash safety"). The tree's SQL for an apply's
 first and last steps is here (`mark_pending`, `commit_values`); the workspace store
-runs them in that order around its rows (sync.store.workspace).
+runs them in that order around its rows (sync.store.embedded.workspace).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 from indexer import sqlite_files
 from indexer.formats import FormatError, check_sqlite_format
 from sync.records import MODE_SERVER_SEARCH
-from sync.store.checks import _Update
-from sync.store.pool import REF_SCHEMA, ref_bounds, tree_to_4, unscoped
-from sync.store.rows import fid_bounds, fid_of
-from sync.store.tree_plan import plan_tree
+from sync.store.core.checks import Update
+from sync.store.core.rows import fid_bounds, fid_of
+from sync.store.core.tree_plan import plan_tree
+from sync.store.embedded.pool import REF_SCHEMA, ref_bounds, tree_to_4, unscoped
 from sync.wire import StoreCorrupt
 
 SQL_BATCH = 500  # bound on parameters per statement
@@ -46,7 +46,7 @@ REGISTRY_ADVICE = (
 # by the format step: that needs the workspace's mode, which only the registry knows, and
 # the rows table itself marks the move as done.
 # 4: one tree per ref (a node's stored key is ref id || node key), and a sealed
-# workspace's rows grouped by blob (sync.store.pool); an older codeveil would read no tree.
+# workspace's rows grouped by blob (sync.store.embedded.pool); an older codeveil would read no tree.
 STORE_FORMAT = 4
 
 
@@ -156,11 +156,11 @@ class Plan:
     old_blobs: frozenset[tuple[int, bytes]] = frozenset()
 
 
-def mark_pending(conn: sqlite3.Connection, ref: bytes, updates: list[_Update],
+def mark_pending(conn: sqlite3.Connection, ref: bytes, updates: list[Update],
                  deletes: list[bytes]) -> tuple[Plan, int]:
     """Step 1 of `WorkspaceStore.apply` (see there), inside the caller's transaction:
     returns the plan for steps 2 and 3, and the generation it bumped to. Every key is
-    stored (scoped to `ref`, sync.store.pool); the plan is sync.store.tree_plan's."""
+    stored (scoped to `ref`, sync.store.embedded.pool); the plan is sync.store.core.tree_plan's."""
     tree = plan_tree(updates, deletes, _Reads(conn, ref), unscoped)
     old_blobs = _leaf_blobs(conn, [*tree.gone, *tree.replaced])
     conn.executemany(
@@ -183,7 +183,7 @@ def mark_pending(conn: sqlite3.Connection, ref: bytes, updates: list[_Update],
 
 
 class _Reads:
-    """What the tree plan reads of `ref`'s tree (sync.store.tree_plan.TreeReads)."""
+    """What the tree plan reads of `ref`'s tree (sync.store.core.tree_plan.TreeReads)."""
 
     def __init__(self, conn: sqlite3.Connection, ref: bytes) -> None:
         self.conn, self.ref = conn, ref
@@ -216,7 +216,7 @@ def _leaf_blobs(conn: sqlite3.Connection, keys: list[bytes]) -> set[tuple[int, b
     return out
 
 
-def commit_values(conn: sqlite3.Connection, plan: Plan, updates: list[_Update]) -> int:
+def commit_values(conn: sqlite3.Connection, plan: Plan, updates: list[Update]) -> int:
     """Step 3 of `WorkspaceStore.apply`, inside the caller's transaction: the leaf values
     set, the nodes of deleted subtrees deleted; returns the generation it bumped to."""
     conn.executemany(

@@ -1,7 +1,7 @@
 """The embedded store's registry: all workspaces of one data dir (registry.sqlite: id,
 sha256(token), dim, model id, key check, created_at, mode; and the invitee tokens,
-sync.store.invitees), creating them, checking their tokens and opening them
-(sync.store.workspace).
+sync.store.core.invitees), creating them, checking their tokens and opening them
+(sync.store.embedded.workspace).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from sync.records import MODE_SERVER_SEARCH, MODES
-from sync.store.backend import WorkspaceRecord
-from sync.store.checks import WORKSPACE_ID_RE, new_workspace_id, quota_check, token_hash
-from sync.store.invitees import (
+from sync.store.core.backend import WorkspaceRecord
+from sync.store.core.checks import WORKSPACE_ID_RE, new_workspace_id, quota_check, token_hash
+from sync.store.core.invitees import (
     OWNER_ONLY,
     Invitee,
     check_token_id,
@@ -26,9 +26,14 @@ from sync.store.invitees import (
     expired_error,
     new_invitee,
 )
-from sync.store.options import StoreOptions
-from sync.store.sqlite_tree import REGISTRY_ADVICE, REGISTRY_MIGRATIONS, connect, transaction
-from sync.store.workspace import WorkspaceStore
+from sync.store.embedded.options import StoreOptions
+from sync.store.embedded.sqlite_tree import (
+    REGISTRY_ADVICE,
+    REGISTRY_MIGRATIONS,
+    connect,
+    transaction,
+)
+from sync.store.embedded.workspace import WorkspaceStore
 from sync.wire import (
     AuthError,
     InviteeNotFound,
@@ -128,7 +133,7 @@ class Store:
     def authenticate(self, workspace_id: str, token: str | None, *,
                      owner_only: bool = False) -> None:
         """Raise unless `token` is the bearer token of `workspace_id`, or one of its
-        invitee tokens (sync.store.invitees) that has not expired; with `owner_only`,
+        invitee tokens (sync.store.core.invitees) that has not expired; with `owner_only`,
         only the workspace's own token.
 
         AuthError (401) without a token or with one of no workspace, or an expired
