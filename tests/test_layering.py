@@ -194,3 +194,21 @@ def test_the_store_has_no_import_circle() -> None:
 
     for module in sorted(graph):
         visit(module)
+
+
+def test_the_registry_is_written_once() -> None:
+    # The token rules, the caches and close live in sync.store.core.registry; each
+    # backend's registry module only keeps its SQL (its RegistryTable).
+    rules = {"create_workspace", "authenticate", "create_invitee", "invitees",
+             "revoke_invitee", "workspace", "workspace_ids", "close", "_owner",
+             "_invitee_owner", "_record", "_check_open"}
+    for backend in ("embedded", "postgres"):
+        tree = ast.parse((ROOT / "sync" / "store" / backend / "registry.py").read_text())
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            bases = {ast.unparse(b) for b in cls.bases}
+            if any(b.startswith("Registry[") for b in bases):
+                defined = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
+                assert not defined & rules, (backend, cls.name, defined & rules)
+        assert any(isinstance(n, ast.ClassDef) and any(ast.unparse(b).startswith("Registry[")
+                                                       for b in n.bases)
+                   for n in tree.body), backend

@@ -59,6 +59,8 @@ Folders and modules, one job each. `core/` is what both backends share; `embedde
     open.py             open_store: a PostgreSQL URL or a data dir, opened as its backend
     core/
       backend.py        the interface both backends keep (Protocols), WorkspaceRecord
+      registry.py       Registry: create, authenticate, invitee tokens, caches, close,
+                        written once over each backend's RegistryTable (its SQL)
       checks.py         request validation (validate_apply, its `Update`s) and the
                         directory-value compare-and-set
       tree_plan.py      step 1 of an apply, decided once for both backends (pure)
@@ -67,7 +69,7 @@ Folders and modules, one job each. `core/` is what both backends share; `embedde
       invitees.py       invitee tokens: the record, their checks and expiry
     embedded/           the store in a data dir (SQLite + LanceDB)
       options.py        StoreOptions: the tuning of a store and its workspaces
-      registry.py       Store: registry.sqlite; create, authenticate and open workspaces
+      registry.py       Store: the Registry over registry.sqlite and the workspaces' folders
       workspace.py      WorkspaceStore: its members; tree reads, apply's write order top
                         to bottom, set_dir_values, verify/check, close
       workspace_files.py  WorkspaceFiles: tree.sqlite's connections, locks, writer.lock,
@@ -83,7 +85,7 @@ Folders and modules, one job each. `core/` is what both backends share; `embedde
       workspace_checks.py  `codeveil doctor`'s look at one workspace (functions)
     postgres/           the store in PostgreSQL (+ pgvector)
       options.py        PgOptions: the tuning of a store and its workspaces
-      registry.py       PgStore: the workspaces and tokens; opens workspaces
+      registry.py       PgStore: the Registry over the workspaces and invitees tables
       workspace.py      PgWorkspace: one workspace's tree, rows and search
       schema.py         the tables, their version and migrations
       conn.py           connections (Pool), COPY, vectors as text
