@@ -190,11 +190,7 @@ class Index:
             self._ws.open_for_read()
         except ServerUnavailable as exc:  # a workspace still to be created there
             return str(exc)
-        gone = self._ws.offline
-        if gone is None:
-            return ""
-        state = "unreachable" if gone.status is None else f"unavailable (HTTP {gone.status})"
-        return f"server at {gone.server} {state}"
+        return "" if self._ws.offline is None else self._ws.offline.summary()
 
     def builder(self) -> dict[str, object]:
         """The background vector builder of this index (`sync.builder`): `running`,

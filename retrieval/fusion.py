@@ -393,8 +393,7 @@ class HybridRanker:
                          file_first=o.file_first and q.prose)
         w_file = o.w_file_lexical_prose if q.prose else o.w_file_lexical
         if o.hybrid and w_file and len(self.lexical):
-            lex_query, dedupe = self._lexical_query(query, q.prose, o)
-            files = self.lexical.file_top(lex_query, o.depth, mask=mask, dedupe=dedupe,
+            files = self.lexical.file_top(q.lex_query, o.depth, mask=mask, dedupe=q.dedupe,
                                           max_terms=o.max_query_terms)
             result.file_lists.append(([p for p, _ in files], w_file))
             result.file_best = self._file_best([p for p, _ in files], q.bm25)
@@ -412,8 +411,8 @@ class HybridRanker:
         refs = extract_refs(query, identifiers=o.identifier_refs)
         prose = not refs
         bm25: list[tuple[int, float]] = []
+        lex_query, dedupe = self._lexical_query(query, prose, o)
         if o.hybrid and len(self.lexical):
-            lex_query, dedupe = self._lexical_query(query, prose, o)
             bm25 = self.lexical.top(lex_query, o.depth, mask=mask, dedupe=dedupe,
                                     max_terms=o.max_query_terms)
         evidence = None
@@ -426,8 +425,8 @@ class HybridRanker:
             # vectors only add look-alikes. A name nothing defines keeps them.
             w_vector *= o.w_meaning_identifier
             w_header *= o.w_meaning_identifier
-        return QueryView(query, o, parts, refs, prose, bm25, evidence, mask, keep,
-                         w_vector, w_header)
+        return QueryView(query, o, parts, refs, prose, lex_query, dedupe, bm25, evidence, mask,
+                         keep, w_vector, w_header)
 
     @staticmethod
     def _lexical_query(query: str, prose: bool, o: SearchOptions

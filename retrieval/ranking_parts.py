@@ -44,6 +44,8 @@ class QueryView:
     parts: list[str]  # the query cut to fit the model's window
     refs: QueryRefs  # the paths, symbols and frames it names
     prose: bool  # names nothing: plain words
+    lex_query: str | list[str]  # BM25's terms for the query
+    dedupe: bool  # whether BM25 counts each term once
     bm25: list[tuple[int, float]]  # (lexical doc, score), best first
     evidence: tuple[list[int], dict[str, list[str]]] | None  # docs it names, and the names
     mask: np.ndarray | None

@@ -68,9 +68,12 @@ class Unreachable:
         """The one line a command prints on stderr."""
         synced = (f"this copy last synced {_readable(self.last_sync)}" if self.last_sync
                   else "no completed sync of this copy is recorded")
+        return f"codeveil: {self.summary()}; answered from this machine's copy ({synced})"
+
+    def summary(self) -> str:
+        """`server at URL unreachable` (nothing answered) or `... unavailable (HTTP N)`."""
         state = "unreachable" if self.status is None else f"unavailable (HTTP {self.status})"
-        return (f"codeveil: server at {self.server} {state}; answered from this"
-                f" machine's copy ({synced})")
+        return f"server at {self.server} {state}"
 
     def to_dict(self) -> dict[str, Any]:
         """The `offline` field of `--json` and MCP results."""
