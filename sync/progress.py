@@ -39,3 +39,8 @@ class SyncFollower(Protocol):
         """The sync is over (`completed`: it succeeded); returns the seconds the last
         step took, reported as the sync's `seconds_search_ready`."""
         ...
+
+    def words(self) -> None:
+        """Instead of a sync, only the words were indexed (the vectors are left to the
+        index's builder): bring the search side's word indexes in step with them."""
+        ...

@@ -111,11 +111,14 @@ class Syncer:
         *,
         sealed: bool = False,
         pool: bool = False,
+        shared: bool = False,
         progress: Progress | None = None,
         max_file_bytes: int = 1_000_000,
     ) -> None:
         """`cipher` encrypts vectors for server-search; a `sealed` workspace needs none.
-        `client` may be None for `run_local`, which never reaches the store."""
+        `client` may be None for `run_local`, which never reaches the store. `shared`: the
+        store is a server that teammates pull from, so a sealed workspace's rows are sent
+        as each batch is embedded (see `_order`)."""
         if cipher is None and not sealed:
             raise ValueError("a server-search workspace needs a VectorCipher")
         self.root = root
@@ -128,6 +131,9 @@ class Syncer:
         # Sealed, on a store with a blob pool (sync.store.embedded.pool): files any ref sent are
         # linked, not sent, and pulled by content.
         self.pool = sealed and pool
+        # Sealed rows sent batch by batch, as they are embedded: a teammate pulls what
+        # the first machine has embedded so far instead of waiting for all of it.
+        self.streamed = sealed and shared
         self.progress = progress or Progress()
         self.max_file_bytes = max_file_bytes
         self._state_path = state_path
@@ -338,8 +344,10 @@ class Syncer:
         # Deletes go with the first batch; in a relayout after the last, so that the old
         # directories hold no file of ours any more when they go (sync.merkle).
         deletes = [] if plan.relayout else list(plan.delete)
-        # Sealed: files are embedded in `todo` order, and sent afterwards in a random one.
-        deferred: list[_Pending] | None = [] if self.sealed else None
+        # Sealed on this machine's own store: files are embedded in `todo` order (the
+        # priority), and sent afterwards in a random one. Streamed (and server-search):
+        # `todo` is random already, and each batch is sent as it is embedded.
+        deferred: list[_Pending] | None = [] if self.sealed and not self.streamed else None
         try:
             while True:
                 item = batches.get()
@@ -361,14 +369,18 @@ class Syncer:
 
     def _order(self, todo: set[str], upload: set[str], *, relayout: bool) -> list[str]:
         """The order files are read, pulled and embedded in. What the store sees of it
-        never follows the priority: sealed, the files to pull come first in a random
-        order (their rows are asked for in it) and the rest in priority order
-        (`embed_order`), whose rows `_send_shuffled` sends in a random one; server-search
-        (its rows are searched as they land, so they cannot wait) in a random order
-        throughout. Only what is embedded here is put in priority order: ordering a
-        joining teammate's 169k files to pull, then shuffling them, took 2 s of the
-        time before the first answer."""
-        if not self.sealed or relayout:
+        never follows the priority (the order rows arrive in would tell a server which
+        files are source, tests or docs). Sealed on this machine's own store: the files
+        to pull come first in a random order (their rows are asked for in it) and the
+        rest in priority order (`embed_order`), whose rows `_send_shuffled` sends in a
+        random one once all are embedded. Server-search (its rows are searched as they
+        land) and sealed on a shared server (`streamed`: a teammate pulls the rows sent
+        so far while this machine still embeds) cannot wait for the last vector, so
+        every file goes in a random order: the vectors here then land in that order
+        too, and the words and names answer meanwhile. Only what is embedded here is
+        put in priority order: ordering a joining teammate's 169k files to pull, then
+        shuffling them, took 2 s of the time before the first answer."""
+        if not self.sealed or relayout or self.streamed:
             return _random.sample(sorted(todo), len(todo))
         pulls = sorted(todo - upload)
         return _random.sample(pulls, len(pulls)) + embed_order(todo & upload, self.root)
@@ -524,13 +536,14 @@ class Syncer:
             return
         t0 = time.perf_counter()
         updates = self._updates(sending, result.vectors[:n_sending])
+        updates += [link_update(self.key, p.path, p.digest) for p in batch if p.link]
         report.seconds_encrypt += time.perf_counter() - t0
         t0 = time.perf_counter()
         for start in range(0, max(len(deletes), 1), DELETE_BATCH):
             part = deletes[start : start + DELETE_BATCH]
             first = updates if start == 0 else []
             if first or part:
-                self.client.apply(first, part)
+                self._apply(first, part)
         # Pending until the server holds them: a crash before this re-sends them (the
         # server's tree, not this mark, decides what is sent).
         self.local.mark_stored([p.path for p, _ in sending + pulling])

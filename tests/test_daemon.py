@@ -24,6 +24,7 @@ import pytest
 
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
+from sync.builder import Builder
 from sync.daemon import DaemonFiles, EventFilter, probe, read_status
 from sync.daemon.loop import _backoff
 from tests.conftest import write_repo
@@ -292,16 +293,22 @@ def test_kill_9_mid_sync_then_restart_converges(tmp_path: Path, repos: list[Path
     repos.append(repo)
 
     pid = start(repo)
-    # Kill it once the first batches are in the store (its tree.sqlite holds rows), i.e.
-    # in the middle of the upload.
+    # The start-up sync indexes the words and leaves the 1,200 files' vectors to the
+    # index's builder. Kill both (a machine that goes down) once the first batches are
+    # in the store (its tree.sqlite holds rows), i.e. in the middle of the upload.
     store = repo / ".codeveil" / "store"
-    wait_for("the first sync to write to the store", lambda: (
-        status_of(repo).get("state") == "syncing"
+    builder = Builder(repo)
+    wait_for("the builder to write to the store", lambda: (
+        builder.running()
         and any(_stored_rows(tree) for tree in store.glob("workspaces/*/tree.sqlite"))
     ))
+    state = builder.state()
+    assert state is not None and state.pid > 0
+    os.kill(state.pid, signal.SIGKILL)
     os.kill(pid, signal.SIGKILL)
-    wait_for("the killed daemon to be gone", lambda: not alive(pid), timeout=10)
-    assert status_of(repo)["last_sync_finished"] is None, "the sync ended before the kill"
+    wait_for("the killed daemon and builder to be gone",
+             lambda: not alive(pid) and not alive(state.pid), timeout=10)
+    assert builder.state().state == "running", "the build ended before the kill"
 
     # The kernel dropped the lock; status sees a dead daemon and clears its pid file.
     shown = cv("daemon", "status", repo)
@@ -381,7 +388,7 @@ class SlowTarget:  # a stand-in sync whose slowness the test controls
     server = "embedded"
     unreachable = NETWORK_ERRORS
 
-    def sync(self):
+    def sync(self, changed=0):
         if Path(sys.argv[2]).exists():
             time.sleep(60)  # a sync that will not finish by itself in time
         return SyncReport()

@@ -49,7 +49,7 @@ def test_a_running_daemon_writes_the_keys_in_the_order_it_always_did(
         server = "embedded"
         unreachable: tuple[type[BaseException], ...] = ()
 
-        def sync(self) -> None:
+        def sync(self, changed: int = 0) -> None:
             raise AssertionError("not run")
 
         def close(self) -> None:

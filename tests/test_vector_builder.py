@@ -11,6 +11,8 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
+
 from indexer.embed_cache import EmbeddingCache, cache_key
 from indexer.embedder import HashingEmbedder
 from indexer.local_chunks import LocalChunks, open_state_db
@@ -253,3 +255,41 @@ def test_index_wait_stops_a_running_builder_and_finishes_in_the_foreground(
     assert st is not None and st.state == "stopped" and not builder.running()
     found = _json(["search", "task_42_7", "--json", "-k", "1"], repo)
     assert found["hits"][0]["path"] == "pkg/mod0042.py" and not found["index"]["partial"]
+
+
+def test_a_daemon_leaves_a_large_change_to_the_builder_and_embeds_an_edit_itself(
+        tmp_path: Path, hashing_embedder: HashingEmbedder,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CODEVEIL_EMBEDDER", "hashing")  # the builder this starts
+    def body(name: str, i: int) -> str:  # functions long enough to be chunks of their own
+        return "".join(f"def {name}_{i}_{j}(value):\n" + "".join(
+            f"    value = value * {j} + {k}\n" for k in range(25)) + "    return value\n\n\n"
+            for j in range(4))
+
+    repo = write_repo(tmp_path / "repo", {f"pkg/mod{i:04d}.py": body("part", i)
+                                          for i in range(100)})
+    target = WorkspaceSync(Workspace(repo, embedder=hashing_embedder))
+    builder = Builder(repo)
+    try:
+        # Start-up on a folder never indexed: 400 chunks wait, more than a sync embeds.
+        first = target.sync()
+        assert first.files_changed == 100 and first.chunks_embedded == 0
+        found = _json(["search", "part_42_3", "--json", "-k", "1"], repo)
+        assert found["hits"][0]["path"] == "pkg/mod0042.py"  # by its name, at once
+        built = _wait_built(repo)
+        assert built["state"] == "done" and built["chunks_done"] == built["chunks_todo"] > 0
+        # An edit of one file: embedded in the daemon's own sync, no builder started.
+        (repo / "pkg" / "mod0003.py").write_text("def renamed(value):\n    return 0\n")
+        edit = target.sync(changed=1)
+        assert edit.files_changed == 1 and edit.chunks_embedded == 1
+        assert builder.state() is not None and builder.state().started == built["started"]
+        # A branch switch's worth of paths goes to the builder again.
+        for i in range(10, 80):
+            (repo / "pkg" / f"mod{i:04d}.py").write_text(body("other", i))
+        switch = target.sync(changed=70)
+        assert switch.chunks_embedded == 0 and switch.files_changed == 70
+        assert _wait_built(repo)["state"] == "done"
+        after = _json(["search", "other_33_2", "--json", "-k", "1"], repo)
+        assert after["hits"][0]["path"] == "pkg/mod0033.py" and not after["index"]["partial"]
+    finally:
+        target.close()

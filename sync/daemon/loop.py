@@ -398,7 +398,7 @@ class Daemon:
             self._write_status()
             log.debug("sync started (%s)", reason)
             try:
-                result = self._target.sync().to_dict()
+                result = self._target.sync(changed=len(taken)).to_dict()
             except Exception as exc:
                 self._syncing = False
                 self._sync_failed(exc, taken)

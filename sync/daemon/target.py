@@ -18,8 +18,18 @@ if TYPE_CHECKING:  # `daemon status` and `stop` import this package: keep it lig
 NETWORK_ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
 
 
+#: Changed paths (a branch switch, a pull) from which a daemon sync indexes the words
+#: and leaves the embedding to the index's vector builder; fewer are embedded in the sync.
+BACKGROUND_FROM_PATHS = 64
+#: Chunks waiting for vectors from which the embedding goes to the builder: about the
+#: model's work of a few seconds on a laptop's CPU.
+BACKGROUND_FROM_CHUNKS = 256
+
+
 class SyncTarget(Protocol):
     """One whole sync per `sync()` call. A failed call raises; the daemon retries it.
+    `changed` is how many paths the watcher saw change since the last call (0 for a
+    periodic check or a retry).
 
     `server` names where the index lives ("embedded", or the server's URL) for the
     status file; `unreachable` are the error kinds that mean the server could not be
@@ -31,7 +41,7 @@ class SyncTarget(Protocol):
     @property
     def unreachable(self) -> tuple[type[BaseException], ...]: ...
 
-    def sync(self) -> SyncReport: ...
+    def sync(self, changed: int = 0) -> SyncReport: ...
 
     def close(self) -> None: ...
 
@@ -63,13 +73,14 @@ class WorkspaceSync:
 
         return (ServerUnavailable, *NETWORK_ERRORS)
 
-    def sync(self) -> SyncReport:
-        if not self._warm:
-            # Load the model with the start-up sync, which usually has nothing to embed,
-            # rather than with the first edit, which would then wait for it.
-            self.workspace.embedder.embedder.embed(["warm up"])
-            self._warm = True
+    def sync(self, changed: int = 0) -> SyncReport:
+        """One sync. An edit's few chunks are embedded here, with the model this process
+        keeps loaded; the start-up sync and a change of many paths first index the words
+        (`Workspace.index_words`, seconds) and, when many chunks wait for vectors, leave
+        them to the index's vector builder, so that the words are searchable at once and
+        a branch switch does not hold the daemon for minutes."""
         from sync.builder import Builder
+        from sync.sync_report import SyncReport
 
         builder = Builder(self.workspace.root)
         try:
@@ -78,11 +89,27 @@ class WorkspaceSync:
                     # A vector builder syncs this index now: it is asked for one more
                     # pass rather than racing it with a second sync.
                     builder.start()
-                    from sync.sync_report import SyncReport
-
                     return SyncReport()
-                report = self.workspace.sync(
-                    follower=self.follower() if self.follower is not None else None)
+                words = None
+                if not self._warm or changed >= BACKGROUND_FROM_PATHS:
+                    words = self.workspace.index_words()
+                    if self._chunks_waiting() < BACKGROUND_FROM_CHUNKS:
+                        words = None  # few: embedded in this sync
+                if words is None and not self._warm:
+                    # Load the model with the start-up sync, which usually has little to
+                    # embed, rather than with the first edit, which would wait for it.
+                    self.workspace.embedder.embedder.embed(["warm up"])
+                    self._warm = True
+                if words is None:
+                    report = self.workspace.sync(
+                        follower=self.follower() if self.follower is not None else None)
+            if words is not None:
+                # The builder takes the lock this sync has let go of (started inside the
+                # hold, it would take this process for a running builder).
+                builder.start()
+                if self.follower is not None:
+                    self.follower().words()
+                return words
             if report.offline:
                 # This machine's index is up to date; the store is not: failed, so that
                 # the daemon retries with backoff until the server answers.
@@ -95,6 +122,17 @@ class WorkspaceSync:
             # connections; an abandoned sync may have left it mid-request).
             self.workspace.close()
             raise
+
+    def _chunks_waiting(self) -> int:
+        from indexer.local_chunks import LocalChunks, open_state_db
+        from sync.config import state_path
+
+        db = open_state_db(state_path(self.workspace.root))
+        try:
+            total, ready = LocalChunks(db).coverage()
+        finally:
+            db.close()
+        return total - ready
 
     def close(self) -> None:
         self.workspace.close()
