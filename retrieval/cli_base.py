@@ -57,7 +57,6 @@ def _fail(message: str) -> NoReturn:
     sys.exit(EXIT_ERROR)
 
 
-
 def repo_option(help: str = "Use the index of this folder (default: the one around here).",
                 *, multiple: bool = False) -> Callable[[F], F]:
     """`-C/--repo`: the folder whose index a command works on, the same in every command."""
