@@ -12,6 +12,7 @@ from pathlib import Path
 
 from indexer.local_chunks import open_state_db
 from retrieval.grep import Freshness, GrepResult, grep_files
+from retrieval.limits import DEFINITIONS, REFERENCES
 from retrieval.references import ReferenceHit, find_references
 from retrieval.symbols import (
     DefinitionHit,
@@ -38,7 +39,8 @@ class AgentTools:
         self._trigram_store: TrigramStore | None = None
         self._freshness = Freshness(watch=watch)
 
-    def definition(self, name: str, *, limit: int = 10) -> list[DefinitionHit]:
+    def definition(self, name: str, *,
+                   limit: int = DEFINITIONS.default) -> list[DefinitionHit]:
         """Where `name` (`send`, `Session.send`, `Sinatra::Base`, `pkg.Func`) is defined,
         from the syntax trees read at index time, best first (`retrieval.symbols`)."""
         root, db = self._state()
@@ -73,7 +75,7 @@ class AgentTools:
             db.close()
 
     def references(self, name: str, *, path: str | None = None,
-                   limit: int = 20) -> list[ReferenceHit]:
+                   limit: int = REFERENCES.default) -> list[ReferenceHit]:
         """The chunks that use `name` (an identifier, or a qualified name whose last part
         is looked for), best first; in a language with a grammar only identifier nodes
         count, elsewhere whole words (`approximate`). See `retrieval.references`."""

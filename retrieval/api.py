@@ -25,6 +25,7 @@ from indexer.local_chunks import LocalChunks, open_state_db
 from retrieval.coverage import Coverage
 from retrieval.filters import HitFilter
 from retrieval.hits import Hit
+from retrieval.limits import DEFINITIONS, REFERENCES, SEARCH
 from retrieval.searcher import (
     MAX_DEPTH,
     OVERFETCH,
@@ -208,7 +209,7 @@ class Index:
     def search(
         self,
         query: str,
-        k: int = 10,
+        k: int = SEARCH.default,
         *,
         path: str | None = None,
         language: str | None = None,
@@ -362,7 +363,8 @@ class Index:
             self._tools = AgentTools(self._ws.root)
         return self._tools
 
-    def definition(self, name: str, *, limit: int = 10) -> list[DefinitionHit]:
+    def definition(self, name: str, *,
+                   limit: int = DEFINITIONS.default) -> list[DefinitionHit]:
         """Where `name` (`send`, `Session.send`, `Sinatra::Base`, `pkg.Func`) is defined,
         best first: `retrieval.agent_tools.AgentTools.definition`."""
         return self.tools.definition(name, limit=limit)
@@ -379,7 +381,7 @@ class Index:
         return self.tools.grep(pattern, path=path, ignore_case=ignore_case, limit=limit)
 
     def references(self, name: str, *, path: str | None = None,
-                   limit: int = 20) -> list[ReferenceHit]:
+                   limit: int = REFERENCES.default) -> list[ReferenceHit]:
         """The chunks that use `name`: `retrieval.agent_tools.AgentTools.references`."""
         return self.tools.references(name, path=path, limit=limit)
 

@@ -19,12 +19,20 @@ import click
 
 from indexer.errors import CodeveilError
 from retrieval.cli_agent import agent
-from retrieval.cli_base import EXIT_ERROR, _fail, _Group, _index
+from retrieval.cli_base import (
+    EXIT_ERROR,
+    _fail,
+    _Group,
+    _index,
+    json_option,
+    operation_params,
+    repo_option,
+)
 from retrieval.cli_daemon import daemon
 from retrieval.cli_refs import refs
 from retrieval.cli_team import invite, join
 from retrieval.cli_tools import definition, grep, outline, uses
-from retrieval.limits import SEARCH
+from retrieval.operations import SEARCH_OP
 from sync.progress import Progress
 
 if TYPE_CHECKING:
@@ -125,7 +133,7 @@ class _RichProgress(Progress):
 
 @main.command()
 @click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
+@json_option("Print a machine-readable summary.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--wait", is_flag=True,
               help="Block until every chunk has its vectors and the store holds them"
@@ -219,25 +227,13 @@ def _print_report(r: SyncReport) -> None:
 # -- search -------------------------------------------------------------------------
 
 
-@main.command()
-@click.argument("query")
-@click.option("-k", "k", default=SEARCH.default, show_default=True,
-              type=click.IntRange(1, SEARCH.most), help="How many results.")
-@click.option("--path", "path_glob", metavar="GLOB", help="Only paths matching GLOB.")
-@click.option("--lang", "language", metavar="LANG", help="Only this language (python, go...).")
-@click.option("--kind", "kinds", metavar="KIND", multiple=True,
-              help="Only files of this kind: code, tests, docs, examples or config"
-                   " (repeat, or a comma list: --kind code,tests).")
-@click.option("--group", "group", default="chunk", show_default=True,
-              type=click.Choice(["chunk", "symbol", "file"]),
-              help="One result per chunk, per symbol (function, class) or per file.")
-@click.option("--json", "as_json", is_flag=True,
-              help='Print JSON: {"hits": [...], "index": {"partial", "chunks", ...}}.')
-@click.option("-C", "--repo", "repos", multiple=True, type=click.Path(path_type=Path),
-              help="Search the index of this folder (default: the one around here);"
-                   " repeat it to search several repositories as one.")
-def search(query: str, k: int, path_glob: str | None, language: str | None,
-           kinds: tuple[str, ...], group: str, as_json: bool, repos: tuple[Path, ...]) -> None:
+@main.command(name=SEARCH_OP.command)
+@operation_params(SEARCH_OP)
+@json_option('Print JSON: {"hits": [...], "index": {"partial", "chunks", ...}}.')
+@repo_option("Search the index of this folder (default: the one around here); repeat it"
+             " to search several repositories as one.", multiple=True)
+def search(query: str, k: int, path: str | None, language: str | None,
+           kind: tuple[str, ...], group: str, as_json: bool, repos: tuple[Path, ...]) -> None:
     """Search the index for QUERY, by meaning and by name.
 
     QUERY may be a question, an identifier, an error message or a whole stack trace.
@@ -245,10 +241,10 @@ def search(query: str, k: int, path_glob: str | None, language: str | None,
     several -C, one ranking over all of them; each hit names its repository.
     """
     if len(repos) > 1:
-        _search_many(query, k, path_glob, language, kinds, group, as_json, repos)
+        _search_many(query, k, path, language, kind, group, as_json, repos)
         return
     with _index(repos[0] if repos else Path(".")) as idx:
-        hits = idx.search(query, k=k, path=path_glob, language=language, kind=kinds or None,
+        hits = idx.search(query, k=k, path=path, language=language, kind=kind or None,
                           group=group)
         coverage = idx.coverage()
         offline = idx.offline
@@ -268,14 +264,14 @@ def search(query: str, k: int, path_glob: str | None, language: str | None,
     _print_hits(hits, query)
 
 
-def _search_many(query: str, k: int, path_glob: str | None, language: str | None,
-                 kinds: tuple[str, ...], group: str, as_json: bool,
+def _search_many(query: str, k: int, path: str | None, language: str | None,
+                 kind: tuple[str, ...], group: str, as_json: bool,
                  repos: tuple[Path, ...]) -> None:
     from retrieval.multi import MultiIndex
 
     with MultiIndex(repos) as many:
-        hits = many.search(query, k=k, path=path_glob, language=language,
-                           kind=kinds or None, group=group)
+        hits = many.search(query, k=k, path=path, language=language,
+                           kind=kind or None, group=group)
         coverage = many.coverage()
         offline = many.offline()
     for root, unreachable in offline.items():
@@ -336,7 +332,7 @@ def _print_hits(hits: list[Hit], query: str, *, names: dict[str, str] | None = N
 @main.command()
 @click.option("--repair", is_flag=True,
               help="Rebuild what is damaged (moved aside first, never deleted).")
-@click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path))
+@repo_option()
 @click.option("--data", "data", default=None, type=click.Path(file_okay=False, path_type=Path),
               help="Check a server's data dir instead (read only).")
 def doctor(repair: bool, repo: Path, data: Path | None) -> None:
@@ -364,8 +360,8 @@ def doctor(repair: bool, repo: Path, data: Path | None) -> None:
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path))
+@json_option()
+@repo_option()
 def status(as_json: bool, repo: Path) -> None:
     """Show where the index is and what it holds."""
     with _index(repo) as idx:
@@ -461,7 +457,7 @@ def key() -> None:
 
 
 @key.command("show")
-@click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path))
+@repo_option()
 def key_show(repo: Path) -> None:
     """Show the workspace id and the key's fingerprint (never the key)."""
     from sync.config import find_root, load_config
@@ -475,7 +471,7 @@ def key_show(repo: Path) -> None:
 
 
 @key.command("export")
-@click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path))
+@repo_option()
 def key_export(repo: Path) -> None:
     """Print the key to share with a teammate (treat it like a password)."""
     from sync.config import find_root, load_config
@@ -489,7 +485,7 @@ def key_export(repo: Path) -> None:
 @key.command("import")
 @click.argument("text")
 @click.option("--workspace", metavar="ID", help="Workspace id (default: this repo's).")
-@click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path))
+@repo_option()
 def key_import(text: str, workspace: str | None, repo: Path) -> None:
     """Store a key exported by `codeveil key export` (TEXT, or - for stdin)."""
     from sync.config import find_root, load_config
@@ -541,8 +537,7 @@ def serve(data: Path | None, store: str | None, host: str, port: int,
 
 
 @main.command()
-@click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path),
-              help="Serve the index of this folder (default: the one around here).")
+@repo_option("Serve the index of this folder (default: the one around here).")
 def mcp(repo: Path) -> None:
     """Run a Model Context Protocol server on stdio, for coding agents.
 

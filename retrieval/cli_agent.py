@@ -11,7 +11,7 @@ import click
 
 from retrieval.agent_clients import CLIENTS, Client, client_named
 from retrieval.agent_install import Change
-from retrieval.cli_base import _fail
+from retrieval.cli_base import _fail, repo_option
 
 F = TypeVar("F", bound=Callable[..., Any])
 _NAMES = [c.name for c in CLIENTS]
@@ -26,9 +26,7 @@ _SCOPE_OPTION = click.option(
          " Clients without project files (Claude Desktop, Windsurf) always use the user's.")
 _PRINT_OPTION = click.option("--print", "dry_run", is_flag=True,
                              help="Show what would be written; change nothing.")
-_REPO_OPTION = click.option("-C", "--repo", "repo", default=".",
-                            type=click.Path(file_okay=False, path_type=Path),
-                            help="The repository the agent searches (default: here).")
+_REPO_OPTION = repo_option("The repository the agent searches (default: here).")
 
 
 def _repo_root(repo: Path) -> Path:

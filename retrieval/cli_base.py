@@ -7,17 +7,20 @@ import json
 import os
 import sqlite3
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from indexer.errors import CodeveilError
+from retrieval.operations import CLI, Arg, Operation
 
 if TYPE_CHECKING:
     from retrieval.api import Index
 
 EXIT_ERROR = 1
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _Group(click.Group):
@@ -54,11 +57,69 @@ def _fail(message: str) -> NoReturn:
     sys.exit(EXIT_ERROR)
 
 
+def repo_option(help: str = "Use the index of this folder (default: the one around here).",
+                *, multiple: bool = False) -> Callable[[F], F]:
+    """`-C/--repo`: the folder whose index a command works on, the same in every command."""
+    return click.option("-C", "--repo", "repos" if multiple else "repo",
+                        default=None if multiple else ".", multiple=multiple,
+                        type=click.Path(file_okay=False, path_type=Path), help=help)
 
-_REPO_OPTION = click.option("-C", "--repo", "repo", default=".",
-                            type=click.Path(path_type=Path),
-                            help="Use the index of this folder (default: the one around here).")
-_JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+def json_option(help: str = "Print JSON.") -> Callable[[F], F]:
+    """`--json`: the answer as JSON on stdout, the same in every command."""
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+_REPO_OPTION = repo_option()
+_JSON_OPTION = json_option()
+
+
+class _AliasedOption(click.Option):
+    """An option that still takes its old spellings (`aliases`), which --help leaves out:
+    a script written for them keeps working."""
+
+    def __init__(self, param_decls: Sequence[str], *, aliases: tuple[str, ...] = (),
+                 **attrs: Any) -> None:
+        super().__init__([*param_decls[:-1], *aliases, param_decls[-1]], **attrs)
+        self.aliases = aliases
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        shown = self.opts
+        self.opts = [o for o in shown if o not in self.aliases]
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts = shown
+
+
+def operation_params(op: Operation) -> Callable[[F], F]:
+    """The command's arguments and options of `op`, built from its table entry
+    (retrieval.operations): each reaches the command's function by the library's name."""
+    def decorate(func: F) -> F:
+        for arg in reversed(op.face_args(CLI)):
+            func = _param(arg)(func)
+        return func
+    return decorate
+
+
+def _param(arg: Arg) -> Callable[[F], F]:
+    kind = click.Path(path_type=Path) if arg.type is Path else arg.type
+    if arg.positional:
+        return click.argument(arg.name, type=kind)
+    if arg.type is bool:
+        return click.option(*arg.flags, arg.name, is_flag=True, default=arg.default,
+                            help=arg.help)
+    attrs: dict[str, Any] = {"default": arg.default, "help": arg.help, "metavar": arg.metavar}
+    if arg.count is not None:
+        # A count that defaults to everything has no most for a person (grep).
+        most = None if arg.default is None else arg.count.most
+        attrs.update(type=click.IntRange(1, most), show_default=arg.default is not None)
+    elif arg.choices:
+        attrs.update(type=click.Choice(arg.choices), show_default=True)
+    if arg.repeat:
+        attrs.update(multiple=True, default=(), help=f"{arg.help} Repeat it for several.")
+    return click.option(*arg.flags, arg.name, cls=_AliasedOption, aliases=arg.aliases,
+                        **attrs)
 
 
 def _echo_json(value: Any) -> None:

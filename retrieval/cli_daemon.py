@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from indexer.errors import CodeveilError
+from retrieval.cli_base import json_option
 
 # -- daemon -------------------------------------------------------------------------
 # `codeveil daemon start|stop|status|run`. The machinery lives in sync.daemon (what it
@@ -149,7 +150,7 @@ def daemon_stop(path: Path, timeout: float) -> None:
 
 @daemon.command("status")
 @click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option()
 def daemon_status(path: Path, as_json: bool) -> None:
     """Show whether the daemon for PATH runs, its last sync, pending changes and errors.
 

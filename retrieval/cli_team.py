@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from retrieval.cli_base import _index
+from retrieval.cli_base import _index, json_option, repo_option
 
 if TYPE_CHECKING:
     from sync.store.core.invitees import Invitee
@@ -29,8 +29,7 @@ _SECRET_NOTE = (
 @click.option("--list", "show", is_flag=True, help="List the invite tokens not revoked.")
 @click.option("--revoke", "revoke", metavar="ID",
               help="Revoke the invite token ID (from the invite's output, or --list).")
-@click.option("-C", "--repo", "repo", default=".", type=click.Path(path_type=Path),
-              help="The checkout whose workspace to share (default: the one around here).")
+@repo_option("The checkout whose workspace to share (default: the one around here).")
 def invite(expires: str | None, show: bool, revoke: str | None, repo: Path) -> None:
     """Print one string that lets a teammate join this workspace (`codeveil join`).
 
@@ -85,7 +84,7 @@ def _print_invitees(invitees: list[Invitee]) -> None:
 @click.command()
 @click.argument("string")
 @click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the first index's summary as JSON.")
+@json_option("Print the first index's summary as JSON.")
 @click.option("--no-index", "no_index", is_flag=True,
               help="Only join; run `codeveil index` later.")
 def join(string: str, path: Path, as_json: bool, no_index: bool) -> None:

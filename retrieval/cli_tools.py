@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from retrieval.cli_base import _JSON_OPTION, _REPO_OPTION, _echo_json
-from retrieval.limits import DEFINITIONS, REFERENCES
+from retrieval.cli_base import _JSON_OPTION, _REPO_OPTION, _echo_json, operation_params
+from retrieval.operations import DEFINITION_OP, GREP_OP, OUTLINE_OP, REFERENCES_OP
 from retrieval.server_probe import ServerProbe
 
 if TYPE_CHECKING:
@@ -37,10 +37,8 @@ def _offline(probe: ServerProbe, payload: dict[str, Any] | None = None) -> dict[
     return payload
 
 
-@click.command(name="def")
-@click.argument("name")
-@click.option("-n", "--limit", default=DEFINITIONS.default, show_default=True,
-              type=click.IntRange(1, DEFINITIONS.most), help="How many candidates.")
+@click.command(name=DEFINITION_OP.command)
+@operation_params(DEFINITION_OP)
 @_JSON_OPTION
 @_REPO_OPTION
 def definition(name: str, limit: int, as_json: bool, repo: Path) -> None:
@@ -64,8 +62,8 @@ def definition(name: str, limit: int, as_json: bool, repo: Path) -> None:
         click.echo(f"    {hit.signature}")
 
 
-@click.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.command(name=OUTLINE_OP.command)
+@operation_params(OUTLINE_OP)
 @_JSON_OPTION
 @_REPO_OPTION
 def outline(path: Path, as_json: bool, repo: Path) -> None:
@@ -84,21 +82,18 @@ def outline(path: Path, as_json: bool, repo: Path) -> None:
                    f"| {entry.signature}")
 
 
-@click.command()
-@click.argument("name")
-@click.option("--path", "path_glob", metavar="GLOB", help="Only paths matching GLOB.")
-@click.option("-n", "--limit", default=REFERENCES.default, show_default=True,
-              type=click.IntRange(1, REFERENCES.most), help="How many chunks.")
+@click.command(name=REFERENCES_OP.command)
+@operation_params(REFERENCES_OP)
 @_JSON_OPTION
 @_REPO_OPTION
-def uses(name: str, path_glob: str | None, limit: int, as_json: bool, repo: Path) -> None:
+def uses(name: str, path: str | None, limit: int, as_json: bool, repo: Path) -> None:
     """List the references to NAME: the chunks that use it.
 
     In languages with a grammar only identifiers count (not comments or strings);
     elsewhere whole words, marked approximate. The definition itself is left out.
     """
     probe = ServerProbe(repo)
-    hits = _tools(repo).references(name, path=path_glob, limit=limit)
+    hits = _tools(repo).references(name, path=path, limit=limit)
     out = _offline(probe, {"name": name, "references": [h.to_dict() for h in hits]})
     if as_json:
         _echo_json(out)
@@ -117,15 +112,11 @@ def uses(name: str, path_glob: str | None, limit: int, as_json: bool, repo: Path
             click.echo(f"    ... and {len(hit.lines) - len(hit.text.splitlines())} more")
 
 
-@click.command()
-@click.argument("pattern")
-@click.option("--path", "path_glob", metavar="GLOB", help="Only paths matching GLOB.")
-@click.option("-i", "--ignore-case", is_flag=True, help="Match regardless of case.")
-@click.option("-n", "--limit", default=None, type=click.IntRange(1),
-              help="Stop after this many lines.")
+@click.command(name=GREP_OP.command)
+@operation_params(GREP_OP)
 @_JSON_OPTION
 @_REPO_OPTION
-def grep(pattern: str, path_glob: str | None, ignore_case: bool, limit: int | None,
+def grep(pattern: str, path: str | None, ignore_case: bool, limit: int | None,
          as_json: bool, repo: Path) -> None:
     """The lines of the indexed files matching the regular expression PATTERN.
 
@@ -133,7 +124,7 @@ def grep(pattern: str, path_glob: str | None, ignore_case: bool, limit: int | No
     and only those the index cannot rule out are read. Prints path:line:text.
     """
     probe = ServerProbe(repo)
-    result = _tools(repo).grep(pattern, path=path_glob, ignore_case=ignore_case, limit=limit)
+    result = _tools(repo).grep(pattern, path=path, ignore_case=ignore_case, limit=limit)
     out = _offline(probe, result.to_dict())
     if as_json:
         _echo_json(out)
@@ -141,4 +132,4 @@ def grep(pattern: str, path_glob: str | None, ignore_case: bool, limit: int | No
     for match in result.matches:
         click.echo(f"{match.path}:{match.line}:{match.text}")
     if result.truncated:
-        click.echo(f"stopped after {limit} lines (--limit)", err=True)
+        click.echo(f"stopped after {limit} lines (-k/--limit)", err=True)

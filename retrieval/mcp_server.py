@@ -18,6 +18,11 @@ Tools (the official `mcp` SDK's `MCPServer`, stdio transport):
   changed files are read and chunked); returns once words and names are indexed, and
   the vectors follow from the background builder (`sync.builder`).
 
+The five lookups' arguments, their defaults, limits and help texts, and so their JSON
+schemas, are built from the table of operations (`retrieval.operations`) that the
+`codeveil` command's options are built from too; a result count out of range is brought
+into it rather than refused.
+
 When the workspace's server cannot be reached, every answer comes from this machine's
 copy and carries `offline`: {server, reachable: false, last_sync, error} (a
 server-search workspace's search, which ranks on the server, is refused instead).
@@ -36,22 +41,34 @@ at once. stdout carries the protocol only: nothing here prints.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
 
 from indexer.errors import CodeveilError
 from retrieval.api import Index
-from retrieval.limits import DEFINITIONS, GREP, REFERENCES, SEARCH
 from retrieval.multi import MultiIndex
+from retrieval.operations import (
+    DEFINITION_OP,
+    GREP_OP,
+    MCP,
+    OUTLINE_OP,
+    REFERENCES_OP,
+    REQUIRED,
+    SEARCH_OP,
+    Arg,
+    Operation,
+)
 from retrieval.server_probe import ServerProbe
 
 INSTRUCTIONS = """\
@@ -67,8 +84,6 @@ Call sync_index after editing files if results look stale.
 
 CONTEXT_LINES = 6
 """Lines of a definition shown from its first; longer ones say `truncated`."""
-GREP_LIMIT: Final = GREP.default
-"""grep's default cap on lines returned (retrieval.limits)."""
 
 
 def estimate_tokens(payload: dict[str, Any]) -> int:
@@ -106,124 +121,10 @@ def build_server(repo: Path) -> MCPServer:
     """The MCP server of the repo at (or above) `repo`."""
     server: MCPServer = MCPServer(name="codeveil", instructions=INSTRUCTIONS)
     state = _State(repo)
-
-    @server.tool()
-    def search(
-        query: str,
-        k: int = SEARCH.default,
-        group: Literal["chunk", "symbol", "file"] = "chunk",
-        path: str | None = None,
-        language: str | None = None,
-        kind: str | None = None,
-        repos: list[str] | None = None,
-    ) -> dict[str, Any]:
-        """Search the repository's code for `query` (a question, a description of
-        behaviour, an identifier, an error message or a stack trace).
-
-        k: how many results (1-200). group: "chunk" (line ranges), "symbol" (one result
-        per function/class) or "file" (one result per file). path: a glob the result
-        paths must match, e.g. "src/*" or "*.py". language: e.g. "python". kind: only
-        files of these kinds, e.g. "code" or "code,tests" (code, tests, docs, examples,
-        config). repos: other indexed folders (paths) to search together with this
-        repository, as one ranking; each hit then names its repo.
-        Returns hits best first: path, start_line, end_line (1-based, inclusive),
-        symbol, kind (code, tests, docs, examples or config), score (higher is
-        better; compare within one result list only), text
-        (the lines as they are on disk now) and stale (true if the file changed since it
-        was indexed and the lines could not be found again: run sync_index), and
-        index: {partial, chunks, chunks_with_vectors}; partial is true while an index
-        is still embedding (every chunk is searched by name and words already, only
-        chunks_with_vectors of them by meaning); tokens: what the answer costs to read.
-        """
-        k = SEARCH.clamp(k)
-        if repos:
-            with state.use_many(repos) as many:
-                hits = many.search(query, k=k, group=group, path=path, language=language,
-                                   kind=kind)
-                out = {"query": query, "group": group, "hits": [h.to_dict() for h in hits],
-                       "index": {r: c.to_dict() for r, c in many.coverage().items()}}
-                unreachable = many.offline()
-                if unreachable:
-                    out["offline"] = {r: u.to_dict() for r, u in unreachable.items()}
-                return _with_tokens(out)
-        with state.use() as idx:
-            hits = idx.search(query, k=k, group=group, path=path, language=language,
-                              kind=kind)
-            coverage = idx.coverage()
-            offline = idx.offline
-        out = {"query": query, "group": group, "hits": [h.to_dict() for h in hits],
-               "index": coverage.to_dict()}
-        if offline is not None:
-            out["offline"] = offline.to_dict()
-        return _with_tokens(out)
-
-    @server.tool()
-    def definition(name: str, limit: int = DEFINITIONS.default) -> dict[str, Any]:
-        """Where a symbol is defined: a class, function, method, type or constant, by
-        name (`send`) or qualified (`Session.send`, `Sinatra::Base`, `pkg.Func`), from
-        the syntax tree (not a text match). limit: how many candidates (1-200).
-        Returns definitions best first (the whole name over a tail of it, source over
-        tests and docs): path, start_line, end_line, symbol, kind, signature, text (its
-        first lines as on disk now), truncated (the definition goes on to end_line), and
-        tokens (what this result costs to read).
-        """
-        limit = DEFINITIONS.clamp(limit)
-        probe = ServerProbe(state.repo)
-        with state.use() as idx:
-            hits = idx.definition(name, limit=limit)
-            root = idx.root
-        out = []
-        for hit in hits:
-            text, cut = _excerpt(root, hit.path, hit.start_line, hit.end_line)
-            out.append({**hit.to_dict(), "text": text, "truncated": cut})
-        return _with_tokens(_offline(probe, {"name": name, "definitions": out}))
-
-    @server.tool()
-    def outline(path: str) -> dict[str, Any]:
-        """The symbols a file defines (repo-relative path), in file order: symbol,
-        name, kind, start_line, end_line, signature (one line), depth (nesting), and
-        reparsed (true if the file changed since it was indexed and was read as it is
-        now). Cheaper than reading the file to see what is in it.
-        """
-        probe = ServerProbe(state.repo)
-        with state.use() as idx:
-            result = idx.outline(path).to_dict()
-        return _with_tokens(_offline(probe, result))
-
-    @server.tool()
-    def references(name: str, path: str | None = None,
-                   limit: int = REFERENCES.default) -> dict[str, Any]:
-        """The chunks that use `name` (an identifier; for `Session.send` the uses of
-        `send`, those naming `Session` first), the definition left out. path: a glob the
-        files must match. limit: how many chunks (1-500). Each: path, start_line,
-        end_line, symbol, lines (where the name is), text (up to 3 of those lines),
-        truncated, approximate (true where whole words were matched because the
-        language has no grammar here; false means identifiers in the syntax tree),
-        resolved (true where the file imports the name from a file defining it, or
-        defines it: Python, JavaScript/TypeScript relative imports, Go packages; those
-        rank first).
-        """
-        limit = REFERENCES.clamp(limit)
-        probe = ServerProbe(state.repo)
-        with state.use() as idx:
-            hits = idx.references(name, path=path, limit=limit)
-        return _with_tokens(_offline(probe, {"name": name,
-                                             "references": [h.to_dict() for h in hits]}))
-
-    @server.tool()
-    def grep(pattern: str, path: str | None = None, ignore_case: bool = False,
-             limit: int = GREP_LIMIT) -> dict[str, Any]:
-        """Lines of the indexed files matching a regular expression (Python syntax,
-        matched line by line like ripgrep), read from disk now; exact (the same lines a
-        scan of every file finds) and fast (a trigram index rules files out).
-        path: a glob the files must match, e.g. "*.py". limit: at most this many lines
-        (1-1000); truncated says there were more. Each match: path, line, column, text.
-        """
-        limit = GREP.clamp(limit)
-        probe = ServerProbe(state.repo)
-        with state.use() as idx:
-            result = idx.grep(pattern, path=path, ignore_case=ignore_case, limit=limit)
-        return _with_tokens(_offline(probe, result.to_dict()))
+    for op, answer in ((SEARCH_OP, _search), (DEFINITION_OP, _definition),
+                       (OUTLINE_OP, _outline), (REFERENCES_OP, _references),
+                       (GREP_OP, _grep)):
+        _add_tool(server, state, op, answer)
 
     @server.tool()
     def index_status() -> dict[str, Any]:
@@ -246,6 +147,135 @@ def build_server(repo: Path) -> MCPServer:
                     "builder": idx.builder()}
 
     return server
+
+
+# -- the tools built from the table of operations (retrieval.operations) -------------
+
+
+def _add_tool(server: MCPServer, state: _State, op: Operation,
+              answer: Callable[..., dict[str, Any]]) -> None:
+    """The tool `op.tool`: its arguments and their JSON schema from the table, its
+    description `answer`'s docstring. A result count out of range is brought into it."""
+    args = op.face_args(MCP)
+
+    def tool(**given: Any) -> dict[str, Any]:
+        for arg in args:
+            if arg.count is not None and given.get(arg.name) is not None:
+                given[arg.name] = arg.count.clamp(given[arg.name])
+        return _with_tokens(answer(state, **given))
+
+    tool.__name__ = op.tool
+    # The SDK reads the arguments from the signature (inspect.signature honours this).
+    tool.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [_parameter(arg) for arg in args], return_annotation=dict[str, Any])
+    server.add_tool(tool, name=op.tool, description=answer.__doc__)
+
+
+def _parameter(arg: Arg) -> inspect.Parameter:
+    """`arg` as a tool parameter: its type (with choices as an enum) and help text."""
+    kind: Any = str if arg.type is Path else arg.type
+    if arg.choices:
+        kind = Literal.__getitem__(arg.choices)
+    if arg.for_agent is None:
+        kind = kind | None
+    default = inspect.Parameter.empty if arg.for_agent is REQUIRED else arg.for_agent
+    return inspect.Parameter(arg.name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=Annotated[kind, Field(description=arg.agent_help())])
+
+
+def _search(state: _State, query: str, k: int, group: str, path: str | None,
+            language: str | None, kind: str | None, repos: list[str] | None,
+            ) -> dict[str, Any]:
+    """Search the repository's code by meaning and by name.
+
+    Returns hits best first: path, start_line, end_line (1-based, inclusive), symbol,
+    kind (code, tests, docs, examples or config), score (higher is better; compare
+    within one result list only), text (the lines as they are on disk now) and stale
+    (true if the file changed since it was indexed and the lines could not be found
+    again: run sync_index), and index: {partial, chunks, chunks_with_vectors}; partial
+    is true while an index is still embedding (every chunk is searched by name and words
+    already, only chunks_with_vectors of them by meaning); tokens: what the answer costs
+    to read.
+    """
+    if repos:
+        with state.use_many(repos) as many:
+            hits = many.search(query, k=k, group=group, path=path, language=language,
+                               kind=kind)
+            out = {"query": query, "group": group, "hits": [h.to_dict() for h in hits],
+                   "index": {r: c.to_dict() for r, c in many.coverage().items()}}
+            unreachable = many.offline()
+            if unreachable:
+                out["offline"] = {r: u.to_dict() for r, u in unreachable.items()}
+            return out
+    with state.use() as idx:
+        hits = idx.search(query, k=k, group=group, path=path, language=language, kind=kind)
+        coverage = idx.coverage()
+        offline = idx.offline
+    out = {"query": query, "group": group, "hits": [h.to_dict() for h in hits],
+           "index": coverage.to_dict()}
+    if offline is not None:
+        out["offline"] = offline.to_dict()
+    return out
+
+
+def _definition(state: _State, name: str, limit: int) -> dict[str, Any]:
+    """Where a symbol is defined: a class, function, method, type or constant, from the
+    syntax tree (not a text match).
+
+    Returns definitions best first (the whole name over a tail of it, source over tests
+    and docs): path, start_line, end_line, symbol, kind, signature, text (its first
+    lines as on disk now), truncated (the definition goes on to end_line), and tokens
+    (what this result costs to read).
+    """
+    probe = ServerProbe(state.repo)
+    with state.use() as idx:
+        hits = idx.definition(name, limit=limit)
+        root = idx.root
+    out = []
+    for hit in hits:
+        text, cut = _excerpt(root, hit.path, hit.start_line, hit.end_line)
+        out.append({**hit.to_dict(), "text": text, "truncated": cut})
+    return _offline(probe, {"name": name, "definitions": out})
+
+
+def _outline(state: _State, path: str) -> dict[str, Any]:
+    """The symbols a file defines, in file order: symbol, name, kind, start_line,
+    end_line, signature (one line), depth (nesting), and reparsed (true if the file
+    changed since it was indexed and was read as it is now). Cheaper than reading the
+    file to see what is in it.
+    """
+    probe = ServerProbe(state.repo)
+    with state.use() as idx:
+        result = idx.outline(path).to_dict()
+    return _offline(probe, result)
+
+
+def _references(state: _State, name: str, path: str | None, limit: int) -> dict[str, Any]:
+    """The chunks that use a name, the definition left out.
+
+    Each: path, start_line, end_line, symbol, lines (where the name is), text (up to 3
+    of those lines), truncated, approximate (true where whole words were matched because
+    the language has no grammar here; false means identifiers in the syntax tree),
+    resolved (true where the file imports the name from a file defining it, or defines
+    it: Python, JavaScript/TypeScript relative imports, Go packages; those rank first).
+    """
+    probe = ServerProbe(state.repo)
+    with state.use() as idx:
+        hits = idx.references(name, path=path, limit=limit)
+    return _offline(probe, {"name": name, "references": [h.to_dict() for h in hits]})
+
+
+def _grep(state: _State, pattern: str, path: str | None, ignore_case: bool,
+          limit: int) -> dict[str, Any]:
+    """Lines of the indexed files matching a regular expression (matched line by line
+    like ripgrep), read from disk now; exact (the same lines a scan of every file finds)
+    and fast (a trigram index rules files out). truncated says there were more than
+    `limit`. Each match: path, line, column, text.
+    """
+    probe = ServerProbe(state.repo)
+    with state.use() as idx:
+        result = idx.grep(pattern, path=path, ignore_case=ignore_case, limit=limit)
+    return _offline(probe, result.to_dict())
 
 
 class _State:

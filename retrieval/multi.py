@@ -31,6 +31,7 @@ from indexer.errors import CodeveilError
 from retrieval.api import Index
 from retrieval.coverage import Coverage
 from retrieval.hits import Hit
+from retrieval.limits import SEARCH
 from sync.config import find_root, load_config
 from sync.server_contact import Unreachable
 
@@ -76,7 +77,7 @@ class MultiIndex:
     def roots(self) -> list[Path]:
         return [idx.root for idx in self.indexes]
 
-    def search(self, query: str, k: int = 10, *, path: str | None = None,
+    def search(self, query: str, k: int = SEARCH.default, *, path: str | None = None,
                language: str | None = None, kind: str | Sequence[str] | None = None,
                group: str = "chunk") -> list[Hit]:
         """The `k` best hits over every repository, best first, each with its `repo`
