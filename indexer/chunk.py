@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import xxhash
+
+#: What the model reads of a chunk's text, in characters (0: all of it): its first lines,
+#: cut at a line end. The cache key is of the text embedded, so vectors of other cuts
+#: stay valid for what they hold. Set by CODEVEIL_EMBED_CHARS; bench/word_pieces.py
+#: measures what a cut saves.
+EMBED_CHARS = int(os.environ.get("CODEVEIL_EMBED_CHARS") or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +42,20 @@ class Chunk:
 
     @property
     def embed_text(self) -> str:
-        """What the model sees: a short location header, then the code."""
-        return f"{self.header}\n{self.text}"
+        """What the model sees: a short location header, then the code (its first
+        `EMBED_CHARS` characters, when set)."""
+        return f"{self.header}\n{embed_head(self.text)}"
 
 
 def chunk_header(path: str, symbol: str) -> str:
     """`path > symbol` (the path alone at module level): a chunk's location as text."""
     return f"{path} > {symbol}" if symbol else path
+
+
+def embed_head(text: str, limit: int = EMBED_CHARS) -> str:
+    """The first `limit` characters of `text` (all of it when `limit` is 0), cut at the
+    last line end within them unless that would keep less than half."""
+    if limit <= 0 or len(text) <= limit:
+        return text
+    end = text.rfind("\n", 0, limit)
+    return text[: end + 1] if end + 1 >= limit // 2 else text[:limit]
