@@ -104,21 +104,27 @@ def test_the_store_imports_no_key_code() -> None:
 def test_the_embedded_workspace_is_composed_of_members_built_on_its_files() -> None:
     # sync.store.embedded.workspace holds the members and the write order; each member is built
     # on the workspace's files and never reaches back up to the workspace, and the files
-    # are built on none of them (docs/architecture.md, "The embedded workspace").
+    # are built on none of them (docs/architecture.md, "The embedded workspace"). The
+    # rows of each mode are members of their own, chosen when the workspace opens.
     mods = _modules("sync")
     files = "sync.store.embedded.workspace_files"
-    members = ("sync.store.embedded.lance_rows", "sync.store.embedded.search_index",
-               "sync.store.embedded.pool_ops", "sync.store.embedded.workspace_checks")
+    held = ("sync.store.embedded.sealed_rows", "sync.store.embedded.search_rows",
+            "sync.store.embedded.pool_ops", "sync.store.embedded.workspace_checks")
+    members = (*held, "sync.store.embedded.lance_rows", "sync.store.embedded.search_index")
 
     def imported(module: str, target: str) -> bool:
         return any(n == target or n.startswith(target + ".") for n in mods[module])
 
-    for member in (files, *members):
+    for member in (files, *held):
         assert imported("sync.store.embedded.workspace", member), member
+    for member in (files, *members):
         assert not imported(member, "sync.store.embedded.workspace"), member
     for member in members:
         assert imported(member, files), member
         assert not imported(files, member), member
+    # The two modes' rows know nothing of each other.
+    for a, b in (held[:2], held[1::-1]):
+        assert not imported(a, b), (a, b)
     # Members, not base classes: the workspace derives from nothing of its own.
     tree = ast.parse((ROOT / "sync" / "store" / "embedded" / "workspace.py").read_text())
     (store,) = [n for n in tree.body if isinstance(n, ast.ClassDef)
