@@ -16,7 +16,7 @@ of its own write order (sync.store.embedded.mode_rows, sync.store.postgres.mode_
 
 from __future__ import annotations
 
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 from sync.records import SearchHit
 from sync.store.core.checks import Update
@@ -74,9 +74,27 @@ def refuse_search(workspace_id: str) -> NoReturn:
     raise SealedWorkspaceError(f"workspace {workspace_id} is sealed: search runs on the client")
 
 
-def refuse_pool() -> NoReturn:
-    """A server-search workspace's answer to a request of the blob pool."""
-    raise BadRequest("a server-search workspace has no blob pool", status=409)
+class NoPool(Generic[C]):
+    """The pool's hooks in a server-search workspace, which has no pool (and one ref,
+    never dropped): both backends' server-search rows build on them."""
+
+    def blob_rows(self, wanted: list[tuple[bytes, bytes]], *, rows: bool) -> FoundRows:
+        raise BadRequest("a server-search workspace has no blob pool", status=409)
+
+    def held(self, conn: C, updates: list[Update]) -> tuple[list[bytes], list[Update]]:
+        return [], updates  # no links: every update sends its rows
+
+    def settle(self, conn: C, ref: bytes, updates: list[Update]) -> int:
+        return 0
+
+    def touch(self, conn: C, ref: bytes) -> None:
+        pass
+
+    def released(self, conn: C, blobs: list[tuple[int, bytes]]) -> int:
+        return 0
+
+    def collect(self, conn: C, grace_s: float) -> tuple[int, int]:
+        return 0, 0
 
 
 def search_extra(index: dict[str, Any] | None) -> dict[str, Any]:

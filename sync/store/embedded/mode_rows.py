@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -15,8 +16,20 @@ import numpy as np
 from sync.store.core.checks import Update
 from sync.store.core.mode_rows import ModeRows
 from sync.store.embedded.sqlite_tree import Plan
+from sync.store.embedded.workspace_files import WorkspaceFiles
 
 Blob = tuple[int, bytes]  # (fid, leaf value)
+
+
+class RowsKind(Protocol):
+    """A mode's rows as a kind: what creates them in a new workspace, and what opens
+    them in an open one (`SealedRows`, `SearchRows`)."""
+
+    def __call__(self, files: WorkspaceFiles) -> EmbeddedRows: ...
+
+    def create(self, path: Path, dim: int) -> None:
+        """Add the mode's files to those of a new workspace (WorkspaceFiles.initialize)."""
+        ...
 
 
 class EmbeddedRows(ModeRows[sqlite3.Connection], Protocol):

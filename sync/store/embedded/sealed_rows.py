@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,14 @@ import numpy as np
 from sync.records import SearchHit
 from sync.store.core.checks import Update, pool_problems
 from sync.store.core.mode_rows import SEALED_EXTRA, FoundRows, refuse_search
-from sync.store.core.rows import blob_rows_of, fid_of, replace_blob_rows, sealed_rows_scan
+from sync.store.core.rows import (
+    SEALED_SCHEMA,
+    blob_rows_of,
+    fid_of,
+    replace_blob_rows,
+    rows_by_fid,
+    sealed_rows_scan,
+)
 from sync.store.embedded.pool import (
     adopt,
     collect,
@@ -29,7 +37,13 @@ from sync.store.embedded.pool import (
     touch_ref,
     unscoped,
 )
-from sync.store.embedded.sqlite_tree import TREE_ADVICE, Plan, sealed_reads, transaction
+from sync.store.embedded.sqlite_tree import (
+    TREE_ADVICE,
+    Plan,
+    connect,
+    sealed_reads,
+    transaction,
+)
 from sync.store.embedded.workspace_files import WorkspaceFiles
 
 
@@ -39,6 +53,17 @@ class SealedRows:
     def __init__(self, files: WorkspaceFiles) -> None:
         self.files = files
         files.move_sealed_rows()
+
+    @staticmethod
+    def create(path: Path, dim: int) -> None:
+        """The rows table of a new workspace, in its tree.sqlite."""
+        conn = connect(path / "tree.sqlite")
+        try:
+            with transaction(conn):
+                for statement in SEALED_SCHEMA:
+                    conn.execute(statement)
+        finally:
+            conn.close()
 
     def counts(self) -> tuple[int, dict[str, Any]]:
         return self.files.sealed_row_count(), dict(SEALED_EXTRA)
@@ -168,14 +193,9 @@ class SealedRows:
             files.rconn.execute("SELECT rid FROM rows LIMIT 1").fetchall()
 
     def rows_by_file(self) -> dict[int, tuple[np.ndarray, list[bytes]]]:
-        out: dict[int, tuple[list[int], list[bytes]]] = {}
         files = self.files
         with files.rlock, sealed_reads(files.tree_path):
-            for rid, fid, cid in sealed_rows_scan(files.rconn):
-                entry = out.setdefault(fid, ([], []))
-                entry[0].append(rid)
-                entry[1].append(cid)
-        return {f: (np.array(r, np.int64), c) for f, (r, c) in out.items()}
+            return rows_by_fid(sealed_rows_scan(files.rconn))
 
     def table(self) -> tuple[str, str]:
         return f"the chunk table of {self.files.tree_path}", TREE_ADVICE

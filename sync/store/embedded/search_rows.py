@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sync.records import SearchHit
+from sync.records import MODE_SERVER_SEARCH, SearchHit
 from sync.store.core.checks import Update, search_request
-from sync.store.core.mode_rows import FoundRows, refuse_pool, search_extra
-from sync.store.core.rows import fid_of
-from sync.store.embedded.lance_table import LANCE_ADVICE, lance_reads
+from sync.store.core.mode_rows import FoundRows, NoPool, search_extra
+from sync.store.core.rows import fid_of, rows_by_fid, table_schema
+from sync.store.embedded.lance_table import LANCE_ADVICE, TABLE, import_lancedb, lance_reads
 from sync.store.embedded.pool import scoped, unscoped
 from sync.store.embedded.search_index import SNAPSHOT, SearchIndex
 from sync.store.embedded.sqlite_tree import Plan
@@ -23,13 +24,19 @@ from sync.store.embedded.vector_index import SnapshotError, read_snapshot, read_
 from sync.store.embedded.workspace_files import WorkspaceFiles
 
 
-class SearchRows:
+class SearchRows(NoPool[sqlite3.Connection]):
     """The rows and the search index (`index`, its table `index.table`) of a
     server-search workspace, on its files."""
 
     def __init__(self, files: WorkspaceFiles) -> None:
         self.files = files
         self.index = SearchIndex(files)
+
+    @staticmethod
+    def create(path: Path, dim: int) -> None:
+        """The LanceDB table of a new workspace."""
+        import_lancedb().connect(path).create_table(
+            TABLE, schema=table_schema(dim, MODE_SERVER_SEARCH))
 
     def counts(self) -> tuple[int, dict[str, Any]]:
         chunks, index = self.index.count()
@@ -51,9 +58,6 @@ class SearchRows:
         query, k = search_request(vector, k, self.files.dim, self.files.limits)
         return self.index.search(query[None, :], k)
 
-    def blob_rows(self, wanted: list[tuple[bytes, bytes]], *, rows: bool) -> FoundRows:
-        refuse_pool()
-
     # -- the steps of an apply ---------------------------------------------------------
 
     def prepare_write(self) -> None:
@@ -68,16 +72,6 @@ class SearchRows:
 
     def statements(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # no rows in tree.sqlite
-
-    def held(self, conn: sqlite3.Connection, updates: list[Update]
-             ) -> tuple[list[bytes], list[Update]]:
-        return [], updates  # no links: every update sends its rows
-
-    def settle(self, conn: sqlite3.Connection, ref: bytes, updates: list[Update]) -> int:
-        return 0  # no pool
-
-    def touch(self, conn: sqlite3.Connection, ref: bytes) -> None:
-        pass  # one ref, never dropped
 
     def purge(self, deleted: int, added: int) -> None:
         """The table compacted and its older versions removed (sync.store.core.rows),
@@ -95,12 +89,6 @@ class SearchRows:
     def ref_rows(self, conn: sqlite3.Connection, lo: bytes, hi: bytes) -> int:
         return 0  # rows belong to files, not to blobs of a ref
 
-    def released(self, conn: sqlite3.Connection, blobs: list[tuple[int, bytes]]) -> int:
-        return 0
-
-    def collect(self, conn: sqlite3.Connection, grace_s: float) -> tuple[int, int]:
-        return 0, 0
-
     # -- checks --------------------------------------------------------------------------
 
     def verify(self, *, deep: bool) -> None:
@@ -111,18 +99,13 @@ class SearchRows:
         self.index.verify(deep=deep)
 
     def rows_by_file(self) -> dict[int, tuple[np.ndarray, list[bytes]]]:
-        out: dict[int, tuple[list[int], list[bytes]]] = {}
         lance = self.index.table
         with self.files.write_lock, lance_reads(lance.dir):
             lance.handle.checkout_latest()
-            for b in lance.scan(["rid", "fid", "chunk_id"]):
-                for rid, fid, cid in zip(b.column("rid").to_pylist(),
-                                         b.column("fid").to_pylist(),
-                                         b.column("chunk_id").to_pylist(), strict=True):
-                    entry = out.setdefault(fid, ([], []))
-                    entry[0].append(rid)
-                    entry[1].append(cid)
-        return {f: (np.array(r, np.int64), c) for f, (r, c) in out.items()}
+            return rows_by_fid(
+                row for b in lance.scan(["rid", "fid", "chunk_id"])
+                for row in zip(b.column("rid").to_pylist(), b.column("fid").to_pylist(),
+                               b.column("chunk_id").to_pylist(), strict=True))
 
     def table(self) -> tuple[str, str]:
         return f"the chunk table {self.index.table.dir}", LANCE_ADVICE

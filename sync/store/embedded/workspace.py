@@ -23,7 +23,7 @@ workspace is of.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +53,7 @@ from sync.store.core.checks import (
 )
 from sync.store.core.rows import bounded_answer, file_keys
 from sync.store.core.workspace_head import WorkspaceHead
-from sync.store.embedded.mode_rows import EmbeddedRows
+from sync.store.embedded.mode_rows import RowsKind
 from sync.store.embedded.options import StoreOptions
 from sync.store.embedded.pool import ref_bounds, scoped, unscoped
 from sync.store.embedded.pool_ops import PoolOps
@@ -70,7 +70,7 @@ from sync.store.embedded.workspace_checks import workspace_problems
 from sync.store.embedded.workspace_files import WorkspaceFiles
 
 #: The rows of each mode, chosen when a workspace opens.
-MODE_ROWS: dict[str, Callable[[WorkspaceFiles], EmbeddedRows]] = {
+MODE_ROWS: dict[str, RowsKind] = {
     MODE_SEALED: SealedRows,
     MODE_SERVER_SEARCH: SearchRows,
 }
@@ -85,7 +85,11 @@ class WorkspaceStore:
     of `sync.client.StoreClient`. Tuned by its store's `StoreOptions`.
     """
 
-    initialize = staticmethod(WorkspaceFiles.initialize)
+    @staticmethod
+    def initialize(path: Path, dim: int, mode: str = MODE_SERVER_SEARCH) -> None:
+        """Create the files of a new, empty workspace of `mode`."""
+        WorkspaceFiles.initialize(path)
+        MODE_ROWS[mode].create(path, dim)
 
     def __init__(self, path: Path, record: WorkspaceRecord, options: StoreOptions) -> None:
         self.head = WorkspaceHead(record, options.limits, options.crash_hook)

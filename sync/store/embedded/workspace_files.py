@@ -24,10 +24,10 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
+from sync.records import MODE_SEALED
 from sync.store.core.backend import WorkspaceRecord
-from sync.store.core.rows import SEALED_SCHEMA, checkpoint_superseded, has_sealed_rows, table_schema
-from sync.store.embedded.lance_table import TABLE, import_lancedb, open_table, scan_table
+from sync.store.core.rows import SEALED_SCHEMA, checkpoint_superseded, has_sealed_rows
+from sync.store.embedded.lance_table import TABLE, open_table, scan_table
 from sync.store.embedded.options import StoreOptions
 from sync.store.embedded.pool import adopt_rows
 from sync.store.embedded.sqlite_tree import (
@@ -78,20 +78,15 @@ class WorkspaceFiles:
         self._lock_path = path / "writer.lock"
 
     @staticmethod
-    def initialize(path: Path, dim: int, mode: str = MODE_SERVER_SEARCH) -> None:
-        """Create the files of a new, empty workspace."""
+    def initialize(path: Path) -> None:
+        """Create the files every new, empty workspace has: an empty tree and the
+        writers' lock file (its mode's rows add theirs, sync.store.embedded.mode_rows)."""
         path.mkdir(parents=True)
         conn = connect(path / "tree.sqlite")
         try:
             init_tree_db(conn)
-            if mode == MODE_SEALED:
-                with transaction(conn):
-                    for statement in SEALED_SCHEMA:
-                        conn.execute(statement)
         finally:
             conn.close()
-        if mode != MODE_SEALED:
-            import_lancedb().connect(path).create_table(TABLE, schema=table_schema(dim, mode))
         (path / "writer.lock").touch()
 
     def move_sealed_rows(self) -> None:

@@ -30,7 +30,7 @@ from psycopg import sql
 
 from sync.records import MODE_SERVER_SEARCH, SearchHit
 from sync.store.core.checks import Update, search_request
-from sync.store.core.mode_rows import FoundRows, refuse_pool, search_extra
+from sync.store.core.mode_rows import FoundRows, NoPool, search_extra
 from sync.store.core.tree_plan import TreePlan
 from sync.store.core.workspace_head import WorkspaceHead
 from sync.store.postgres.conn import Pool, search_copy_rows, vector_text
@@ -97,7 +97,7 @@ def hnsw_build_memory_mb(rows: int, dim: int, m: int = HNSW_M) -> int:
     return max(HNSW_BUILD_MEMORY_MIN_MB, min(max(cap, HNSW_BUILD_MEMORY_MIN_MB), wanted))
 
 
-class PgSearchRows:
+class PgSearchRows(NoPool[psycopg.Connection]):
     """The rows of a server-search workspace and its HNSW index."""
 
     def __init__(self, pool: Pool, head: WorkspaceHead, options: PgOptions) -> None:
@@ -137,9 +137,6 @@ class PgSearchRows:
                 ).fetchall()
         return [SearchHit(cid, float(d), meta) for cid, meta, d in rows]
 
-    def blob_rows(self, wanted: list[tuple[bytes, bytes]], *, rows: bool) -> FoundRows:
-        refuse_pool()
-
     # -- the steps of an apply ---------------------------------------------------------
 
     def write(self, conn: psycopg.Connection, plan: TreePlan,
@@ -154,28 +151,12 @@ class PgSearchRows:
             ) as copy:
                 copy.write(search_copy_rows(self.workspace_id, updates, self.dim))
 
-    def held(self, conn: psycopg.Connection, updates: list[Update]
-             ) -> tuple[list[bytes], list[Update]]:
-        return [], updates  # no links: every update sends its rows
-
-    def settle(self, conn: psycopg.Connection, ref: bytes, updates: list[Update]) -> int:
-        return 0  # no pool
-
-    def touch(self, conn: psycopg.Connection, ref: bytes) -> None:
-        pass  # one ref, never dropped
-
     def after_commit(self, updates: list[Update]) -> None:
         """New rows may have made the workspace large enough for its graph."""
         if any(u.chunk_ids for u in updates):
             self._maybe_start_index()
 
     # -- refs, the pool and checks ---------------------------------------------------------
-
-    def released(self, conn: psycopg.Connection, blobs: list[tuple[int, bytes]]) -> int:
-        return 0
-
-    def collect(self, conn: psycopg.Connection, grace_s: float) -> tuple[int, int]:
-        return 0, 0
 
     def problems(self, conn: psycopg.Connection, rows: int, with_vector: int) -> list[str]:
         """Every row holds a vector."""

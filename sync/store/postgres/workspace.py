@@ -63,7 +63,7 @@ from sync.store.core.checks import (
     ref_id,
     validate_apply,
 )
-from sync.store.core.rows import bounded_answer, fid_of, file_keys
+from sync.store.core.rows import bounded_answer, fid_of, file_keys, rows_by_fid
 from sync.store.core.workspace_head import WorkspaceHead
 from sync.store.postgres.conn import Pool
 from sync.store.postgres.mode_rows import PgRows
@@ -297,16 +297,10 @@ class PgWorkspace:
 
     def rows_by_file(self) -> dict[int, tuple[np.ndarray, list[bytes]]]:
         """fid -> (rids, chunk ids) of every row of the workspace."""
-        out: dict[int, tuple[list[int], list[bytes]]] = {}
         with self._pool.connection() as conn:
-            for fid, rid, cid in conn.execute(
-                f"SELECT fid, rid, chunk_id FROM {W}.rows WHERE workspace = %s ORDER BY rid",
-                (self.workspace_id,),
-            ):
-                entry = out.setdefault(fid, ([], []))
-                entry[0].append(rid)
-                entry[1].append(cid)
-        return {f: (np.array(r, np.int64), c) for f, (r, c) in out.items()}
+            return rows_by_fid(conn.execute(
+                f"SELECT rid, fid, chunk_id FROM {W}.rows WHERE workspace = %s ORDER BY rid",
+                (self.workspace_id,)))
 
     def close(self) -> None:
         self._closed = True
