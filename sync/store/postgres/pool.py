@@ -1,6 +1,6 @@
 """Refs and the pool of sealed file blobs in PostgreSQL (docs/architecture.md, "Refs and
 the blob pool"): the same semantics as the embedded store's (sync.store.embedded.pool,
-sync.store.embedded.pool_ops) over the tables `refs`, `blobs` and `rows.value`
+sync.store.embedded.sealed_rows) over the tables `refs`, `blobs` and `rows.value`
 (sync.store.postgres.schema).
 
 The functions take the connection of the caller's transaction, which holds the
