@@ -41,7 +41,7 @@ class PoolOps:
         ref is left). RefNotFound (404) for a ref without a tree."""
         f = self.files
         f.check_open()
-        ref = ref_id(ref, f.sealed)
+        ref = ref_id(ref, f.head.sealed)
         with f.write_lock, f.flock():
             with sealed_reads(f.tree_path), transaction(f.wconn) as conn:
                 if not conn.execute("SELECT 1 FROM refs WHERE ref = ?", (ref,)).fetchone():

@@ -42,7 +42,6 @@ from sync.records import (
     WorkspaceInfo,
 )
 from sync.store.core.backend import WorkspaceRecord
-from sync.store.core.blobs import blob_answer, blob_items
 from sync.store.core.checks import (
     Children,
     children_keys,
@@ -51,7 +50,6 @@ from sync.store.core.checks import (
     ref_id,
     validate_apply,
 )
-from sync.store.core.rows import bounded_answer, file_keys
 from sync.store.core.workspace_head import WorkspaceHead
 from sync.store.embedded.mode_rows import RowsKind
 from sync.store.embedded.options import StoreOptions
@@ -93,7 +91,7 @@ class WorkspaceStore:
 
     def __init__(self, path: Path, record: WorkspaceRecord, options: StoreOptions) -> None:
         self.head = WorkspaceHead(record, options.limits, options.crash_hook)
-        self.files = WorkspaceFiles(path, record, options)
+        self.files = WorkspaceFiles(path, self.head, options)
         try:
             self.rows = MODE_ROWS[record.mode](self.files)
         except BaseException:
@@ -126,12 +124,7 @@ class WorkspaceStore:
         state pairs a value with its own rows. A server-search workspace's are read under
         the write locks."""
         self.files.check_open()
-        ref = ref_id(ref, self.head.sealed)
-        wanted = file_keys(keys, self.head.limits)
-        if not wanted:
-            return {}
-        return bounded_answer(wanted, self.rows.file_rows(wanted, ref),
-                              self.head.limits.max_row_bytes)
+        return self.head.file_rows(self.rows, keys, ref)
 
     def root(self, ref: bytes = DEFAULT_REF) -> NodeInfo | None:
         self.files.check_open()
@@ -289,9 +282,7 @@ class WorkspaceStore:
         """The rows of each blob (file key, value) the pool holds, whichever ref sent
         it; the keys of those it lacks in `missing`. Bounded like `file_rows`."""
         self.files.check_open()
-        wanted = blob_items(items, self.head.limits)
-        return blob_answer(wanted, self.rows.blob_rows(wanted, rows=rows),
-                           self.head.limits.max_row_bytes)
+        return self.head.blob_rows(self.rows, items, with_rows=rows)
 
     def refs(self) -> list[RefInfo]:
         return self.pool.refs()

@@ -54,7 +54,6 @@ from sync.records import (
     WorkspaceInfo,
 )
 from sync.store.core.backend import WorkspaceRecord
-from sync.store.core.blobs import blob_answer, blob_items
 from sync.store.core.checks import (
     Children,
     children_keys,
@@ -63,7 +62,7 @@ from sync.store.core.checks import (
     ref_id,
     validate_apply,
 )
-from sync.store.core.rows import bounded_answer, fid_of, file_keys, rows_by_fid
+from sync.store.core.rows import fid_of, rows_by_fid
 from sync.store.core.workspace_head import WorkspaceHead
 from sync.store.postgres.conn import Pool
 from sync.store.postgres.mode_rows import PgRows
@@ -147,12 +146,7 @@ class PgWorkspace:
         `WorkspaceStore.file_rows`. One statement: one committed state. Sealed, the rows
         of the blob the leaf names (sync.store.postgres.pool)."""
         self._check_open()
-        ref = ref_id(ref, self.head.sealed)
-        wanted = file_keys(keys, self.head.limits)
-        if not wanted:
-            return {}
-        return bounded_answer(wanted, self.rows.file_rows(wanted, ref),
-                              self.head.limits.max_row_bytes)
+        return self.head.file_rows(self.rows, keys, ref)
 
     def search(self, vector: object, k: int) -> list[SearchHit]:
         """The `k` rows nearest to `vector` by Euclidean distance (not squared)."""
@@ -230,9 +224,7 @@ class PgWorkspace:
                   ) -> BlobRows:
         """As `WorkspaceStore.blob_rows`, in one statement: one committed state."""
         self._check_open()
-        wanted = blob_items(items, self.head.limits)
-        return blob_answer(wanted, self.rows.blob_rows(wanted, rows=rows),
-                           self.head.limits.max_row_bytes)
+        return self.head.blob_rows(self.rows, items, with_rows=rows)
 
     def refs(self) -> list[RefInfo]:
         self._check_open()
