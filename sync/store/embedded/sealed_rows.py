@@ -146,8 +146,7 @@ class SealedRows:
 
     def settle(self, conn: sqlite3.Connection, ref: bytes, updates: list[Update]) -> int:
         """The blobs the leaves name again are no longer orphaned, those orphaned past
-        the grace period go (deleted at once while the workspace has one ref, through
-        `write`), and `ref` is marked synced."""
+        the grace period go, and `ref` is marked synced; returns the rows deleted."""
         adopt(conn, {(fid_of(unscoped(u.file_key)), u.value) for u in updates})
         released = expire_orphans(conn, self.files.options.blob_grace_s)
         touch_ref(conn, ref)
