@@ -694,7 +694,11 @@ class Syncer:
             return ()
         assert self.cipher is not None
         enc = self.cipher.encrypt(vectors, noise_ids)
-        return tuple(
-            ChunkRecord(rid, enc[i], crypto.seal_meta(self.key, self.workspace_id, rid, meta))
-            for i, (rid, meta) in enumerate(zip(row_ids, metas, strict=True)))
+        records = [ChunkRecord(rid, enc[i], crypto.seal_meta(self.key, self.workspace_id,
+                                                               rid, meta))
+                   for i, (rid, meta) in enumerate(zip(row_ids, metas, strict=True))]
+        # In a random order: the store numbers rows as they come, and rows in chunk order
+        # would tell it which row is which chunk of the file.
+        _random.shuffle(records)
+        return tuple(records)
 
