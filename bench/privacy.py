@@ -1065,6 +1065,13 @@ def run_structure(args: argparse.Namespace) -> int:
           f"{edit['rows_keeping_their_vector']} of {edit['file_rows']} rows of the file keep"
           f" their encrypted vector; {edit['superseded_in_search_index_while_open']} of"
           f" {edit['superseded_rows']} superseded rows still in search.index while open")
+    fn = edit["fresh_noise"]
+    print(f"were the noise fresh on every send ({fn['model']}, beta {fn['beta']:g},"
+          f" {fn['trials']} trials): the edited chunk named {pct(fn['edited_chunk_named'])}"
+          f" of the time (chance {pct(fn['chance'])}); unchanged rows linked to their old"
+          f" version {pct(fn['unchanged_rows_linked_to_their_version'])}; the beta faced"
+          " after k linked versions: " + ", ".join(
+              f"{k}: {v:.2f}" for k, v in fn["beta_faced_by_copies"].items()))
     print("\nRow buckets: rows stored per chunk, and files labelled from the row count alone")
     print(table(["scheme", "rows per chunk", "files labelled", "of >1 chunk"],
                 [[s["scheme"], f"{s['rows_per_chunk']:.2f}", pct(s["file_labelled"]),
@@ -1103,10 +1110,12 @@ def server_search_edit(tree: Path, work: Path) -> dict[str, object]:
                 if f == fid]
 
     versions = [rows()]
+    texts = [path.read_text()]
     with Index(setup.repo) as idx:
         for n in (1, 2):
             lines[middle] = lines[middle].rstrip("\n") + f"  # edited {n}\n"
             path.write_text("".join(lines))
+            texts.append(path.read_text())
             idx.index()
             versions.append(rows())
         held = snapshot.read_bytes() if snapshot.exists() else b""
@@ -1116,7 +1125,62 @@ def server_search_edit(tree: Path, work: Path) -> dict[str, object]:
             "rows_keeping_their_vector": sum(1 for v, _ in versions[0] if v in first),
             "superseded_rows": len(superseded),
             "superseded_in_search_index_while_open": sum(1 for m in superseded
-                                                         if m[:48] in held)}
+                                                         if m[:48] in held),
+            "fresh_noise": fresh_noise_edit(texts[0], texts[1], setup.duplicate[0],
+                                            setup.key)}
+
+
+FRESH_NOISE_TRIALS = 50
+AVERAGED_COPIES = (1, 2, 4, 8, 16)
+
+
+def fresh_noise_edit(before: str, after: str, path: str, key: object) -> dict[str, object]:
+    """Server-search, were every send's noise fresh (it is a function of the chunk): the
+    file's rows before and after a one-line edit, each version encrypted with new noise
+    (the real model's vectors, the workspace's cipher at the default beta). The attacker
+    pairs each new row with its nearest old one and takes the row farthest from its pair
+    for the edited chunk: how often that names it (chance 1/n), and how often an
+    unchanged row's nearest old row is its own version (what averaging needs: the
+    versions of a chunk linked). Then the noise left in the mean of k linked versions of
+    a chunk, against one version's: the beta the attacker faces after k syncs."""
+    from indexer.definitions import chunk_and_define
+    from indexer.embedder import SentenceTransformerEmbedder
+    from sync.crypto import DEFAULT_BETA, VectorCipher
+
+    model = SentenceTransformerEmbedder()
+    old_chunks, _ = chunk_and_define(path, before)
+    new_chunks, _ = chunk_and_define(path, after)
+    old = np.asarray(model.embed([c.embed_text for c in old_chunks]), np.float32)
+    new = np.asarray(model.embed([c.embed_text for c in new_chunks]), np.float32)
+    own = {c.embed_text: i for i, c in enumerate(old_chunks)}
+    edited = {j for j, c in enumerate(new_chunks) if c.embed_text not in own}
+    cipher = VectorCipher(key, old.shape[1], DEFAULT_BETA)  # type: ignore[arg-type]
+    clean = VectorCipher(key, old.shape[1], 0.0)  # type: ignore[arg-type]
+
+    def fresh(x: np.ndarray) -> np.ndarray:
+        return cipher.encrypt(x, [os.urandom(16) for _ in range(len(x))])
+
+    named = linked = unchanged = 0
+    for _ in range(FRESH_NOISE_TRIALS):
+        a, b = fresh(old), fresh(new)
+        d = np.linalg.norm(b[:, None, :] - a[None, :, :], axis=2)
+        named += int(np.argmax(d.min(axis=1))) in edited
+        for j, c in enumerate(new_chunks):
+            if j not in edited:
+                unchanged += 1
+                linked += int(np.argmin(d[j])) == own[c.embed_text]
+    truth = clean.encrypt(old, [bytes(16)] * len(old))
+    copies = np.stack([fresh(old) for _ in range(max(AVERAGED_COPIES))])
+    one = float(np.mean(np.linalg.norm(copies[0] - truth, axis=1)))
+    left = {k: float(np.mean(np.linalg.norm(copies[:k].mean(axis=0) - truth, axis=1))) / one
+            for k in AVERAGED_COPIES}
+    return {"model": model.model_id, "beta": DEFAULT_BETA, "trials": FRESH_NOISE_TRIALS,
+            "file_chunks": len(new_chunks), "edited_chunks": len(edited),
+            "edited_chunk_named": named / FRESH_NOISE_TRIALS,
+            "chance": 1.0 / max(len(new_chunks), 1),
+            "unchanged_rows_linked_to_their_version": linked / max(unchanged, 1),
+            "noise_left_by_copies": left,
+            "beta_faced_by_copies": {k: DEFAULT_BETA * v for k, v in left.items()}}
 
 
 def sync_cost(setup: Setup, index_cls: type, first_seconds: float) -> dict[str, object]:
