@@ -1130,7 +1130,7 @@ def server_search_edit(tree: Path, work: Path) -> dict[str, object]:
                                             setup.key)}
 
 
-FRESH_NOISE_TRIALS = 50
+FRESH_NOISE_TRIALS = 400
 AVERAGED_COPIES = (1, 2, 4, 8, 16)
 
 
