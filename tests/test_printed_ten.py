@@ -14,7 +14,7 @@ import pytest
 from indexer.embedder import HashingEmbedder
 from indexer.location import ChunkLocation
 from retrieval import Index
-from retrieval.grouping import diversify
+from retrieval.search.grouping import diversify
 
 PROJECT = Path(__file__).resolve().parent.parent
 QUERIES = (

@@ -1,0 +1,5 @@
+"""`python -m retrieval`: the `codeveil` command, for a checkout with no entry point."""
+
+from retrieval.faces.cli import main
+
+main()
