@@ -61,6 +61,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Results placed exactly past the k asked for, to stand in for those whose file is gone.
+READ_SPARE = 10
+
 # How deep a search reads, and its query cache: retrieval.search.searcher (names kept here).
 __all__ = ["MAX_DEPTH", "OVERFETCH", "QUERY_CACHE_SIZE", "Index", "SearchError",
            "WrongKeyError", "lost_state_message", "ranking_depth"]
@@ -254,7 +257,9 @@ class Index:
             if not isinstance(exc, ServerUnavailable):
                 raise
             raise ServerSearchOffline(server_search_offline_message(str(exc))) from exc
-        hits = self._read_hits(root, LocalChunks(db), group_ranking(ranking, level), k)
+        # Past k, a few more in their exact place stand in for hits of deleted files.
+        groups = group_ranking(ranking, level, limit=k + READ_SPARE)
+        hits = self._read_hits(root, LocalChunks(db), groups, k)
         if probe is not None:
             self._ws.offline = probe.result()
         return hits

@@ -65,8 +65,11 @@ class Ranking:
     file_first: bool = False  # chunk level: a file's first chunk takes the file's score
 
 
-def group_ranking(ranking: Ranking, level: Level, agg: Aggregation | None = None) -> list[Group]:
+def group_ranking(ranking: Ranking, level: Level, agg: Aggregation | None = None, *,
+                  limit: int | None = None) -> list[Group]:
     """`ranking` grouped at `level`; at file level, fused with its file-level rankings.
+    At chunk level, `limit` is how many groups must be in their exact place (the rest
+    follow in about their order: `diversify`).
 
     The chunk-based file ranking (chunk scores aggregated per file) and each file-level
     ranking (whole-file BM25) are fused by reciprocal rank; the fused score becomes the
@@ -74,7 +77,7 @@ def group_ranking(ranking: Ranking, level: Level, agg: Aggregation | None = None
     """
     if level == "chunk":
         return group(diversify(ranking.chunks, ranking.saturation,
-                               file_first=ranking.file_first), level)
+                               file_first=ranking.file_first, limit=limit), level)
     groups = group(ranking.chunks, level, agg)
     if level != "file" or not ranking.file_lists:
         return groups

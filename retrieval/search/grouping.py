@@ -100,7 +100,8 @@ def group(ranking: Sequence[tuple[ChunkLocation, float]], level: Level,
 
 
 def diversify(ranking: Sequence[tuple[ChunkLocation, float]], saturation: float,
-              *, file_first: bool = False) -> list[tuple[ChunkLocation, float]]:
+              *, file_first: bool = False,
+              limit: int | None = None) -> list[tuple[ChunkLocation, float]]:
     """The chunk ranking with each chunk's score scaled by `saturation` once per chunk of
     its file ranked above it (1: unchanged), best first.
 
@@ -109,6 +110,10 @@ def diversify(ranking: Sequence[tuple[ChunkLocation, float]], saturation: float,
     three files cannot be answered by one. Greedy: take the best adjusted score, then
     lower the rest of that file's chunks; a chunk's score is recomputed lazily when it
     reaches the top of the heap with a stale file count.
+
+    With `limit`, the first `limit` chunks are exactly those of the whole pass, and the
+    rest follow by the scores they last had on the heap (each no higher than the last
+    one placed): a search that prints ten does not order the hundreds behind them.
     """
     if (saturation >= 1.0 and not file_first) or len(ranking) < 2:
         return list(ranking)
@@ -140,6 +145,9 @@ def diversify(ranking: Sequence[tuple[ChunkLocation, float]], saturation: float,
             continue
         out.append((doc, -neg))
         shown[doc.path] = now + 1
+        if limit is not None and len(out) >= limit:
+            out.extend((ranking[j][0], -n) for n, j, _ in sorted(heap))
+            break
     return out
 
 
