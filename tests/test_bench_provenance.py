@@ -1,11 +1,14 @@
 """Every benchmark result says where it came from: `bench._common.write_json` and
-`save_figure` record the commit, the command line, the date and the machine's load, and
-no benchmark writes a result around them."""
+`save_figure` record the commit, the command line, the date and the machine's load, no
+benchmark writes a result around them, every file in bench/results/ carries that record,
+and the docs name only result files that are there (or, for a retired one, the commit
+that holds it in git history)."""
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -71,33 +74,98 @@ def test_no_benchmark_writes_a_result_around_the_helpers(script: str) -> None:
 
 
 FULL = {"commit", "command", "date", "machine", "load"}
+ROOT = BENCH.parent
+DOCS = ROOT / "docs" / "benchmarks.md"
+IN_GIT = shutil.which("git") is not None and (ROOT / ".git").exists()
 
 
-def _result_files() -> list[Path]:
+def _git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def _result_files(*suffixes: str) -> list[Path]:
     """The result files in the repository (git's list where there is one: a local run's
     uncommitted result is no business of this test), else those on disk."""
-    results = BENCH / "results"
-    if shutil.which("git") and (BENCH.parent / ".git").exists():
-        listed = subprocess.run(["git", "ls-files", "bench/results/*.json"], cwd=BENCH.parent,
-                                capture_output=True, text=True, check=True).stdout.split()
-        return sorted(BENCH.parent / name for name in listed)
-    return sorted(results.glob("*.json"))
-
-
-@pytest.mark.parametrize("path", _result_files(), ids=lambda p: p.name)
-def test_every_result_says_where_it_came_from_or_that_it_cannot(path: Path) -> None:
-    prov = json.loads(path.read_text()).get("provenance")
-    assert isinstance(prov, dict), f"{path.name}: no provenance block"
-    if prov.get("missing") is True:
-        # A result older than the helper: it says so, why, and the last commit that
-        # changed it, never a made-up commit or load.
-        assert isinstance(prov.get("reason"), str) and prov["reason"], path.name
-        commit = prov.get("last_commit")
-        assert isinstance(commit, str) and len(commit) == 40, path.name
-        assert not FULL & set(prov), f"{path.name}: a missing block with provenance in it"
+    if IN_GIT:
+        listed = _git("ls-files", "bench/results").stdout.split()
+        files = [ROOT / name for name in listed]
     else:
-        assert set(prov) >= FULL, f"{path.name}: lacks {sorted(FULL - set(prov))}"
+        files = [p for p in (BENCH / "results").iterdir() if p.is_file()]
+    return sorted(p for p in files if not suffixes or p.suffix in suffixes)
 
 
-def test_the_result_files_are_found() -> None:
-    assert len(_result_files()) > 10
+def _assert_full(prov: object, name: str) -> None:
+    assert isinstance(prov, dict), f"{name}: no provenance"
+    assert set(prov) >= FULL, f"{name}: lacks {sorted(FULL - set(prov))}"
+    # A commit id (a run from a `git archive` of another commit names that one, with why).
+    assert isinstance(prov["commit"], str) and re.match(r"[0-9a-f]{7,40}\b", prov["commit"]), name
+    assert isinstance(prov["command"], str) and prov["command"].startswith("python "), name
+    assert datetime.strptime(prov["date"], "%Y-%m-%dT%H:%M:%SZ"), name
+    assert set(prov["load"]) == {"1min", "5min", "15min"}, name
+
+
+def test_every_result_file_is_a_json_or_a_figure() -> None:
+    # A log or a table pasted into a file has nowhere to keep its provenance.
+    others = [p.name for p in _result_files() if p.suffix not in (".json", ".png")]
+    assert not others, f"results that cannot record their provenance: {others}"
+
+
+@pytest.mark.parametrize("path", _result_files(".json"), ids=lambda p: p.name)
+def test_every_result_records_commit_command_date_and_load(path: Path) -> None:
+    _assert_full(json.loads(path.read_text()).get("provenance"), path.name)
+
+
+@pytest.mark.parametrize("path", _result_files(".png"), ids=lambda p: p.name)
+def test_every_figure_carries_its_provenance(path: Path) -> None:
+    from PIL import Image
+
+    text = getattr(Image.open(path), "text", {})
+    assert "Description" in text, f"{path.name}: no provenance in its metadata"
+    _assert_full(json.loads(text["Description"]), path.name)
+
+
+# A result file named in the docs: `bench/results/NAME` or, in docs/benchmarks.md, a bare
+# `NAME.json`; `COMMIT:bench/results/NAME` (as `git show` takes it) names a retired one,
+# kept in git history at that commit.
+NAMED = re.compile(r"(?<![\w./:-])(?:(?P<commit>[0-9a-f]{7,40}):)?(?:bench/results/)?"
+                   r"(?P<name>[\w*-]+\.(?:json|png|log))\b")
+NAMED_IN_RESULTS = re.compile(r"(?<![\w./:-])(?:(?P<commit>[0-9a-f]{7,40}):)?bench/results/"
+                              r"(?P<name>[\w*-]+\.(?:json|png|log))\b")
+
+
+def _named(doc: Path) -> list[tuple[int, str | None, str]]:
+    """(line, commit or None, name) for every result file `doc` names."""
+    pattern = NAMED if doc == DOCS else NAMED_IN_RESULTS
+    return [(number, m["commit"], m["name"])
+            for number, line in enumerate(doc.read_text().splitlines(), 1)
+            for m in pattern.finditer(line)]
+
+
+def _docs() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("doc", _docs(), ids=lambda p: p.name)
+def test_every_result_file_the_docs_name_exists(doc: Path) -> None:
+    results = BENCH / "results"
+    missing = [f"{doc.name}:{line}: {name}" for line, commit, name in _named(doc)
+               if commit is None and not list(results.glob(name))]
+    assert not missing, f"result files named but not in bench/results: {missing}"
+
+
+@pytest.mark.parametrize("doc", _docs(), ids=lambda p: p.name)
+def test_a_retired_result_is_where_the_docs_say(doc: Path) -> None:
+    if not IN_GIT or _git("rev-parse", "--is-shallow-repository").stdout.strip() == "true":
+        pytest.skip("needs the repository's full history")
+    absent = [f"{doc.name}:{line}: {commit}:{name}" for line, commit, name in _named(doc)
+              if commit is not None
+              and _git("cat-file", "-e", f"{commit}:bench/results/{name}").returncode != 0]
+    assert not absent, f"historical results not in git at the commit named: {absent}"
+
+
+def test_the_docs_name_result_files() -> None:
+    # The pattern above still finds what it looks for (an edit that breaks it would
+    # otherwise pass every check by finding nothing).
+    named = _named(DOCS)
+    assert len({name for _, commit, name in named if commit is None}) > 10
+    assert len(_result_files(".json")) > 10

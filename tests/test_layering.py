@@ -5,6 +5,7 @@ functions), so a lazy import cannot hide a circle."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,26 +106,81 @@ def test_the_store_imports_no_key_code() -> None:
 def test_the_embedded_workspace_is_composed_of_members_built_on_its_files() -> None:
     # sync.store.embedded.workspace holds the members and the write order; each member is built
     # on the workspace's files and never reaches back up to the workspace, and the files
-    # are built on none of them (docs/architecture.md, "The embedded workspace").
+    # are built on none of them (docs/architecture.md, "The embedded workspace"). The
+    # rows of each mode are members of their own, chosen when the workspace opens.
     mods = _modules("sync")
     files = "sync.store.embedded.workspace_files"
-    members = ("sync.store.embedded.lance_rows", "sync.store.embedded.search_index",
-               "sync.store.embedded.pool_ops", "sync.store.embedded.workspace_checks")
+    held = ("sync.store.embedded.sealed_rows", "sync.store.embedded.search_rows",
+            "sync.store.embedded.pool_ops", "sync.store.embedded.workspace_checks")
+    members = (*held, "sync.store.embedded.lance_rows", "sync.store.embedded.search_index")
 
     def imported(module: str, target: str) -> bool:
         return any(n == target or n.startswith(target + ".") for n in mods[module])
 
-    for member in (files, *members):
+    for member in (files, *held):
         assert imported("sync.store.embedded.workspace", member), member
+    for member in (files, *members):
         assert not imported(member, "sync.store.embedded.workspace"), member
     for member in members:
         assert imported(member, files), member
         assert not imported(files, member), member
+    # The two modes' rows know nothing of each other.
+    for a, b in (held[:2], held[1::-1]):
+        assert not imported(a, b), (a, b)
     # Members, not base classes: the workspace derives from nothing of its own.
     tree = ast.parse((ROOT / "sync" / "store" / "embedded" / "workspace.py").read_text())
     (store,) = [n for n in tree.body if isinstance(n, ast.ClassDef)
                 and n.name == "WorkspaceStore"]
     assert store.bases == []
+
+
+def test_the_postgres_workspace_holds_one_member_per_mode() -> None:
+    mods = _modules("sync")
+    modes = ("sync.store.postgres.sealed_rows", "sync.store.postgres.search_rows")
+
+    def imported(module: str, target: str) -> bool:
+        return any(n == target or n.startswith(target + ".") for n in mods[module])
+
+    for member in modes:
+        assert imported("sync.store.postgres.workspace", member), member
+        assert not imported(member, "sync.store.postgres.workspace"), member
+    assert not imported(modes[0], modes[1]) and not imported(modes[1], modes[0])
+
+
+# A branch on the workspace's mode: its test names the mode, or the stand-in the embedded
+# workspace once had for it (a search index of None).
+MODE_TEST = re.compile(r"\bsealed\b|\bmode\b|MODE_SEALED|MODE_SERVER_SEARCH|search_index"
+                       r"|\bindex is (not )?None")
+
+
+def mode_branches(path: Path) -> list[str]:
+    """The `if`s, conditional expressions and comprehension filters of `path` whose
+    test names the mode."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.If | ast.IfExp):
+            tests = [node.test]
+        elif isinstance(node, ast.comprehension):
+            tests = node.ifs
+        else:
+            continue
+        found += [f"{path.name}:{t.lineno}: {ast.unparse(t)}" for t in tests
+                  if MODE_TEST.search(ast.unparse(t))]
+    return found
+
+
+def test_the_workspaces_never_branch_on_the_mode() -> None:
+    # The mode is a member chosen when a workspace opens (sync.store.core.mode_rows): its
+    # rows of each mode are classes of their own, and the workspaces, their pool and
+    # ref requests and their checks call it instead of asking which mode they are of.
+    store = ROOT / "sync" / "store"
+    paths = [store / "embedded" / name for name in (
+        "workspace.py", "pool_ops.py", "workspace_checks.py", "sealed_rows.py",
+        "search_rows.py", "pool.py")]
+    paths += [store / "postgres" / name for name in (
+        "workspace.py", "pool.py", "conn.py", "sealed_rows.py", "search_rows.py", "tree.py")]
+    found = [b for p in paths for b in mode_branches(p)]
+    assert not found, found
 
 
 def _store_graph() -> dict[str, set[str]]:

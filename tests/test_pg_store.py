@@ -301,7 +301,7 @@ def wait_for_index(store: PgStore, ws: str) -> None:
     import time
 
     deadline = time.monotonic() + 120
-    while not store.workspace(ws).has_hnsw_index():
+    while not store.workspace(ws).rows.has_hnsw_index():
         assert time.monotonic() < deadline, "the HNSW index was not built"
         time.sleep(0.2)
 
@@ -317,7 +317,7 @@ def test_a_large_workspace_gets_an_hnsw_index_with_high_recall(pg_url: str) -> N
         conn.execute("ANALYZE codeveil.rows")  # statistics that know none of big's rows
     ids = fill_rows(big, vectors, "big")
     wait_for_index(store, big.workspace_id)
-    ws = store.workspace(big.workspace_id)
+    ws = store.workspace(big.workspace_id).rows
     with psycopg.connect(pg_url) as conn:
         (definition,) = conn.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s",
                                      (ws.index_name,)).fetchone()
@@ -327,13 +327,13 @@ def test_a_large_workspace_gets_an_hnsw_index_with_high_recall(pg_url: str) -> N
                 psycopg.sql.SQL("EXPLAIN ") + ws.hnsw_query(),
                 ("[" + ",".join(["0"] * dim) + "]", 10)))
         small_indexes = conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = %s",
-                                     (store.workspace(small.workspace_id).index_name,)).fetchone()
+                                     (store.workspace(small.workspace_id).rows.index_name,)).fetchone()
         graph_rows = ws._graph_rows(conn)  # what ef_search is sized by
     assert "hnsw" in definition and big.workspace_id in definition
     assert ws.index_name in plan  # the planner takes the index for the search's query
     assert small_indexes == (0,)  # below the threshold: exact search, no index
     assert graph_rows == 4000
-    assert not store.workspace(small.workspace_id).has_hnsw_index()
+    assert not store.workspace(small.workspace_id).rows.has_hnsw_index()
 
     queries = vectors[::97] + np.float32(0.05)
     found = 0
@@ -354,7 +354,7 @@ def test_a_large_workspace_gets_an_hnsw_index_with_high_recall(pg_url: str) -> N
 def test_hnsw_build_memory_grows_with_the_rows_within_bounds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from sync.store.postgres.workspace import BUILD_MEMORY_ENV, hnsw_build_memory_mb
+    from sync.store.postgres.search_rows import BUILD_MEMORY_ENV, hnsw_build_memory_mb
 
     small, large = hnsw_build_memory_mb(30_000, 384), hnsw_build_memory_mb(1_000_000, 384)
     assert 64 <= small < large
@@ -367,7 +367,7 @@ def test_hnsw_build_memory_grows_with_the_rows_within_bounds(
 
 
 def test_ef_search_grows_with_the_graph() -> None:
-    from sync.store.postgres.workspace import EF_SEARCH, MAX_EF_SEARCH, ef_search_for
+    from sync.store.postgres.search_rows import EF_SEARCH, MAX_EF_SEARCH, ef_search_for
 
     assert ef_search_for(4000, 10) == ef_search_for(100_000, 10) == EF_SEARCH
     assert EF_SEARCH < ef_search_for(300_000, 10) < ef_search_for(600_000, 10) < MAX_EF_SEARCH

@@ -591,7 +591,7 @@ def test_failing_row_write_leaves_pending_values(
         raise OSError("no space left on device")
 
     # Fault injection: step 2's LanceDB add fails after its delete went through.
-    monkeypatch.setattr(ws.search_index.table.handle, "add", disk_full)
+    monkeypatch.setattr(ws.rows.index.table.handle, "add", disk_full)
     with pytest.raises(OSError, match="no space"):
         client.apply([update("a.py", rand(3, 2), "2")], [])
     monkeypatch.undo()
@@ -702,7 +702,7 @@ def test_compaction_keeps_results(tmp_path: Path) -> None:
         client.apply([update(f"f{i % 4}.py", rand(3, i), str(i))], [])
     expected = {meta(f"f{i % 4}.py", j, str(i)) for i in range(6, 10) for j in range(3)}
     assert metas_found(client) == expected
-    stats = store.workspace("ws").search_index.table.handle.stats()
+    stats = store.workspace("ws").rows.index.table.handle.stats()
     assert stats["fragment_stats"]["num_fragments"] <= 4
     store.close()
     store = Store(tmp_path / "s")

@@ -64,6 +64,9 @@ Folders and modules, one job each. `core/` is what both backends share; `embedde
       checks.py         request validation (validate_apply, its `Update`s) and the
                         directory-value compare-and-set
       tree_plan.py      step 1 of an apply, decided once for both backends (pure)
+      mode_rows.py      ModeRows: a workspace's mode as one member chosen when it opens,
+                        the hooks its operations call where the modes differ
+      workspace_head.py WorkspaceHead: record, limits, crash hook; info and root answers
       rows.py           each mode's row layout, reading rows back, purging superseded rows
       blobs.py          a pull by blob checked and answered; the GC's defaults
       invitees.py       invitee tokens: the record, their checks and expiry
@@ -72,6 +75,10 @@ Folders and modules, one job each. `core/` is what both backends share; `embedde
       registry.py       Store: the Registry over registry.sqlite and the workspaces' folders
       workspace.py      WorkspaceStore: its members; tree reads, apply's write order top
                         to bottom, set_dir_values, verify/check, close
+      mode_rows.py      EmbeddedRows: the hooks of the embedded write order, per mode
+      sealed_rows.py    SealedRows: a sealed workspace's rows, a pool in tree.sqlite
+      search_rows.py    SearchRows: a server-search workspace's rows, in LanceDB under
+                        its SearchIndex
       workspace_files.py  WorkspaceFiles: tree.sqlite's connections, locks, writer.lock,
                         the write-ahead log's cut, the format-2 sealed rows' move
       search_index.py   SearchIndex: refresh, load, catch up, build, save; its part of
@@ -81,15 +88,18 @@ Folders and modules, one job each. `core/` is what both backends share; `embedde
       lance_table.py    the LanceDB table: lazy import, read errors, scans, new rows
       lance_rows.py     LanceRows: one workspace's table, written, compacted, counted
       pool.py           refs and the blob pool's SQL
-      pool_ops.py       PoolOps: pulls by blob, refs, GC; the pool's part of an apply
-      workspace_checks.py  `codeveil doctor`'s look at one workspace (functions)
+      pool_ops.py       PoolOps: refs listed and dropped, GC
+      workspace_checks.py  `codeveil doctor`'s look at one workspace (a function)
     postgres/           the store in PostgreSQL (+ pgvector)
       options.py        PgOptions: the tuning of a store and its workspaces
       registry.py       PgStore: the Registry over the workspaces and invitees tables
-      workspace.py      PgWorkspace: one workspace's tree, rows and search
+      workspace.py      PgWorkspace: one workspace's tree, apply and checks
+      mode_rows.py      PgRows: the hooks of the PostgreSQL write order, per mode
+      sealed_rows.py    PgSealedRows: a sealed workspace's rows, blobs of the pool
+      search_rows.py    PgSearchRows: rows with vectors, exact or HNSW search
       schema.py         the tables, their version and migrations
-      conn.py           connections (Pool), COPY, vectors as text
-      tree.py           the tree's SQL per ref
+      conn.py           connections (Pool), each mode's COPY, vectors as text
+      tree.py           the tree's SQL per ref, a committed leaf's rows
       pool.py           refs and the blob pool
 
 The names below are imported on first use (indexer.lazy): importing the package loads

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import operator
 import re
 import secrets
 from collections.abc import Callable, Sequence
@@ -70,6 +71,30 @@ def _vector(value: object, dim: int, where: str) -> np.ndarray:
             " (its squared distances would overflow float32)"
         )
     return out
+
+
+def children_keys(keys: object, limits: Limits) -> list[bytes]:
+    """The checked keys of a `children` request."""
+    if not isinstance(keys, Sequence) or isinstance(keys, bytes | str):
+        raise BadRequest("keys must be a list of keys")
+    if len(keys) > limits.max_keys:
+        raise BadRequest(f"too many keys: {len(keys)} > {limits.max_keys} per children call")
+    return [_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
+
+
+def search_request(vector: object, k: int, dim: int, limits: Limits
+                   ) -> tuple[np.ndarray, int]:
+    """The checked vector (`dim` floats) and `k` of a `search` request."""
+    query = _vector(vector, dim, "vector")
+    try:
+        if isinstance(k, bool):
+            raise TypeError
+        k = operator.index(k)
+    except TypeError:
+        raise BadRequest(f"k must be an integer, got {type(k).__name__}") from None
+    if not 1 <= k <= limits.max_k:
+        raise BadRequest(f"k must be between 1 and {limits.max_k}, got {k}")
+    return query, k
 
 
 def _meta(value: object, where: str, limit: int) -> bytes:

@@ -59,6 +59,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from indexer.lazy import LazyModule
 from sync.records import KEY_BYTES, MODE_SEALED, FileRows
 from sync.wire import BadRequest, Limits
@@ -224,6 +226,18 @@ def group_rows(
             for key in fid_keys.get(fid, ()):
                 found.setdefault(key, []).append((rid, cid, meta))
     return found
+
+
+def rows_by_fid(rows: Iterable[tuple[int, int, bytes]]
+                ) -> dict[int, tuple[np.ndarray, list[bytes]]]:
+    """fid -> (rids, chunk ids) of `rows`, each (rid, fid, chunk id), in their order:
+    every backend's `rows_by_file`."""
+    out: dict[int, tuple[list[int], list[bytes]]] = {}
+    for rid, fid, cid in rows:
+        entry = out.setdefault(fid, ([], []))
+        entry[0].append(rid)
+        entry[1].append(cid)
+    return {f: (np.array(r, np.int64), c) for f, (r, c) in out.items()}
 
 
 def bounded_answer(

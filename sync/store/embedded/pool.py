@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from sync.records import DEFAULT_REF, KEY_BYTES, RefInfo
 from sync.store.core.rows import SEALED_SCHEMA, fid_of
@@ -114,21 +114,17 @@ def ref_count(conn: sqlite3.Connection) -> int:
     return int(n)
 
 
-def list_refs(conn: sqlite3.Connection, sealed: bool) -> list[RefInfo]:
-    """Every ref with a tree, by id (the caller holds a read transaction)."""
+def list_refs(conn: sqlite3.Connection,
+              ref_rows: Callable[[sqlite3.Connection, bytes, bytes], int]) -> list[RefInfo]:
+    """Every ref with a tree, by id (the caller holds a read transaction); its rows
+    counted by `ref_rows` over the bounds of its stored keys (the mode's,
+    sync.store.embedded.mode_rows)."""
     out = []
     for ref, synced in conn.execute("SELECT ref, synced FROM refs ORDER BY ref").fetchall():
         lo, hi = ref_bounds(bytes(ref))
         (files,) = conn.execute("SELECT COUNT(*) FROM nodes WHERE key >= ? AND key < ?"
                                 " AND is_dir = 0", (lo, hi)).fetchone()
-        rows = 0
-        if sealed:
-            for k, v in conn.execute("SELECT key, value FROM nodes WHERE key >= ? AND key < ?"
-                                     " AND is_dir = 0 AND value IS NOT NULL", (lo, hi)):
-                (n,) = conn.execute("SELECT COUNT(*) FROM rows WHERE fid = ? AND value = ?",
-                                    (fid_of(unscoped(bytes(k))), v)).fetchone()
-                rows += int(n)
-        out.append(RefInfo(bytes(ref), float(synced), int(files), int(rows)))
+        out.append(RefInfo(bytes(ref), float(synced), int(files), ref_rows(conn, lo, hi)))
     return out
 
 

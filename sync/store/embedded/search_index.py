@@ -119,8 +119,9 @@ class _RWLock:
 
 class SearchIndex:
     """A server-search workspace's search index, the rows it stands for and the LanceDB
-    table (`table`) it is kept equal to (the module docstring). sync.store.embedded.workspace
-    holds one (a sealed workspace none) and calls it at the steps of an apply:
+    table (`table`) it is kept equal to (the module docstring). A server-search
+    workspace's rows (sync.store.embedded.search_rows) hold one and call it at the steps
+    of an apply:
     `prepare_write`, `follow`, `replace_rows`, `after_apply`; and for `search`,
     `count`, `verify` and `close`. What happened to the index is counted in the
     files' `events`."""

@@ -24,10 +24,9 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
-from sync.store.core.backend import WorkspaceRecord
-from sync.store.core.rows import SEALED_SCHEMA, checkpoint_superseded, has_sealed_rows, table_schema
-from sync.store.embedded.lance_table import TABLE, import_lancedb, open_table, scan_table
+from sync.store.core.rows import SEALED_SCHEMA, checkpoint_superseded, has_sealed_rows
+from sync.store.core.workspace_head import WorkspaceHead
+from sync.store.embedded.lance_table import TABLE, open_table, scan_table
 from sync.store.embedded.options import StoreOptions
 from sync.store.embedded.pool import adopt_rows
 from sync.store.embedded.sqlite_tree import (
@@ -55,15 +54,13 @@ class WorkspaceFiles:
     `flock()`. `events` counts what happened to the rows and the search index (built,
     loaded, caught_up, rebuilt, saved, purged), where it happened, for logs and tests."""
 
-    def __init__(self, path: Path, record: WorkspaceRecord, options: StoreOptions) -> None:
+    def __init__(self, path: Path, head: WorkspaceHead, options: StoreOptions) -> None:
         self.path = path
         self.options = options
-        self.record = record
-        self.workspace_id = record.workspace_id
-        self.dim = record.dim
-        self.mode = record.mode
-        self.sealed = record.mode == MODE_SEALED
-        self.limits = options.limits
+        self.head = head  # the record and limits, as the workspace holds them
+        self.workspace_id = head.workspace_id
+        self.dim = head.dim
+        self.limits = head.limits
         self.tree_path = path / "tree.sqlite"
         self.wconn = connect(self.tree_path)
         # Deleted rows' bytes are overwritten, not left in free space (sync.store.core.rows).
@@ -78,20 +75,15 @@ class WorkspaceFiles:
         self._lock_path = path / "writer.lock"
 
     @staticmethod
-    def initialize(path: Path, dim: int, mode: str = MODE_SERVER_SEARCH) -> None:
-        """Create the files of a new, empty workspace."""
+    def initialize(path: Path) -> None:
+        """Create the files every new, empty workspace has: an empty tree and the
+        writers' lock file (its mode's rows add theirs, sync.store.embedded.mode_rows)."""
         path.mkdir(parents=True)
         conn = connect(path / "tree.sqlite")
         try:
             init_tree_db(conn)
-            if mode == MODE_SEALED:
-                with transaction(conn):
-                    for statement in SEALED_SCHEMA:
-                        conn.execute(statement)
         finally:
             conn.close()
-        if mode != MODE_SEALED:
-            import_lancedb().connect(path).create_table(TABLE, schema=table_schema(dim, mode))
         (path / "writer.lock").touch()
 
     def move_sealed_rows(self) -> None:

@@ -13,7 +13,7 @@ import contextlib
 import select
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import psycopg
@@ -130,22 +130,37 @@ def _field(data: bytes) -> bytes:
     return struct.pack(">i", len(data)) + data
 
 
-def copy_rows(workspace: str, updates: list[Update], dim: int, sealed: bool) -> bytes:
-    """The new rows of `updates` for `COPY rows (workspace, fid, chunk_id, meta, vector,
-    value) FROM STDIN (FORMAT BINARY)`: exact float32 vectors (pgvector's binary form is
-    a dim, a reserved int16 and big-endian float32s), and no float-to-text round trip;
-    sealed, no vector and the blob's value (the leaf's), server-search no value."""
+def sealed_copy_rows(workspace: str, updates: list[Update]) -> bytes:
+    """The new rows of a sealed workspace's `updates` for `COPY rows (workspace, fid,
+    chunk_id, meta, vector, value) FROM STDIN (FORMAT BINARY)`: no vector, and the
+    blob's value (the leaf's)."""
+    return _copy_rows(workspace, ((u, lambda _j: _NULL, _field(u.value)) for u in updates))
+
+
+def search_copy_rows(workspace: str, updates: list[Update], dim: int) -> bytes:
+    """As `sealed_copy_rows` for a server-search workspace: exact float32 vectors
+    (pgvector's binary form is a dim, a reserved int16 and big-endian float32s), and no
+    float-to-text round trip; no value."""
+    vector_head = struct.pack(">ihh", 4 + 4 * dim, dim, 0)  # field length, dim, reserved
+
+    def vectors(u: Update) -> Callable[[int], bytes]:
+        rows = np.asarray(u.vectors, dtype=">f4")
+        return lambda j: vector_head + rows[j].tobytes()
+
+    return _copy_rows(workspace, ((u, vectors(u), _NULL) for u in updates))
+
+
+def _copy_rows(workspace: str, updates: Iterable[tuple[Update, Callable[[int], bytes], bytes]]
+               ) -> bytes:
+    """The binary COPY of the rows of each (update, its j-th row's vector field, its
+    value field)."""
     parts = [_COPY_HEADER]
     ws = _field(workspace.encode())
     count = struct.pack(">h", 6)
-    vector_head = struct.pack(">ihh", 4 + 4 * dim, dim, 0)  # field length, dim, reserved
-    for u in updates:
+    for u, vector, value in updates:
         fid = _field(struct.pack(">q", fid_of(u.file_key)))
-        vectors = None if sealed else np.asarray(u.vectors, dtype=">f4")
-        value = _field(u.value) if sealed else _NULL
         for j, (cid, meta) in enumerate(zip(u.chunk_ids, u.metas, strict=True)):
-            vec = _NULL if vectors is None else vector_head + vectors[j].tobytes()
-            parts += [count, ws, fid, _field(cid), _field(meta), vec, value]
+            parts += [count, ws, fid, _field(cid), _field(meta), vector(j), value]
     parts.append(_COPY_TRAILER)
     return b"".join(parts)
 

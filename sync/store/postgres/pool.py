@@ -1,31 +1,32 @@
 """Refs and the pool of sealed file blobs in PostgreSQL (docs/architecture.md, "Refs and
 the blob pool"): the same semantics as the embedded store's (sync.store.embedded.pool,
-sync.store.embedded.pool_ops) over the tables `refs`, `blobs` and `rows.value`
+sync.store.embedded.sealed_rows) over the tables `refs`, `blobs` and `rows.value`
 (sync.store.postgres.schema).
 
 The functions take the connection of the caller's transaction, which holds the
 workspace's row lock (`SELECT ... FOR UPDATE`), so an apply, a dropped ref and the GC
 of one workspace run one at a time across replicas: a blob a sync is about to link is
-never deleted under it. `PgPool` is a workspace's ref and pool requests
-(`WorkspaceBackend.blob_rows`, `refs`, `drop_ref`, `collect_garbage`).
+never deleted under it. `PgPool` is a workspace's ref requests (`WorkspaceBackend.refs`,
+`drop_ref`, `collect_garbage`); `blob_rows` and `blob_problems` are a sealed workspace's
+(sync.store.postgres.sealed_rows).
 
 Times (a ref's last write, a blob's orphaning) are the database's clock (`NOW`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol
 
 import psycopg
 
-from sync.records import BlobRows, RefInfo
-from sync.store.core.blobs import blob_answer, blob_items
+from sync.records import RefInfo
 from sync.store.core.checks import Update, gc_settings, pool_problems, ref_id
 from sync.store.core.rows import fid_of
-from sync.store.postgres.conn import Pool, copy_rows
+from sync.store.core.workspace_head import WorkspaceHead
+from sync.store.postgres.conn import Pool, sealed_copy_rows
 from sync.store.postgres.schema import NOW, SCHEMA
-from sync.wire import BadRequest, RefNotFound
+from sync.wire import RefNotFound
 
 if TYPE_CHECKING:
     from sync.store.postgres.options import PgOptions
@@ -142,7 +143,7 @@ def replace_blob_rows(conn: psycopg.Connection, ws: str, uploads: list[Update]) 
             f"COPY {W}.rows (workspace, fid, chunk_id, meta, vector, value)"
             " FROM STDIN (FORMAT BINARY)"
         ) as copy:
-            copy.write(copy_rows(ws, uploads, 0, sealed=True))
+            copy.write(sealed_copy_rows(ws, uploads))
     conn.execute(
         f"INSERT INTO {W}.blobs (workspace, fid, value, orphaned)"
         " SELECT %s, fid, value, NULL FROM unnest(%s::bigint[], %s::bytea[]) AS w (fid, value)"
@@ -177,40 +178,63 @@ def collect(conn: psycopg.Connection, ws: str, grace_s: float) -> tuple[int, int
     return len(expired), delete_blobs(conn, ws, expired)
 
 
+def blob_rows(pool: Pool, ws: str, wanted: list[tuple[bytes, bytes]], *, rows: bool
+              ) -> dict[bytes, list[tuple[int, bytes, bytes]]]:
+    """The rows of each blob (file key, value) of `wanted` the pool holds, in one
+    statement: one committed state. Without `rows`, only which it holds: each found key
+    once, row-less."""
+    found: dict[bytes, list[tuple[int, bytes, bytes]]] = {}
+    if not wanted:
+        return found
+    columns, join = ("r.rid, r.chunk_id, r.meta", f" LEFT JOIN {W}.rows r ON"
+                     " r.workspace = b.workspace AND r.fid = b.fid AND r.value = b.value"
+                     ) if rows else ("NULL::bigint, NULL::bytea, NULL::bytea", "")
+    with pool.connection() as conn:
+        for key, rid, cid, meta in conn.execute(
+            f"SELECT w.key, {columns}"
+            " FROM unnest(%s::bytea[], %s::bigint[], %s::bytea[]) AS w (key, fid, value)"
+            f" JOIN {W}.blobs b ON b.workspace = %s AND b.fid = w.fid"
+            "  AND b.value = w.value" + join,
+            ([k for k, _ in wanted], [fid_of(k) for k, _ in wanted],
+             [v for _, v in wanted], ws)):
+            entry = found.setdefault(bytes(key), [])
+            if rid is not None:
+                entry.append((rid, bytes(cid), bytes(meta)))
+    return found
+
+
+def blob_problems(conn: psycopg.Connection, ws: str) -> list[str]:
+    """The pool's invariants (as the embedded store's `check`): every row of a listed
+    blob, every committed leaf naming a blob the pool holds."""
+    found = conn.execute(
+        f"SELECT (SELECT count(*) FROM {W}.rows r WHERE r.workspace = %s"
+        f"   AND NOT EXISTS (SELECT 1 FROM {W}.blobs b WHERE b.workspace = r.workspace"
+        "   AND b.fid = r.fid AND b.value = r.value)),"
+        f" (SELECT count(*) FROM {W}.nodes n WHERE n.workspace = %s AND NOT n.is_dir"
+        f"   AND n.value IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {W}.blobs b"
+        f"   WHERE b.workspace = n.workspace AND b.fid = {FID.format('n.key')}"
+        "   AND b.value = n.value))", (ws, ws)).fetchone()
+    loose, lacking = (int(found[0]), int(found[1])) if found else (0, 0)
+    return pool_problems(f"workspace {ws}", loose, lacking, "let its clients index again")
+
+
+class PoolSide(Protocol):
+    """What the pool requests leave to the workspace's mode (sync.store.postgres.mode_rows):
+    a server-search workspace has no pool."""
+
+    def released(self, conn: psycopg.Connection, blobs: list[Blob]) -> int: ...
+    def collect(self, conn: psycopg.Connection, grace_s: float) -> tuple[int, int]: ...
+
+
 class PgPool:
-    """One workspace's ref and pool requests, each in a transaction of its own under the
-    workspace's row lock (`lock`)."""
+    """One workspace's ref requests, each in a transaction of its own under the
+    workspace's row lock (`lock`); what they do to the pool is the mode's (`side`)."""
 
-    def __init__(self, pool: Pool, workspace_id: str, sealed: bool, options: PgOptions,
-                 lock: Callable[[psycopg.Connection], None]) -> None:
-        self._pool, self._lock = pool, lock
-        self.workspace_id, self.sealed = workspace_id, sealed
-        self.options, self.limits = options, options.limits
-
-    def blob_rows(self, items: Sequence[tuple[bytes, bytes]], *, rows: bool = True
-                  ) -> BlobRows:
-        """As `WorkspaceStore.blob_rows`, in one statement: one committed state."""
-        wanted = blob_items(items, self.limits)
-        if not self.sealed:
-            raise BadRequest("a server-search workspace has no blob pool", status=409)
-        found: dict[bytes, list[tuple[int, bytes, bytes]]] = {}
-        if wanted:
-            # Without rows, only which blobs it holds: each found key once, row-less.
-            columns, join = ("r.rid, r.chunk_id, r.meta", f" LEFT JOIN {W}.rows r ON"
-                             " r.workspace = b.workspace AND r.fid = b.fid AND r.value = b.value"
-                             ) if rows else ("NULL::bigint, NULL::bytea, NULL::bytea", "")
-            with self._pool.connection() as conn:
-                for key, rid, cid, meta in conn.execute(
-                    f"SELECT w.key, {columns}"
-                    " FROM unnest(%s::bytea[], %s::bigint[], %s::bytea[]) AS w (key, fid, value)"
-                    f" JOIN {W}.blobs b ON b.workspace = %s AND b.fid = w.fid"
-                    "  AND b.value = w.value" + join,
-                    ([k for k, _ in wanted], [fid_of(k) for k, _ in wanted],
-                     [v for _, v in wanted], self.workspace_id)):
-                    entry = found.setdefault(bytes(key), [])
-                    if rid is not None:
-                        entry.append((rid, bytes(cid), bytes(meta)))
-        return blob_answer(wanted, found, self.limits.max_row_bytes)
+    def __init__(self, pool: Pool, head: WorkspaceHead, options: PgOptions,
+                 lock: Callable[[psycopg.Connection], None], side: PoolSide) -> None:
+        self._pool, self._lock, self._side = pool, lock, side
+        self.workspace_id, self.sealed = head.workspace_id, head.sealed
+        self.options = options
 
     def refs(self) -> list[RefInfo]:
         """Every ref with a tree: id, last write, files and rows of their blobs."""
@@ -244,11 +268,7 @@ class PgPool:
             " RETURNING key, CASE WHEN is_dir THEN NULL ELSE value END", (ws, ref))
             if v is not None]
         conn.execute(f"DELETE FROM {W}.refs WHERE workspace = %s AND ref = %s", (ws, ref))
-        if not self.sealed:
-            return 0
-        left = conn.execute(f"SELECT count(*) FROM {W}.refs WHERE workspace = %s",
-                            (ws,)).fetchone()
-        return release(conn, ws, blobs, now=left is None or left[0] <= 1)
+        return self._side.released(conn, blobs)
 
     def collect_garbage(self, *, max_ref_age_days: float | None = None,
                         grace_s: float | None = None) -> dict[str, int]:
@@ -262,20 +282,5 @@ class PgPool:
                 f"SELECT ref FROM {W}.refs WHERE workspace = %s AND synced < {NOW} - %s",
                 (ws, age * DAY))]
             released = sum(self._drop(conn, r) for r in dropped)
-            blobs, rows = collect(conn, ws, grace) if self.sealed else (0, 0)
+            blobs, rows = self._side.collect(conn, grace)
         return {"refs": len(dropped), "blobs": blobs, "rows": rows + released}
-
-    def problems(self, conn: psycopg.Connection) -> list[str]:
-        """The pool's invariants (as the embedded store's `check`): every row of a listed
-        blob, every committed leaf naming a blob the pool holds."""
-        ws = self.workspace_id
-        found = conn.execute(
-            f"SELECT (SELECT count(*) FROM {W}.rows r WHERE r.workspace = %s"
-            f"   AND NOT EXISTS (SELECT 1 FROM {W}.blobs b WHERE b.workspace = r.workspace"
-            "   AND b.fid = r.fid AND b.value = r.value)),"
-            f" (SELECT count(*) FROM {W}.nodes n WHERE n.workspace = %s AND NOT n.is_dir"
-            f"   AND n.value IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {W}.blobs b"
-            f"   WHERE b.workspace = n.workspace AND b.fid = {FID.format('n.key')}"
-            "   AND b.value = n.value))", (ws, ws)).fetchone()
-        loose, lacking = (int(found[0]), int(found[1])) if found else (0, 0)
-        return pool_problems(f"workspace {ws}", loose, lacking, "let its clients index again")

@@ -16,6 +16,7 @@ import psycopg
 from sync.store.core.checks import Update
 from sync.store.core.rows import fid_bounds, fid_of
 from sync.store.core.tree_plan import TreePlan, plan_tree
+from sync.store.postgres.conn import Pool
 from sync.store.postgres.schema import SCHEMA
 
 W = SCHEMA
@@ -117,3 +118,23 @@ def subtree(conn: psycopg.Connection, ws: str, ref: bytes, roots: Sequence[bytes
         f" SELECT n.key, n.is_dir FROM {W}.nodes n JOIN sub ON n.workspace = %s"
         "  AND n.ref = %s AND n.key = sub.k",
         (list(roots), ws, ref, ws, ref))}
+
+
+def committed_rows(pool: Pool, ws: str, ref: bytes, wanted: list[bytes], match: str = ""
+                   ) -> dict[bytes, list[tuple[int, bytes, bytes]]]:
+    """(rid, chunk id, meta) of the rows of each key of `wanted` whose leaf in `ref`'s
+    tree is committed, in one statement: one committed state. `match` narrows the rows
+    joined to a leaf `n` (a sealed workspace's: those of the blob it names)."""
+    with pool.connection() as conn:
+        rows = conn.execute(
+            f"SELECT w.key, r.rid, r.chunk_id, r.meta"
+            f" FROM unnest(%s::bytea[], %s::bigint[]) AS w (key, fid)"
+            f" JOIN {W}.nodes n ON n.workspace = %s AND n.ref = %s AND n.key = w.key"
+            "   AND n.value IS NOT NULL AND NOT n.is_dir"
+            f" JOIN {W}.rows r ON r.workspace = %s AND r.fid = w.fid" + match,
+            (wanted, [fid_of(k) for k in wanted], ws, ref, ws),
+        ).fetchall()
+    found: dict[bytes, list[tuple[int, bytes, bytes]]] = {}
+    for key, rid, cid, meta in rows:
+        found.setdefault(key, []).append((rid, cid, meta))
+    return found
