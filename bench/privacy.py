@@ -35,16 +35,21 @@ at chance for every vector attack: there is nothing to compare). Beside each bet
 recall the client keeps (encrypted top-100 re-ranked with the plain vectors, against
 the plain top-10).
 
-    structure       (--structure, a sealed store behind `codeveil serve`, no key and no
-                    vector needed) the stored tree's shape, rows per file key, envelope
-                    lengths and row order matched against the public tree chunked with
-                    our own chunker: public files and chunks labelled, private files
-                    flagged, file category read from the order; and the store's cost
-                    (bytes held, requests and bytes of a no-change and a one-file sync)
+    structure       (--structure, a store behind `codeveil serve`, sealed or with
+                    `--mode server-search`, no key and no vector needed) the stored
+                    tree's shape, rows per file key, envelope lengths and row order
+                    matched against the public tree chunked with our own chunker: public
+                    files and chunks labelled, private files flagged, file category read
+                    from the order; sealed, the store's cost (bytes held, requests and
+                    bytes of a no-change and a one-file sync)
+    co-change       (--structure) an observer of many syncs: `--edits` times a random
+                    file is edited and synced, the rows the store holds are listed after
+                    each, and rows are grouped into files by the sync that added them
 
     python bench/privacy.py                      # the installed `requests` package
     python bench/privacy.py --tree PATH --betas 0.5,1,2,4,8
     python bench/privacy.py --structure          # the psf/requests mirror, hashing embedder
+    python bench/privacy.py --structure --mode server-search
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ import sqlite3
 import sys
 import textwrap
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -270,7 +276,7 @@ def read_server(store_dir: Path) -> ServerView:
     (ws_dir,) = [p for p in (store_dir / "workspaces").iterdir() if p.is_dir()]
     conn = sqlite3.connect(f"file:{ws_dir / 'tree.sqlite'}?mode=ro", uri=True)
     try:
-        leaves = {bytes(k): bytes(v) for k, v in conn.execute(
+        leaves = {_node(k): bytes(v) for k, v in conn.execute(
             "SELECT key, value FROM nodes WHERE is_dir = 0 AND value IS NOT NULL")}
         sealed = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table'"
                               " AND name = 'rows'").fetchone() is not None
@@ -550,23 +556,46 @@ class StoredShape:
     rows: dict[bytes, list[tuple[int, int]]]  # file key -> [(rid, length)], rid order
 
 
-def read_shape(store_dir: Path) -> StoredShape:
+def read_shape(store_dir: Path, *, sealed: bool = True) -> StoredShape:
+    """The tree from tree.sqlite; the rows from it too (sealed) or from the LanceDB
+    table (server-search), in rid order: the order the server took them in."""
     from sync.store import fid_of
 
     (ws_dir,) = [p for p in (store_dir / "workspaces").iterdir() if p.is_dir()]
     conn = sqlite3.connect(f"file:{ws_dir / 'tree.sqlite'}?mode=ro", uri=True)
     try:
-        nodes = [(bytes(k), None if p is None else bytes(p), bool(d))
+        nodes = [(_node(k), None if p is None else _node(p), bool(d))
                  for k, p, d in conn.execute("SELECT key, parent, is_dir FROM nodes")]
-        stored = conn.execute("SELECT rid, fid, length(meta) FROM rows ORDER BY rid").fetchall()
+        stored = (conn.execute("SELECT rid, fid, length(meta) FROM rows ORDER BY rid")
+                  .fetchall() if sealed else [])
     finally:
         conn.close()
+    if not sealed:
+        stored = sorted((rid, fid, len(meta)) for rid, fid, _, meta in _lance_rows(ws_dir))
     by_fid = {fid_of(k): k for k, _, d in nodes if not d}
     rows: dict[bytes, list[tuple[int, int]]] = {k: [] for k, _, d in nodes if not d}
     for rid, fid, length in stored:
         rows[by_fid[fid]].append((int(rid), int(length)))
     return StoredShape(parent={k: p for k, p, _ in nodes}, is_dir={k: d for k, _, d in nodes},
                        rows=rows)
+
+
+def _node(stored: bytes) -> bytes:
+    """A node key as stored, less the ref id in front of it (sync.store.embedded.pool:
+    every ref's tree shares the table; these stores hold one ref)."""
+    from sync.records import KEY_BYTES
+
+    return bytes(stored[-KEY_BYTES:])
+
+
+def _lance_rows(ws_dir: Path) -> list[tuple[int, int, bytes, bytes]]:
+    """A server-search workspace's rows as stored: (rid, fid, chunk id, meta)."""
+    import lancedb
+
+    rows = lancedb.connect(ws_dir).open_table("chunks").to_arrow()
+    return list(zip(rows.column("rid").to_pylist(), rows.column("fid").to_pylist(),
+                    [bytes(c) for c in rows.column("chunk_id").to_pylist()],
+                    [bytes(m) for m in rows.column("meta").to_pylist()], strict=True))
 
 
 @dataclass
@@ -576,18 +605,26 @@ class PublicFile:
     chunks: list[tuple[bytes, int]]  # (chunk hash, start line) of each, for the truth
 
 
-def public_files(repo: Path, private: set[str], dim: int) -> dict[str, PublicFile]:
+def public_files(repo: Path, private: set[str], dim: int, *,
+                 sealed: bool = True) -> dict[str, PublicFile]:
     """The attacker's side: the public files as our walker and chunker see them, each
     chunk's envelope length from sealing its metadata under a key of its own (the length
-    does not depend on the key)."""
+    does not depend on the key): a sealed row's envelope, or a server-search row's
+    metadata envelope."""
     from indexer.definitions import chunk_and_define
     from indexer.walk import SourceFile, read_source, walk_repo
-    from sync.crypto import ChunkMeta
+    from sync.crypto import ChunkMeta, seal_meta
     from sync.keys import WorkspaceKey
     from sync.sealed_rows import RowSealer
 
-    sealer = RowSealer(WorkspaceKey(os.urandom(32)), "attacker", dim)
+    own = WorkspaceKey(os.urandom(32))
+    sealer = RowSealer(own, "attacker", dim)
     zero = np.zeros(dim, np.float32)
+
+    def length(meta: ChunkMeta) -> int:
+        return len(sealer.seal(bytes(16), bytes(16), meta, zero) if sealed
+                   else seal_meta(own, "attacker", bytes(16), meta))
+
     out: dict[str, PublicFile] = {}
     for entry in walk_repo(repo).files:
         if entry.path in private or entry.path.startswith(".codeveil"):
@@ -596,9 +633,9 @@ def public_files(repo: Path, private: set[str], dim: int) -> dict[str, PublicFil
         if not isinstance(source, SourceFile):
             continue
         chunks, _ = chunk_and_define(entry.path, source.text)
-        lengths = [len(sealer.seal(bytes(16), bytes(16), ChunkMeta(
+        lengths = [length(ChunkMeta(
             path=c.path, start_line=c.start_line, end_line=c.end_line, symbol=c.symbol,
-            language=c.language, chunk_hash=c.chunk_hash), zero)) for c in chunks]
+            language=c.language, chunk_hash=c.chunk_hash)) for c in chunks]
         out[entry.path] = PublicFile(entry.path, lengths,
                                      [(c.chunk_hash, c.start_line) for c in chunks])
     return out
@@ -660,8 +697,8 @@ def _ancestor_shapes(parent: dict, is_dir: dict) -> dict:
 
 
 def attack_structure(shape: StoredShape, public: dict[str, PublicFile],
-                     truth: dict[bytes, str], row_truth: dict[bytes, list[int]]
-                     ) -> dict[str, object]:
+                     truth: dict[bytes, str], row_truth: dict[bytes, list[int]],
+                     rows_for: Callable[[int], int] | None = None) -> dict[str, object]:
     """Label the stored files and rows with public ones from structure alone.
 
     A stored file's candidates are the public files whose rows it could be: as many rows
@@ -675,7 +712,9 @@ def attack_structure(shape: StoredShape, public: dict[str, PublicFile],
     length, whichever labels more. Rates are expected values (a guess among k is right
     1/k of the time; `row_truth` is, per stored file, the chunk index each row in rid
     order holds, -1 for padding). The file category is read off the upload order: files sorted by
-    their first row, cut where the public counts of source, tests and other fall."""
+    their first row, cut where the public counts of source, tests and other fall.
+    `rows_for`: how many rows the store holds for a file of n chunks (default: the
+    sealed padding)."""
     from collections import Counter
 
     from indexer.priority import category
@@ -688,7 +727,7 @@ def attack_structure(shape: StoredShape, public: dict[str, PublicFile],
     p_counts = {p: Counter(f.lengths) for p, f in public.items()}
     by_rows: dict[int, list[str]] = defaultdict(list)
     for p, f in public.items():
-        by_rows[_rows_for(len(f.lengths))].append(p)
+        by_rows[(rows_for or _rows_for)(len(f.lengths))].append(p)
 
     # Where every stored file sits at one depth, the depth says nothing of the path.
     by_depth = len({s_depth[s] for s in stored_files}) > 1
@@ -787,7 +826,7 @@ def structure_truth(setup: Setup, public: dict[str, PublicFile]
     """With the key: each stored file's path, and the public chunk index each of its rows
     holds in rid order (-1 for a private chunk or a padding row)."""
     from indexer.walk import walk_repo
-    from sync.crypto import node_key
+    from sync.crypto import node_key, open_meta
     from sync.sealed_rows import RowSealer
     from sync.store import fid_of
 
@@ -795,15 +834,21 @@ def structure_truth(setup: Setup, public: dict[str, PublicFile]
     by_fid = {fid_of(k): k for k in paths}
     sealer = RowSealer(setup.key, setup.workspace_id, setup.dim)
     (ws_dir,) = [p for p in (setup.store_dir / "workspaces").iterdir() if p.is_dir()]
-    with contextlib.closing(sqlite3.connect(f"file:{ws_dir / 'tree.sqlite'}?mode=ro",
-                                            uri=True)) as conn:
-        stored = conn.execute("SELECT chunk_id, fid, meta FROM rows ORDER BY rid").fetchall()
+    if setup.sealed:
+        with contextlib.closing(sqlite3.connect(f"file:{ws_dir / 'tree.sqlite'}?mode=ro",
+                                                uri=True)) as conn:
+            stored = conn.execute("SELECT chunk_id, fid, meta FROM rows ORDER BY rid"
+                                  ).fetchall()
+    else:
+        stored = [(c, f, m) for _, f, c, m in sorted(_lance_rows(ws_dir))]
     rows: dict[bytes, list[int]] = defaultdict(list)
     index = {p: {c: i for i, c in enumerate(f.chunks)} for p, f in public.items()}
     for cid, fid, blob in stored:
         key = by_fid[fid]
-        opened = sealer.open(bytes(cid), key, bytes(blob))
-        meta = getattr(opened, "meta", None)
+        if setup.sealed:
+            meta = getattr(sealer.open(bytes(cid), key, bytes(blob)), "meta", None)
+        else:
+            meta = open_meta(setup.key, setup.workspace_id, bytes(cid), bytes(blob))
         rows[key].append(-1 if meta is None else
                          index.get(meta.path, {}).get((meta.chunk_hash, meta.start_line), -1))
     return paths, rows
@@ -845,6 +890,95 @@ def padding_schemes(public: dict[str, PublicFile]) -> list[dict[str, object]]:
     return out
 
 
+def stored_rows(setup: Setup) -> dict[int, tuple[int, bytes]]:
+    """rid -> the file version the row belongs to, (fid, blob value), as the store records
+    it (the truth the co-change attack is scored against); server-search rows have no
+    blob, and a file's rows leave when it is sent again: (fid, b"")."""
+    (ws_dir,) = [p for p in (setup.store_dir / "workspaces").iterdir() if p.is_dir()]
+    if not setup.sealed:
+        return {int(rid): (int(fid), b"") for rid, fid, _, _ in _lance_rows(ws_dir)}
+    with contextlib.closing(sqlite3.connect(f"file:{ws_dir / 'tree.sqlite'}?mode=ro",
+                                            uri=True)) as conn:
+        return {int(rid): (int(fid), bytes(value or b"")) for rid, fid, value in
+                conn.execute("SELECT rid, fid, value FROM rows")}
+
+
+def current_versions(setup: Setup) -> set[tuple[int, bytes]]:
+    """The file versions some leaf names now (sealed: blobs not orphaned)."""
+    (ws_dir,) = [p for p in (setup.store_dir / "workspaces").iterdir() if p.is_dir()]
+    if not setup.sealed:
+        return {(int(fid), b"") for _, fid, _, _ in _lance_rows(ws_dir)}
+    with contextlib.closing(sqlite3.connect(f"file:{ws_dir / 'tree.sqlite'}?mode=ro",
+                                            uri=True)) as conn:
+        return {(int(fid), bytes(value)) for fid, value in
+                conn.execute("SELECT fid, value FROM blobs WHERE orphaned IS NULL")}
+
+
+def attack_cochange(setup: Setup, editable: list[str], edits: int, seed: int
+                    ) -> dict[str, object]:
+    """An observer of many syncs: `edits` times, a random file of `editable` gets a line
+    appended and the repo is synced; after each sync the observer lists the row ids the
+    store holds, and groups the rows it ends with by the sync that added them (rows that
+    came in together are taken for one file). Scored against the file versions the store
+    records: the share of current files whose row set is one group exactly, and pairwise
+    (of the row pairs put together, the share that are one file's; of one file's pairs,
+    the share put together), beside chance (a pair of rows picked at random is one
+    file's). Also the same scores for grouping by the columns a row carries (its fid,
+    and in a sealed store its blob value): what the observer needs no sync for."""
+    import random
+
+    from retrieval import Index
+
+    rng = random.Random(seed)
+    seen = stored_rows(setup)
+    added_in = dict.fromkeys(seen, 0)
+    edited: set[str] = set()
+    with Index(setup.repo) as idx:
+        for n in range(1, edits + 1):
+            path = rng.choice(editable)
+            target = setup.repo / path
+            target.write_text(target.read_text() + f"\n# edit {n}\n")
+            idx.index()
+            edited.add(path)
+            now = stored_rows(setup)
+            added_in.update(dict.fromkeys(now.keys() - seen.keys(), n))
+            seen = now
+    current = current_versions(setup)
+    by_sync: dict[int, set[int]] = defaultdict(set)
+    for rid in seen:
+        by_sync[added_in[rid]].add(rid)
+    by_columns: dict[object, set[int]] = defaultdict(set)
+    for rid, version in seen.items():
+        by_columns[version if setup.sealed else version[0]].add(rid)
+    return {"edits": edits, "files_edited": len(edited), "files_current": len(current),
+            "rows": len(seen), "syncs_with_new_rows": len(by_sync) - (0 in by_sync),
+            "by_cochange": _grouping_scores(seen, current, list(by_sync.values())),
+            "by_row_columns": _grouping_scores(seen, current, list(by_columns.values()))}
+
+
+def _grouping_scores(rows: dict[int, tuple[int, bytes]], current: set[tuple[int, bytes]],
+                     groups: list[set[int]]) -> dict[str, float]:
+    """How well `groups` (a partition of the rows) recovers the file versions of `rows`."""
+    from collections import Counter
+
+    truth: dict[tuple[int, bytes], set[int]] = defaultdict(set)
+    for rid, version in rows.items():
+        truth[version].add(rid)
+    as_sets = {frozenset(g) for g in groups}
+    exact = sum(1 for v in current if frozenset(truth[v]) in as_sets)
+
+    def pairs(n: int) -> int:
+        return n * (n - 1) // 2
+
+    together = sum(pairs(len(g)) for g in groups)
+    same = sum(pairs(len(t)) for t in truth.values())
+    both = sum(pairs(c) for g in groups for c in Counter(rows[r] for r in g).values())
+    return {"files_exact": exact / max(len(current), 1),
+            "pair_precision": both / max(together, 1),
+            "pair_recall": both / max(same, 1),
+            "pair_chance": same / max(pairs(len(rows)), 1)}
+
+
 PRIVATE_TEST = '''
 """Tests of the internal billing reconciliation."""
 
@@ -855,14 +989,17 @@ def test_settle_quarter_leaves_recent_accounts():
 
 
 def run_structure(args: argparse.Namespace) -> int:
-    """The structure attack on a sealed store of a public tree with private files in it,
-    and what the store costs: its bytes, and the requests and bytes of the syncs a user
-    runs most (nothing changed; one file edited)."""
+    """The structure attack on a store (sealed, or server-search with `--mode`) of a
+    public tree with private files in it; the co-change attack of an observer of many
+    syncs; and, sealed, what the store costs: its bytes, and the requests and bytes of
+    the syncs a user runs most (nothing changed; one file edited)."""
     from retrieval import Index
 
     os.environ.setdefault("CODEVEIL_EMBEDDER", "hashing")
+    sealed = args.mode == "sealed"
     base = isolate()
     server = Server(base / "server-data")
+    cost: dict[str, object] = {}
     try:
         commit = None
         tree = args.tree
@@ -870,16 +1007,20 @@ def run_structure(args: argparse.Namespace) -> int:
             tree = base / "public" / args.mirror.split("/")[-1]
             commit = unpack_mirror(args.mirror, tree)
         with Timer() as first:
-            setup = build_repo(tree, base, server_search=False, private_test=True,
+            setup = build_repo(tree, base, server_search=not sealed, private_test=True,
                                server=(server.url, server.data_dir))
-        shape = read_shape(setup.store_dir)
+        shape = read_shape(setup.store_dir, sealed=sealed)
         private = {setup.private, setup.duplicate[1], setup.private_test}
-        public = public_files(setup.repo, private, setup.dim)
+        public = public_files(setup.repo, private, setup.dim, sealed=sealed)
         truth, row_truth = structure_truth(setup, public)
-        attack = attack_structure(shape, public, truth, row_truth)
+        attack = attack_structure(shape, public, truth, row_truth,
+                                  None if sealed else lambda n: n)
         schemes = padding_schemes(public)
-        edit = server_search_edit(tree, base)
-        cost = sync_cost(setup, Index, first.seconds)
+        edit = server_search_edit(tree, base / "edit")
+        if sealed:
+            cost = sync_cost(setup, Index, first.seconds)
+        editable = sorted([p for p, f in public.items() if f.lengths] + sorted(private))
+        cochange = attack_cochange(setup, editable, args.edits, args.seed)
     finally:
         server.stop()
         shutil.rmtree(base, ignore_errors=True)
@@ -891,7 +1032,7 @@ def run_structure(args: argparse.Namespace) -> int:
     print(f"{a['stored_files']} stored files ({a['private_files']} private), "
           f"{a['public_chunks']} public chunks; tree depth {a['max_depth']}, "
           f"{a['root_children']} children of the root")
-    print(table(["structure attack (sealed, no key, no vector)", "rate", "chance"], [
+    print(table([f"structure attack ({args.mode}, no key, no vector)", "rate", "chance"], [
         ["public files labelled", pct(a["file_labelled"]), pct(a["file_chance"])],
         [f"  of them with more than one chunk ({a['files_multi']})",
          pct(a["file_labelled_multi"]), pct(a["file_chance_multi"])],
@@ -908,20 +1049,38 @@ def run_structure(args: argparse.Namespace) -> int:
         ["file category read from upload order", pct(a["category_from_order"]),
          pct(a["category_chance"])],
     ]))
-    print()
-    print(table(["cost", "value"], [[k, v] for k, v in cost.items()]))
+    if cost:
+        print()
+        print(table(["cost", "value"], [[k, v] for k, v in cost.items()]))
+    c = cochange
+    print(f"\nco-change: {c['edits']} syncs of one edited file each ({c['files_edited']}"
+          f" files edited), {c['rows']} rows of {c['files_current']} files at the end")
+    print(table(["rows grouped into files by", "files exact", "pair precision",
+                 "pair recall", "pair chance"],
+                [[name, pct(g["files_exact"]), pct(g["pair_precision"]),
+                  pct(g["pair_recall"]), pct(g["pair_chance"])]
+                 for name, g in (("the sync that added them", c["by_cochange"]),
+                                 ("the columns a row carries", c["by_row_columns"]))]))
     print(f"\nserver-search, one line edited twice within a minute: "
           f"{edit['rows_keeping_their_vector']} of {edit['file_rows']} rows of the file keep"
           f" their encrypted vector; {edit['superseded_in_search_index_while_open']} of"
           f" {edit['superseded_rows']} superseded rows still in search.index while open")
+    fn = edit["fresh_noise"]
+    print(f"were the noise fresh on every send ({fn['model']}, beta {fn['beta']:g},"
+          f" {fn['trials']} trials): the edited chunk named {pct(fn['edited_chunk_named'])}"
+          f" of the time (chance {pct(fn['chance'])}); unchanged rows linked to their old"
+          f" version {pct(fn['unchanged_rows_linked_to_their_version'])}; the beta faced"
+          " after k linked versions: " + ", ".join(
+              f"{k}: {v:.2f}" for k, v in fn["beta_faced_by_copies"].items()))
     print("\nRow buckets: rows stored per chunk, and files labelled from the row count alone")
     print(table(["scheme", "rows per chunk", "files labelled", "of >1 chunk"],
                 [[s["scheme"], f"{s['rows_per_chunk']:.2f}", pct(s["file_labelled"]),
                   pct(s["file_labelled_multi"])] for s in schemes]))
     path = write_json(args.out, {"tree": str(args.tree or args.mirror), "mirror_commit": commit,
                                  "embedder": os.environ["CODEVEIL_EMBEDDER"],
-                                 "attack": attack, "cost": cost, "row_buckets": schemes,
-                                 "server_search_edit": edit})
+                                 "mode": args.mode, "attack": attack, "cost": cost,
+                                 "row_buckets": schemes, "server_search_edit": edit,
+                                 "cochange": cochange})
     print(f"\nwrote {path}")
     return 0
 
@@ -951,10 +1110,12 @@ def server_search_edit(tree: Path, work: Path) -> dict[str, object]:
                 if f == fid]
 
     versions = [rows()]
+    texts = [path.read_text()]
     with Index(setup.repo) as idx:
         for n in (1, 2):
             lines[middle] = lines[middle].rstrip("\n") + f"  # edited {n}\n"
             path.write_text("".join(lines))
+            texts.append(path.read_text())
             idx.index()
             versions.append(rows())
         held = snapshot.read_bytes() if snapshot.exists() else b""
@@ -964,7 +1125,62 @@ def server_search_edit(tree: Path, work: Path) -> dict[str, object]:
             "rows_keeping_their_vector": sum(1 for v, _ in versions[0] if v in first),
             "superseded_rows": len(superseded),
             "superseded_in_search_index_while_open": sum(1 for m in superseded
-                                                         if m[:48] in held)}
+                                                         if m[:48] in held),
+            "fresh_noise": fresh_noise_edit(texts[0], texts[1], setup.duplicate[0],
+                                            setup.key)}
+
+
+FRESH_NOISE_TRIALS = 400
+AVERAGED_COPIES = (1, 2, 4, 8, 16)
+
+
+def fresh_noise_edit(before: str, after: str, path: str, key: object) -> dict[str, object]:
+    """Server-search, were every send's noise fresh (it is a function of the chunk): the
+    file's rows before and after a one-line edit, each version encrypted with new noise
+    (the real model's vectors, the workspace's cipher at the default beta). The attacker
+    pairs each new row with its nearest old one and takes the row farthest from its pair
+    for the edited chunk: how often that names it (chance 1/n), and how often an
+    unchanged row's nearest old row is its own version (what averaging needs: the
+    versions of a chunk linked). Then the noise left in the mean of k linked versions of
+    a chunk, against one version's: the beta the attacker faces after k syncs."""
+    from indexer.definitions import chunk_and_define
+    from indexer.embedder import SentenceTransformerEmbedder
+    from sync.crypto import DEFAULT_BETA, VectorCipher
+
+    model = SentenceTransformerEmbedder()
+    old_chunks, _ = chunk_and_define(path, before)
+    new_chunks, _ = chunk_and_define(path, after)
+    old = np.asarray(model.embed([c.embed_text for c in old_chunks]), np.float32)
+    new = np.asarray(model.embed([c.embed_text for c in new_chunks]), np.float32)
+    own = {c.embed_text: i for i, c in enumerate(old_chunks)}
+    edited = {j for j, c in enumerate(new_chunks) if c.embed_text not in own}
+    cipher = VectorCipher(key, old.shape[1], DEFAULT_BETA)  # type: ignore[arg-type]
+    clean = VectorCipher(key, old.shape[1], 0.0)  # type: ignore[arg-type]
+
+    def fresh(x: np.ndarray) -> np.ndarray:
+        return cipher.encrypt(x, [os.urandom(16) for _ in range(len(x))])
+
+    named = linked = unchanged = 0
+    for _ in range(FRESH_NOISE_TRIALS):
+        a, b = fresh(old), fresh(new)
+        d = np.linalg.norm(b[:, None, :] - a[None, :, :], axis=2)
+        named += int(np.argmax(d.min(axis=1))) in edited
+        for j, c in enumerate(new_chunks):
+            if j not in edited:
+                unchanged += 1
+                linked += int(np.argmin(d[j])) == own[c.embed_text]
+    truth = clean.encrypt(old, [bytes(16)] * len(old))
+    copies = np.stack([fresh(old) for _ in range(max(AVERAGED_COPIES))])
+    one = float(np.mean(np.linalg.norm(copies[0] - truth, axis=1)))
+    left = {k: float(np.mean(np.linalg.norm(copies[:k].mean(axis=0) - truth, axis=1))) / one
+            for k in AVERAGED_COPIES}
+    return {"model": model.model_id, "beta": DEFAULT_BETA, "trials": FRESH_NOISE_TRIALS,
+            "file_chunks": len(new_chunks), "edited_chunks": len(edited),
+            "edited_chunk_named": named / FRESH_NOISE_TRIALS,
+            "chance": 1.0 / max(len(new_chunks), 1),
+            "unchanged_rows_linked_to_their_version": linked / max(unchanged, 1),
+            "noise_left_by_copies": left,
+            "beta_faced_by_copies": {k: DEFAULT_BETA * v for k, v in left.items()}}
 
 
 def sync_cost(setup: Setup, index_cls: type, first_seconds: float) -> dict[str, object]:
@@ -1042,9 +1258,15 @@ def main(argv: list[str] | None = None) -> int:
                         " CODEVEIL_EMBEDDER says otherwise)")
     parser.add_argument("--mirror", default="psf/requests",
                         help="git mirror (bench/_common.unpack_mirror) for --structure")
+    parser.add_argument("--mode", choices=("sealed", "server-search"), default="sealed",
+                        help="the workspace mode of the --structure store")
+    parser.add_argument("--edits", type=int, default=50,
+                        help="syncs of one edited file each the --structure co-change"
+                        " observer watches")
     args = parser.parse_args(argv)
     if args.structure:
-        args.out = args.out or "privacy_structure"
+        args.out = args.out or ("privacy_structure" if args.mode == "sealed"
+                                else "privacy_structure_server_search")
         return run_structure(args)
     args.out = args.out or "privacy"
     betas = [float(b) for b in args.betas.split(",") if b]

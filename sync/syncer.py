@@ -586,12 +586,16 @@ class Syncer:
         keyed = [(p, [(cache_key(model_id, c.embed_text), c) for c in chunks])
                  for p, chunks in pulling]
         have = cache.get_many([k for _, kc in keyed for k, _ in kc], self.embedder.dim)
-        # file key -> (path, the chunks whose vectors the cache lacks)
-        wanted: dict[bytes, tuple[str, list[tuple[bytes, Chunk]]]] = {}
-        for p, kc in keyed:
-            lacking = [(k, c) for k, c in kc if k not in have]
-            if lacking:
-                wanted[crypto.node_key(self.key, p.path)] = (p.path, lacking)
+        # file key -> (path, the chunks whose vectors the cache lacks), for every file of
+        # the batch: the files asked for are the files pulled, in their (random) order,
+        # whatever they hold. Asking only for those with something lacking would name
+        # the empty files (no chunks) to the server, and the ones this cache holds.
+        wanted: dict[bytes, tuple[str, list[tuple[bytes, Chunk]]]] = {
+            crypto.node_key(self.key, p.path): (p.path, [(k, c) for k, c in kc
+                                                         if k not in have])
+            for p, kc in keyed}
+        if not any(lacking for _, lacking in wanted.values()):
+            wanted = {}  # the cache has it all: no request
         filled: list[tuple[bytes, np.ndarray]] = []
         file_keys = list(wanted)
         digests = {crypto.node_key(self.key, p.path): (p.path, p.digest) for p, _ in pulling}
@@ -690,7 +694,11 @@ class Syncer:
             return ()
         assert self.cipher is not None
         enc = self.cipher.encrypt(vectors, noise_ids)
-        return tuple(
-            ChunkRecord(rid, enc[i], crypto.seal_meta(self.key, self.workspace_id, rid, meta))
-            for i, (rid, meta) in enumerate(zip(row_ids, metas, strict=True)))
+        records = [ChunkRecord(rid, enc[i], crypto.seal_meta(self.key, self.workspace_id,
+                                                               rid, meta))
+                   for i, (rid, meta) in enumerate(zip(row_ids, metas, strict=True))]
+        # In a random order: the store numbers rows as they come, and rows in chunk order
+        # would tell it which row is which chunk of the file.
+        _random.shuffle(records)
+        return tuple(records)
 

@@ -1,6 +1,7 @@
 """What a sealed store holds per file is padded: every envelope in a few length buckets,
-rows per file in row buckets, rows in random order. The padding rows never reach a
-search hit, a pull, doctor or the status counts."""
+rows per file in row buckets, rows in random order (a server-search store's rows too,
+though they are not padded). The padding rows never reach a search hit, a pull, doctor
+or the status counts."""
 
 from __future__ import annotations
 
@@ -78,6 +79,33 @@ def test_rows_are_stored_out_of_chunk_order(tmp_path: Path) -> None:
     in_order = [ls for ls in lines.values() if ls == sorted(x for x in ls if x >= 0)
                 + [-1] * ls.count(-1)]
     assert len(in_order) < len(lines) / 2
+
+
+def test_server_search_rows_are_stored_out_of_chunk_order(tmp_path: Path) -> None:
+    # The store numbers rows as they come: rows sent in chunk order would say which row
+    # of a file is which chunk (server-search rows are not padded, their count is exact).
+    import lancedb
+
+    from sync.crypto import open_meta
+
+    repo = _repo(tmp_path / "repo")
+    with Index(repo, embedder=HashingEmbedder()) as idx:
+        idx.init(server_search=True)
+        idx.index()
+    config = load_config(repo)
+    key = load_key(config.workspace_id)
+    (ws,) = (store_path(repo) / "workspaces").iterdir()
+    table = lancedb.connect(ws).open_table("chunks").to_arrow()
+    stored = sorted(zip(table.column("rid").to_pylist(), table.column("fid").to_pylist(),
+                        table.column("chunk_id").to_pylist(), table.column("meta").to_pylist(),
+                        strict=True))
+    lines: dict[int, list[int]] = {}
+    for _, fid, cid, blob in stored:
+        meta = open_meta(key, config.workspace_id, bytes(cid), bytes(blob))
+        lines.setdefault(fid, []).append(meta.start_line)
+    many = [ls for ls in lines.values() if len(ls) >= 4]
+    assert len(many) >= 6
+    assert sum(1 for ls in many if ls == sorted(ls)) < len(many) / 2
 
 
 @pytest.mark.parametrize("server", [False, True])
