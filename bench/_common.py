@@ -186,7 +186,7 @@ class Server:
 
     def arguments(self) -> list[str]:
         """What follows `python` on the server's command line."""
-        return ["-m", "retrieval.cli", "serve", "--data", str(self.data_dir),
+        return ["-m", "retrieval", "serve", "--data", str(self.data_dir),
                 "--port", str(self.port)]
 
     def _wait(self, timeout: float = 120.0) -> None:

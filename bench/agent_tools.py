@@ -12,7 +12,7 @@ second (a file written within the stat cache's 2 s racy margin is read by every 
 whatever the index says). For every pattern: the grep's p50 over REPEATS warm calls
 (BROAD_REPEATS for patterns that read most files), in process with the index in memory
 and the freshness check included (on Linux the tool process watches the indexed files'
-directories, so a warm call stats only the files changed since: retrieval.tree_watch);
+directories, so a warm call stats only the files changed since: retrieval.indexes.tree_watch);
 for selective patterns also the p50 with every file stat'ed on every call ("unwatched",
 as on the first call or without inotify); the full scan's time (every indexed file
 read and searched line by line); the files read; and whether the two returned the same
@@ -161,8 +161,8 @@ def _patterns(root: Path, rng: random.Random) -> list[tuple[str, str]]:
 
 
 def _grep_bench(label: str, root: Path, rng: random.Random, repeats: int) -> dict:
-    from retrieval.agent_tools import AgentTools
-    from retrieval.grep import Freshness, full_scan, grep_files
+    from retrieval.agent.agent_tools import AgentTools
+    from retrieval.agent.grep import Freshness, full_scan, grep_files
 
     no_watch = Freshness(watch=False)
     seconds_state, files = _fill_state(root)
@@ -245,7 +245,7 @@ def _ast_definitions(root: Path) -> list[tuple[str, str, int]]:
 
 def _definition_bench(label: str, root: Path, rng: random.Random, per_repo: int) -> dict:
     from indexer.walk import walk_repo
-    from retrieval.agent_tools import AgentTools
+    from retrieval.agent.agent_tools import AgentTools
 
     if not (root / ".codeveil" / "state.sqlite").exists():
         _fill_state(root)

@@ -1,4 +1,4 @@
-"""The client's approximate vector index (`retrieval.local_vectors.approx`) against its
+"""The client's approximate vector index (`retrieval.indexes.local_vectors.approx`) against its
 exact search, at sizes up to 1M chunks, side by side in one run: latency, recall@10, the
 search process's memory, disk per chunk, build time, and a one-file edit.
 
@@ -54,10 +54,10 @@ from bench.local_vectors import FILES_PER_WRITE, MODEL, _file_chunks, pct
 from bench.query_latency import DIM, PER_FILE, synthetic
 from indexer.local_chunks import LocalChunks, open_state_db
 from indexer.location import ChunkLocation
-from retrieval.derived.store import Saved, chunk_rows, read_files
-from retrieval.local_vectors import LocalVectorIndex, LocalVectorStore, read_stamp
-from retrieval.local_vectors.docs import VectorDocs
-from retrieval.local_vectors.index import no_vectors
+from retrieval.indexes.derived.store import Saved, chunk_rows, read_files
+from retrieval.indexes.local_vectors import LocalVectorIndex, LocalVectorStore, read_stamp
+from retrieval.indexes.local_vectors.docs import VectorDocs
+from retrieval.indexes.local_vectors.index import no_vectors
 
 EDITS = 10
 

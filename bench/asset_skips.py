@@ -83,7 +83,7 @@ def cold_index(code: Path, repo: Path, work: Path) -> dict:
     copy = work / "repo"
     shutil.copytree(repo, copy, symlinks=True)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "retrieval.cli", "index", "--wait", "--json", "."],
+    proc = subprocess.run([sys.executable, "-m", "retrieval", "index", "--wait", "--json", "."],
                           cwd=copy, env=_env(code, work), capture_output=True, text=True,
                           check=False)
     wall = time.perf_counter() - t0

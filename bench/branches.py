@@ -136,7 +136,7 @@ def _git(repo: Path, *args: str) -> None:
 def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CODEVEIL_EMBEDDER": "hashing",
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    return subprocess.run([sys.executable, "-m", "retrieval.cli", *map(str, args)], env=env,
+    return subprocess.run([sys.executable, "-m", "retrieval", *map(str, args)], env=env,
                           capture_output=True, text=True, timeout=600, check=False)
 
 

@@ -61,7 +61,7 @@ def _fresh(code: Path, src: Path, work: Path, models: Path) -> tuple[Path, dict[
 def _run(args: list[str], repo: Path, env: dict[str, str]) -> tuple[float, int, dict]:
     """A `codeveil` command: wall seconds, its peak RSS in kB, its JSON."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "retrieval.cli", *args], cwd=repo,
+    proc = subprocess.Popen([sys.executable, "-m", "retrieval", *args], cwd=repo,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     peak = 0

@@ -165,8 +165,8 @@ def main() -> None:
                         datefmt="%H:%M:%S")
     os.environ.setdefault("CODEVEIL_CACHE_DIR", str(args.data / "cache"))
     from indexer.location import ChunkLocation
-    from retrieval.fusion import ranked, rrf
-    from retrieval.lexical import lexical_text
+    from retrieval.indexes.lexical import lexical_text
+    from retrieval.search.options import ranked, rrf
 
     enc, _plain = Q._embedders(args.embedder)
     rows = [json.loads(line) for line in (args.cosqa / "dev.jsonl").open()]

@@ -72,7 +72,7 @@ def main() -> None:
     isolate()
     from indexer.languages import GRAMMAR_LANGUAGES, language_for_path
     from indexer.walk import walk_repo
-    from retrieval.agent_tools import AgentTools
+    from retrieval.agent.agent_tools import AgentTools
 
     work = Path(tempfile.mkdtemp(prefix="codeveil-defs-"))
     rows, misses = [], []

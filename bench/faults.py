@@ -64,7 +64,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "retrieval.cli", *args], cwd=cwd, env=env,
+    return subprocess.Popen([sys.executable, "-m", "retrieval", *args], cwd=cwd, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 

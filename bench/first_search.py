@@ -45,7 +45,7 @@ def main() -> None:
     from indexer.onnx_embedder import load_graph
 
     load_graph("int8")  # exported once per machine, not per index
-    cli = [sys.executable, "-m", "retrieval.cli"]
+    cli = [sys.executable, "-m", "retrieval"]
     t0 = time.perf_counter()
     indexing = subprocess.Popen([*cli, "index", "--wait", "-q"], cwd=repo, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

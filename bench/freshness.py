@@ -61,7 +61,7 @@ def cli(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess[st
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH"))
                                         if p)
-    proc = subprocess.run([sys.executable, "-m", "retrieval.cli", *map(str, args)],
+    proc = subprocess.run([sys.executable, "-m", "retrieval", *map(str, args)],
                           env=env, capture_output=True, text=True, timeout=600)
     if check and proc.returncode != 0:
         raise SystemExit(f"codeveil {' '.join(map(str, args))} failed:\n{proc.stderr}")

@@ -1,4 +1,4 @@
-"""The client's vector index (`retrieval.local_vectors`): search latency and the cost of
+"""The client's vector index (`retrieval.indexes.local_vectors`): search latency and the cost of
 keeping it current, side by side at several sizes.
 
     python bench/local_vectors.py [--sizes 10000,100000] [--queries 200] [--n 10,100]
@@ -46,8 +46,8 @@ from indexer.chunk import Chunk
 from indexer.embed_cache import EmbeddingCache, cache_key
 from indexer.local_chunks import LocalChunks, open_state_db
 from indexer.location import ChunkLocation
-from retrieval.filters import HitFilter
-from retrieval.local_vectors import LocalVectorStore
+from retrieval.indexes.filters import HitFilter
+from retrieval.indexes.local_vectors import LocalVectorStore
 
 MODEL = "bench-model"
 FILES_PER_WRITE = 1000

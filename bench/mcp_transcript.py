@@ -44,7 +44,7 @@ CALLS: list[tuple[str, dict[str, Any]]] = [
                 "k": 3}),
     ("search", {"query": "inotify watch of the indexed folders", "k": 3, "group": "file"}),
     ("definition", {"name": "Freshness.changed", "limit": 2}),
-    ("outline", {"path": "retrieval/tree_watch.py"}),
+    ("outline", {"path": "retrieval/indexes/tree_watch.py"}),
     ("references", {"name": "binds_to_definition", "limit": 3}),
     ("grep", {"pattern": r"inotify_\w+\(", "limit": 4}),
 ]
@@ -79,7 +79,7 @@ async def _run(repo: Path, embedder: str | None) -> list[dict[str, Any]]:
     if embedder:
         env["CODEVEIL_EMBEDDER"] = embedder
     params = StdioServerParameters(command=sys.executable,
-                                   args=["-m", "retrieval.cli", "mcp", "-C", str(repo)],
+                                   args=["-m", "retrieval", "mcp", "-C", str(repo)],
                                    env=env)
     out = []
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:

@@ -87,7 +87,7 @@ def main() -> None:
                       flush=True)
             repos.append((name, root))
             queries[name] = docstring_queries(root, args.per_repo, rng)
-        from retrieval.multi import MERGE_DEPTH
+        from retrieval.faces.multi import MERGE_DEPTH
 
         counts: Counter[tuple[str, str, str]] = Counter()  # (half, repo, system)
         with MultiIndex([r for _, r in repos]) as many:

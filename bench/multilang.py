@@ -12,8 +12,8 @@ tree), a commit subject (gold: the 1-3 code files it touched). The split is by r
 
 Systems, over the files `codeveil index` keeps (code and docs; assets skipped):
 - BM25 files: `bm25s` over whole files, English stop words.
-- codeveil (shipped defaults): the production ranking (`retrieval.fusion.HybridRanker`,
-  `retrieval.grouping`) over the chunks' vectors in memory, as bench/quality.py runs it.
+- codeveil (shipped defaults): the production ranking (`retrieval.search.fusion.HybridRanker`,
+  `retrieval.search.grouping`) over the chunks' vectors in memory, as bench/quality.py runs it.
 - codeveil with no vectors: the same ranking with no vote by meaning, what a first index
   serves before its vectors exist.
 - each ranking signal switched off in turn (the ablation).
@@ -87,7 +87,7 @@ NO_VECTORS = {"w_vector": 0.0, "w_header_vector": 0.0}
 def systems(grid: bool = False) -> list[System]:
     """The rows: the shipped ranking, the ranking before, each new signal switched off in
     turn (the ablation) and, with `grid`, the settings tried on the tune half."""
-    from retrieval.fusion import SearchOptions
+    from retrieval.search.options import SearchOptions
 
     d = SearchOptions()
     out = [
@@ -191,9 +191,10 @@ def prepare_repo(pin: Pin, data: Path, queries: Sequence[Query], enc, memo,
                  *, embed: bool = True) -> Repo:
     from bench.quality import VectorIndex, bm25_file_ranker, embed_all, lexical_index, load_tree
     from indexer.tokens import default_counter
-    from retrieval.fusion import HybridRanker, SearchOptions, group_ranking
-    from retrieval.grouping import DEFAULT_AGG
-    from retrieval.lexical import lexical_text
+    from retrieval.indexes.lexical import lexical_text
+    from retrieval.search.fusion import HybridRanker, group_ranking
+    from retrieval.search.grouping import DEFAULT_AGG
+    from retrieval.search.options import SearchOptions
 
     corpus = load_tree(tree_path(data, pin.repo), pin.repo,
                        data / "chunks" / (pin.repo.replace("/", "+") + ".json"))

@@ -2,7 +2,7 @@
 
     python bench/per_call.py [--repo PATH] [--runs 5] [--baseline DIR]
 
-Each measure is a fresh `python -m retrieval.cli ...` process, timed from outside
+Each measure is a fresh `python -m retrieval.faces.cli ...` process, timed from outside
 (interpreter start, imports, model load, work, exit), on a copy of `--repo` (default:
 the installed `requests` package) with isolated config and cache dirs:
 
@@ -43,7 +43,7 @@ _RUNNER = """
 import json, resource, runpy, sys
 sys.argv = ["codeveil", *sys.argv[1:]]
 try:
-    runpy.run_module("retrieval.cli", run_name="__main__")
+    runpy.run_module("retrieval.faces.cli", run_name="__main__")
 except SystemExit:
     pass
 peak = {"self_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,

@@ -173,7 +173,7 @@ def repoint(repo: Path, url: str) -> None:
 
 
 def capture(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 900) -> str:
-    done = subprocess.run([sys.executable, "-m", "retrieval.cli", *args], cwd=cwd, env=env,
+    done = subprocess.run([sys.executable, "-m", "retrieval", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"codeveil {' '.join(args)} failed: {done.stderr[-500:]}")

@@ -142,7 +142,7 @@ def run_size(base: Path, chunks: int, per_file: int, *, reuse: bool = False
         def search_loop() -> None:
             # A user (or an agent) asking as soon as the join began: every answer counts.
             while join.poll() is None and len(answers) < 2:
-                proc = subprocess.run([sys.executable, "-m", "retrieval.cli", "search",
+                proc = subprocess.run([sys.executable, "-m", "retrieval", "search",
                                        "scale shift and clamp", "--json", "-k", "3", "-C",
                                        str(mate)], env=env, capture_output=True, text=True,
                                       check=False)

@@ -25,8 +25,8 @@ Systems, all over the same files (the ones `indexer.walk` keeps):
   their `path > symbol` header (`--header-ablation`: also without it, the lines alone);
   a long query split into parts; BM25 over the chunks fused by RRF; evidence from what
   the query names; then the fusion and file aggregation choices.
-  These run the production ranking code (`retrieval.fusion.HybridRanker`,
-  `retrieval.grouping`) over plain vectors in memory; `--e2e N` also runs N instances
+  These run the production ranking code (`retrieval.search.fusion.HybridRanker`,
+  `retrieval.search.grouping`) over plain vectors in memory; `--e2e N` also runs N instances
   through `Index.search` (encrypted store, DCPE vectors) to show the same numbers hold.
 
 Data lives under `--data` (never inside the project): `trees/` (exported repos, one
@@ -326,11 +326,11 @@ def cosqa_corpus(path: Path) -> Corpus:
 
 
 class Memo:
-    """A `retrieval.lexical.Tokenizer` that remembers whole texts: repo versions share
+    """A `retrieval.indexes.lexical.Tokenizer` that remembers whole texts: repo versions share
     most of their chunks, so each distinct chunk is tokenized once per run."""
 
     def __init__(self) -> None:
-        from retrieval.lexical import Tokenizer
+        from retrieval.indexes.lexical import Tokenizer
 
         self.tok = Tokenizer()
         self.memo: dict[str, tuple] = {}
@@ -344,9 +344,9 @@ class Memo:
 
 def lexical_index(docs: Sequence, texts: Sequence[str], memo: Memo):
     """A LexicalIndex over (ChunkLocation, text) pairs, tokenizing through `memo`."""
-    from retrieval.lexical import LexicalIndex
-    from retrieval.lexical.combine import assemble
-    from retrieval.lexical.segments import _Counts
+    from retrieval.indexes.lexical import LexicalIndex
+    from retrieval.indexes.lexical.combine import assemble
+    from retrieval.indexes.lexical.segments import _Counts
 
     counts = _Counts()
     for d, t in zip(docs, texts, strict=True):
@@ -447,7 +447,7 @@ def embedding_work(corpus: Corpus, query_texts: Sequence[str], formats: Sequence
                    counter, max_tokens: int) -> dict[str, list[str]]:
     """Every text `prepare` embeds for a corpus, by what it is (the key says which
     embedder: "plain ..." is the plain baseline's, the rest codeveil's)."""
-    from retrieval.query import split_query
+    from retrieval.search.query import split_query
 
     parts = [p for q in query_texts
              for p in split_query(q, counter.count, max_tokens, count_many=counter.count_batch)]
@@ -490,8 +490,8 @@ def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
             query_texts: Sequence[str], recency: dict[str, int] | None = None) -> Prepared:
     from indexer.location import ChunkLocation
     from indexer.tokens import default_counter
-    from retrieval.fusion import HybridRanker
-    from retrieval.lexical import lexical_text
+    from retrieval.indexes.lexical import lexical_text
+    from retrieval.search.fusion import HybridRanker
 
     counter = default_counter()
     work = embedding_work(corpus, query_texts, formats, counter, enc.embedder.max_tokens)
@@ -594,7 +594,7 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
     ladder does not move when defaults change); then the shipped defaults; then the
     defaults with one choice changed. With `ablation`, also the rows of the other chunk
     rendering (`RENDERINGS`)."""
-    from retrieval.grouping import DEFAULT_AGG
+    from retrieval.search.grouping import DEFAULT_AGG
 
     agg = DEFAULT_AGG["file"]
     step = {"hybrid": False, "evidence": False, "split": "first", "w_file_lexical": 0.0,
@@ -701,9 +701,9 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
 
 def partial_variants() -> list[tuple[str, str, dict, str]]:
     """The shipped defaults while a first index runs: the vector ranking's vote scaled
-    by the share of chunks it covers, as retrieval.api does (none: no vote at all)."""
-    from retrieval.fusion import SearchOptions
-    from retrieval.grouping import DEFAULT_AGG
+    by the share of chunks it covers, as retrieval.faces.api does (none: no vote at all)."""
+    from retrieval.search.grouping import DEFAULT_AGG
+    from retrieval.search.options import SearchOptions
 
     agg = DEFAULT_AGG["file"]
     header = SearchOptions().w_header_vector
@@ -720,7 +720,8 @@ def partial_variants() -> list[tuple[str, str, dict, str]]:
 
 
 def rank_files(prep: Prepared, q: str, variant: tuple[str, str, dict, str]) -> list[str]:
-    from retrieval.fusion import SearchOptions, group_ranking
+    from retrieval.search.fusion import group_ranking
+    from retrieval.search.options import SearchOptions
 
     _name, fmt, opts, agg = variant
     opts = dict(opts)
@@ -1033,8 +1034,8 @@ def run_e2e(args, n: int) -> dict:
     import tempfile
 
     from retrieval import Index
-    from retrieval.api import ranking_depth
-    from retrieval.fusion import SearchOptions
+    from retrieval.faces.api import ranking_depth
+    from retrieval.search.options import SearchOptions
 
     instances = swebench_instances(args.swebench, args.repos, args.per_repo, args.ids,
                                    args.split, args.per_half)[:n]
@@ -1071,7 +1072,7 @@ def run_e2e(args, n: int) -> dict:
 def e2e_twin(details: Sequence[dict], depth: int) -> str | None:
     """The in-memory row that ranks as `Index.search` did for the end-to-end check: the
     shipped defaults, or the row that only reads each ranking `depth` deep."""
-    from retrieval.fusion import SearchOptions
+    from retrieval.search.options import SearchOptions
 
     row = SHIPPED if depth == SearchOptions().depth else f"defaults, depth {depth}"
     return row if details and row in details[0] else None
@@ -1092,10 +1093,11 @@ def run_latency(n_chunks: int, swebench: Path) -> dict:
     from indexer.chunk import Chunk
     from indexer.location import ChunkLocation
     from indexer.tokens import default_counter
-    from retrieval.fusion import HybridRanker, SearchOptions, group_ranking, rrf
-    from retrieval.grouping import group
-    from retrieval.lexical import LexicalIndex
-    from retrieval.query import extract_refs, lexical_terms
+    from retrieval.indexes.lexical import LexicalIndex
+    from retrieval.search.fusion import HybridRanker, group_ranking
+    from retrieval.search.grouping import group
+    from retrieval.search.options import SearchOptions, rrf
+    from retrieval.search.query import extract_refs, lexical_terms
 
     spec = importlib.util.find_spec("numpy")
     assert spec and spec.origin

@@ -21,7 +21,7 @@ machine:
   `retrieval` asks (`local`: in-process; `http`: `python -m sync.server` on loopback,
   keep-alive; the two alternate which goes first). `total` = embed + encrypt + http
   query by query: what a user of a server waits for. `sealed`: the same plain vectors
-  in the client's own index (`retrieval.local_vectors`, what a sealed workspace
+  in the client's own index (`retrieval.indexes.local_vectors`, what a sealed workspace
   searches), timed in the same loop (the three take turns going first), and
   `sealed_total` = embed + sealed. The search vector is a synthetic
   query of the corpus's distribution (a real query's vector would not relate to
@@ -215,12 +215,12 @@ def exact_neighbours(vectors: np.ndarray, queries: np.ndarray, k: int) -> np.nda
 
 
 def sealed_index(folder: Path, corpus: np.ndarray) -> Any:
-    """The client-side vector index (retrieval.local_vectors) over the plain vectors."""
+    """The client-side vector index (retrieval.indexes.local_vectors) over the plain vectors."""
     from bench.local_vectors import MODEL as LOCAL_MODEL
     from bench.local_vectors import fill as fill_local
     from indexer.embed_cache import EmbeddingCache
     from indexer.local_chunks import LocalChunks, open_state_db
-    from retrieval.local_vectors import LocalVectorStore
+    from retrieval.indexes.local_vectors import LocalVectorStore
 
     folder.mkdir(parents=True)
     db = open_state_db(folder / "state.sqlite")

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import ROOT, isolate, table, write_json
 
 QUERY = "how a file's chunk rows are padded before upload"
-CLI = [sys.executable, "-m", "retrieval.cli"]
+CLI = [sys.executable, "-m", "retrieval"]
 
 
 def codeveil(cwd: Path, *args: str) -> tuple[float, Any]:

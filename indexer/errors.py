@@ -38,15 +38,16 @@ hangs under another parent than drawn::
     │   ├── SnapshotError       (sync.store.embedded.vector_index)  an unusable search snapshot
     │   ├── ServeRefused        (sync.exposure)   a server beyond loopback with no admin token
     │   ├── InviteError         (sync.invite)     an invite string cut, altered or expired
+    │   ├── OneTree             (sync.ref_list)   refs asked of a workspace that keeps one tree
     │   ├── DaemonError         (sync.daemon)     the daemon cannot start or be reached
     │   │   └── AlreadyRunningError               another daemon holds the repo's lock
     │   └── ClientError         (sync.http_client)  the server could not answer
     │       ├── ServerUnavailable                 unreachable or overloaded: retry later
     │       └── ServerError                       a 5xx or an unreadable answer
-    ├── SearchError         (retrieval.api)   bad search options (k, group, ...)
-    ├── ServerSearchOffline (retrieval.api)   a server-search workspace's server is unreachable
-    ├── AgentSetupError     (retrieval.agent_clients)  an agent's config file left unedited
-    ├── ToolInputError      (retrieval.symbols)  a name, file or pattern a lookup cannot use
+    ├── SearchError         (retrieval.faces.api)   bad search options (k, group, ...)
+    ├── ServerSearchOffline (retrieval.faces.api)   a server-search workspace's server is down
+    ├── AgentSetupError     (retrieval.agent.agent_clients)  an agent's config file left unedited
+    ├── ToolInputError      (retrieval.agent.symbols)  a name, file or pattern a lookup cannot use
     └── ModelMismatchError  (sync.workspace)       the workspace holds another model's vectors
 
 `retrieval.WrongKeyError` is another name of KeyMismatchError. The CLI turns any

@@ -32,7 +32,7 @@ STATE_ADVICE = (
 # What each file defines (indexer.definitions), written in the transaction of its
 # chunks. `definition_files` says which content a file's list was read from: a file
 # whose chunks were written without one (by a codeveil of format 1) has none there,
-# and the first lookup reads it from the chunks (retrieval.symbols).
+# and the first lookup reads it from the chunks (retrieval.agent.symbols).
 _DEFINITIONS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS definitions (
     path TEXT NOT NULL,

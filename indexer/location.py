@@ -1,5 +1,5 @@
 """Where one chunk sits in a repo: the record the lexical index's documents
-(`retrieval.lexical.ChunkLocation`), the sealed metadata (`sync.crypto.ChunkMeta`) and the
+(`retrieval.indexes.lexical.ChunkLocation`), the sealed metadata (`sync.crypto.ChunkMeta`) and the
 fusion of both share, so that a hit from either side is the same value, not a copy."""
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ from indexer.lazy import lazy_exports
 if TYPE_CHECKING:
     from indexer.errors import CodeveilError
     from indexer.sqlite_files import CorruptFileError
-    from retrieval.api import Index, SearchError, WrongKeyError
-    from retrieval.coverage import Coverage
-    from retrieval.hits import Hit
-    from retrieval.multi import MultiIndex
+    from retrieval.faces.api import Index, SearchError, WrongKeyError
+    from retrieval.faces.multi import MultiIndex
+    from retrieval.search.coverage import Coverage
+    from retrieval.search.hits import Hit
     from sync.config import NoIndexError
     from sync.errors import KeyMissingError
     from sync.http_client import ServerUnavailable
@@ -39,13 +39,13 @@ _HOMES = {
     "NoIndexError": "sync.config",
     "ServerUnavailable": "sync.http_client",
     "WorkspaceStatus": "sync.workspace_status",
-    "Coverage": "retrieval.coverage",
-    "Index": "retrieval.api",
+    "Coverage": "retrieval.search.coverage",
+    "Index": "retrieval.faces.api",
     "ModelMismatchError": "sync.workspace",
-    "SearchError": "retrieval.api",
-    "WrongKeyError": "retrieval.api",
-    "Hit": "retrieval.hits",
-    "MultiIndex": "retrieval.multi",
+    "SearchError": "retrieval.faces.api",
+    "WrongKeyError": "retrieval.faces.api",
+    "Hit": "retrieval.search.hits",
+    "MultiIndex": "retrieval.faces.multi",
     "SyncReport": "sync.syncer",
 }
 

@@ -4,9 +4,9 @@ runs, starting it, stopping it, and its progress.
 `codeveil index` returns once the words, names and structure are indexed (a local pass
 of the sync, seconds); the model's work (embedding, and sending the sealed rows to the
 store as batches complete) runs in a detached, low-priority process that outlives the
-command: `python -m retrieval.vector_builder ROOT`, which runs the one sync there is
+command: `python -m retrieval.indexes.vector_builder ROOT`, which runs the one sync there is
 (`sync.workspace.Workspace.sync`). The CLI, the MCP server and the daemon start it. It
-copies the pattern of the approximate index's builder (`retrieval.local_vectors.
+copies the pattern of the approximate index's builder (`retrieval.indexes.local_vectors.
 approx_build`): a claim, nice, a marker of repeated failure, a note in `doctor`.
 
 Files in `.codeveil/`:
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 #: Runs in a row that may end without finishing before the builder is given up.
 MAX_ATTEMPTS: Final = 3
 #: The process that builds (the retrieval layer's: it also keeps the search side built).
-BUILDER_MODULE: Final = "retrieval.vector_builder"
+BUILDER_MODULE: Final = "retrieval.indexes.vector_builder"
 #: Seconds between two writes of the progress file.
 PROGRESS_EVERY_S: Final = 1.0
 #: A log past this size is moved aside (to builder.log.1) when the next builder starts.

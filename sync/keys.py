@@ -47,6 +47,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import functools
 import hashlib
 import hmac
 import os
@@ -230,6 +231,14 @@ def parse_key(text: str) -> WorkspaceKey:
             "the exported key's checksum does not match: a character was mistyped or "
             "changed; copy the key again"
         )
+    return _derived(secret)
+
+
+@functools.lru_cache(maxsize=8)
+def _derived(secret: bytes) -> WorkspaceKey:
+    """The key of `secret`, its sub-keys derived once per process: a search reads the
+    key file each time (it may have been replaced), and eight HKDF derivations cost
+    about a millisecond of a query's few."""
     return WorkspaceKey(secret)
 
 

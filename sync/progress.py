@@ -27,7 +27,7 @@ class Progress:
 
 
 class SyncFollower(Protocol):
-    """Work that runs beside one sync and ends with it (retrieval.search_ready keeps the
+    """Work that runs beside one sync and ends with it (retrieval.indexes.search_ready keeps the
     search side built during a large index). `Workspace.sync` hands it the sync's
     progress and finishes it however the sync ends."""
 

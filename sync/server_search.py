@@ -2,9 +2,9 @@
 
 Encrypt the query with fresh noise, ask the store for its nearest encrypted rows, open
 their sealed metadata, and estimate each row's cosine from its encrypted distance. The
-caller re-ranks with its own plain vectors where it has them (`retrieval.rerank`). A
+caller re-ranks with its own plain vectors where it has them (`retrieval.search.rerank`). A
 sealed workspace never comes here: its search runs on the client
-(`retrieval.local_vectors`).
+(`retrieval.indexes.local_vectors`).
 """
 
 from __future__ import annotations

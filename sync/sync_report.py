@@ -34,7 +34,7 @@ class SyncReport:
     seconds_encrypt: float = 0.0
     seconds_sync: float = 0.0
     #: After a large index: the search side (lexical and vector indexes) brought in step
-    #: so that the first search does not build it (retrieval.search_ready).
+    #: so that the first search does not build it (retrieval.indexes.search_ready).
     seconds_search_ready: float = 0.0
     #: Chunks the model embedded per second of the embed stage (0 when none were).
     embed_chunks_per_s: float = 0.0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from retrieval.cli import main as cli_main
+from retrieval.faces.cli import main as cli_main
 
 
 def run_in_process(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from retrieval.agent_clients import CLIENTS, Client
+from retrieval.agent.agent_clients import CLIENTS, Client
 from tests.cli_in_process import run_in_process
 
 CASES = [(c, scope) for c in CLIENTS

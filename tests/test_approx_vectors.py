@@ -18,10 +18,10 @@ import pytest
 from indexer.chunk import Chunk
 from indexer.embed_cache import EmbeddingCache, cache_key
 from indexer.local_chunks import LocalChunks, open_state_db
-from retrieval.filters import HitFilter
-from retrieval.local_vectors.approx import ApproxPlanes
-from retrieval.local_vectors.approx_build import TRAINED_FILE, approx_path, build, building
-from retrieval.local_vectors.store import LocalVectorStore
+from retrieval.indexes.filters import HitFilter
+from retrieval.indexes.local_vectors.approx import ApproxPlanes
+from retrieval.indexes.local_vectors.approx_build import TRAINED_FILE, approx_path, build, building
+from retrieval.indexes.local_vectors.store import LocalVectorStore
 from tests.test_local_vectors import MODEL, Repo, _keys
 
 DIM = 16  # as the exact index's tests: the store is keyed by (MODEL, DIM)
@@ -132,7 +132,7 @@ def test_an_edit_is_seen_without_a_rebuild(repo: ClusteredRepo) -> None:
                          ids=["narrow", "wide"])
 def test_filters_apply_to_the_approximate_index(repo: ClusteredRepo, flt: HitFilter,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    import retrieval.local_vectors.index as index_module
+    import retrieval.indexes.local_vectors.index as index_module
 
     # The wide filter goes through the IVF with a mask, not the exact path over its rows.
     monkeypatch.setattr(index_module, "EXACT_FILTER_ROWS", 500)
@@ -162,7 +162,7 @@ def test_a_damaged_approximate_file_is_rebuilt_with_a_warning(
     [saved] = repo.folder.glob("approx-" + "?" * 16 + ".npy")
     saved.write_bytes(saved.read_bytes()[: saved.stat().st_size // 2])
     again = LocalVectorStore(repo.folder)
-    with caplog.at_level(logging.WARNING, logger="retrieval.local_vectors"):
+    with caplog.at_level(logging.WARNING, logger="retrieval.indexes.local_vectors"):
         assert repo.current(again).approx is None  # exact meanwhile
     assert any("approximate vector index" in r.getMessage() and "damaged" in r.getMessage()
                for r in caplog.records)
@@ -189,7 +189,7 @@ def test_the_build_runs_in_its_own_process_and_outlives_a_one_shot_caller(
         "import sys; from pathlib import Path\n"
         "from indexer.embed_cache import EmbeddingCache\n"
         "from indexer.local_chunks import open_state_db\n"
-        "from retrieval.local_vectors.store import LocalVectorStore\n"
+        "from retrieval.indexes.local_vectors.store import LocalVectorStore\n"
         "from tests.test_approx_vectors import DIM\n"
         "from tests.test_local_vectors import MODEL\n"
         "root = Path(sys.argv[1])\n"
@@ -240,7 +240,7 @@ def test_a_dead_builder_is_replaced_and_one_that_keeps_dying_is_given_up(
     approx_path(repo.folder, base_id).unlink()
     marker.write_text(f"{gone} 3\n")  # the third attempt died too
     last = LocalVectorStore(repo.folder)
-    with caplog.at_level(logging.WARNING, logger="retrieval.local_vectors"):
+    with caplog.at_level(logging.WARNING, logger="retrieval.indexes.local_vectors"):
         assert repo.current(last).approx is None
         assert repo.current(last).approx is None
     assert last.approx_builds == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 import pytest
 
-from retrieval.cli import main as cli_main
+from retrieval.faces.cli import main as cli_main
 
 INDEX_KEYS = {"files_scanned", "files_changed", "files_deleted", "chunks_total",
               "chunks_embedded", "chunks_from_cache", "seconds"}
@@ -21,7 +21,7 @@ HIT_KEYS = {"path", "start_line", "end_line", "symbol", "language", "kind", "sco
 def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     full_env = dict(os.environ, CODEVEIL_EMBEDDER="hashing", **env)
     return subprocess.run(
-        [sys.executable, "-m", "retrieval.cli", *args], cwd=cwd, env=full_env,
+        [sys.executable, "-m", "retrieval", *args], cwd=cwd, env=full_env,
         capture_output=True, text=True, timeout=120,
     )
 
@@ -149,7 +149,7 @@ def test_two_processes_initialising_one_folder_end_with_one_workspace(tmp_path: 
     for trial in range(1):
         repo = write_repo(tmp_path / f"repo{trial}")
         env = dict(os.environ, CODEVEIL_EMBEDDER="hashing")
-        procs = [subprocess.Popen([sys.executable, "-m", "retrieval.cli", "index", "--wait", "-q"],
+        procs = [subprocess.Popen([sys.executable, "-m", "retrieval", "index", "--wait", "-q"],
                                   cwd=repo, env=env, stderr=subprocess.PIPE, text=True)
                  for _ in range(2)]
         for proc in procs:
@@ -194,11 +194,11 @@ def test_hand_edited_config_values_are_named(sample_repo: Path, field: str, bad:
 def test_progress_bar_shows_stages_and_embed_rate(sample_repo: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from indexer.embedder import HashingEmbedder
-    from retrieval.api import Index
+    from retrieval.faces.api import Index
 
     monkeypatch.setenv("CODEVEIL_CACHE_DIR", str(tmp_path / "own-cache"))
     hashing_embedder = HashingEmbedder()
-    from retrieval.cli import _RichProgress
+    from retrieval.faces.cli import _RichProgress
 
     with _RichProgress() as bar, Index(sample_repo, embedder=hashing_embedder) as idx:
         report = idx.index(progress=bar)

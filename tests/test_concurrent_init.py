@@ -15,7 +15,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from retrieval.cli import main as cli_main
+from retrieval.faces.cli import main as cli_main
 from sync.config import init_lock, load_config
 from sync.store import Store
 from tests.conftest import write_repo
@@ -23,7 +23,7 @@ from tests.server_fixtures import ServerProcess
 
 
 def codeveil(*args: str, cwd: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "retrieval.cli", *args], cwd=cwd,
+    return subprocess.Popen([sys.executable, "-m", "retrieval", *args], cwd=cwd,
                             env=dict(os.environ, CODEVEIL_EMBEDDER="hashing"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

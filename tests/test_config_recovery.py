@@ -15,7 +15,7 @@ import pytest
 
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from retrieval.doctor import doctor
+from retrieval.faces.doctor import doctor
 from sync.config import load_config
 from sync.keys import key_path
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
@@ -45,7 +45,7 @@ def top_hits(root: Path) -> tuple[tuple[str, int], frozenset[tuple[str, int]]]:
 
 def run_doctor(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, CODEVEIL_EMBEDDER="hashing")
-    return subprocess.run([sys.executable, "-m", "retrieval.cli", "doctor", *args],
+    return subprocess.run([sys.executable, "-m", "retrieval", "doctor", *args],
                           cwd=root, env=env, capture_output=True, text=True, timeout=120)
 
 

@@ -51,7 +51,7 @@ def _env() -> dict[str, str]:
 def cv(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run the `codeveil` command as a user would."""
     return subprocess.run(
-        [sys.executable, "-X", "faulthandler", "-m", "retrieval.cli", *map(str, args)], env=_env(),
+        [sys.executable, "-X", "faulthandler", "-m", "retrieval", *map(str, args)], env=_env(),
         capture_output=True, text=True, timeout=timeout, cwd="/",
     )
 

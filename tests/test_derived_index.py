@@ -1,4 +1,4 @@
-"""The machinery the local indexes share (retrieval.derived): chunk columns packed one
+"""The machinery the local indexes share (retrieval.indexes.derived): chunk columns packed one
 way, and the one refresh the lexical, vector and grep indexes run, on a real chunk
 table in SQLite."""
 
@@ -15,11 +15,11 @@ import pytest
 from indexer.chunk import Chunk
 from indexer.local_chunks import LocalChunks, open_state_db
 from indexer.location import ChunkLocation
-from retrieval.derived.columns import ChunkColumns
-from retrieval.derived.store import DerivedStore
-from retrieval.lexical import LexicalStore
-from retrieval.local_vectors import LocalVectorStore
-from retrieval.trigram_index import TrigramStore
+from retrieval.indexes.derived.columns import ChunkColumns
+from retrieval.indexes.derived.store import DerivedStore
+from retrieval.indexes.lexical import LexicalStore
+from retrieval.indexes.local_vectors import LocalVectorStore
+from retrieval.indexes.trigram_index import TrigramStore
 
 
 def _chunk(path: str, i: int) -> Chunk:
@@ -104,7 +104,7 @@ def test_the_grep_index_leaves_a_base_another_process_just_wrote(table, tmp_path
 
 
 def test_symbols_are_gathered_the_same_a_few_slices_at_a_time(monkeypatch) -> None:
-    from retrieval.derived import columns as columns_module
+    from retrieval.indexes.derived import columns as columns_module
 
     docs = [ChunkLocation(f"p{i % 3}.py", i, i + 1, "s" * (i % 5) + f"{i}", "python",
                           bytes([i]) * 16) for i in range(23)]

@@ -19,7 +19,7 @@ import pytest
 from indexer.embed_cache import cache_key
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from retrieval.doctor import doctor
+from retrieval.faces.doctor import doctor
 from sync.config import load_config, store_path
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
 from sync.wire import StoreCorrupt
@@ -299,7 +299,7 @@ def test_doctor_command_prints_findings_and_exit_status(repo: Path) -> None:
     env = dict(os.environ, CODEVEIL_EMBEDDER="hashing")
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "retrieval.cli", "doctor", *args],
+        return subprocess.run([sys.executable, "-m", "retrieval", "doctor", *args],
                               cwd=repo, env=env, capture_output=True, text=True, timeout=120)
 
     healthy = run()
@@ -317,7 +317,7 @@ def test_doctor_command_prints_findings_and_exit_status(repo: Path) -> None:
 
 
 def test_doctor_checks_a_server_data_dir(tmp_path: Path) -> None:
-    from retrieval.doctor import check_data_dir
+    from retrieval.faces.doctor import check_data_dir
     from sync.local_client import LocalClient
     from sync.records import ChunkRecord, FileUpdate
 
@@ -379,7 +379,7 @@ def test_a_failed_approximate_build_is_noted_and_repair_lets_it_run_again(
         repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    from retrieval.local_vectors.approx_build import approx_path, building
+    from retrieval.indexes.local_vectors.approx_build import approx_path, building
 
     before = results(repo)  # saves the vector index; too small for an approximate one
     folder = repo / ".codeveil" / "vectors"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from indexer.chunker import chunk_file
-from retrieval.api import OVERFETCH
+from retrieval.faces.api import OVERFETCH
 from sync.crypto import VectorCipher, chunk_id
 from sync.keys import KEY_SIZE, WorkspaceKey
 

@@ -16,7 +16,7 @@ from indexer.errors import CodeveilError
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("indexer", "sync", "retrieval")
 # Modules that need an optional extra to import; their errors are checked where it is.
-OPTIONAL = {"retrieval.mcp_server"}
+OPTIONAL = {"retrieval.faces.mcp_server"}
 _ROW = re.compile(r"^(?P<indent>[ │├└─]*)(?P<name>[A-Z][A-Za-z]+)\b")
 
 

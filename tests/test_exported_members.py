@@ -29,10 +29,10 @@ EXPORTED = {
         "ModelMismatchError", "MultiIndex", "NoIndexError", "SearchError", "ServerUnavailable",
         "SyncReport", "WorkspaceStatus", "WrongKeyError",
     ],
-    "retrieval.lexical": [
+    "retrieval.indexes.lexical": [
         "LexicalIndex", "LexicalStore", "Tokenizer", "lexical_text",
     ],
-    "retrieval.local_vectors": [
+    "retrieval.indexes.local_vectors": [
         "DELTA_FILE", "FORMAT_VERSION", "MERGE_SHARE", "ONE_THREAD_VALUES", "REBUILD_SHARE",
         "LocalVectorIndex", "LocalVectorStore", "one_blas_thread", "read_stamp",
     ],
@@ -62,8 +62,8 @@ def test_every_exported_name_resolves_to_its_home(package: str) -> None:
 
 def test_importing_the_faces_loads_no_heavy_stack() -> None:
     """A fresh interpreter imports all the faces without torch, LanceDB or faiss."""
-    probe = ("import sys, indexer, sync, sync.store, retrieval, retrieval.lexical,"
-             " retrieval.local_vectors; "
+    probe = ("import sys, indexer, sync, sync.store, retrieval, retrieval.indexes.lexical,"
+             " retrieval.indexes.local_vectors; "
              "print(sorted(m for m in ('torch', 'lancedb', 'faiss', 'onnxruntime')"
              " if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""Each lookup is defined once (retrieval.operations): this walks the table and checks
+"""Each lookup is defined once (retrieval.faces.operations): this walks the table and checks
 every face against it. The command's options are read from the click commands, the MCP
 tools' JSON schemas from a running server's tool list, the Python API's defaults from
 its signatures."""
@@ -13,13 +13,13 @@ from typing import Any
 import click
 import pytest
 
-from retrieval.agent_tools import AgentTools
-from retrieval.api import Index
-from retrieval.cli import main
-from retrieval.multi import MultiIndex
-from retrieval.operations import API, CLI, MCP, OPERATIONS, REQUIRED, Arg, Operation
+from retrieval.agent.agent_tools import AgentTools
+from retrieval.faces.api import Index
+from retrieval.faces.cli import main
+from retrieval.faces.multi import MultiIndex
+from retrieval.faces.operations import API, CLI, MCP, OPERATIONS, REQUIRED, Arg, Operation
 
-# The options every command shares, rather than each operation (retrieval.cli_base).
+# The options every command shares, rather than each operation (retrieval.faces.cli_base).
 SHARED = {"as_json", "repo", "repos", "help"}
 
 
@@ -34,7 +34,7 @@ def _commands(group: click.Group, prefix: str = "") -> dict[str, click.Command]:
 
 
 def _tools(tmp_path: Path) -> dict[str, Any]:
-    from retrieval.mcp_server import build_server
+    from retrieval.faces.mcp_server import build_server
 
     return {t.name: t for t in asyncio.run(build_server(tmp_path).list_tools())}
 
@@ -105,7 +105,7 @@ def test_the_api_signatures_keep_the_table_defaults(op: Operation) -> None:
 
 
 def test_every_face_of_every_operation_is_in_the_table() -> None:
-    from retrieval.mcp_server import build_server
+    from retrieval.faces.mcp_server import build_server
 
     assert {a.name for op in OPERATIONS for a in op.args if not a.faces} == set()
     assert {op.command for op in OPERATIONS} <= set(main.commands)
@@ -142,9 +142,9 @@ def test_a_changed_table_entry_changes_both_built_faces(tmp_path: Path) -> None:
     its option and its schema property from the one Arg."""
     from mcp.server.mcpserver import MCPServer
 
-    from retrieval.cli_base import operation_params
-    from retrieval.limits import ResultCount
-    from retrieval.mcp_server import _add_tool, _State
+    from retrieval.faces.cli_base import operation_params
+    from retrieval.faces.mcp_server import _add_tool, _State
+    from retrieval.search.limits import ResultCount
 
     count = ResultCount(default=3, most=9)
     op = Operation(method="probe", command="probe", tool="probe", result="dict", args=(

@@ -12,10 +12,11 @@ from indexer.chunk import Chunk
 from indexer.embedder import HashingEmbedder
 from indexer.location import ChunkLocation
 from indexer.tokens import default_counter
-from retrieval.filters import HitFilter
-from retrieval.fusion import HybridRanker, Ranking, SearchOptions, group_ranking, ranked, rrf
-from retrieval.grouping import group
-from retrieval.lexical import LexicalIndex
+from retrieval.indexes.filters import HitFilter
+from retrieval.indexes.lexical import LexicalIndex
+from retrieval.search.fusion import HybridRanker, Ranking, group_ranking
+from retrieval.search.grouping import group
+from retrieval.search.options import SearchOptions, ranked, rrf
 
 
 def test_rrf_by_hand() -> None:

@@ -12,7 +12,7 @@ import pytest
 from indexer.embed_cache import cache_key
 from indexer.local_chunks import LocalChunks, open_state_db
 from retrieval import Index
-from retrieval.fusion import SearchOptions
+from retrieval.search.options import SearchOptions
 from sync.config import state_path
 
 # Only the header vectors vote: what a search ranks then comes from them alone.

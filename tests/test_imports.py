@@ -1,10 +1,10 @@
-"""Import statements binding a name to the file that defines it (retrieval.imports)."""
+"""Import statements binding a name to the file that defines it (retrieval.agent.imports)."""
 
 from __future__ import annotations
 
 import pytest
 
-from retrieval.imports import binds_to_definition
+from retrieval.agent.imports import binds_to_definition
 
 DEFINING = {"src/pkg/retry.py", "web/lib/util.ts", "internal/clock/clock.go"}
 

@@ -141,7 +141,7 @@ def test_gitignore_is_honoured(tmp_path: Path, real_embedder) -> None:
 
 
 def test_how_deep_a_search_reads_depends_on_k_only_past_a_quarter_of_the_depth() -> None:
-    from retrieval.api import MAX_DEPTH, OVERFETCH, ranking_depth
+    from retrieval.faces.api import MAX_DEPTH, OVERFETCH, ranking_depth
 
     # Up to depth / OVERFETCH results, every k reads as deep: the first hits of a
     # search do not change with how many were asked for.

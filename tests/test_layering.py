@@ -65,26 +65,27 @@ def test_the_embedders_import_one_way() -> None:
 
 def test_the_local_indexes_build_on_one_machinery_and_not_on_each_other() -> None:
     mods = _modules("retrieval")
-    indexes = ("retrieval.lexical", "retrieval.local_vectors", "retrieval.trigram_index")
+    indexes = ("retrieval.indexes.lexical", "retrieval.indexes.local_vectors",
+               "retrieval.indexes.trigram_index")
 
     def imported(module: str, target: str) -> bool:
         return any(n == target or n.startswith(target + ".") for n in mods[module])
 
-    for module in (m for m in mods if m.startswith("retrieval.derived")):
+    for module in (m for m in mods if m.startswith("retrieval.indexes.derived")):
         assert not any(imported(module, t) for t in indexes), module
     for module in mods:
         own = next((t for t in indexes if module == t or module.startswith(t + ".")), None)
         if own is not None:
             assert not any(imported(module, t) for t in indexes if t != own), module
-            assert any(imported(m, "retrieval.derived") for m in mods
+            assert any(imported(m, "retrieval.indexes.derived") for m in mods
                        if m == own or m.startswith(own + ".")), own
 
 
 def test_ranking_never_calls_back_into_what_assembles_a_search() -> None:
     mods = _modules("retrieval")
-    for target in ("retrieval.api", "retrieval.searcher", "retrieval.multi"):
-        for module in ("retrieval.fusion", "retrieval.server_vectors", "retrieval.query",
-                       "retrieval.grouping"):
+    for target in ("retrieval.faces.api", "retrieval.search.searcher", "retrieval.faces.multi"):
+        for module in ("retrieval.search.fusion", "retrieval.search.server_vectors",
+                       "retrieval.search.query", "retrieval.search.grouping"):
             assert not any(n == target or n.startswith(target + ".")
                            for n in mods[module]), (module, target)
 
@@ -268,3 +269,27 @@ def test_the_registry_is_written_once() -> None:
         assert any(isinstance(n, ast.ClassDef) and any(ast.unparse(b).startswith("Registry[")
                                                        for b in n.bases)
                    for n in tree.body), backend
+
+
+RETRIEVAL_JOBS = {"indexes": 0, "search": 1, "agent": 1, "faces": 2}
+
+
+def test_retrievals_four_jobs_import_one_way() -> None:
+    """The local indexes know no search, the search and the agent tools no face and not
+    each other beyond the result counts, so each job reads on its own."""
+    upward = []
+    for module, names in _modules("retrieval").items():
+        parts = module.split(".")
+        if len(parts) < 2 or parts[1] not in RETRIEVAL_JOBS:
+            continue
+        job = parts[1]
+        for name in names:
+            target = name.split(".")
+            if target[0] != "retrieval" or len(target) < 2 or target[1] not in RETRIEVAL_JOBS:
+                continue
+            if target[1] == job or name == "retrieval.search.limits" or \
+                    name.startswith("retrieval.search.limits."):
+                continue
+            if RETRIEVAL_JOBS[target[1]] >= RETRIEVAL_JOBS[job]:
+                upward.append((module, name))
+    assert not upward, upward

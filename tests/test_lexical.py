@@ -12,8 +12,8 @@ import pytest
 from indexer.chunk import Chunk
 from indexer.lexical_tokens import tokenize
 from indexer.local_chunks import LocalChunks, open_state_db
-from retrieval.filters import HitFilter
-from retrieval.lexical import LexicalIndex, LexicalStore, Tokenizer, lexical_text
+from retrieval.indexes.filters import HitFilter
+from retrieval.indexes.lexical import LexicalIndex, LexicalStore, Tokenizer, lexical_text
 
 
 def _chunk(path: str, text: str, symbol: str = "", start: int = 1) -> Chunk:

@@ -13,11 +13,11 @@ import pytest
 
 from indexer.chunk import Chunk
 from indexer.local_chunks import LocalChunks, open_state_db
-from retrieval.derived import npz as npz_module
-from retrieval.derived.npz import read_npz, write_npz
-from retrieval.lexical import LexicalIndex, LexicalStore
-from retrieval.lexical import combine as combine_module
-from retrieval.lexical.store import BASE_FILE
+from retrieval.indexes.derived import npz as npz_module
+from retrieval.indexes.derived.npz import read_npz, write_npz
+from retrieval.indexes.lexical import LexicalIndex, LexicalStore
+from retrieval.indexes.lexical import combine as combine_module
+from retrieval.indexes.lexical.store import BASE_FILE
 
 
 def _chunks(files: int, per_file: int = 4, version: int = 0) -> dict[str, list[Chunk]]:
@@ -185,8 +185,8 @@ def test_a_merge_into_a_spill_file_leaves_its_pages_handed_back(small_parts,
 def test_grep_postings_in_runs_and_parts_answer_as_one_sort(monkeypatch: pytest.MonkeyPatch,
                                                             tmp_path: Path) -> None:
     from indexer.trigrams import literal_trigrams
-    from retrieval import trigram_postings
-    from retrieval.trigram_index import TrigramStore
+    from retrieval.indexes import trigram_postings
+    from retrieval.indexes.trigram_index import TrigramStore
 
     db, lc = _table(tmp_path)
     _write(lc, _chunks(150), b"")
@@ -230,7 +230,7 @@ def test_grep_postings_in_runs_and_parts_answer_as_one_sort(monkeypatch: pytest.
 
 
 def test_grep_index_of_files_with_no_chunk_and_a_file_emptied(tmp_path: Path) -> None:
-    from retrieval.trigram_index import TrigramStore
+    from retrieval.indexes.trigram_index import TrigramStore
 
     db, lc = _table(tmp_path)
     for name in ("a.py", "b.py"):  # blank files: files of the index, no trigram

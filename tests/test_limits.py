@@ -1,4 +1,4 @@
-"""Each operation's result count is written once (retrieval.limits) and every face reads
+"""Each operation's result count is written once (retrieval.search.limits) and every face reads
 it: the CLI's options and the MCP tools' defaults and caps agree."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from retrieval import limits
-from retrieval.cli import main
+from retrieval.faces.cli import main
+from retrieval.search import limits
 
 
 def _option(command: str, name: str):
@@ -30,7 +30,7 @@ def test_the_cli_reads_the_limits() -> None:
 
 
 def test_the_mcp_tools_default_to_the_same_limits(tmp_path: Path) -> None:
-    from retrieval.mcp_server import build_server
+    from retrieval.faces.mcp_server import build_server
 
     tools = {t.name: t for t in asyncio.run(build_server(tmp_path).list_tools())}
 

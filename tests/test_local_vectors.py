@@ -16,9 +16,9 @@ from indexer.chunk import Chunk
 from indexer.embed_cache import EmbeddingCache, cache_key
 from indexer.local_chunks import LocalChunks, open_state_db
 from indexer.location import ChunkLocation
-from retrieval.filters import HitFilter
-from retrieval.local_vectors import DELTA_FILE, LocalVectorStore
-from retrieval.local_vectors import spill as spill_module
+from retrieval.indexes.filters import HitFilter
+from retrieval.indexes.local_vectors import DELTA_FILE, LocalVectorStore
+from retrieval.indexes.local_vectors import spill as spill_module
 
 MODEL = "test-model"
 DIM = 16
@@ -416,7 +416,7 @@ def test_a_damaged_saved_file_is_rebuilt(repo: Repo, damage: str,
     else:
         target.unlink()
     store = repo.store()
-    with caplog.at_level(logging.WARNING, logger="retrieval.local_vectors"):
+    with caplog.at_level(logging.WARNING, logger="retrieval.indexes.local_vectors"):
         index = repo.current(store)
     assert store.last_refresh["mode"] == "rebuild"
     if damage != "lose the base":

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from retrieval.local_vectors.mapped import file_checksum, gather_rows, release
+from retrieval.indexes.local_vectors.mapped import file_checksum, gather_rows, release
 
 
 def _mapped_kb(path: Path) -> int:

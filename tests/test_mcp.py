@@ -23,7 +23,7 @@ def _params(repo: Path, tmp: Path) -> StdioServerParameters:
         "PYTHONPATH": str(ROOT),
     })
     return StdioServerParameters(command=sys.executable,
-                                 args=["-m", "retrieval.cli", "mcp", "-C", str(repo)], env=env)
+                                 args=["-m", "retrieval", "mcp", "-C", str(repo)], env=env)
 
 
 async def _session_run(repo: Path, tmp: Path, steps) -> None:
@@ -191,7 +191,7 @@ def test_search_over_several_repositories_through_a_client_session(tmp_path: Pat
                CODEVEIL_CONFIG_DIR=str(tmp_path / "config"),
                CODEVEIL_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
     for r in (repo, other):
-        subprocess.run([sys.executable, "-m", "retrieval.cli", "index", "--wait", "-q"], cwd=r,
+        subprocess.run([sys.executable, "-m", "retrieval", "index", "--wait", "-q"], cwd=r,
                        env=env, check=True, timeout=120)
 
     async def steps(session: ClientSession) -> None:

@@ -65,7 +65,7 @@ def test_the_cli_says_when_a_workspace_ranks_on_the_server(tmp_path: Path,
     elsewhere = tmp_path / "other2"
     elsewhere.mkdir()
     refused = subprocess.run(
-        [sys.executable, "-m", "retrieval.cli", "init", "--server", "http://127.0.0.1:9",
+        [sys.executable, "-m", "retrieval", "init", "--server", "http://127.0.0.1:9",
          "--workspace", "abc", "--server-search"], cwd=elsewhere,
         env=codeveil_env({"CODEVEIL_EMBEDDER": "hashing"}), capture_output=True, text=True,
         timeout=120)

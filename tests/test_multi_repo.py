@@ -14,7 +14,7 @@ import pytest
 from indexer.embedder import HashingEmbedder
 from indexer.errors import CodeveilError
 from retrieval import Index, MultiIndex
-from retrieval.multi import MERGE_RRF_K
+from retrieval.faces.multi import MERGE_RRF_K
 from tests.conftest import write_repo
 
 
@@ -71,7 +71,7 @@ def test_the_command_searches_several_repositories(repos: list[Path]) -> None:
     args = [a for r in repos for a in ("-C", str(r))]
 
     def run(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "retrieval.cli", "search",
+        return subprocess.run([sys.executable, "-m", "retrieval", "search",
                                "client_unique_entry_point", *args, *extra],
                               env=env, capture_output=True, text=True, timeout=120)
 
@@ -84,7 +84,7 @@ def test_the_command_searches_several_repositories(repos: list[Path]) -> None:
     shown = run("-k", "1")
     assert shown.returncode == 0, shown.stderr
     assert "client/client/special.py:1-2" in shown.stdout  # repository, then its path
-    one = subprocess.run([sys.executable, "-m", "retrieval.cli", "search",
+    one = subprocess.run([sys.executable, "-m", "retrieval", "search",
                           "client_unique_entry_point", "-C", str(repos[1]), "--json"],
                          env=env, capture_output=True, text=True, timeout=120)
     assert "repo" not in json.loads(one.stdout)["hits"][0]  # one repository: as before

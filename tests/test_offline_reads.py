@@ -155,7 +155,7 @@ def test_offline_still_refuses_a_key_other_than_the_one_last_confirmed(
 def test_mcp_results_carry_offline(
         tmp_path: Path, server_factory: Callable[..., ServerProcess],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from retrieval.mcp_server import build_server
+    from retrieval.faces.mcp_server import build_server
 
     monkeypatch.setenv("CODEVEIL_EMBEDDER", "hashing")
     server = server_factory(tmp_path / "data")

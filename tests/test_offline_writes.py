@@ -41,7 +41,7 @@ def _env(tmp: Path, name: str) -> dict[str, str]:
 
 
 def _cv(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "retrieval.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "retrieval", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=180)
 
 
@@ -62,7 +62,7 @@ def _killed_mid_way(args: list[str], cwd: Path, env: dict[str, str]) -> None:
     """Run `codeveil ARGS` and SIGKILL it once it has written chunks that still wait for
     their vectors (pending): mid-way, between the chunk table and the rest."""
     state = cwd / ".codeveil" / "state.sqlite"
-    proc = subprocess.Popen([sys.executable, "-m", "retrieval.cli", *args], cwd=cwd, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "retrieval", *args], cwd=cwd, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         while proc.poll() is None:
@@ -266,7 +266,7 @@ def test_a_server_that_goes_away_mid_sync_leaves_the_index_updated_here(
     _many_files(repo, 300)  # sent in one go once embedded: the server dies before that
     _edit_delete_add(repo)
     state = repo / ".codeveil" / "state.sqlite"
-    proc = subprocess.Popen([sys.executable, "-m", "retrieval.cli", "index", "--wait",
+    proc = subprocess.Popen([sys.executable, "-m", "retrieval", "index", "--wait",
                              "--json"], cwd=repo, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     while proc.poll() is None:  # the diff is done and the files are being read

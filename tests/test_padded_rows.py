@@ -14,7 +14,7 @@ import pytest
 from indexer.chunker import chunk_file
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from retrieval.doctor import doctor
+from retrieval.faces.doctor import doctor
 from sync.config import load_config, state_path, store_path
 from sync.keys import load_key
 from sync.sealed_rows import META_BUCKETS, ROW_BUCKETS, RowSealer

@@ -21,7 +21,7 @@ import pytest
 from indexer.embedder import HashingEmbedder
 from indexer.local_chunks import LocalChunks, open_state_db
 from indexer.priority import OTHER, SOURCE, TESTS, category, embed_order
-from retrieval.api import Index
+from retrieval.faces.api import Index
 from sync.config import state_path
 from sync.progress import Progress
 from tests.conftest import write_repo
@@ -60,14 +60,14 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _cv(repo: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "retrieval.cli", *args], cwd=repo, env=env,
+    return subprocess.run([sys.executable, "-m", "retrieval", *args], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow  # about 100 s on two busy cores; the in-process version below is fast
 def test_search_during_first_index_then_resume(big_repo: Path, tmp_path: Path) -> None:
     env = _env(tmp_path)
-    indexing = subprocess.Popen([sys.executable, "-m", "retrieval.cli", "index", "--wait", "-q"],
+    indexing = subprocess.Popen([sys.executable, "-m", "retrieval", "index", "--wait", "-q"],
                                 cwd=big_repo, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     try:
@@ -240,7 +240,7 @@ def test_a_few_early_vectors_do_not_outvote_the_words(tmp_path: Path,
     repo = write_repo(tmp_path / "repo", files)
     model = HashingEmbedder()
     # The query asks for the guide: a docs page's word votes are not held back behind
-    # code then (retrieval.signals), so only the vectors' coverage decides here.
+    # code then (retrieval.search.signals), so only the vectors' coverage decides here.
     probe = _SearchOnce(repo, model, "the guide to reticulate splines for the minimap")
     with Index(repo, embedder=model) as idx:
         idx.index(progress=probe)

@@ -176,7 +176,7 @@ def test_the_server_names_an_unreachable_database_without_its_password(
 
 def test_codeveil_serve_reads_the_store_from_the_environment() -> None:
     env = codeveil_env({"CODEVEIL_STORE": "postgresql://codeveil:s3cret-pw@127.0.0.1:1/x"})
-    result = subprocess.run([sys.executable, "-m", "retrieval.cli", "serve"], cwd=PROJECT_ROOT,
+    result = subprocess.run([sys.executable, "-m", "retrieval", "serve"], cwd=PROJECT_ROOT,
                             env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "postgresql://codeveil:***@127.0.0.1:1/x is unavailable" in result.stderr

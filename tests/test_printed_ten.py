@@ -14,7 +14,7 @@ import pytest
 from indexer.embedder import HashingEmbedder
 from indexer.location import ChunkLocation
 from retrieval import Index
-from retrieval.grouping import diversify
+from retrieval.search.grouping import diversify
 
 PROJECT = Path(__file__).resolve().parent.parent
 QUERIES = (
@@ -88,3 +88,18 @@ def test_a_files_first_chunk_can_stand_for_the_file() -> None:
                 for i in range(3)]
     assert diversify(ranking, 0.5)[0][0].path == "a.py"
     assert diversify(ranking, 0.5, file_first=True)[0][0].path == "b.py"
+
+
+def test_a_limit_places_the_first_chunks_exactly_and_keeps_every_chunk() -> None:
+    import random
+
+    rng = random.Random(7)
+    ranking = sorted(((_doc(f"f{rng.randrange(12)}.py", i * 10 + 1), rng.random())
+                      for i in range(300)), key=lambda x: -x[1])
+    whole = diversify(ranking, 0.5, file_first=True)
+    for limit in (1, 10, 20, 100):
+        cut = diversify(ranking, 0.5, file_first=True, limit=limit)
+        assert cut[:limit] == whole[:limit], limit
+        assert sorted(d.key for d, _ in cut) == sorted(d.key for d, _ in ranking)
+        scores = [s for _, s in cut]
+        assert scores == sorted(scores, reverse=True), limit  # the tail never outranks

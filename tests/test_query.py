@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from indexer.tokens import CONTENT_MAX_TOKENS, default_counter
-from retrieval.query import Evidence, Frame, RepoNames, extract_refs, split_query
+from retrieval.search.query import Evidence, Frame, RepoNames, extract_refs, split_query
 
 ISSUE = """\
 Merging dataArray into dataset using dataset method fails
@@ -155,7 +155,7 @@ def test_evidence_ranks_the_frame_line_first(names: RepoNames) -> None:
 
 
 def test_lexical_terms_leave_out_prose_stop_words() -> None:
-    from retrieval.query import lexical_terms
+    from retrieval.search.query import lexical_terms
 
     terms = lexical_terms("The session is closed if is_valid() fails. If x IN y")
     assert "the" not in terms and terms.count("is") == 1  # the part of `is_valid` stays
@@ -164,7 +164,7 @@ def test_lexical_terms_leave_out_prose_stop_words() -> None:
 
 
 def test_lexical_terms_weigh_code_words() -> None:
-    from retrieval.query import lexical_terms
+    from retrieval.search.query import lexical_terms
 
     text = "Calling `fit` breaks in\n    model.fit(raw_data)\nwhen data is raw"
     once = lexical_terms(text)

@@ -16,11 +16,12 @@ from indexer.embedder import HashingEmbedder
 from indexer.location import ChunkLocation
 from indexer.tokens import default_counter
 from retrieval import Index
-from retrieval.fusion import HybridRanker, SearchOptions
-from retrieval.lexical import LexicalIndex
-from retrieval.path_vote import path_words, query_words
-from retrieval.ranking_parts import RESCORING, VOTES
-from retrieval.signals import is_secondary
+from retrieval.indexes.lexical import LexicalIndex
+from retrieval.search.fusion import HybridRanker
+from retrieval.search.options import SearchOptions
+from retrieval.search.path_vote import path_words, query_words
+from retrieval.search.ranking_parts import RESCORING, VOTES
+from retrieval.search.signals import is_secondary
 from tests.conftest import write_repo
 
 

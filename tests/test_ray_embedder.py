@@ -15,7 +15,7 @@ import pytest
 from indexer.embedder import HashingEmbedder
 from indexer.errors import EmbedderError
 from indexer.ray_embedder import RayEmbedder, parse_embed_on
-from retrieval.api import Index
+from retrieval.faces.api import Index
 from sync.progress import Progress
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'codeveil[ray]')")
@@ -124,7 +124,7 @@ def test_cli_embed_on_a_cluster_it_starts(sample_repo: Path, tmp_path: Path) -> 
     env = dict(os.environ, CODEVEIL_EMBEDDER="hashing", PYTHONPATH=str(ROOT),
                CODEVEIL_CACHE_DIR=str(tmp_path / "cache"))
     proc = subprocess.run(
-        [sys.executable, "-m", "retrieval.cli", "index", "--wait", ".", "--json",
+        [sys.executable, "-m", "retrieval", "index", "--wait", ".", "--json",
          "--embed-on", "ray:local?actors=1"],
         cwd=sample_repo, env=env, capture_output=True, text=True, timeout=180,
     )
@@ -133,7 +133,7 @@ def test_cli_embed_on_a_cluster_it_starts(sample_repo: Path, tmp_path: Path) -> 
     assert summary["files_changed"] == 5 and summary["chunks_embedded"] > 0
     assert summary["embedded_on"] == "local"
     bad = subprocess.run(
-        [sys.executable, "-m", "retrieval.cli", "index", "--wait", ".", "--embed-on", "tcp://x:1"],
+        [sys.executable, "-m", "retrieval", "index", "--wait", ".", "--embed-on", "tcp://x:1"],
         cwd=sample_repo, env=env, capture_output=True, text=True, timeout=60,
     )
     assert bad.returncode == 1 and "ray://HOST:PORT" in bad.stderr

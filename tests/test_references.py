@@ -10,7 +10,7 @@ import pytest
 
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from retrieval.symbols import ToolInputError
+from retrieval.agent.symbols import ToolInputError
 from tests.conftest import write_repo
 
 FILES = {

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from indexer.embedder import HashingEmbedder
-from retrieval.api import Index
-from retrieval.search_ready import FOLLOW_FILES, SearchReady
+from retrieval.faces.api import Index
+from retrieval.indexes.search_ready import FOLLOW_FILES, SearchReady
 from tests.conftest import write_repo
 
 

@@ -1,4 +1,4 @@
-"""One search's view (retrieval.searcher): the vector side behind one protocol, the
+"""One search's view (retrieval.search.searcher): the vector side behind one protocol, the
 ranker bound to the index it searches, and coverage as a typed result; over a real
 repo indexed in-process."""
 
@@ -13,9 +13,9 @@ import pytest
 from indexer.embedder import HashingEmbedder
 from indexer.local_chunks import open_state_db
 from retrieval import Coverage, Index
-from retrieval.filters import HitFilter
-from retrieval.fusion import group_ranking
-from retrieval.local_vectors import LocalVectorIndex
+from retrieval.indexes.filters import HitFilter
+from retrieval.indexes.local_vectors import LocalVectorIndex
+from retrieval.search.fusion import group_ranking
 from sync.config import state_path
 from tests.conftest import write_repo
 

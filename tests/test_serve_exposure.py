@@ -13,7 +13,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from retrieval.cli import main as cli_main
+from retrieval.faces.cli import main as cli_main
 from sync.exposure import is_loopback, open_server_refusal
 from tests.server_fixtures import PROJECT_ROOT, free_port
 
@@ -58,7 +58,7 @@ def test_serve_on_loopback_starts_as_before(tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "retrieval.cli", "serve", "--data", str(tmp_path / "data"),
+            [sys.executable, "-m", "retrieval", "serve", "--data", str(tmp_path / "data"),
              "--host", "127.0.0.1", "--port", str(port)],
             cwd=PROJECT_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:

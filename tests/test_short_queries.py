@@ -14,8 +14,8 @@ from indexer.embedder import HashingEmbedder
 from indexer.kinds import FileKind
 from indexer.location import ChunkLocation
 from retrieval import Index
-from retrieval.query import extract_refs
-from retrieval.signals import kinds_asked, prefer_code
+from retrieval.search.query import extract_refs
+from retrieval.search.signals import kinds_asked, prefer_code
 from tests.conftest import write_repo
 
 FILES = {

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from retrieval.doctor import check_data_dir
+from retrieval.faces.doctor import check_data_dir
 from sync.store import SNAPSHOT
 from sync.store.embedded.vector_index import SnapshotError, read_snapshot, read_snapshot_info
 from tests.test_store_index import POLICY, Workspace, names

@@ -42,7 +42,7 @@ def test_lancedb_import_defers_only_its_own_pydantic_models() -> None:
 def test_index_and_search_paths_import_no_scipy() -> None:
     proc = _fresh("""
         import sys
-        import retrieval.api, retrieval.fusion, retrieval.lexical, sync.syncer
+        import retrieval.faces.api, retrieval.search.fusion, retrieval.indexes.lexical, sync.syncer
         bad = sorted(m for m in sys.modules if m.split(".")[0] in ("scipy", "lancedb"))
         print(bad)
     """)
@@ -56,7 +56,7 @@ def _first_index(repo: Path) -> dict[str, str]:
     import os
 
     env = dict(os.environ, CODEVEIL_EMBEDDER="hashing", PYTHONPATH=str(ROOT))
-    first = subprocess.run([sys.executable, "-m", "retrieval.cli", "index", "--wait", "-q"],
+    first = subprocess.run([sys.executable, "-m", "retrieval", "index", "--wait", "-q"],
                            cwd=repo, env=env, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
     return env
@@ -69,7 +69,7 @@ def _imported_by_an_index(repo: Path, env: dict[str, str], heavy: tuple[str, ...
         import json, runpy, sys
         sys.argv = ["codeveil", "index", "--wait", "-q"]
         try:
-            runpy.run_module("retrieval.cli", run_name="__main__")
+            runpy.run_module("retrieval.faces.cli", run_name="__main__")
         except SystemExit as exc:
             assert not exc.code, exc.code
         print(json.dumps(sorted(m for m in {list(heavy)!r} if m in sys.modules)))

@@ -11,7 +11,7 @@ from indexer.embedder import HashingEmbedder
 from indexer.languages import GRAMMAR_LANGUAGES
 from indexer.local_chunks import STATE_FORMAT
 from retrieval import Index
-from retrieval.symbols import ToolInputError, split_name
+from retrieval.agent.symbols import ToolInputError, split_name
 from tests.conftest import write_repo
 
 # One file per grammar language: (path, source, a qualified name defined in it, the

@@ -38,7 +38,7 @@ BACKENDS = ["embedded", *SERVERS]
 
 def cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "retrieval.cli", *args], cwd=cwd, env=env,
+        [sys.executable, "-m", "retrieval", *args], cwd=cwd, env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
 

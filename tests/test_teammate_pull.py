@@ -17,7 +17,7 @@ from indexer.embed_cache import EmbeddingCache, cache_key
 from indexer.embedder import SentenceTransformerEmbedder
 from indexer.local_chunks import LocalChunks, open_state_db
 from retrieval import Index
-from retrieval.api import WrongKeyError
+from retrieval.faces.api import WrongKeyError
 from sync.config import RepoConfig, load_config, load_token, state_path
 from sync.keys import WorkspaceKey, export_key, import_key, load_key
 from sync.syncer import SyncReport

@@ -1,5 +1,5 @@
 """`codeveil index` returns with the words indexed and leaves the vectors to one
-background builder per index (sync.builder, retrieval.vector_builder): real processes,
+background builder per index (sync.builder, retrieval.indexes.vector_builder): real processes,
 real files, the hashing embedder (the model is not what is under test)."""
 
 from __future__ import annotations

@@ -1,0 +1,2 @@
+"""The ways in: the `codeveil` command, the Python API (`Index`, `MultiIndex`), the MCP
+server, `doctor`, and the table of operations they are built from."""

@@ -1,0 +1,525 @@
+"""`codeveil doctor`: check every file the client and its store own, and with `repair`
+rebuild what can be rebuilt.
+
+What is checked, in order (a check that cannot pass stops the ones that need it):
+
+- `.codeveil/config.json`: format version and every value (`sync.config`);
+- the workspace key: present, well-formed, the one the workspace was created with;
+- `.codeveil/state.sqlite`: SQLite integrity, and that it holds the chunks;
+- the embedding cache: SQLite integrity, its vectors of this model finite and of unit
+  length, and one for every local chunk (else exact scores silently fall back);
+- `.codeveil/lexical/`: readable;
+- the store: for the embedded one, its registry and tree (integrity), its chunk table
+  (read in full), the search snapshot (the table's rows), and that it holds exactly the
+  chunks of the local state, file by file; for a server, that it answers.
+
+Repairs never delete: a damaged file or folder is renamed aside (`<name>.damaged-<time>`)
+and rebuilt: the client state from the working tree, the cache by embedding again, the
+lexical index from the state, the embedded store from the working tree (same workspace
+id and key), and rows a store lost by sending every file again. A crash during a repair
+leaves the renamed copy and a state the next `codeveil index` or doctor run finishes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from indexer.embed_cache import CACHE_FORMAT, cache_key
+from indexer.embedder import Embedder
+from indexer.errors import CodeveilError
+from indexer.formats import sqlite_format_problem
+from indexer.local_chunks import STATE_FORMAT, LocalChunks, open_state_db
+from indexer.paths import cache_dir
+from indexer.sqlite_files import integrity_problem
+from retrieval.faces.api import Index
+from retrieval.indexes.lexical import LexicalStore
+from retrieval.indexes.local_vectors import LocalVectorStore
+from sync import crypto
+from sync.checkouts import find_recorded
+from sync.config import (
+    ConfigError,
+    NoIndexError,
+    RepoConfig,
+    codeveil_dir,
+    find_root,
+    load_config,
+    state_path,
+    store_path,
+)
+from sync.config_recovery import recover_config
+from sync.keys import WorkspaceKey, load_key
+from sync.records import DEFAULT_REF
+from sync.refs import ref_id, ref_name
+from sync.sealed_rows import RowSealer
+from sync.store.embedded.registry import Store
+from sync.store.embedded.workspace import WorkspaceStore
+from sync.syncer import SyncReport
+
+# A cached vector of this model whose norm is further than this from 1 is damaged.
+NORM_TOLERANCE = 1e-2
+
+
+@dataclass
+class Finding:
+    """One file checked: `problem` is None when it is fine."""
+
+    path: str
+    problem: str | None = None
+    repaired: str | None = None  # what the repair did, once done
+    # Worth repairing but not wrong: a teammate's cache lacks the vectors of chunks it
+    # never embedded, exactly as an emptied one does. Does not fail the check.
+    advisory: bool = False
+
+
+@dataclass
+class DoctorReport:
+    root: Path
+    findings: list[Finding] = field(default_factory=list)
+    index: SyncReport | None = None  # the index run by the repair, if any
+    remaining: list[Finding] = field(default_factory=list)  # still wrong after repairing
+
+    @property
+    def healthy(self) -> bool:
+        return not any(f for f in self.remaining if not f.advisory) and all(
+            f.problem is None or f.repaired or f.advisory for f in self.findings)
+
+    def lines(self) -> list[str]:
+        out = []
+        for f in self.findings:
+            if f.problem is None:
+                out.append(f"ok        {f.path}")
+            elif f.advisory and not f.repaired:
+                out.append(f"note      {f.path}: {f.problem}")
+            elif f.repaired:
+                out.append(f"repaired  {f.path}: {f.problem} -> {f.repaired}")
+            else:
+                out.append(f"PROBLEM   {f.path}: {f.problem}")
+        out += [f"PROBLEM   {f.path}: {f.problem} (still, after repairing)"
+                for f in self.remaining]
+        return out
+
+
+@dataclass
+class _Plan:
+    """Which repairs the checks asked for."""
+
+    aside: list[tuple[Path, Finding]] = field(default_factory=list)  # rename, rebuild
+    config: Finding | None = None  # config.json unreadable: rebuilt from store and key
+    rebuild_store: Finding | None = None
+    reupload: list[Finding] = field(default_factory=list)
+    embed: list[Finding] = field(default_factory=list)
+    index: list[Finding] = field(default_factory=list)
+    retry: list[tuple[Path, Finding]] = field(default_factory=list)  # a record to clear
+
+
+def doctor(path: str | Path = ".", *, repair: bool = False,
+           embedder: Embedder | None = None) -> DoctorReport:
+    """Check the index of the folder at (or above) `path`; with `repair`, fix what can
+    be fixed and check again. The report lists every file looked at."""
+    root = _root(Path(path))
+    report, plan = _check(root, embedder)
+    if not repair or not any(f.problem for f in report.findings):
+        return report
+    if plan.config is not None:
+        # Nothing else can be checked without the config: rebuild it, then check again.
+        try:
+            recovered = recover_config(root)
+        except CodeveilError as exc:
+            report.remaining = [Finding(plan.config.path, f"{plan.config.problem}; {exc}")]
+            return report
+        rebuilt = plan.config
+        rebuilt.repaired = (
+            "rebuilt from the store's registry and the key file" if recovered.server is None
+            else f"rebuilt for workspace {recovered.workspace_id} on {recovered.server}"
+                 " from this machine's record of the checkout")
+        report, plan = _check(root, embedder)
+        report.findings[0] = rebuilt
+        if not any(f.problem for f in report.findings[1:]):
+            return report
+    if report.findings[0].problem and not report.findings[0].repaired:
+        # No config or no key: an index run now would start a new workspace.
+        report.remaining = [report.findings[0]]
+        return report
+    _repair(root, plan, embedder, report)
+    after, _ = _check(root, embedder)
+    report.remaining = [f for f in after.findings if f.problem is not None]
+    return report
+
+
+def _root(start: Path) -> Path:
+    """The repo's root; also a folder whose config.json is gone but whose embedded store
+    is there, so that --repair can rebuild the config."""
+    try:
+        return find_root(start)
+    except NoIndexError:
+        if (store_path(start.resolve()) / "registry.sqlite").is_file():
+            return start.resolve()
+        recorded = find_recorded(start)  # a checkout of a workspace on a server
+        if recorded is not None:
+            return Path(recorded.root)
+        raise
+
+
+# -- checks -----------------------------------------------------------------------------
+
+
+def _check(root: Path, embedder: Embedder | None) -> tuple[DoctorReport, _Plan]:
+    report, plan = DoctorReport(root), _Plan()
+    folder = codeveil_dir(root)
+    config_finding = Finding(str(folder / "config.json"))
+    report.findings.append(config_finding)
+    try:
+        config = load_config(root)
+    except (ConfigError, NoIndexError) as exc:
+        config_finding.problem = str(exc)
+        plan.config = config_finding
+        return report, plan
+    except CodeveilError as exc:
+        config_finding.problem = str(exc)
+        return report, plan
+    try:
+        key = load_key(config.workspace_id)
+    except CodeveilError as exc:
+        config_finding.problem = str(exc)
+        return report, plan
+    idx = Index(root, embedder=embedder)
+    try:
+        _check_state(root, report, plan)
+        _check_cache(root, idx, report, plan, sealed=config.sealed)
+        _check_lexical(root, report, plan)
+        _check_vectors(root, config, report, plan)
+        _check_builder(root, report, plan)
+        if config.server is None:
+            _check_embedded_store(root, config, key, report, plan)
+        else:
+            _check_server(idx, config, report, plan)
+    finally:
+        idx.close()
+    return report, plan
+
+
+def _check_state(root: Path, report: DoctorReport, plan: _Plan) -> None:
+    path = state_path(root)
+    f = Finding(str(path))
+    report.findings.append(f)
+    if not path.exists():
+        f.problem = "missing (searches would lose their lexical side and exact scores)"
+        plan.index.append(f)
+        return
+    bad = integrity_problem(path)
+    if bad is not None:
+        f.problem = f"corrupt ({bad})"
+        plan.aside.append((path, f))
+        return
+    newer = sqlite_format_problem(path, what="the client state", version=STATE_FORMAT)
+    if newer is not None:
+        f.problem = newer
+        plan.aside.append((path, f))
+        return
+    with _state(root) as local:
+        if not local.count_files():
+            f.problem = "holds no chunks"
+            plan.index.append(f)
+
+
+def _check_cache(root: Path, idx: Index, report: DoctorReport, plan: _Plan, *,
+                 sealed: bool) -> None:
+    path = cache_dir() / "embeddings.sqlite"  # checked before the cache opens it
+    f = Finding(str(path))
+    report.findings.append(f)
+    bad = integrity_problem(path) if path.exists() else None
+    if bad is not None:
+        f.problem = f"corrupt ({bad})"
+        plan.aside.append((path, f))
+        return
+    newer = (sqlite_format_problem(path, what="the embedding cache", version=CACHE_FORMAT)
+             if path.exists() else None)
+    if newer is not None:
+        f.problem = newer
+        plan.aside.append((path, f))
+        return
+    cached = idx.embedder
+    dim, cache = cached.dim, cached.cache
+    damaged = sum(
+        1 for vec in cache.vectors_of_size(dim)
+        if not np.isfinite(vec).all() or abs(float(np.linalg.norm(vec)) - 1.0) > NORM_TOLERANCE
+    )
+    if damaged:
+        f.problem = f"{damaged} cached vectors of dim {dim} are not finite unit vectors"
+        plan.aside.append((path, f))
+        return
+    if not _state_readable(root):
+        return
+    with _state(root) as local:
+        texts = [c.embed_text for _rowid, c in local.iter_all()]
+        # Only a sealed workspace's search ranks the header vectors.
+        headers = sorted(local.headers()) if sealed else []
+    lacking = []
+    # Distinct texts: chunks with the same path, symbol and code share one vector, and
+    # `known` answers each key once.
+    keys = sorted({cache_key(cached.model_id, t) for t in texts})
+    missing = len(keys) - len(cache.known(keys))
+    if missing:
+        lacking.append(f"the vectors of {missing} of {len(keys)} distinct local chunks (their"
+                       " scores are the server's approximate ones; normal for a teammate's"
+                       " chunks)")
+    header_keys = sorted({cache_key(cached.model_id, h) for h in headers})
+    missing = len(header_keys) - len(cache.known(header_keys))
+    if missing:
+        lacking.append(f"the header vectors of {missing} of {len(header_keys)} chunk headers"
+                       " (search ranks their chunks by the code only)")
+    if lacking:
+        f.problem = f"lacks {' and '.join(lacking)}: --repair embeds them"
+        f.advisory = True
+        plan.embed.append(f)
+
+
+def _check_lexical(root: Path, report: DoctorReport, plan: _Plan) -> None:
+    folder = codeveil_dir(root) / "lexical"
+    f = Finding(str(folder))
+    report.findings.append(f)
+    if LexicalStore(folder).damaged():
+        f.problem = "damaged (searches rebuild it each time until it is saved again)"
+        plan.aside.append((folder, f))
+
+
+def _check_vectors(root: Path, config: RepoConfig, report: DoctorReport, plan: _Plan
+                   ) -> None:
+    folder = codeveil_dir(root) / "vectors"
+    f = Finding(str(folder))
+    report.findings.append(f)
+    store = LocalVectorStore(folder)
+    bad = store.problem(config.model_id, config.dim)
+    if bad is not None:
+        f.problem = f"damaged ({bad}; the next search rebuilds it)"
+        plan.aside.append((folder, f))
+        return
+    failed = store.approx_failure()
+    if failed is not None:
+        record, why = failed
+        # Search still answers, exactly and slower: worth a repair, not a failed check.
+        g = Finding(str(record), advisory=True,
+                    problem=f"the approximate vector index could not be built ({why}); "
+                            "search is exact")
+        report.findings.append(g)
+        plan.retry.append((record, g))
+
+
+def _check_builder(root: Path, report: DoctorReport, plan: _Plan) -> None:
+    """The vector builder given up (sync.builder): search answers by words and names,
+    and by meaning only for what was embedded before; worth a repair, not a failure."""
+    from sync.builder import Builder
+
+    builder = Builder(root)
+    why = builder.given_up()
+    if why is not None:
+        f = Finding(str(builder.files.failed), advisory=True,
+                    problem=f"the vector builder was given up: {why}; run `codeveil index"
+                            f" --wait` to build the vectors here (log: {builder.files.log})")
+        report.findings.append(f)
+        plan.retry.append((builder.files.failed, f))
+
+
+def _check_embedded_store(root: Path, config: RepoConfig, key: WorkspaceKey,
+                          report: DoctorReport, plan: _Plan) -> None:
+    data = store_path(root)
+    registry = Finding(str(data / "registry.sqlite"))
+    report.findings.append(registry)
+    bad = integrity_problem(data / "registry.sqlite")
+    if bad is not None:
+        registry.problem = f"corrupt ({bad})"
+        plan.rebuild_store = registry
+        return
+    ws_dir = data / "workspaces" / config.workspace_id
+    f = Finding(str(ws_dir))
+    report.findings.append(f)
+    try:
+        with Store(data) as store:
+            ws = store.workspace(config.workspace_id)
+            problems = ws.check()
+            if problems:
+                f.problem = "; ".join(problems)
+                plan.rebuild_store = f
+                return
+            if ws.info().key_check != key.key_check:
+                f.problem = ("was built with another key; import the right one"
+                             " (`codeveil key import`)")
+                return
+            lost = _files_differing(root, config, key, ws)
+    except CodeveilError as exc:
+        f.problem = str(exc)
+        plan.rebuild_store = f
+        return
+    if lost:
+        f.problem = (f"holds other chunks than the local state for {len(lost)} files"
+                     f" (e.g. {lost[0]})")
+        plan.reupload.append(f)
+
+
+def _files_differing(root: Path, config: RepoConfig, key: WorkspaceKey,
+                     ws: WorkspaceStore) -> list[str]:
+    """Local files whose rows in the store are not those of their local chunks: the
+    chunk hashes sealed in each file's rows, against the local chunk table's."""
+    if not _state_readable(root):
+        return []
+    sealer = RowSealer(key, config.workspace_id, config.dim) if config.sealed else None
+    # The tree of this checkout's ref: a sealed embedded store keeps one per ref.
+    ref = ref_id(key, ref_name(root)) if config.sealed else DEFAULT_REF
+    out = []
+    with _state(root) as local:
+        paths = sorted(local.file_digests())
+        for start in range(0, len(paths), 512):
+            part = paths[start : start + 512]
+            keys = [crypto.node_key(key, p) for p in part]
+            rows = ws.file_rows(keys, ref)
+            for path, file_key in zip(part, keys, strict=True):
+                want = sorted(c.chunk_hash for c in local.for_file(path))
+                hashes = (_chunk_hash(sealer, key, config.workspace_id, file_key, r, b)
+                          for r, b in rows.get(file_key, []))
+                have = sorted(h for h in hashes if h is not None)  # None: padding
+                if have != want:
+                    out.append(path)
+    return out
+
+
+def _chunk_hash(sealer: RowSealer | None, key: WorkspaceKey, workspace_id: str,
+                file_key: bytes, row_id: bytes, blob: bytes) -> bytes | None:
+    if sealer is not None:
+        opened = sealer.open(row_id, file_key, blob)
+        return None if opened is None else opened.meta.chunk_hash
+    return crypto.open_meta(key, workspace_id, row_id, blob).chunk_hash
+
+
+def _check_server(idx: Index, config: RepoConfig, report: DoctorReport, plan: _Plan) -> None:
+    f = Finding(f"{config.server} (workspace {config.workspace_id})")
+    report.findings.append(f)
+    try:
+        idx.status()
+    except CodeveilError as exc:
+        # The server's files are its operator's to repair (`codeveil doctor --data DIR`
+        # on the server); a client can only re-send once it answers again.
+        f.problem = str(exc)
+
+
+def check_data_dir(data: str | Path) -> DoctorReport:
+    """Check a server's data dir (`codeveil doctor --data DIR`): the registry, then each
+    workspace's tree, chunk table and snapshot. Run it with the server stopped or not;
+    it only reads. Damaged workspaces are the operator's to restore from a backup."""
+    data = Path(data)
+    report = DoctorReport(data)
+    registry = Finding(str(data / "registry.sqlite"))
+    report.findings.append(registry)
+    if not (data / "registry.sqlite").exists():
+        registry.problem = "missing: this is not a codeveil data dir"
+        return report
+    bad = integrity_problem(data / "registry.sqlite")
+    if bad is not None:
+        registry.problem = f"corrupt ({bad}); restore it from a backup of the data dir"
+        return report
+    with Store(data) as store:
+        for workspace_id in store.workspace_ids():
+            f = Finding(str(data / "workspaces" / workspace_id))
+            report.findings.append(f)
+            try:
+                problems = store.workspace(workspace_id).check()
+            except CodeveilError as exc:
+                problems = [str(exc)]
+            if problems:
+                f.problem = "; ".join(problems)
+    return report
+
+
+def _state_readable(root: Path) -> bool:
+    path = state_path(root)
+    return (path.exists() and integrity_problem(path) is None
+            and sqlite_format_problem(path, what="", version=STATE_FORMAT) is None)
+
+
+@contextlib.contextmanager
+def _state(root: Path) -> Iterator[LocalChunks]:
+    db = open_state_db(state_path(root))
+    try:
+        yield LocalChunks(db)
+    finally:
+        db.close()
+
+
+# -- repairs ----------------------------------------------------------------------------
+
+
+def _aside(path: Path) -> Path:
+    """Rename a damaged file or folder (and SQLite's -wal/-shm beside it) out of the way."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = path.with_name(f"{path.name}.damaged-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
+    if path.exists():
+        path.rename(target)
+    for suffix in ("-wal", "-shm"):
+        side = path.with_name(path.name + suffix)
+        if side.exists():
+            side.rename(target.with_name(target.name + suffix))
+    return target
+
+
+def _repair(root: Path, plan: _Plan, embedder: Embedder | None, report: DoctorReport) -> None:
+    for path, f in plan.aside:
+        f.repaired = f"moved to {_aside(path).name}, rebuilt"
+    for path, f in plan.retry:
+        path.unlink(missing_ok=True)
+        f.repaired = "cleared: the next search builds it again"
+    reupload = bool(plan.reupload)
+    if plan.rebuild_store is not None:
+        config = load_config(root)
+        key = load_key(config.workspace_id)
+        moved = _aside(store_path(root))
+        with Store(store_path(root)) as store:
+            store.create_workspace(config.dim, config.model_id, key.key_check,
+                                   workspace_id=config.workspace_id, mode=config.mode)
+        plan.rebuild_store.repaired = (f"store moved to {moved.name}; rebuilt from the"
+                                       " working tree")
+        reupload = True
+    # The index rebuilds a missing or moved state (and re-embeds from the cache), a
+    # moved cache (by embedding), and sends every file again if the store lost rows.
+    with Index(root, embedder=embedder) as idx:
+        report.index = idx.index(reupload=reupload)
+        chunks = _all_chunks(root)
+        config = load_config(root)
+        sealed = config.sealed
+        missing = [c.embed_text for c in chunks]
+        missing += sorted({c.header for c in chunks}) if sealed else []
+        idx.embedder.embed(missing)  # fills what the cache lacks; a no-op when it is full
+        db = open_state_db(state_path(root))
+        try:
+            if sealed:
+                # Recorded, and the change stamp bumped: the next search re-reads the
+                # chunks its vector index holds without a header vector.
+                LocalChunks(db).mark_headers_embedded(idx.embedder.model_id)
+            LexicalStore(codeveil_dir(root) / "lexical").current(db)  # rebuilt and saved
+            if sealed:  # only a sealed workspace searches its own vectors
+                LocalVectorStore(codeveil_dir(root) / "vectors").current(
+                    db, idx.embedder.cache, config.model_id, config.dim)
+        finally:
+            db.close()
+    for f in plan.reupload:
+        f.repaired = "sent every file again"
+    for f in plan.embed:
+        f.repaired = "embedded the missing chunks"
+    for f in plan.index:
+        f.repaired = "rebuilt from the working tree"
+
+
+def _all_chunks(root: Path) -> list:
+    with _state(root) as local:
+        return [c for _rowid, c in local.iter_all()]
+
+
+__all__ = ["DoctorReport", "Finding", "check_data_dir", "doctor"]

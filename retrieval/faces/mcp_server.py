@@ -1,0 +1,327 @@
+"""`codeveil mcp`: a Model Context Protocol server over stdio, for coding agents.
+
+Tools (the official `mcp` SDK's `MCPServer`, stdio transport):
+
+- `search(query, k, group, path, language, kind, repos)`: hybrid search of the repo;
+  `group` is `chunk`, `symbol` or `file`; `kind` keeps code, tests, docs, examples or
+  config; `repos` names other indexed folders to rank together with this one.
+  Returns hits with path, lines, symbol, kind, score and the code as it is on disk now.
+- `definition(name, limit)`: where a symbol is defined (`Session.send`, `Sinatra::Base`),
+  candidates ranked, each with its signature and its first lines.
+- `outline(path)`: a file's symbols with their lines and signatures.
+- `references(name, path, limit)`: the chunks that use a name, with the lines it is on.
+- `grep(pattern, path, ignore_case, limit)`: regex lines of the indexed files, narrowed by
+  the grep index (exact: the lines a full scan finds).
+- `index_status()`: where the index is and what it holds, with the vector builder's
+  progress.
+- `sync_index()`: bring the index up to date with the working tree (incremental: only
+  changed files are read and chunked); returns once words and names are indexed, and
+  the vectors follow from the background builder (`sync.builder`).
+
+The five lookups' arguments, their defaults, limits and help texts, and so their JSON
+schemas, are built from the table of operations (`retrieval.faces.operations`) that the
+`codeveil` command's options are built from too; a result count out of range is brought
+into it rather than refused.
+
+When the workspace's server cannot be reached, every answer comes from this machine's
+copy and carries `offline`: {server, reachable: false, last_sync, error} (a
+server-search workspace's search, which ranks on the server, is refused instead).
+
+Every result of the four lookups carries `tokens`: an estimate of the tokens it costs an
+agent to read, len(JSON text) / 4 rounded up (`estimate_tokens`), so a caller can weigh
+a lookup against a search. Text is kept short: a definition shows CONTEXT_LINES lines
+and says `truncated` (with its full line range) when it is longer; grep returns at most
+`limit` lines and says `truncated`.
+
+One `Index` serves every call; calls run one at a time (the SDK runs synchronous tools
+in worker threads, and an index is not meant to be searched from two threads at once).
+The model loads on the first call that needs it, so the server answers `initialize`
+at once. stdout carries the protocol only: nothing here prints.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
+
+from indexer.errors import CodeveilError
+from retrieval.faces.api import Index
+from retrieval.faces.multi import MultiIndex
+from retrieval.faces.operations import (
+    DEFINITION_OP,
+    GREP_OP,
+    MCP,
+    OUTLINE_OP,
+    REFERENCES_OP,
+    REQUIRED,
+    SEARCH_OP,
+    Arg,
+    Operation,
+)
+from retrieval.faces.server_probe import ServerProbe
+
+INSTRUCTIONS = """\
+codeveil searches this repository's code by meaning and by name (hybrid: embeddings,
+BM25 and the paths, symbols and stack frames your query mentions). Ask in natural
+language or paste an error or stack trace; long queries are fine. Use group="file" to
+find which files to open, group="symbol" for functions and classes, group="chunk" for
+exact line ranges. When you know the name, `definition` finds where it is defined,
+`references` who uses it, `outline` what a file holds, and `grep` runs a regex over the
+indexed files (exact and fast). Each lookup result says how many tokens it costs.
+Call sync_index after editing files if results look stale.
+"""
+
+CONTEXT_LINES = 6
+"""Lines of a definition shown from its first; longer ones say `truncated`."""
+
+
+def estimate_tokens(payload: dict[str, Any]) -> int:
+    """Tokens an agent reads for `payload`: its JSON text's length / 4, rounded up (the
+    usual rule of thumb for code and English under BPE tokenizers)."""
+    return math.ceil(len(json.dumps(payload, ensure_ascii=False)) / 4)
+
+
+def _offline(probe: ServerProbe, payload: dict[str, Any]) -> dict[str, Any]:
+    """`payload`, with `offline` when the server did not answer (the lookup answered from
+    this machine's copy alone)."""
+    unreachable = probe.result()
+    if unreachable is not None:
+        payload["offline"] = unreachable.to_dict()
+    return payload
+
+
+def _with_tokens(payload: dict[str, Any]) -> dict[str, Any]:
+    payload["tokens"] = 0
+    payload["tokens"] = estimate_tokens(payload)
+    return payload
+
+
+def _excerpt(root: Path, path: str, start: int, end: int) -> tuple[str, bool]:
+    """The first CONTEXT_LINES lines of start..end as on disk, and whether it was cut."""
+    try:
+        lines = (root / path).read_text(errors="replace").split("\n")
+    except OSError:
+        return "", False
+    last = min(end, start + CONTEXT_LINES - 1)
+    return "\n".join(lines[start - 1 : last]), last < end
+
+
+def build_server(repo: Path) -> MCPServer:
+    """The MCP server of the repo at (or above) `repo`."""
+    server: MCPServer = MCPServer(name="codeveil", instructions=INSTRUCTIONS)
+    state = _State(repo)
+    for op, answer in ((SEARCH_OP, _search), (DEFINITION_OP, _definition),
+                       (OUTLINE_OP, _outline), (REFERENCES_OP, _references),
+                       (GREP_OP, _grep)):
+        _add_tool(server, state, op, answer)
+
+    @server.tool()
+    def index_status() -> dict[str, Any]:
+        """Where the index is and what it holds: root folder, workspace, server (or
+        embedded), model, number of files and chunks."""
+        with state.use() as idx:
+            return {**idx.status().to_dict(), "index": idx.coverage().to_dict(),
+                    "builder": idx.builder()}
+
+    @server.tool()
+    def sync_index() -> dict[str, Any]:
+        """Bring the index up to date with the files on disk (only changed files are
+        read). Returns in seconds, once every file is searchable by words, names and
+        structure; the vectors are built in the background (index_status shows how far:
+        builder.chunks_done of builder.chunks_todo, seconds_left), and search uses them
+        as they land. Returns what changed, and index/builder as index_status."""
+        with state.use() as idx:
+            report = idx.index(wait=False)
+            return {**report.to_dict(), "index": idx.coverage().to_dict(),
+                    "builder": idx.builder()}
+
+    return server
+
+
+# -- the tools built from the table of operations (retrieval.faces.operations) -------------
+
+
+def _add_tool(server: MCPServer, state: _State, op: Operation,
+              answer: Callable[..., dict[str, Any]]) -> None:
+    """The tool `op.tool`: its arguments and their JSON schema from the table, its
+    description `answer`'s docstring. A result count out of range is brought into it."""
+    args = op.face_args(MCP)
+
+    def tool(**given: Any) -> dict[str, Any]:
+        for arg in args:
+            if arg.count is not None and given.get(arg.name) is not None:
+                given[arg.name] = arg.count.clamp(given[arg.name])
+        return _with_tokens(answer(state, **given))
+
+    tool.__name__ = op.tool
+    # The SDK reads the arguments from the signature (inspect.signature honours this).
+    tool.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [_parameter(arg) for arg in args], return_annotation=dict[str, Any])
+    server.add_tool(tool, name=op.tool, description=answer.__doc__)
+
+
+def _parameter(arg: Arg) -> inspect.Parameter:
+    """`arg` as a tool parameter: its type (with choices as an enum) and help text."""
+    kind: Any = str if arg.type is Path else arg.type
+    if arg.choices:
+        kind = Literal.__getitem__(arg.choices)
+    if arg.for_agent is None:
+        kind = kind | None
+    default = inspect.Parameter.empty if arg.for_agent is REQUIRED else arg.for_agent
+    return inspect.Parameter(arg.name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=Annotated[kind, Field(description=arg.agent_help())])
+
+
+def _search(state: _State, query: str, k: int, group: str, path: str | None,
+            language: str | None, kind: str | None, repos: list[str] | None,
+            ) -> dict[str, Any]:
+    """Search the repository's code by meaning and by name.
+
+    Returns hits best first: path, start_line, end_line (1-based, inclusive), symbol,
+    kind (code, tests, docs, examples or config), score (higher is better; compare
+    within one result list only), text (the lines as they are on disk now) and stale
+    (true if the file changed since it was indexed and the lines could not be found
+    again: run sync_index), and index: {partial, chunks, chunks_with_vectors}; partial
+    is true while an index is still embedding (every chunk is searched by name and words
+    already, only chunks_with_vectors of them by meaning); tokens: what the answer costs
+    to read.
+    """
+    if repos:
+        with state.use_many(repos) as many:
+            hits = many.search(query, k=k, group=group, path=path, language=language,
+                               kind=kind)
+            out = {"query": query, "group": group, "hits": [h.to_dict() for h in hits],
+                   "index": {r: c.to_dict() for r, c in many.coverage().items()}}
+            unreachable = many.offline()
+            if unreachable:
+                out["offline"] = {r: u.to_dict() for r, u in unreachable.items()}
+            return out
+    with state.use() as idx:
+        hits = idx.search(query, k=k, group=group, path=path, language=language, kind=kind)
+        coverage = idx.coverage()
+        offline = idx.offline
+    out = {"query": query, "group": group, "hits": [h.to_dict() for h in hits],
+           "index": coverage.to_dict()}
+    if offline is not None:
+        out["offline"] = offline.to_dict()
+    return out
+
+
+def _definition(state: _State, name: str, limit: int) -> dict[str, Any]:
+    """Where a symbol is defined: a class, function, method, type or constant, from the
+    syntax tree (not a text match).
+
+    Returns definitions best first (the whole name over a tail of it, source over tests
+    and docs): path, start_line, end_line, symbol, kind, signature, text (its first
+    lines as on disk now), truncated (the definition goes on to end_line), and tokens
+    (what this result costs to read).
+    """
+    probe = ServerProbe(state.repo)
+    with state.use() as idx:
+        hits = idx.definition(name, limit=limit)
+        root = idx.root
+    out = []
+    for hit in hits:
+        text, cut = _excerpt(root, hit.path, hit.start_line, hit.end_line)
+        out.append({**hit.to_dict(), "text": text, "truncated": cut})
+    return _offline(probe, {"name": name, "definitions": out})
+
+
+def _outline(state: _State, path: str) -> dict[str, Any]:
+    """The symbols a file defines, in file order: symbol, name, kind, start_line,
+    end_line, signature (one line), depth (nesting), and reparsed (true if the file
+    changed since it was indexed and was read as it is now). Cheaper than reading the
+    file to see what is in it.
+    """
+    probe = ServerProbe(state.repo)
+    with state.use() as idx:
+        result = idx.outline(path).to_dict()
+    return _offline(probe, result)
+
+
+def _references(state: _State, name: str, path: str | None, limit: int) -> dict[str, Any]:
+    """The chunks that use a name, the definition left out.
+
+    Each: path, start_line, end_line, symbol, lines (where the name is), text (up to 3
+    of those lines), truncated, approximate (true where whole words were matched because
+    the language has no grammar here; false means identifiers in the syntax tree),
+    resolved (true where the file imports the name from a file defining it, or defines
+    it: Python, JavaScript/TypeScript relative imports, Go packages; those rank first).
+    """
+    probe = ServerProbe(state.repo)
+    with state.use() as idx:
+        hits = idx.references(name, path=path, limit=limit)
+    return _offline(probe, {"name": name, "references": [h.to_dict() for h in hits]})
+
+
+def _grep(state: _State, pattern: str, path: str | None, ignore_case: bool,
+          limit: int) -> dict[str, Any]:
+    """Lines of the indexed files matching a regular expression (matched line by line
+    like ripgrep), read from disk now; exact (the same lines a scan of every file finds)
+    and fast (a trigram index rules files out). truncated says there were more than
+    `limit`. Each match: path, line, column, text.
+    """
+    probe = ServerProbe(state.repo)
+    with state.use() as idx:
+        result = idx.grep(pattern, path=path, ignore_case=ignore_case, limit=limit)
+    return _offline(probe, result.to_dict())
+
+
+class _State:
+    """The one Index of this server, opened on first use, used by one call at a time."""
+
+    def __init__(self, repo: Path) -> None:
+        self.repo = repo
+        self._lock = threading.Lock()
+        self._index: Index | None = None
+        # The last set of repositories searched together (an agent repeats it).
+        self._many: tuple[tuple[str, ...], MultiIndex] | None = None
+
+    @contextmanager
+    def use(self) -> Iterator[Index]:
+        """The index, locked; codeveil's errors become tool errors the agent can read
+        (the SDK shows other exceptions as a bare "error executing tool")."""
+        with self._lock, _tool_errors():
+            if self._index is None:
+                self._index = Index(self.repo)
+            yield self._index
+
+    @contextmanager
+    def use_many(self, others: list[str]) -> Iterator[MultiIndex]:
+        """This repository and `others` as one MultiIndex, locked, kept for the next
+        call that names the same ones."""
+        with self._lock, _tool_errors():
+            wanted = tuple(others)
+            if self._many is None or self._many[0] != wanted:
+                if self._many is not None:
+                    self._many[1].close()
+                    self._many = None
+                self._many = (wanted, MultiIndex([self.repo, *map(Path, wanted)]))
+            yield self._many[1]
+
+
+@contextmanager
+def _tool_errors() -> Iterator[None]:
+    try:
+        yield
+    except CodeveilError as exc:
+        raise ToolError(str(exc)) from exc
+    except sqlite3.DatabaseError as exc:
+        raise ToolError(f"an index file is corrupt ({exc}); `codeveil doctor` finds"
+                        " which, `codeveil doctor --repair` rebuilds it") from exc
+
+
+def run(repo: Path) -> None:
+    """Serve the repo at `repo` over stdio until the client closes the connection."""
+    build_server(repo).run("stdio")
