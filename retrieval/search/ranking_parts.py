@@ -121,7 +121,6 @@ class Ballots:
     def fuse(self, k: float, cap: int, only: frozenset[str] | None = None
              ) -> dict[DocKey, float]:
         """Reciprocal-rank fusion of the ballots (of the votes in `only`, if given)."""
-
         chosen = [i for i, v in enumerate(self.voters) if only is None or v in only]
         return rrf([self.lists[i] for i in chosen], k=k,
                    weights=[self.weights[i] for i in chosen], cap=cap)
@@ -169,7 +168,6 @@ class LexicalVote:
     name = "lexical"
 
     def cast(self, ranker: Ranker, q: QueryView, ballots: Ballots) -> None:
-
         o = q.options
         if not o.hybrid or not len(ranker.lexical):
             return
