@@ -1,23 +1,40 @@
-"""Cold index cost, this code tree beside another: what a first `codeveil index` pays.
+"""Cold index cost: what a first `codeveil index` pays, beside another tree or a peer.
 
-    python bench/cold_index.py [--baseline DIR] [--repo PATH] [--runs 3]
+    python bench/cold_index.py [--tree NAME=SPEC ...] [--runs 3] [--wait]
+        [--baseline DIR] [--peer PYTHON --peer-model DIR] [--out NAME]
 
-Each run is a fresh `codeveil index` process on a fresh copy of `--repo` (default: the
-installed `requests` package) with an empty embedding cache, so every chunk goes
-through the model; the exported ONNX graph is made once beforehand and shared (a
-machine that has run codeveil before), so the export does not drown the difference.
-Rows, interleaved run by run so that load on a shared machine falls on all alike:
+`--tree` (repeatable) names a source tree: SPEC is a folder, `mirror:owner/name,...`
+(git mirrors under /work/.mirror at HEAD, each in a folder of its own: one tree holding
+them all) or `wheel:PATH` (a wheel's files but its .dist-info and `locale/` folders, the
+translation catalogs). Default: the installed `requests` package. Each run is a fresh
+`codeveil index` process on a fresh copy of the tree with an empty embedding cache, so
+every chunk goes through the model; the exported ONNX graph is made once beforehand and
+shared (a machine that has run codeveil before), so the export does not drown the
+difference. Rows per tree, interleaved run by run so that load on a shared machine falls
+on all alike:
 
     codeveil returns           `codeveil index --json .`: until the command returns,
-                               words, names and structure indexed (peak RSS: the command)
+                               words, names and structure indexed (peak RSS, CPU: the
+                               command's)
     codeveil vectors complete  the same run, until its background builder has every
-                               vector and has exited (peak RSS: the builder's)
-    codeveil --wait            `codeveil index --wait --json .`, blocking
+                               vector and has exited (peak RSS: the larger of the
+                               command's and the builder's; CPU: both together)
+    codeveil --wait            with `--wait`: `codeveil index --wait --json .`, blocking
     baseline                   with `--baseline` (say a `git archive` of the commit
                                before a change): its blocking `codeveil index`
+    peer                       with `--peer`: `semble`'s whole cold index in a fresh
+                               process (`SembleIndex.from_path`, every content type) run
+                               by PYTHON with the static model in `--peer-model`
 
-Medians of `--runs` runs. Prints a table and writes bench/results/cold_index.json
-(bench/results/cold_index_tiers.json without a baseline).
+Beside each codeveil run: the first answer, a fresh `codeveil search --json` started the
+moment `codeveil index` returns (seconds until it answers, its builder still running);
+and once the vectors are complete, in-process search latency, `Index.search` as an MCP
+server calls it (k=10, warm, each query new: symbol names sampled from the index and
+short questions, as bench/search_latency.py asks them), with the peer's `search` timed
+on the same queries. Peak RSS is VmHWM; CPU seconds are user plus system.
+
+Medians of `--runs` runs. Prints a table per tree and writes bench/results/<out>.json
+(default: cold_index.json with a baseline, cold_index_tiers.json without).
 """
 
 from __future__ import annotations
@@ -26,7 +43,10 @@ import argparse
 import importlib.util
 import json
 import os
+import random
+import resource
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -35,15 +55,78 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import copy_tree, isolate, proc_status_kb, table, write_json
+from bench._common import copy_tree, isolate, proc_status_kb, table, unpack_mirror, write_json
+from bench.search_latency import QUESTIONS, _pct, _unpack_wheel
 
 HERE = Path(__file__).resolve().parent.parent
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+FIRST_QUERY = QUESTIONS[1]  # what the first answer is asked
+QUERIES = 64
+
+# In-process search, timed in a process of its own: the tree's Index opened as an MCP
+# server opens it, warmed, then each query once (spaces appended: no cached vector).
+_CODEVEIL_SEARCH = r"""
+import json, sys, time
+from pathlib import Path
+from retrieval import Index
+repo, queries = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
+with Index(repo) as idx:
+    for q in queries[:8]:
+        idx.search(q, k=10)
+    times = []
+    for i, q in enumerate(queries):
+        t = time.perf_counter()
+        idx.search(f"{q} {' ' * (i % 3)}", k=10)
+        times.append((time.perf_counter() - t) * 1000)
+print(json.dumps(times))
+"""
+
+# The peer's whole cold index in a fresh process, then its search on the same queries.
+_PEER = r"""
+import json, resource, sys, time
+from pathlib import Path
+start, root, model, qfile = float(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+from semble import ContentType, SembleIndex
+idx = SembleIndex.from_path(root, model_path=model, content=list(ContentType))
+seconds = time.time() - start
+use = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+cpu = sum(u.ru_utime + u.ru_stime for u in use)
+peak = int(Path("/proc/self/status").read_text().split("VmHWM:")[1].split()[0])
+queries = json.loads(Path(qfile).read_text())
+for q in queries[:8]:
+    idx.search(q, top_k=10)
+times = []
+for i, q in enumerate(queries):
+    t = time.perf_counter()
+    idx.search(f"{q} {' ' * (i % 3)}", top_k=10)
+    times.append((time.perf_counter() - t) * 1000)
+print(json.dumps({"seconds": seconds, "cpu_s": cpu, "peak_rss_mb": peak / 1024,
+                  "files": idx.stats.indexed_files, "chunks": idx.stats.total_chunks,
+                  "search_ms": times}))
+"""
 
 
 def default_repo() -> Path:
     spec = importlib.util.find_spec("requests")
     assert spec and spec.origin
     return Path(spec.origin).parent
+
+
+def materialize(spec: str, into: Path) -> tuple[Path, dict[str, str]]:
+    """The tree `spec` names, as a folder (made under `into` unless it is one already),
+    and where it came from (commits, a wheel's sha256) for the result file."""
+    if spec.startswith("mirror:"):
+        names = spec.removeprefix("mirror:").split(",")
+        return into, {name: unpack_mirror(name, into / name.split("/")[1]) for name in names}
+    if spec.startswith("wheel:"):
+        wheel = Path(spec.removeprefix("wheel:"))
+        into.mkdir(parents=True)
+        sha = _unpack_wheel(wheel, into)
+        for locale in sorted(into.rglob("locale"), reverse=True):
+            if locale.is_dir():
+                shutil.rmtree(locale)
+        return into, {wheel.name: sha}
+    return Path(spec).resolve(), {"folder": str(Path(spec).resolve())}
 
 
 def _fresh(code: Path, src: Path, work: Path, models: Path) -> tuple[Path, dict[str, str]]:
@@ -58,8 +141,23 @@ def _fresh(code: Path, src: Path, work: Path, models: Path) -> tuple[Path, dict[
     return repo, env
 
 
-def _run(args: list[str], repo: Path, env: dict[str, str]) -> tuple[float, int, dict]:
-    """A `codeveil` command: wall seconds, its peak RSS in kB, its JSON."""
+def _children_cpu() -> float:
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
+def _proc_cpu(pid: int) -> float | None:
+    """User plus system seconds of a process that is not our child; None once gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def _run(args: list[str], repo: Path, env: dict[str, str]) -> tuple[float, int, float, dict]:
+    """A `codeveil` command: wall seconds, its peak RSS in kB, its CPU seconds, its JSON."""
+    cpu0 = _children_cpu()
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "retrieval", *args], cwd=repo,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -67,38 +165,42 @@ def _run(args: list[str], repo: Path, env: dict[str, str]) -> tuple[float, int, 
     peak = 0
     while proc.poll() is None:
         peak = max(peak, proc_status_kb(proc.pid, "VmHWM") or 0)
-        time.sleep(0.05)
+        time.sleep(0.02)
     wall = time.perf_counter() - t0
     out, err = proc.communicate()
     if proc.returncode != 0:
         raise SystemExit(f"{args} failed:\n{err[-2000:]}")
-    return wall, peak, json.loads(out)
+    return wall, peak, _children_cpu() - cpu0, json.loads(out)
 
 
 def index_once(code: Path, src: Path, work: Path, models: Path) -> dict:
-    """One cold blocking index with `code`: wall seconds, peak RSS and the report.
+    """One cold blocking index with `code`: wall seconds, peak RSS, CPU and the report.
     (A tree from before the background builder blocks without `--wait`.)"""
     repo, env = _fresh(code, src, work, models)
     waits = "--wait" in (code / "retrieval" / "cli.py").read_text()
-    wall, peak, report = _run(["index", *(["--wait"] if waits else []), "--json", "."],
-                              repo, env)
-    return {"seconds": wall, "peak_rss_mb": peak / 1024,
+    wall, peak, cpu, report = _run(["index", *(["--wait"] if waits else []), "--json", "."],
+                                   repo, env)
+    return {"seconds": wall, "peak_rss_mb": peak / 1024, "cpu_s": cpu,
             "seconds_embed": report["seconds_embed"],
             "chunks_embedded": report["chunks_embedded"],
             "headers_embedded": report.get("headers_embedded", 0)}
 
 
-def tiers_once(code: Path, src: Path, work: Path, models: Path) -> tuple[dict, dict]:
-    """One cold `codeveil index` that returns with the words: until it returns, and
-    until its builder has every vector."""
+def tiers_once(code: Path, src: Path, work: Path, models: Path,
+               queries: Path | None) -> tuple[dict, dict]:
+    """One cold `codeveil index` that returns with the words: until it returns (and its
+    first answer), and until its builder has every vector (and search latency then).
+    Writes the search queries to `queries` when it is given."""
     repo, env = _fresh(code, src, work, models)
     t0 = time.perf_counter()
-    wall, peak, report = _run(["index", "--json", "."], repo, env)
+    wall, peak, cpu, report = _run(["index", "--json", "."], repo, env)
     pid = int(report["vectors"]["builder"]["pid"])
+    first = _first_answer(repo, env)
     state = repo / ".codeveil" / "builder.json"
-    builder_peak = 0
+    builder_peak, builder_cpu = 0, 0.0
     while True:  # the builder is not our child: watch its pid and its state file
         builder_peak = max(builder_peak, proc_status_kb(pid, "VmHWM") or 0)
+        builder_cpu = _proc_cpu(pid) or builder_cpu
         done = json.loads(state.read_text())
         if done["state"] not in ("starting", "running") and \
                 proc_status_kb(pid, "VmHWM") is None:
@@ -107,11 +209,66 @@ def tiers_once(code: Path, src: Path, work: Path, models: Path) -> tuple[dict, d
     complete = time.perf_counter() - t0
     if done["state"] != "done":
         raise SystemExit(f"the builder ended {done['state']}: {done.get('error')}")
-    returns = {"seconds": wall, "peak_rss_mb": peak / 1024, "chunks_embedded": 0,
-               "chunks_total": report["chunks_total"]}
+    if queries is not None:
+        queries.write_text(json.dumps(_queries(repo)))
+    returns = {"seconds": wall, "peak_rss_mb": peak / 1024, "cpu_s": cpu,
+               "chunks_embedded": 0, "chunks_total": report["chunks_total"],
+               "files": report["files_scanned"], **first}
     vectors = {"seconds": complete, "peak_rss_mb": max(peak, builder_peak) / 1024,
+               "builder_peak_rss_mb": builder_peak / 1024, "cpu_s": cpu + builder_cpu,
                "chunks_embedded": done["chunks_done"], "chunks_total": report["chunks_total"]}
+    if queries is not None:
+        vectors["search_ms"] = _codeveil_search(repo, env, queries)
     return returns, vectors
+
+
+def _first_answer(repo: Path, env: dict[str, str]) -> dict:
+    """A fresh `codeveil search` the moment the index returned: seconds to its answer."""
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "retrieval.cli", "search", "--json",
+                          FIRST_QUERY], cwd=repo, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - t
+    if out.returncode != 0:
+        raise SystemExit(f"the first search failed:\n{out.stderr[-2000:]}")
+    return {"first_answer_s": seconds, "first_answer_hits": len(json.loads(out.stdout)
+                                                                 .get("hits", []))}
+
+
+def _queries(repo: Path, seed: int = 0) -> list[str]:
+    """Half symbol names sampled from the index, half short questions, shuffled."""
+    db = sqlite3.connect(repo / ".codeveil" / "state.sqlite")
+    symbols = sorted({s.split(" > ")[-1] for (s,) in db.execute(
+        "SELECT symbol FROM chunks WHERE symbol != ''")})
+    db.close()
+    rng = random.Random(seed)
+    names = rng.sample(symbols, min(len(symbols), QUERIES // 2))
+    queries = [*names, *(QUESTIONS * QUERIES)[: QUERIES - len(names)]]
+    rng.shuffle(queries)
+    return queries
+
+
+def _codeveil_search(repo: Path, env: dict[str, str], queries: Path) -> list[float]:
+    out = subprocess.run([sys.executable, "-c", _CODEVEIL_SEARCH, str(repo), str(queries)],
+                         cwd=HERE, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"in-process search failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def peer_once(python: str, model: Path, src: Path, work: Path, queries: Path) -> dict:
+    """The peer's whole cold index of a fresh copy of `src`, then its search latency."""
+    shutil.rmtree(work, ignore_errors=True)
+    repo = copy_tree(src, work / "repo")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SEMBLE_CACHE_LOCATION": str(work / "cache")}
+    env.pop("PYTHONPATH", None)
+    cpu0 = _children_cpu()
+    out = subprocess.run([python, "-c", _PEER, repr(time.time()), str(repo), str(model),
+                          str(queries)], env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"the peer failed:\n{out.stderr[-2000:]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["cpu_s_process"] = _children_cpu() - cpu0  # with its search, for a check
+    return result
 
 
 def export_graph(code: Path, into: Path) -> Path:
@@ -123,42 +280,85 @@ def export_graph(code: Path, into: Path) -> Path:
     return into / "models"
 
 
+def _row(name: str, rs: list[dict], ref: float) -> list[object]:
+    med = {k: statistics.median(r[k] for r in rs) for k in ("seconds", "peak_rss_mb", "cpu_s")}
+    times = [t for r in rs for t in r.get("search_ms", [])]
+    first = [r["first_answer_s"] for r in rs if "first_answer_s" in r]
+    return [name, med["seconds"], med["seconds"] / ref if ref else "", med["peak_rss_mb"],
+            med["cpu_s"], _pct(times, 50) if times else "",
+            statistics.median(first) if first else ""]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tree", action="append", default=[], metavar="NAME=SPEC",
+                        help="a tree to index: a folder, mirror:owner/name,... or wheel:PATH")
+    parser.add_argument("--repo", type=Path, default=None, help="one folder (as --tree)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--wait", action="store_true", help="also a blocking --wait index")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="another code tree (a checkout of the commit to compare with)")
-    parser.add_argument("--repo", type=Path, default=None)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--peer", default=None, metavar="PYTHON",
+                        help="a Python with `semble` installed: its cold index beside ours")
+    parser.add_argument("--peer-model", type=Path, default=None,
+                        help="the peer's static model (a model2vec folder)")
+    parser.add_argument("--out", default=None, help="the result file's name")
     args = parser.parse_args()
-    src = (args.repo or default_repo()).resolve()
+    if args.peer and args.peer_model is None:
+        parser.error("--peer needs --peer-model")
+    specs = [t.split("=", 1) for t in args.tree] or \
+        [["requests", str((args.repo or default_repo()).resolve())]]
     base = isolate()
+    trees = {name: materialize(spec, base / "src" / name) for name, spec in specs}
     models = export_graph(HERE, base / "graph")
-    names = ["codeveil returns", "codeveil vectors complete", "codeveil --wait"]
-    if args.baseline is not None:
-        names.append("baseline")
-    runs: dict[str, list[dict]] = {name: [] for name in names}
+    names = ["codeveil returns", "codeveil vectors complete"]
+    names += ["codeveil --wait"] * args.wait + ["baseline"] * (args.baseline is not None)
+    names += ["peer"] * bool(args.peer)
+    runs: dict[str, dict[str, list[dict]]] = {tree: {name: [] for name in names}
+                                              for tree in trees}
     for i in range(args.runs):
-        returns, vectors = tiers_once(HERE, src, base / "tiers", models)
-        runs["codeveil returns"].append(returns)
-        runs["codeveil vectors complete"].append(vectors)
-        runs["codeveil --wait"].append(index_once(HERE, src, base / "wait", models))
-        if args.baseline is not None:
-            runs["baseline"].append(index_once(args.baseline.resolve(), src,
-                                               base / "baseline", models))
-        for name in names:
-            print(f"run {i + 1}/{args.runs} {name}: {runs[name][-1]}", flush=True)
-    med = {name: {k: statistics.median(r[k] for r in rs) for k in ("seconds", "peak_rss_mb")}
-           for name, rs in runs.items()}
-    blocking = med["codeveil --wait"]["seconds"]
-    rows = [[name, m["seconds"], m["peak_rss_mb"], m["seconds"] / blocking]
-            for name, m in med.items()]
-    print(f"repo: {src}; medians of {args.runs} runs, interleaved")
-    print(table(["codeveil", "seconds", "peak RSS MB", "x --wait"], rows))
-    path = write_json("cold_index" if args.baseline is not None else "cold_index_tiers",
-                      {"repo": str(src), "baseline": str(args.baseline),
-                       "runs": runs, "medians": med})
-    print(f"wrote {path}")
+        for tree, (src, _) in trees.items():  # trees take turns too
+            rs = runs[tree]
+            queries = base / f"queries-{tree}.json"
+            returns, vectors = tiers_once(HERE, src, base / "tiers", models, queries)
+            rs["codeveil returns"].append(returns)
+            rs["codeveil vectors complete"].append(vectors)
+            if args.wait:
+                rs["codeveil --wait"].append(index_once(HERE, src, base / "wait", models))
+            if args.baseline is not None:
+                rs["baseline"].append(index_once(args.baseline.resolve(), src,
+                                                 base / "baseline", models))
+            if args.peer:
+                rs["peer"].append(peer_once(args.peer, args.peer_model.resolve(), src,
+                                            base / "peer", queries))
+            for name in names:
+                shown = {k: v for k, v in rs[name][-1].items() if k != "search_ms"}
+                print(f"run {i + 1}/{args.runs} {tree} {name}: {shown}", flush=True)
+        # After every run, so that a long one cut short still leaves its numbers.
+        report(args, specs, trees, runs, i + 1)
 
+
+def report(args: argparse.Namespace, specs: list[list[str]],
+           trees: dict[str, tuple[Path, dict[str, str]]],
+           runs: dict[str, dict[str, list[dict]]], done: int) -> None:
+    """Print each tree's table of medians so far and write the result file."""
+    headers = ["tree / row", "seconds", "x peer", "peak RSS MB", "CPU s",
+               "search p50 ms", "first answer s"]
+    medians: dict[str, dict[str, dict[str, object]]] = {}
+    for tree, rs in runs.items():
+        ref = statistics.median(r["seconds"] for r in rs["peer"]) if args.peer else 0.0
+        rows = [_row(name, r, ref) for name, r in rs.items()]
+        medians[tree] = {str(row[0]): dict(zip(headers[1:], row[1:], strict=True))
+                         for row in rows}
+        first = rs["codeveil returns"][0]
+        print(f"\n{tree} ({first['files']} files, {first['chunks_total']} chunks; "
+              f"{', '.join(trees[tree][1])}): medians of {done} runs, interleaved")
+        print(table(headers, rows))
+    out = args.out or ("cold_index" if args.baseline is not None else "cold_index_tiers")
+    path = write_json(out, {"trees": {t: {"spec": s, "sources": trees[t][1]} for t, s in specs},
+                            "peer_model": str(args.peer_model), "baseline": str(args.baseline),
+                            "runs_done": done, "runs": runs, "medians": medians})
+    print(f"wrote {path}", flush=True)
 
 if __name__ == "__main__":
     main()
