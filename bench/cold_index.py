@@ -25,6 +25,8 @@ on all alike:
     peer                       with `--peer`: `semble`'s whole cold index in a fresh
                                process (`SembleIndex.from_path`, every content type) run
                                by PYTHON with the static model in `--peer-model`
+                               (docs/benchmarks.md says how it is distilled from the
+                               bundled MiniLM)
 
 Beside each codeveil run: the first answer, a fresh `codeveil search --json` started the
 moment `codeveil index` returns (seconds until it answers, its builder still running);
