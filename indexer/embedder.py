@@ -28,8 +28,11 @@ MINILM_MAX_TOKENS = 254
 # A batch holds at most about this many word pieces (texts x the longest, estimated from
 # characters). The model's activations grow with batch x length squared, and onnxruntime
 # keeps its arena at the largest batch it ran: 64 windows of 254 pieces peaked at 1.2 GB
-# on 600 chunks of code, 32 at 0.62 GB and no slower (bench/embed_memory.py).
-BATCH_TOKENS = 8192
+# on 600 chunks of code, 32 at 0.62 GB and no slower (bench/embed_memory.py). A whole
+# background build of requests+flask peaked at 1,264 MB with 8,192 pieces a batch and at
+# 723 MB with 2,048, in less CPU (155 s against 171 s; bench/cold_index.py,
+# cold_index_requests_flask_budget*.json).
+BATCH_TOKENS = 2048
 CHARS_PER_TOKEN = 3  # code runs ~3-4 characters per word piece: this errs on more pieces
 
 
