@@ -358,6 +358,13 @@ def onnx_unavailable_reason() -> str | None:
 # -- the embedder -------------------------------------------------------------------------
 
 
+def env_threads() -> int | None:
+    """The threads a bulk embedding runs on, from CODEVEIL_EMBED_THREADS (None: unset or
+    not a positive number, then every core)."""
+    raw = os.environ.get("CODEVEIL_EMBED_THREADS", "").strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
 class OnnxEmbedder(Embedder):
     """all-MiniLM-L6-v2 on ONNX Runtime; `precision` "fp32" or "int8".
 
@@ -378,7 +385,7 @@ class OnnxEmbedder(Embedder):
         self.model_id = f"{MINILM_NAME}:onnx-{precision}"
         self.dim = MINILM_DIM
         self.max_tokens = MINILM_MAX_TOKENS
-        self._threads = threads or os.cpu_count() or 1
+        self._threads = threads or env_threads() or os.cpu_count() or 1
         self._directory = models_directory
         self._session: ort.InferenceSession | None = None
         self._latency_session: ort.InferenceSession | None = None

@@ -255,3 +255,14 @@ def test_a_query_runs_on_one_thread_with_the_same_vectors(models: Path, precisio
     np.testing.assert_array_equal(single.embed_batch(pair), pooled.embed_batch(pair))
     assert single._latency_session is not None and single._session is None
     assert pooled._latency_session is None and pooled._session is not None
+
+
+def test_the_bulk_threads_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from indexer.onnx_embedder import OnnxEmbedder, env_threads
+
+    monkeypatch.setenv("CODEVEIL_EMBED_THREADS", "1")
+    assert env_threads() == 1 and OnnxEmbedder("int8")._threads == 1
+    assert OnnxEmbedder("int8", threads=3)._threads == 3  # an explicit count wins
+    for junk in ("", "0", "-2", "many"):
+        monkeypatch.setenv("CODEVEIL_EMBED_THREADS", junk)
+        assert env_threads() is None
