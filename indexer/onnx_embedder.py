@@ -415,6 +415,10 @@ class OnnxEmbedder(Embedder):
                 level.ORT_ENABLE_ALL if bulk else level.ORT_ENABLE_EXTENDED
             )
             options.log_severity_level = 3
+            # Between two operators a pool's threads wait asleep, not spinning: spinning
+            # burns a core per thread for the whole of a bulk embedding (the background
+            # builder's CPU), for a gain that batches of this size do not need.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             try:
                 session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
             except Exception as exc:
