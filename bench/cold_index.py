@@ -157,11 +157,23 @@ def _proc_cpu(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def _cli_source(code: Path) -> Path:
+    """The command's module in a code tree, before or after retrieval's packages."""
+    moved = code / "retrieval" / "faces" / "cli.py"
+    return moved if moved.exists() else code / "retrieval" / "cli.py"
+
+
+def _cli_module(env: dict[str, str]) -> str:
+    """What `python -m` runs as the command for the tree on env's PYTHONPATH."""
+    code = Path(env["PYTHONPATH"])
+    return "retrieval" if (code / "retrieval" / "__main__.py").exists() else "retrieval.cli"
+
+
 def _run(args: list[str], repo: Path, env: dict[str, str]) -> tuple[float, int, float, dict]:
     """A `codeveil` command: wall seconds, its peak RSS in kB, its CPU seconds, its JSON."""
     cpu0 = _children_cpu()
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "retrieval", *args], cwd=repo,
+    proc = subprocess.Popen([sys.executable, "-m", _cli_module(env), *args], cwd=repo,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     peak = 0
@@ -179,7 +191,7 @@ def index_once(code: Path, src: Path, work: Path, models: Path) -> dict:
     """One cold blocking index with `code`: wall seconds, peak RSS, CPU and the report.
     (A tree from before the background builder blocks without `--wait`.)"""
     repo, env = _fresh(code, src, work, models)
-    waits = "--wait" in (code / "retrieval" / "cli.py").read_text()
+    waits = "--wait" in _cli_source(code).read_text()
     wall, peak, cpu, report = _run(["index", *(["--wait"] if waits else []), "--json", "."],
                                    repo, env)
     return {"seconds": wall, "peak_rss_mb": peak / 1024, "cpu_s": cpu,
@@ -227,7 +239,7 @@ def tiers_once(code: Path, src: Path, work: Path, models: Path,
 def _first_answer(repo: Path, env: dict[str, str]) -> dict:
     """A fresh `codeveil search` the moment the index returned: seconds to its answer."""
     t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "retrieval.cli", "search", "--json",
+    out = subprocess.run([sys.executable, "-m", _cli_module(env), "search", "--json",
                           FIRST_QUERY], cwd=repo, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - t
     if out.returncode != 0:
