@@ -15,9 +15,10 @@ import pytest
 from indexer.embedder import HashingEmbedder
 from indexer.local_chunks import open_state_db
 from indexer.trigrams import literal_trigrams, text_trigrams
-from retrieval import Index, tree_watch
+from retrieval import Index
 from retrieval.agent.grep import Freshness, full_scan, grep_files
 from retrieval.agent.symbols import ToolInputError
+from retrieval.indexes import tree_watch
 from retrieval.indexes.regex_trigrams import required_trigrams
 from tests.conftest import SAMPLE_FILES, write_repo
 
