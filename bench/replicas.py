@@ -75,8 +75,9 @@ K = 10
 
 
 def file_key(i: int) -> bytes:
-    # The store groups a file's rows by its key's first 8 bytes: keep them distinct.
-    return i.to_bytes(8, "big") + b"\xff" * 8
+    # The store groups a file's rows by its key's first 8 bytes: keep them distinct,
+    # and apart from the root's (zeros).
+    return (i + 1).to_bytes(8, "big") + b"\xff" * 8
 
 
 def fill(store: PgStore | Store, corpus: np.ndarray) -> tuple[str, str]:
