@@ -63,6 +63,21 @@ LOG_BYTES: Final = 1 << 20
 CLEAN_STATES: Final = frozenset({"done", "stopped", "offline"})
 
 
+def chunks_waiting(root: Path) -> int:
+    """Chunks of the index at `root` that have no vectors on this machine yet (or are not
+    stored): what a builder has to do."""
+    # Imported here: `status` and `doctor` read this module without touching the chunks.
+    from indexer.local_chunks import LocalChunks, open_state_db
+    from sync.config import state_path
+
+    db = open_state_db(state_path(root))
+    try:
+        total, ready = LocalChunks(db).coverage()
+    finally:
+        db.close()
+    return total - ready
+
+
 @dataclass
 class BuilderState:
     """What `builder.json` holds: the builder's state and progress."""

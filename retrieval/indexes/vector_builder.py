@@ -21,9 +21,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from indexer.local_chunks import LocalChunks, open_state_db
-from sync.builder import Builder, BuilderState, ProgressFile
-from sync.config import state_path
+from sync.builder import Builder, BuilderState, ProgressFile, chunks_waiting
 
 log = logging.getLogger("retrieval.indexes.vector_builder")
 
@@ -34,16 +32,6 @@ class _Stopped(BaseException):
 
 def _stop(signum: int, frame: FrameType | None) -> None:
     raise _Stopped
-
-
-def _chunks_waiting(root: Path) -> int:
-    """Chunks of this machine's index that have no vectors here (or are not stored)."""
-    db = open_state_db(state_path(root))
-    try:
-        total, ready = LocalChunks(db).coverage()
-    finally:
-        db.close()
-    return total - ready
 
 
 def run(root: Path) -> int:
@@ -59,7 +47,7 @@ def run(root: Path) -> int:
         st = builder.begin(os.getpid())
         try:
             while True:
-                st.chunks_todo = _chunks_waiting(builder.root)
+                st.chunks_todo = chunks_waiting(builder.root)
                 st.chunks_done = st.files_done = 0
                 builder.write(st)
                 ws = Workspace(builder.root)

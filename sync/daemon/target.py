@@ -79,7 +79,7 @@ class WorkspaceSync:
         (`Workspace.index_words`, seconds) and, when many chunks wait for vectors, leave
         them to the index's vector builder, so that the words are searchable at once and
         a branch switch does not hold the daemon for minutes."""
-        from sync.builder import Builder
+        from sync.builder import Builder, chunks_waiting
         from sync.sync_report import SyncReport
 
         builder = Builder(self.workspace.root)
@@ -90,26 +90,27 @@ class WorkspaceSync:
                     # pass rather than racing it with a second sync.
                     builder.start()
                     return SyncReport()
-                words = None
+                handed: SyncReport | None = None  # the words' report, when handed over
                 if not self._warm or changed >= BACKGROUND_FROM_PATHS:
                     words = self.workspace.index_words()
-                    if self._chunks_waiting() < BACKGROUND_FROM_CHUNKS:
-                        words = None  # few: embedded in this sync
-                if words is None and not self._warm:
-                    # Load the model with the start-up sync, which usually has little to
-                    # embed, rather than with the first edit, which would wait for it.
-                    self.workspace.embedder.embedder.embed(["warm up"])
-                    self._warm = True
-                if words is None:
+                    # Few waiting: embedded in the sync below (it reads those files again).
+                    if chunks_waiting(self.workspace.root) >= BACKGROUND_FROM_CHUNKS:
+                        handed = words
+                if handed is None:
+                    if not self._warm:
+                        # Load the model with the start-up sync, which usually has little
+                        # to embed, rather than with the first edit, which would wait.
+                        self.workspace.embedder.embedder.embed(["warm up"])
+                        self._warm = True
                     report = self.workspace.sync(
                         follower=self.follower() if self.follower is not None else None)
-            if words is not None:
+            if handed is not None:
                 # The builder takes the lock this sync has let go of (started inside the
                 # hold, it would take this process for a running builder).
                 builder.start()
                 if self.follower is not None:
                     self.follower().words()
-                return words
+                return handed
             if report.offline:
                 # This machine's index is up to date; the store is not: failed, so that
                 # the daemon retries with backoff until the server answers.
@@ -122,17 +123,6 @@ class WorkspaceSync:
             # connections; an abandoned sync may have left it mid-request).
             self.workspace.close()
             raise
-
-    def _chunks_waiting(self) -> int:
-        from indexer.local_chunks import LocalChunks, open_state_db
-        from sync.config import state_path
-
-        db = open_state_db(state_path(self.workspace.root))
-        try:
-            total, ready = LocalChunks(db).coverage()
-        finally:
-            db.close()
-        return total - ready
 
     def close(self) -> None:
         self.workspace.close()
