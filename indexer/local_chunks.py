@@ -339,6 +339,10 @@ class LocalChunks:
             self._db.execute("INSERT OR IGNORE INTO embedded_headers VALUES (?)", (model_id,))
             self._db.execute("UPDATE chunk_generation SET n = n + 1 WHERE id = 0")
 
+    def files_with_chunks(self) -> set[str]:
+        """The paths that have at least one chunk (an empty file has none)."""
+        return {p for (p,) in self._db.execute("SELECT DISTINCT path FROM chunks")}
+
     def count_files(self) -> int:
         return self._db.execute("SELECT count(*) FROM chunk_files").fetchone()[0]
 

@@ -5,6 +5,8 @@ name a POSIX file system allows round-trips); k_* are sub-keys from sync.keys::
 
     node key    HMAC-SHA256(k_path, path)[:16]                         root: path ""
     node value  HMAC-SHA256(k_tree, u32 len(path) || path || digest)[:16]
+    page value  HMAC-SHA256(k_tree, 0xFFFFFFFF || "page" || page key)[:16]
+                (a page's leaf, sync.pages; no path is 2^32 - 1 bytes long)
     chunk id    HMAC-SHA256(k_chunk, u32 len(path) || path
                                      || u16 len(chunk hash) || chunk hash || u32 ordinal)[:16]
 
@@ -170,6 +172,16 @@ def node_value(key: WorkspaceKey, path: str, digest: bytes) -> bytes:
     raw = _path_bytes(path)
     h = _state(key).tree.copy()
     h.update(len(raw).to_bytes(4, "big") + raw + digest)
+    return h.digest()[:KEY_BYTES]
+
+
+def page_value(key: WorkspaceKey, page_key: bytes) -> bytes:
+    """The leaf value of the page whose (random) key is `page_key` (sync.pages): only
+    the key's holder can compute it, so a client tells its workspace's pages among the
+    leaves it does not know, and a page's value never changes (a page is never
+    rewritten: a new one is made)."""
+    h = _state(key).tree.copy()
+    h.update(b"\xff\xff\xff\xffpage" + page_key)
     return h.digest()[:KEY_BYTES]
 
 

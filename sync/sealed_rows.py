@@ -52,7 +52,10 @@ from sync.records import KEY_BYTES
 
 ROW_VERSION = 3  # 1 is sync.crypto's metadata envelope: the two never pass for each other
 UNPADDED_VERSION = 2  # rows written before padding: still opened
-_VERSION_BYTE = bytes([ROW_VERSION])
+#: A row of a page (sync.pages): it also names the file version it belongs to, since
+#: the page it travels in names none.
+PAGE_ROW_VERSION = 4
+_OWNER = KEY_BYTES
 _DIM = struct.Struct("<H")
 _META_LEN = struct.Struct("<I")
 
@@ -91,14 +94,13 @@ class OpenRow:
 
     meta: ChunkMeta
     vector: np.ndarray
+    #: A page row's file version: the leaf value of the file it was cut from (None for
+    #: a row stored under its file, whose leaf says it).
+    value: bytes | None = None
 
 
 def new_row_id() -> bytes:
     return os.urandom(KEY_BYTES)
-
-
-def _aad(workspace_id: str, row_id: bytes, file_key: bytes) -> bytes:
-    return _aad_of(ROW_VERSION, workspace_id, row_id, file_key)
 
 
 def _aad_of(version: int, workspace_id: str, row_id: bytes, file_key: bytes) -> bytes:
@@ -130,10 +132,33 @@ class RowSealer:
         """A padding row of the file: as long as a chunk row of the smallest bucket."""
         return self._seal(row_id, file_key, bytes(_DIM.size + 2 * self.dim + META_BUCKETS[0]))
 
-    def _seal(self, row_id: bytes, file_key: bytes, plain: bytes) -> bytes:
+    def seal_in_page(self, row_id: bytes, page_key: bytes, value: bytes, meta: ChunkMeta,
+                     vector: np.ndarray) -> bytes:
+        """A row of a page (sync.pages): as `seal`, bound to the page it is stored in,
+        and naming inside the envelope the leaf `value` of the file version it holds a
+        chunk of."""
+        if len(value) != _OWNER:
+            raise ValueError(f"a leaf value is {_OWNER} bytes, not {len(value)}")
+        vec = np.asarray(vector, dtype="<f2").reshape(-1)
+        if vec.shape[0] != self.dim:
+            raise ValueError(f"expected a vector of {self.dim} values, got {vec.shape[0]}")
+        encoded = encode_meta(meta)
+        tail = _META_LEN.pack(len(encoded)) + encoded
+        tail += bytes(_meta_bucket(len(tail)) - len(tail))
+        plain = _DIM.pack(self.dim) + vec.tobytes() + value + tail
+        return self._seal(row_id, page_key, plain, PAGE_ROW_VERSION)
+
+    def seal_page_padding(self, row_id: bytes, page_key: bytes) -> bytes:
+        """A padding row of a page: as long as a page row of the smallest bucket."""
+        plain = bytes(_DIM.size + 2 * self.dim + _OWNER + META_BUCKETS[0])
+        return self._seal(row_id, page_key, plain, PAGE_ROW_VERSION)
+
+    def _seal(self, row_id: bytes, file_key: bytes, plain: bytes,
+              version: int = ROW_VERSION) -> bytes:
         nonce = os.urandom(NONCE_SIZE)
-        sealed = self._aead.encrypt(nonce, plain, _aad(self.workspace_id, row_id, file_key))
-        return _VERSION_BYTE + nonce + sealed
+        sealed = self._aead.encrypt(nonce, plain,
+                                    _aad_of(version, self.workspace_id, row_id, file_key))
+        return bytes([version]) + nonce + sealed
 
     def open(self, row_id: bytes, file_key: bytes, blob: bytes) -> OpenRow | None:
         """Decrypt and check a row sealed by `seal` for the same workspace, id and file;
@@ -141,7 +166,7 @@ class RowSealer:
         where = f"row {row_id.hex()} of workspace {self.workspace_id}"
         if len(blob) < 1 + NONCE_SIZE + TAG_SIZE:
             raise MetadataAuthError(f"{where} is truncated ({len(blob)} bytes)")
-        if blob[0] not in (ROW_VERSION, UNPADDED_VERSION):
+        if blob[0] not in (ROW_VERSION, UNPADDED_VERSION, PAGE_ROW_VERSION):
             raise MetadataFormatError(
                 f"{where} has envelope version {blob[0]}, not a sealed row ({ROW_VERSION}):"
                 " the workspace is not sealed, or this codeveil is older than the one that"
@@ -156,11 +181,12 @@ class RowSealer:
                 " returned a row that was altered or belongs to another file or chunk"
             ) from None
         try:
-            return self._decode(plain, padded=blob[0] == ROW_VERSION)
+            return self._decode(plain, padded=blob[0] != UNPADDED_VERSION,
+                                owned=blob[0] == PAGE_ROW_VERSION)
         except (ValueError, struct.error) as exc:
             raise MetadataFormatError(f"{where} is malformed ({exc})") from None
 
-    def _decode(self, plain: bytes, *, padded: bool) -> OpenRow | None:
+    def _decode(self, plain: bytes, *, padded: bool, owned: bool) -> OpenRow | None:
         (dim,) = _DIM.unpack_from(plain)
         if padded and dim == 0:
             if any(plain):
@@ -172,10 +198,15 @@ class RowSealer:
         vector = np.frombuffer(plain[_DIM.size : end], dtype="<f2").astype(np.float32)
         if not np.all(np.isfinite(vector)):
             raise ValueError("its vector is not finite")
+        value = None
+        if owned:
+            value, end = plain[end : end + _OWNER], end + _OWNER
+            if len(value) != _OWNER:
+                raise ValueError("it is too short to name its file")
         meta = plain[end:]
         if padded:
             (n,) = _META_LEN.unpack_from(meta)
             if _META_LEN.size + n > len(meta) or any(meta[_META_LEN.size + n :]):
                 raise ValueError("its metadata length does not match the plaintext")
             meta = meta[_META_LEN.size : _META_LEN.size + n]
-        return OpenRow(decode_meta(meta), vector)
+        return OpenRow(decode_meta(meta), vector, value)

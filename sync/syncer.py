@@ -50,7 +50,25 @@ from sync import crypto
 from sync.client import StoreClient
 from sync.errors import MetadataAuthError, MetadataFormatError
 from sync.keys import WorkspaceKey
-from sync.merkle import Diff, LocalTree, bucket_path, deepest_first, diff, dir_values
+from sync.merkle import (
+    Diff,
+    LocalTree,
+    bucket_path,
+    deepest_first,
+    diff,
+    dir_values,
+    page_key_of,
+    page_name,
+)
+from sync.pages import (
+    BucketLoad,
+    PagedWrite,
+    PageIndex,
+    PageRow,
+    PageWriter,
+    opened_rows,
+    page_update,
+)
 from sync.pool_sync import link_update, pooled, pull_rows
 from sync.progress import Progress
 from sync.records import ChunkRecord, FileUpdate
@@ -94,6 +112,9 @@ class _Pending:
     pull: bool = False
     # The pool holds this version (another ref sent it): the tree links to it.
     link: bool = False
+    # Paged: the store's leaf matches but no page holds its rows (a workspace written
+    # before pages, or a page lost): pulled, then sent again in pages.
+    resend: bool = False
 
 
 class Syncer:
@@ -112,6 +133,7 @@ class Syncer:
         sealed: bool = False,
         pool: bool = False,
         shared: bool = False,
+        paged: bool = False,
         progress: Progress | None = None,
         max_file_bytes: int = 1_000_000,
     ) -> None:
@@ -134,10 +156,16 @@ class Syncer:
         # Sealed rows sent batch by batch, as they are embedded: a teammate pulls what
         # the first machine has embedded so far instead of waiting for all of it.
         self.streamed = sealed and shared
+        self._db = open_state_db(state_path)
+        # Sealed rows in pages (sync.pages): leaves of files carry no rows.
+        self.pages = PageIndex(self._db) if sealed and paged else None
+        self._writer: PageWriter | None = None
+        self._load: BucketLoad | None = None
+        self._page_write: PagedWrite | None = None
+        self._pages_touched: set[bytes] = set()
         self.progress = progress or Progress()
         self.max_file_bytes = max_file_bytes
         self._state_path = state_path
-        self._db = open_state_db(state_path)
         self.stat_cache = StatCache(state_path)
         self.local = LocalChunks(self._db)
 
@@ -240,25 +268,31 @@ class Syncer:
         before = (self.client.stats.requests, self.client.stats.bytes_sent,
                   self.client.stats.bytes_received)
         files = self.scan(report)
-        tree = LocalTree.build(files, self.key)
+        local_digests = self.local.file_digests()
 
         t0 = time.perf_counter()
-        plan = diff(tree, self.client, self.key)
+        resend: set[str] = set()
+        if self.pages is not None:
+            tree, plan, resend = self._paged_diff(files, local_digests, report)
+        else:
+            tree = LocalTree.build(files, self.key)
+            plan = diff(tree, self.client, self.key)
         if reupload:
-            plan.upload = sorted(tree.files)
+            plan.upload = sorted(files)
             plan.dirs = deepest_first(tree.children)
+            resend = set()
         report.seconds_sync += time.perf_counter() - t0
 
-        local_digests = self.local.file_digests()
         stale_local = [p for p, d in files.items() if local_digests.get(p) != d]
         gone_local = [p for p in local_digests if p not in files]
         upload = set(plan.upload)
         report.files_changed = len(upload)
         # A few changed files (an edit) are sent without asking the pool: the request it
         # would cost is most of such a sync's, and the pool rarely holds a fresh edit.
+        # Paged, a file's leaf holds no rows: sending it costs what a link does.
         linked = (pooled(self.client, self.key, files, sorted(upload))
-                  if self.pool and len(upload) >= POOL_LOOKUP_MIN and not reupload
-                  and not plan.relayout else set())
+                  if self.pool and self.pages is None and len(upload) >= POOL_LOOKUP_MIN
+                  and not reupload and not plan.relayout else set())
         report.files_linked = len(linked)
         report.files_deleted = len(gone_local)
         self.local.remove_files(gone_local)
@@ -274,19 +308,22 @@ class Syncer:
         # Linked files this machine has as they are need no reading: only their links.
         links_only = sorted(linked - set(stale_local))
         upload -= linked
-        todo = self._order(upload | (linked - set(links_only)) | set(stale_local), upload,
-                           relayout=plan.relayout)
+        todo = self._order(upload | (linked - set(links_only)) | set(stale_local) | resend,
+                           upload, relayout=plan.relayout)
         self.progress.planned(len(todo), 0)
 
-        complete = self._send(todo, upload, files, plan, report, linked)
+        complete = self._send(todo, upload, files, plan, report, linked, resend)
         for start in range(0, len(links_only), BATCH_FILES):
             self._apply([link_update(self.key, p, files[p])
                          for p in links_only[start : start + BATCH_FILES]], [])
         if complete and self.sealed:
             self._embed_missing_headers(report)
-        if complete and (plan.dirs or plan.delete):
+        dirs = plan.dirs
+        if self.pages is not None:
+            tree, dirs = self._paged_tree(files, dirs)
+        if complete and (dirs or plan.delete):
             t0 = time.perf_counter()
-            values = dir_values(tree, self.key, plan.dirs)
+            values = dir_values(tree, self.key, dirs)
             for start in range(0, len(values), DIRS_BATCH):
                 self.client.set_dir_values(values[start : start + DIRS_BATCH])
             report.seconds_sync += time.perf_counter() - t0
@@ -308,6 +345,7 @@ class Syncer:
         plan: Diff,
         report: SyncReport,
         linked: set[str] | None = None,
+        resend: set[str] | None = None,
     ) -> bool:
         """Chunk, embed and send `todo` in batches. False if a file moved under us.
 
@@ -331,7 +369,8 @@ class Syncer:
         def produce() -> None:
             try:
                 for batch in self._batches(todo, upload, files, moved, report,
-                                           relayout=plan.relayout, linked=linked or set()):
+                                           relayout=plan.relayout, linked=linked or set(),
+                                           resend=resend or set()):
                     put(batch)
                     if stop.is_set():  # the consumer failed: stop chunking at once
                         return
@@ -422,6 +461,7 @@ class Syncer:
         *,
         relayout: bool = False,
         linked: set[str] | None = None,
+        resend: set[str] | None = None,
     ) -> Iterator[list[_Pending]]:
         """Read and chunk `todo` into the local chunk table (files to upload marked
         pending), in batches of about BATCH_CHUNKS chunks to send. In a sealed `relayout`
@@ -483,7 +523,8 @@ class Syncer:
                 report.seconds_chunk += time.perf_counter() - t0
                 batch.append(_Pending(path, source.digest, len(chunks), path in upload,
                                       pull=self.sealed and (relayout or path not in upload),
-                                      link=path in (linked or ())))
+                                      link=path in (linked or ()),
+                                      resend=path in (resend or ())))
                 batch_chunks += len(chunks) if waits(path) else 0
                 if batch_chunks >= target or len(batch) >= BATCH_FILES:
                     write()  # a batch is only sent once its chunks are in the table
@@ -500,7 +541,8 @@ class Syncer:
                deferred: list[_Pending] | None = None) -> None:
         """Pull, embed and send one batch; with `deferred`, the files to send are added to
         it instead (sent later by `_send_shuffled`) and marked as having their vectors."""
-        sending = [(p, self.local.for_file(p.path)) for p in batch if p.upload]
+        sending = [(p, self.local.for_file(p.path)) for p in batch
+                   if p.upload or (p.resend and p.chunks)]
         pulling = [(p, self.local.for_file(p.path)) for p in batch if p.pull]
         texts = [c.embed_text for _, chunks in sending for c in chunks]
         n_sending = len(texts)
@@ -553,7 +595,25 @@ class Syncer:
         self.progress.stages(report.stages(), report.embed_chunks_per_s)
 
     def _apply(self, updates: list[FileUpdate], deletes: list[bytes]) -> None:
+        write, self._page_write = self._page_write, None
+        if write is not None:
+            # The pages an apply empties go with it, each with the buckets it leaves
+            # empty (a bucket with no child would make the next root differ).
+            assert self._load is not None
+            for page in write.written:
+                self._load.add(page)
+            gone = {p: self._load.remove(p) for p in write.deletes}
+            buckets = {b for b in gone.values() if b is not None}
+            deletes = [*deletes, *buckets, *(
+                p for p in write.deletes
+                if not buckets & {crypto.node_key(self.key, b)
+                                  for b in bucket_path(self.key, page_name(p))})]
         missing = self.client.apply(updates, deletes)
+        if write is not None:
+            assert self.pages is not None
+            self.pages.add(write.written)
+            self.pages.drop(write.deletes)
+            self._pages_touched |= set(write.written) | set(write.deletes)
         if missing:  # the GC took their blobs since the look-up: the next sync sends them
             log.info("%d linked files were no longer in the pool; left pending",
                      len(missing))
@@ -594,11 +654,18 @@ class Syncer:
             crypto.node_key(self.key, p.path): (p.path, [(k, c) for k, c in kc
                                                          if k not in have])
             for p, kc in keyed}
+        digests = {crypto.node_key(self.key, p.path): (p.path, p.digest) for p, _ in pulling}
+        filled: list[tuple[bytes, np.ndarray]] = []
+        if self.pages is not None:
+            # Paged: the rows of the pages this machine knows, read in the diff; only a
+            # file no page holds (a workspace written before pages) is asked for.
+            filled = self._pages_fill(wanted, digests)
+            got = {k for k, _ in filled}
+            wanted = {fk: (path, [(k, c) for k, c in kc if k not in got])
+                      for fk, (path, kc) in wanted.items()}
         if not any(lacking for _, lacking in wanted.values()):
             wanted = {}  # the cache has it all: no request
-        filled: list[tuple[bytes, np.ndarray]] = []
         file_keys = list(wanted)
-        digests = {crypto.node_key(self.key, p.path): (p.path, p.digest) for p, _ in pulling}
         for start in range(0, len(file_keys), PULL_FILES):
             part = file_keys[start : start + PULL_FILES]
             # With a pool, by content: whichever ref sent this version of the file.
@@ -612,6 +679,25 @@ class Syncer:
         unfilled = [c.embed_text for _, kc in wanted.values() for k, c in kc if k not in got]
         cached = sum(len(kc) for _, kc in keyed) - len(unfilled) - len(filled)
         return _Pulled(filled=len(filled), cached=cached, lacking=unfilled)
+
+    def _pages_fill(self, wanted: dict[bytes, tuple[str, list[tuple[bytes, Chunk]]]],
+                    digests: dict[bytes, tuple[str, bytes]]) -> list[tuple[bytes, np.ndarray]]:
+        """(cache key, vector) of each lacking chunk of `wanted` that the page index
+        holds a row of, for the file version being read."""
+        assert self.pages is not None
+        out: list[tuple[bytes, np.ndarray]] = []
+        for file_key, (path, lacking) in wanted.items():
+            if not lacking:
+                continue
+            rows = self.pages.rows_of(file_key,
+                                      crypto.node_value(self.key, path, digests[file_key][1]))
+            by_chunk = {(r.meta.chunk_hash, r.meta.symbol): r.vector for r in rows
+                        if r.meta.path == path}
+            for k, c in lacking:
+                vector = by_chunk.get((c.chunk_hash, c.symbol))
+                if vector is not None:
+                    out.append((k, vector))
+        return out
 
     def _open_rows(self, file_key: bytes, rows: list[tuple[bytes, bytes]], path: str,
                    chunks: list[tuple[bytes, Chunk]]) -> list[tuple[bytes, np.ndarray]]:
@@ -643,6 +729,8 @@ class Syncer:
 
     def _updates(self, sending: list[tuple[_Pending, list[Chunk]]],
                  vectors: np.ndarray) -> list[FileUpdate]:
+        if self._writer is not None:
+            return self._paged_updates(sending, vectors)
         row_ids: list[bytes] = []
         noise_ids: list[bytes] = []
         metas: list[crypto.ChunkMeta] = []
@@ -656,10 +744,7 @@ class Syncer:
                 # A server-search vector's noise stays a function of the chunk: a re-sent
                 # chunk under fresh noise would let the server average the noise away.
                 noise_ids.append(crypto.chunk_id(self.key, p.path, h, ordinal))
-                metas.append(crypto.ChunkMeta(
-                    path=p.path, start_line=c.start_line, end_line=c.end_line,
-                    symbol=c.symbol, language=c.language, chunk_hash=h,
-                ))
+                metas.append(_meta(p.path, c))
         updates: list[FileUpdate] = []
         row = 0
         for p, chunks in sending:
@@ -702,3 +787,100 @@ class Syncer:
         _random.shuffle(records)
         return tuple(records)
 
+
+    # -- pages (sync.pages) -----------------------------------------------------------
+
+    def _paged_updates(self, sending: list[tuple[_Pending, list[Chunk]]],
+                       vectors: np.ndarray) -> list[FileUpdate]:
+        """The leaves of `sending`, which carry no rows, and the pages that hold their
+        rows (recorded by `_apply` once the store took them)."""
+        assert self._writer is not None
+        rows: list[PageRow] = []
+        leaves: list[FileUpdate] = []
+        i = 0
+        for p, chunks in sending:
+            file_key = crypto.node_key(self.key, p.path)
+            value = crypto.node_value(self.key, p.path, p.digest)
+            for c in chunks:
+                rows.append(PageRow(file_key, value, _meta(p.path, c), vectors[i]))
+                i += 1
+            leaves.append(FileUpdate(
+                file_key=file_key,
+                ancestors=tuple(crypto.node_key(self.key, a)
+                                for a in bucket_path(self.key, p.path)),
+                value=value))
+        write = self._writer.write(rows)
+        self._page_write = write if write.written or write.deletes else None
+        return write.updates + leaves
+
+    def _paged_diff(self, files: dict[str, bytes], local_digests: dict[str, bytes],
+                    report: SyncReport) -> tuple[LocalTree, Diff, set[str]]:
+        """The diff of a paged workspace: the tree holds the files and the pages this
+        machine knows to hold a live row; pages another machine wrote are read first
+        (their rows into the page index), and pages this ref's tree lacks are linked
+        from the pool (or forgotten), then the diff runs again. Also returns the files
+        whose leaf matches but whose rows no page holds (`_Pending.resend`)."""
+        assert self.pages is not None and self.sealer is not None
+        owners = {crypto.node_key(self.key, p): crypto.node_value(self.key, p, d)
+                  for p, d in files.items()}
+        for attempt in range(3):
+            writer = PageWriter(self.key, self.sealer, self.pages, owners)
+            live = writer.live_pages()
+            tree = LocalTree.build(files | {page_name(p): p for p in live}, self.key)
+            plan = diff(tree, self.client, self.key, known_pages=self.pages.known())
+            absent = [k for k in map(page_key_of, plan.upload) if k is not None]
+            if attempt == 2 or not (plan.foreign_pages or absent):
+                break
+            self._learn(plan.foreign_pages)
+            self._link_pages(absent)
+        plan.upload = [p for p in plan.upload if page_key_of(p) is None]
+        # Pages of no live row stay out of the tree, and the diff deletes them.
+        self.pages.drop(self.pages.known() - live)
+        self._writer = writer
+        self._load = BucketLoad(tree, self.key)
+        self._pages_touched = set()
+        covered = self.pages.covered(owners, live)
+        chunked = self.local.files_with_chunks()
+        upload = set(plan.upload)
+        resend = {p for p, d in files.items()
+                  if p not in upload and crypto.node_key(self.key, p) not in covered
+                  and (local_digests.get(p) != d or p in chunked)}
+        return tree, plan, resend
+
+    def _learn(self, pages: list[bytes]) -> None:
+        """Read pages another machine wrote, in a random order, into the page index."""
+        assert self.pages is not None and self.sealer is not None
+        pages = _random.sample(pages, len(pages))
+        for start in range(0, len(pages), PULL_FILES):
+            learned = {}
+            for page, rows in self.client.file_rows(pages[start : start + PULL_FILES]).items():
+                try:
+                    learned[page] = opened_rows(self.sealer, self.key, page, rows)
+                except (MetadataAuthError, MetadataFormatError) as exc:
+                    log.warning("ignoring a page the store returned: %s", exc)
+            self.pages.add(learned)
+
+    def _link_pages(self, pages: list[bytes]) -> None:
+        """Point this ref's tree at pages the pool holds (another ref wrote them);
+        those it lacks are forgotten, and their files' rows are sent again."""
+        assert self.pages is not None
+        missing = set(pages)
+        if self.pool:
+            missing = set(self.client.apply(
+                [page_update(self.key, p, link=True) for p in pages], []))
+        self.pages.drop(missing)
+
+    def _paged_tree(self, files: dict[str, bytes], dirs: list[str]
+                    ) -> tuple[LocalTree, list[str]]:
+        """The tree as the sync left it (the pages it wrote in, those it emptied out),
+        and the directories to set: the diff's, and those above the pages it touched."""
+        assert self._writer is not None
+        live = self._writer.live_pages()
+        tree = LocalTree.build(files | {page_name(p): p for p in live}, self.key)
+        above = {b for p in self._pages_touched for b in bucket_path(self.key, page_name(p))}
+        return tree, deepest_first((set(dirs) | above) & tree.children.keys())
+
+
+def _meta(path: str, c: Chunk) -> crypto.ChunkMeta:
+    return crypto.ChunkMeta(path=path, start_line=c.start_line, end_line=c.end_line,
+                            symbol=c.symbol, language=c.language, chunk_hash=c.chunk_hash)

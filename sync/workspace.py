@@ -448,7 +448,7 @@ class Workspace:
             root, state_path(root), client, key, config.workspace_id, embedder,
             None if config.sealed else crypto.VectorCipher(key, embedder.dim),
             sealed=config.sealed, pool=self._pool, shared=config.server is not None,
-            progress=progress,
+            paged=config.sealed, progress=progress,
         )
 
     def _follow_ref(self, root: Path, key: WorkspaceKey, client: StoreClient) -> None:

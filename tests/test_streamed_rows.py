@@ -6,7 +6,6 @@ the pull are what is tested, not the vectors' meaning)."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -15,12 +14,11 @@ from indexer.embedder import HashingEmbedder
 from indexer.priority import category
 from retrieval import Index
 from sync.config import load_config, load_token
-from sync.crypto import node_key
 from sync.keys import export_key, import_key, load_key
 from sync.progress import Progress
-from sync.store.core.rows import fid_of
 from tests.conftest import write_repo
 from tests.server_fixtures import ServerProcess
+from tests.server_rows import opened_rows
 from tests.test_teammate_pull import Machine
 
 
@@ -52,15 +50,11 @@ def _files() -> dict[str, str]:
 
 def _first_rows(data_dir: Path, workspace_id: str, files: dict[str, str]) -> list[str]:
     """The files whose rows the server's data dir holds, in the order their first row
-    was stored."""
-    key = load_key(workspace_id)
-    by_fid = {fid_of(node_key(key, p)): p for p in files}
-    (db_path,) = (data_dir / "workspaces").glob("*/tree.sqlite")
+    was stored (rows opened with the key: the pages they travel in name no file)."""
     first: dict[str, int] = {}
-    with sqlite3.connect(db_path) as db:
-        for rid, fid in db.execute("SELECT rid, fid FROM rows ORDER BY rid"):
-            if fid in by_fid:
-                first.setdefault(by_fid[fid], rid)
+    for rid, path, _, _ in opened_rows(data_dir, workspace_id, HashingEmbedder().dim):
+        if path in files:
+            first.setdefault(path, rid)
     return sorted(first, key=first.__getitem__)
 
 

@@ -1,0 +1,275 @@
+"""Pages: how a sealed workspace's rows reach its store without naming their file.
+
+A sealed row (sync.sealed_rows) stored under its file's leaf tells the store which rows
+belong together and how many a file has, even padded: enough to label a public file by
+its size. In pages, a file's leaf carries no rows at all; the rows travel in pages,
+leaves of their own under random keys, each holding PAGE_ROWS rows (padding rows fill
+the rest) whose envelopes name, inside, the file version they were cut from (its leaf
+value). The store learns how many files and pages there are, and which pages a sync
+writes; never a row's file, a file's row count, or which page holds which file.
+
+    page key    16 random bytes, fresh for every page; its buckets are picked from it
+    page value  crypto.page_value(key, page key): the client tells its pages apart from
+                files it does not know, and a page is never rewritten (a new one is made)
+    page rows   PAGE_ROWS sealed rows (`RowSealer.seal_in_page`), in a random order
+
+A row is *live* while the tree's leaf of its file holds the value the row names; a page
+is kept while any of its rows is live. A sync packs the rows it sends, shuffled across
+its files, into fresh pages; the free slots of its last page take the live rows of the
+emptiest pages that fit there whole, which are then deleted (compaction rides on the
+writes a sync makes anyway: no page is rewritten for its own sake, and nothing tells
+the store which of a page's rows moved). A page is written with the leaves of the files
+it holds rows of, in one `apply`: pages first, then leaves, then the directories.
+
+Each machine keeps the index of the pages it knows (`PageIndex`, in its state database:
+each row's file, version, place and vector): a sync reads the pages another machine
+wrote (`Diff.foreign_pages`) before it sends anything, a teammate's join pulls every
+page that way, and the vectors of a file it lacks are read from the index, not asked
+for by file.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from sync import crypto
+from sync.crypto import ChunkMeta
+from sync.errors import MetadataFormatError
+from sync.keys import WorkspaceKey
+from sync.merkle import LocalTree, bucket_path, page_name
+from sync.records import KEY_BYTES, ChunkRecord, FileUpdate
+from sync.sealed_rows import OpenRow, RowSealer
+
+#: Rows per page. A one-file edit of up to 64 chunks (nearly every file) writes at most
+#: two; the store's row count per page is constant, so a page's size says nothing.
+PAGE_ROWS = 32
+_random = random.SystemRandom()
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS page_rows ("
+    " page BLOB NOT NULL, file_key BLOB NOT NULL, value BLOB NOT NULL,"
+    " path TEXT NOT NULL, start_line INTEGER NOT NULL, end_line INTEGER NOT NULL,"
+    " symbol TEXT NOT NULL, language TEXT NOT NULL, chunk_hash BLOB NOT NULL,"
+    " vector BLOB NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS page_rows_page ON page_rows(page)",
+    "CREATE INDEX IF NOT EXISTS page_rows_file ON page_rows(file_key, value)",
+    # A page whose rows are all padding is still a page this machine knows.
+    "CREATE TABLE IF NOT EXISTS pages (page BLOB PRIMARY KEY)",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PageRow:
+    """One chunk row of a page: the file version it belongs to, and what it holds."""
+
+    file_key: bytes
+    value: bytes
+    meta: ChunkMeta
+    vector: np.ndarray
+
+    @property
+    def identity(self) -> tuple[bytes, bytes, int, int, bytes]:
+        """Equal for two copies of one chunk of one file version (a row moved)."""
+        return (self.file_key, self.value, self.meta.start_line, self.meta.end_line,
+                self.meta.chunk_hash)
+
+
+class PageIndex:
+    """The pages this machine knows, and each one's rows (a table of the state db)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        with db:
+            for statement in _SCHEMA:
+                db.execute(statement)
+
+    def known(self) -> set[bytes]:
+        return {bytes(p) for (p,) in self.db.execute("SELECT page FROM pages")}
+
+    def live_counts(self, owners: dict[bytes, bytes]) -> dict[bytes, int]:
+        """Every known page -> how many of its rows are live for `owners` (file key ->
+        the leaf value the tree holds for it); a copy of a row in two pages counts in
+        each."""
+        counts = dict.fromkeys(self.known(), 0)
+        for page, file_key, value in self.db.execute(
+                "SELECT page, file_key, value FROM page_rows"):
+            if owners.get(bytes(file_key)) == bytes(value):
+                counts[bytes(page)] += 1
+        return counts
+
+    def covered(self, owners: dict[bytes, bytes], pages: Iterable[bytes]) -> set[bytes]:
+        """The file keys of `owners` that a row in one of `pages` holds a chunk of."""
+        keep = set(pages)
+        return {bytes(f) for page, f, value in self.db.execute(
+                    "SELECT page, file_key, value FROM page_rows")
+                if bytes(page) in keep and owners.get(bytes(f)) == bytes(value)}
+
+    def rows_of(self, file_key: bytes, value: bytes) -> list[PageRow]:
+        """The rows of one file version, one per chunk, whichever pages hold them."""
+        found: dict[tuple, PageRow] = {}
+        for row in self._rows("WHERE file_key = ? AND value = ?", (file_key, value)):
+            found.setdefault(row.identity, row)
+        return list(found.values())
+
+    def page_rows(self, page: bytes) -> list[PageRow]:
+        return self._rows("WHERE page = ?", (page,))
+
+    def _rows(self, where: str, args: tuple) -> list[PageRow]:
+        return [PageRow(bytes(f), bytes(v),
+                        ChunkMeta(path=path, start_line=start, end_line=end, symbol=symbol,
+                                  language=language, chunk_hash=bytes(h)),
+                        np.frombuffer(vec, dtype="<f2").astype(np.float32))
+                for f, v, path, start, end, symbol, language, h, vec in self.db.execute(
+                    "SELECT file_key, value, path, start_line, end_line, symbol, language,"
+                    f" chunk_hash, vector FROM page_rows {where}", args)]
+
+    def add(self, pages: dict[bytes, list[PageRow]]) -> None:
+        """Record pages and their chunk rows (padding rows are not recorded)."""
+        with self.db:
+            for page, rows in pages.items():
+                self.db.execute("DELETE FROM page_rows WHERE page = ?", (page,))
+                self.db.execute("INSERT OR IGNORE INTO pages VALUES (?)", (page,))
+                self.db.executemany(
+                    "INSERT INTO page_rows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(page, r.file_key, r.value, r.meta.path, r.meta.start_line,
+                      r.meta.end_line, r.meta.symbol, r.meta.language, r.meta.chunk_hash,
+                      np.asarray(r.vector, dtype="<f2").tobytes()) for r in rows])
+
+    def drop(self, pages: Iterable[bytes]) -> None:
+        with self.db:
+            for page in pages:
+                self.db.execute("DELETE FROM page_rows WHERE page = ?", (page,))
+                self.db.execute("DELETE FROM pages WHERE page = ?", (page,))
+
+
+def opened_rows(sealer: RowSealer, key: WorkspaceKey, page: bytes,
+                rows: list[tuple[bytes, bytes]]) -> list[PageRow]:
+    """A page's rows as the store returned them, opened (padding left out). Raises
+    MetadataAuthError / MetadataFormatError for a row that does not open or was not
+    sealed in a page."""
+    out: list[PageRow] = []
+    for row_id, blob in rows:
+        opened: OpenRow | None = sealer.open(row_id, page, blob)
+        if opened is None:
+            continue
+        if opened.value is None:
+            raise MetadataFormatError(f"row {row_id.hex()} of page {page.hex()} names no file")
+        out.append(PageRow(crypto.node_key(key, opened.meta.path), opened.value,
+                           opened.meta, opened.vector))
+    return out
+
+
+@dataclass
+class PagedWrite:
+    """One apply's pages: the updates that write them, the pages it empties (deleted
+    with it), and what the index records once the store took it."""
+
+    updates: list[FileUpdate]
+    deletes: list[bytes]
+    written: dict[bytes, list[PageRow]]
+
+
+class PageWriter:
+    """Packs a sync's rows into pages, and its free slots with the emptiest pages' rows."""
+
+    def __init__(self, key: WorkspaceKey, sealer: RowSealer, index: PageIndex,
+                 owners: dict[bytes, bytes]) -> None:
+        self.key = key
+        self.sealer = sealer
+        self.index = index
+        #: file key -> the leaf value this sync leaves in the tree: what is live.
+        self.owners = owners
+        self._live = index.live_counts(owners)
+
+    def live_pages(self) -> set[bytes]:
+        return {p for p, n in self._live.items() if n}
+
+    def write(self, rows: list[PageRow]) -> PagedWrite:
+        """The pages that hold `rows`: shuffled across their files, PAGE_ROWS a page; the
+        free slots of the last page take the live rows of whole emptiest pages, which go.
+        No rows: no pages."""
+        if not rows:
+            return PagedWrite([], [], {})
+        rows = _random.sample(rows, len(rows))
+        free = -len(rows) % PAGE_ROWS
+        emptied: list[bytes] = []
+        for page, live in sorted(self._live.items(), key=lambda kv: kv[1]):
+            if not live:
+                continue  # a page of no live row: the diff deletes it
+            if live > free:
+                break
+            moved = [r for r in self.index.page_rows(page)
+                     if self.owners.get(r.file_key) == r.value]
+            free -= len(moved)
+            rows.extend(moved)
+            emptied.append(page)
+        written: dict[bytes, list[PageRow]] = {}
+        updates: list[FileUpdate] = []
+        for start in range(0, len(rows), PAGE_ROWS):
+            page = os.urandom(KEY_BYTES)
+            held = rows[start : start + PAGE_ROWS]
+            written[page] = held
+            updates.append(self._page_update(page, held))
+        for page in emptied:
+            self._live.pop(page, None)
+        for page, held in written.items():
+            self._live[page] = len(held)
+        return PagedWrite(updates, emptied, written)
+
+    def _page_update(self, page: bytes, rows: list[PageRow]) -> FileUpdate:
+        sealer = self.sealer
+        records = [ChunkRecord(rid, None, sealer.seal_in_page(rid, page, r.value, r.meta,
+                                                             r.vector))
+                   for r, rid in ((r, os.urandom(KEY_BYTES)) for r in rows)]
+        for _ in range(PAGE_ROWS - len(records)):
+            rid = os.urandom(KEY_BYTES)
+            records.append(ChunkRecord(rid, None, sealer.seal_page_padding(rid, page)))
+        _random.shuffle(records)
+        return page_update(self.key, page, tuple(records))
+
+
+def page_update(key: WorkspaceKey, page: bytes, records: tuple[ChunkRecord, ...] = (),
+                *, link: bool = False) -> FileUpdate:
+    """The update that writes page `page` (or, with `link`, points this ref's tree at
+    it in the pool)."""
+    return FileUpdate(file_key=page,
+                      ancestors=tuple(crypto.node_key(key, a)
+                                      for a in bucket_path(key, page_name(page))),
+                      value=crypto.page_value(key, page), chunks=records, link=link)
+
+
+class BucketLoad:
+    """How many leaves each bucket of the tree holds as pages come and go in a sync, so
+    that a bucket a page leaves empty is deleted with it (a bucket left standing with
+    no child would make the next sync's root differ)."""
+
+    def __init__(self, tree: LocalTree, key: WorkspaceKey) -> None:
+        self.key = key
+        self.children = {d: len(c) for d, c in tree.children.items()}
+
+    def add(self, page: bytes) -> None:
+        chain = bucket_path(self.key, page_name(page))
+        for bucket in reversed(chain):
+            self.children[bucket] = self.children.get(bucket, 0) + 1
+            if self.children[bucket] > 1:
+                break  # it stood already: its parent's count is unchanged
+
+    def remove(self, page: bytes) -> bytes | None:
+        """Take `page` out; the node key of the highest bucket left empty by it, if any
+        (deleting it deletes the empty ones below)."""
+        chain = bucket_path(self.key, page_name(page))
+        emptied = None
+        for bucket in reversed(chain[1:]):
+            self.children[bucket] = left = max(self.children.get(bucket, 1) - 1, 0)
+            if left:
+                break
+            emptied = bucket
+        else:
+            self.children[chain[0]] = max(self.children.get(chain[0], 1) - 1, 0)
+        return crypto.node_key(self.key, emptied) if emptied is not None else None

@@ -1,0 +1,189 @@
+"""Sealed rows in pages (sync.pages): on a real server on loopback, a file's leaf holds
+no rows, every row travels in a page of PAGE_ROWS rows, an edit writes a page or two,
+compaction keeps the store small and loses nothing, a teammate reads every page and
+embeds nothing, and an interrupted sync converges. The hashing embedder: what is tested
+is where rows are, not what the vectors mean."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from indexer.embedder import HashingEmbedder
+from indexer.local_chunks import LocalChunks, open_state_db
+from retrieval import Index
+from sync.config import load_config, load_token, state_path
+from sync.crypto import node_key, node_value
+from sync.keys import export_key, import_key, load_key
+from sync.pages import PAGE_ROWS
+from sync.progress import Progress
+from tests.conftest import write_repo
+from tests.server_fixtures import ServerProcess
+from tests.server_rows import leaf_rows, opened_rows
+from tests.test_teammate_pull import Machine
+
+
+def _body(i: int, version: int = 0, functions: int = 3) -> str:
+    return "\n\n".join(f"def f_{i}_{j}_{version}(x):\n"
+                       + "".join(f"    x = x * {j} + {k}\n" for k in range(25))
+                       + f"    return x + {i}\n" for j in range(functions)) + "\n"
+
+
+def _files(n: int = 24) -> dict[str, str]:
+    files = {f"pkg/mod_{i}.py": _body(i, functions=1 + i % 5) for i in range(n)}
+    files["pkg/empty.py"] = ""
+    files["README.md"] = "# Tool\n\nWhat it does.\n"
+    return files
+
+
+def _index(repo: Path) -> Index:
+    return Index(repo, embedder=HashingEmbedder())
+
+
+def _live_rows(server: ServerProcess, repo: Path) -> Counter[str]:
+    """path -> the server's rows of its current version (opened with the key)."""
+    workspace_id = load_config(repo).workspace_id
+    key = load_key(workspace_id)
+    db = open_state_db(state_path(repo))
+    try:
+        digests = LocalChunks(db).file_digests()
+    finally:
+        db.close()
+    return Counter(path for _, path, _, value in opened_rows(
+        server.data_dir, workspace_id, HashingEmbedder().dim)
+        if value == node_value(key, path, digests[path]))
+
+
+def _chunk_counts(repo: Path) -> dict[str, int]:
+    """path -> its chunks, as this machine's chunk table has them (empty files left out)."""
+    db = open_state_db(state_path(repo))
+    try:
+        local = LocalChunks(db)
+        counts = {p: len(local.for_file(p)) for p in local.file_digests()}
+    finally:
+        db.close()
+    return {p: n for p, n in counts.items() if n}
+
+
+def test_leaves_hold_no_rows_and_pages_hold_them_all(
+        tmp_path: Path, server_factory) -> None:
+    server: ServerProcess = server_factory(tmp_path / "data")
+    files = _files()
+    repo = write_repo(tmp_path / "repo", files)
+    idx = _index(repo)
+    idx.init(server=server.url)
+    report = idx.index(wait=True)
+    chunks = report.chunks_total
+    idx.close()
+
+    workspace_id = load_config(repo).workspace_id
+    key = load_key(workspace_id)
+    counts = leaf_rows(server.data_dir)
+    file_keys = {node_key(key, p) for p in files}
+    assert file_keys <= counts.keys()
+    assert all(counts[k] == 0 for k in file_keys)  # the server sees no row of any file
+    pages = {k: n for k, n in counts.items() if k not in file_keys}
+    assert set(pages.values()) == {PAGE_ROWS}  # every page alike
+    assert len(pages) == -(-chunks // PAGE_ROWS)  # packed: one partial page at most
+    rows = opened_rows(server.data_dir, workspace_id, HashingEmbedder().dim)
+    per_file = Counter(path for _, path, _, _ in rows)
+    assert sum(per_file.values()) == chunks
+    assert set(per_file) == set(files) - {"pkg/empty.py"}
+
+
+class _Interrupted(BaseException):
+    """Stands for a kill: the sync stops where it is."""
+
+
+class _StopAfterFirstBatch(Progress):
+    def files_done(self, n: int) -> None:
+        raise _Interrupted
+
+
+def test_an_edit_writes_one_page_and_compaction_keeps_the_store_small(
+        tmp_path: Path, server_factory) -> None:
+    server: ServerProcess = server_factory(tmp_path / "data")
+    files = _files(40)
+    repo = write_repo(tmp_path / "repo", files)
+    idx = _index(repo)
+    idx.init(server=server.url)
+    idx.index(wait=True)
+    rng = random.Random(7)
+    versions = dict.fromkeys(range(40), 0)
+    for step in range(30):
+        i = rng.randrange(40)
+        versions[i] += 1
+        (repo / f"pkg/mod_{i}.py").write_text(_body(i, versions[i], functions=1 + i % 5))
+        before = set(leaf_rows(server.data_dir))
+        report = idx.index(wait=True)
+        after = leaf_rows(server.data_dir)
+        new_pages = [k for k in after.keys() - before if after[k]]
+        # One file's edit: one page (its rows and the emptiest pages' live ones), one
+        # apply, the requests a file's own rows took: the root, the children of the
+        # root and of two levels of buckets, the apply, the directories.
+        assert len(new_pages) == 1, step
+        assert report.requests <= 6, (step, report.requests)
+        assert idx.index(wait=True).requests == 1  # nothing changed: the root matches
+        chunks = sum(_live_rows(server, repo).values())
+        pages = sum(1 for n in after.values() if n)
+        # Storage: within 1.5x of the rows packed tight.
+        assert pages * PAGE_ROWS <= 1.5 * chunks + PAGE_ROWS, (step, pages, chunks)
+    idx.close()
+    # Nothing lost: each chunk of each file's current version has exactly one row.
+    assert _live_rows(server, repo) == _chunk_counts(repo)
+
+
+def test_a_teammate_reads_every_page_and_follows_an_edit(
+        tmp_path: Path, server_factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    server: ServerProcess = server_factory(tmp_path / "data")
+    files = _files()
+    alice, bob = Machine(tmp_path, "alice", monkeypatch), Machine(tmp_path, "bob", monkeypatch)
+    alice_repo = write_repo(tmp_path / "alice", files)
+    bob_repo = write_repo(tmp_path / "bob", files)
+    with alice.active():
+        a = _index(alice_repo)
+        config = a.init(server=server.url)
+        a.index(wait=True)
+        key_text, token = export_key(load_key(config.workspace_id)), load_token(
+            config.workspace_id)
+    with bob.active():
+        import_key(config.workspace_id, key_text)
+        b = _index(bob_repo)
+        b.init(server=server.url, workspace_id=config.workspace_id, token=token)
+        joined = b.index(wait=True)
+        assert joined.chunks_embedded == 0
+        assert joined.chunks_pulled == joined.chunks_total > 0
+    edited = _body(3, 1, functions=4)
+    for repo in (alice_repo, bob_repo):
+        (repo / "pkg/mod_3.py").write_text(edited)
+    with alice.active():
+        sent = a.index(wait=True)
+        assert sent.chunks_embedded > 0
+        a.close()
+    with bob.active():
+        followed = b.index(wait=True)
+        # Bob reads Alice's new page: the edited file's vectors, not the model's.
+        assert followed.chunks_embedded == 0
+        assert followed.chunks_pulled == 4
+        assert b.index(wait=True).requests == 1
+        b.close()
+
+
+def test_an_interrupted_first_index_converges(tmp_path: Path, server_factory) -> None:
+    server: ServerProcess = server_factory(tmp_path / "data")
+    files = _files(60)
+    repo = write_repo(tmp_path / "repo", files)
+    idx = _index(repo)
+    idx.init(server=server.url)
+    with pytest.raises(_Interrupted):
+        idx.index(wait=True, progress=_StopAfterFirstBatch())
+    idx.close()
+    again = _index(repo)
+    done = again.index(wait=True)
+    assert again.index(wait=True).requests == 1
+    again.close()
+    assert _live_rows(server, repo) == _chunk_counts(repo)
+    assert done.chunks_total == sum(_chunk_counts(repo).values())
