@@ -103,6 +103,12 @@ class PageIndex:
                 counts[bytes(page)] += 1
         return counts
 
+    def live_rows(self, owners: dict[bytes, bytes]) -> int:
+        """How many chunks of `owners` a known page holds a row of (each chunk once)."""
+        return len({(bytes(f), start, end, bytes(h)) for f, v, start, end, h in self.db.execute(
+            "SELECT file_key, value, start_line, end_line, chunk_hash FROM page_rows")
+            if owners.get(bytes(f)) == bytes(v)})
+
     def covered(self, owners: dict[bytes, bytes], pages: Iterable[bytes]) -> set[bytes]:
         """The file keys of `owners` that a row in one of `pages` holds a chunk of."""
         keep = set(pages)
@@ -179,13 +185,15 @@ class PageWriter:
     """Packs a sync's rows into pages, and its free slots with the emptiest pages' rows."""
 
     def __init__(self, key: WorkspaceKey, sealer: RowSealer, index: PageIndex,
-                 owners: dict[bytes, bytes]) -> None:
+                 owners: dict[bytes, bytes], *, fresh: bool = False) -> None:
+        """`fresh`: every page the index knows is left behind (a re-upload sends every
+        row again), so none is live and none is filled from."""
         self.key = key
         self.sealer = sealer
         self.index = index
         #: file key -> the leaf value this sync leaves in the tree: what is live.
         self.owners = owners
-        self._live = index.live_counts(owners)
+        self._live = {} if fresh else index.live_counts(owners)
 
     def live_pages(self) -> set[bytes]:
         return {p for p, n in self._live.items() if n}

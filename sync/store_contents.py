@@ -3,16 +3,21 @@ stores hold the same thing (convergence tests, the fault benchmark).
 
 Row ids are random and fresh on every send, so two stores of one tree never share them;
 a row is compared by what it holds instead: its file and, opened, the chunk it locates.
+A sealed workspace's rows travel in pages (sync.pages) under random keys, so two stores
+of one tree share neither pages nor directory values: its contents are the files' leaves
+(under their buckets) and the live rows of each file (each chunk once, whichever page
+holds it), and its root is a digest of those leaves.
 Reads the store's files directly; run it with no writer active. `pg_workspace_contents` reads
 a workspace of a PostgreSQL store the same way.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from pathlib import Path
 
-from sync.crypto import open_meta
+from sync.crypto import node_key, open_meta, page_value
 from sync.keys import WorkspaceKey
 from sync.records import KEY_BYTES, MODE_SEALED
 from sync.sealed_rows import RowSealer
@@ -48,8 +53,8 @@ def workspace_contents(data_dir: Path, workspace_id: str, key: WorkspaceKey) -> 
                          table.column("meta").to_pylist(), strict=True))
     file_keys = {fid_of(k): k for k, _, _, is_dir in nodes if not is_dir}
     sealer = RowSealer(key, workspace_id, dim) if mode == MODE_SEALED else None
-    return (root[0] if root else None), _opened(found, file_keys, sealer, key,
-                                                workspace_id), nodes
+    return _contents(root[0] if root else None, found, nodes, file_keys, sealer, key,
+                     workspace_id)
 
 
 def _node_key(stored: bytes) -> bytes:
@@ -82,8 +87,43 @@ def pg_workspace_contents(url: str, workspace_id: str, key: WorkspaceKey) -> Con
     file_keys = {fid_of(k): k for k, _, _, is_dir in nodes if not is_dir}
     sealer = RowSealer(key, workspace_id, dim) if mode == MODE_SEALED else None
     rows = [(bytes(cid), fid, bytes(blob)) for fid, cid, blob in found]
-    return (root[0] if root else None), _opened(rows, file_keys, sealer, key,
-                                                workspace_id), nodes
+    return _contents(root[0] if root else None, rows, nodes, file_keys, sealer, key,
+                     workspace_id)
+
+
+def _contents(root: bytes | None, found: list, nodes: list[tuple],
+              file_keys: dict[int, bytes], sealer: RowSealer | None, key: WorkspaceKey,
+              workspace_id: str) -> Contents:
+    """The contents of a store whose rows are under their files, or in pages."""
+    pages = {k for k, _, v, is_dir in nodes
+             if not is_dir and v is not None and v == page_value(key, k)}
+    if sealer is None or not pages:
+        return root, _opened(found, file_keys, sealer, key, workspace_id), nodes
+    files = [n for n in nodes if not n[3] and n[0] not in pages]
+    leaves = {k: v for k, _, v, _ in files}
+    # The buckets above the files, without their values (which the pages enter).
+    parent = {k: p for k, p, _, _ in nodes}
+    above: set[bytes] = set()
+    for _, up, _, _ in files:
+        while up is not None and up not in above:
+            above.add(up)
+            up = parent.get(up)
+    tree = sorted(files + [(k, parent.get(k), None, 1) for k in above])
+    live: set[tuple] = set()
+    for cid, fid, blob in found:
+        opened = sealer.open(cid, file_keys[fid], blob)
+        if opened is None:
+            continue
+        file_key = node_key(key, opened.meta.path)
+        if opened.value is not None and leaves.get(file_key) != opened.value:
+            continue  # a row of a version no leaf holds: dead, until its page goes
+        meta = opened.meta
+        live.add((fid_of(file_key), meta.path, meta.start_line, meta.end_line, meta.symbol,
+                  meta.language, meta.chunk_hash))
+    digest = hashlib.sha256()
+    for k, v in sorted(leaves.items()):
+        digest.update(k + (v or b""))
+    return digest.digest()[:KEY_BYTES], sorted(live), tree
 
 
 def _opened(found: list, file_keys: dict[int, bytes], sealer: RowSealer | None,

@@ -272,8 +272,10 @@ class Syncer:
 
         t0 = time.perf_counter()
         resend: set[str] = set()
+        covered: set[str] = set()
         if self.pages is not None:
-            tree, plan, resend = self._paged_diff(files, local_digests, report)
+            tree, plan, resend, covered = self._paged_diff(files, local_digests,
+                                                           fresh=reupload)
         else:
             tree = LocalTree.build(files, self.key)
             plan = diff(tree, self.client, self.key)
@@ -289,10 +291,12 @@ class Syncer:
         report.files_changed = len(upload)
         # A few changed files (an edit) are sent without asking the pool: the request it
         # would cost is most of such a sync's, and the pool rarely holds a fresh edit.
-        # Paged, a file's leaf holds no rows: sending it costs what a link does.
-        linked = (pooled(self.client, self.key, files, sorted(upload))
-                  if self.pool and self.pages is None and len(upload) >= POOL_LOOKUP_MIN
-                  and not reupload and not plan.relayout else set())
+        # Paged: a changed file whose rows a page of the tree holds (another ref wrote
+        # it) gets its leaf and no row.
+        linked = (covered if self.pages is not None
+                  else pooled(self.client, self.key, files, sorted(upload))
+                  if self.pool and len(upload) >= POOL_LOOKUP_MIN and not reupload
+                  and not plan.relayout else set())
         report.files_linked = len(linked)
         report.files_deleted = len(gone_local)
         self.local.remove_files(gone_local)
@@ -314,7 +318,7 @@ class Syncer:
 
         complete = self._send(todo, upload, files, plan, report, linked, resend)
         for start in range(0, len(links_only), BATCH_FILES):
-            self._apply([link_update(self.key, p, files[p])
+            self._apply([self._link(p, files[p])
                          for p in links_only[start : start + BATCH_FILES]], [])
         if complete and self.sealed:
             self._embed_missing_headers(report)
@@ -437,7 +441,7 @@ class Syncer:
             while files and n < BATCH_CHUNKS and len(batch) + len(links) < BATCH_FILES:
                 p = files.pop()
                 if p.link:
-                    links.append(link_update(self.key, p.path, p.digest))
+                    links.append(self._link(p.path, p.digest))
                     continue
                 batch.append((p, self.local.for_file(p.path)))
                 n += len(batch[-1][1])
@@ -578,7 +582,7 @@ class Syncer:
             return
         t0 = time.perf_counter()
         updates = self._updates(sending, result.vectors[:n_sending])
-        updates += [link_update(self.key, p.path, p.digest) for p in batch if p.link]
+        updates += [self._link(p.path, p.digest) for p in batch if p.link]
         report.seconds_encrypt += time.perf_counter() - t0
         t0 = time.perf_counter()
         for start in range(0, max(len(deletes), 1), DELETE_BATCH):
@@ -593,6 +597,16 @@ class Syncer:
         report._rate()
         self.progress.files_done(len(batch))
         self.progress.stages(report.stages(), report.embed_chunks_per_s)
+
+    def _link(self, path: str, digest: bytes) -> FileUpdate:
+        """The leaf of a file whose rows the store holds already: a link to its blob in
+        the pool; paged, its leaf (which holds no row: its rows are in pages)."""
+        if self.pages is None:
+            return link_update(self.key, path, digest)
+        return FileUpdate(file_key=crypto.node_key(self.key, path),
+                          ancestors=tuple(crypto.node_key(self.key, a)
+                                          for a in bucket_path(self.key, path)),
+                          value=crypto.node_value(self.key, path, digest))
 
     def _apply(self, updates: list[FileUpdate], deletes: list[bytes]) -> None:
         write, self._page_write = self._page_write, None
@@ -813,22 +827,36 @@ class Syncer:
         self._page_write = write if write.written or write.deletes else None
         return write.updates + leaves
 
-    def _paged_diff(self, files: dict[str, bytes], local_digests: dict[str, bytes],
-                    report: SyncReport) -> tuple[LocalTree, Diff, set[str]]:
+    def _paged_diff(self, files: dict[str, bytes], local_digests: dict[str, bytes], *,
+                    fresh: bool = False) -> tuple[LocalTree, Diff, set[str], set[str]]:
         """The diff of a paged workspace: the tree holds the files and the pages this
         machine knows to hold a live row; pages another machine wrote are read first
         (their rows into the page index), and pages this ref's tree lacks are linked
         from the pool (or forgotten), then the diff runs again. Also returns the files
-        whose leaf matches but whose rows no page holds (`_Pending.resend`)."""
+        whose leaf matches but whose rows no page holds (`_Pending.resend`), and the
+        changed files whose rows a page of the tree holds (linked: only their leaf is
+        sent). A ref whose tree lacks many files' rows first reads the pages of the
+        workspace's other refs (a new branch, or a teammate's): those holding its files'
+        rows are linked, not sent again. `fresh` (a re-upload): the tree holds no page,
+        so every page the store holds goes."""
         assert self.pages is not None and self.sealer is not None
         owners = {crypto.node_key(self.key, p): crypto.node_value(self.key, p, d)
                   for p, d in files.items()}
+        other_refs = self.pool and not fresh
         for attempt in range(3):
-            writer = PageWriter(self.key, self.sealer, self.pages, owners)
+            writer = PageWriter(self.key, self.sealer, self.pages, owners, fresh=fresh)
             live = writer.live_pages()
             tree = LocalTree.build(files | {page_name(p): p for p in live}, self.key)
             plan = diff(tree, self.client, self.key, known_pages=self.pages.known())
             absent = [k for k in map(page_key_of, plan.upload) if k is not None]
+            if other_refs:
+                other_refs = False
+                have = self.pages.covered(owners, live)
+                lacking = sum(1 for p in plan.upload
+                              if page_key_of(p) is None
+                              and crypto.node_key(self.key, p) not in have)
+                if lacking >= POOL_LOOKUP_MIN and self._learn_other_refs():
+                    continue
             if attempt == 2 or not (plan.foreign_pages or absent):
                 break
             self._learn(plan.foreign_pages)
@@ -845,7 +873,38 @@ class Syncer:
         resend = {p for p, d in files.items()
                   if p not in upload and crypto.node_key(self.key, p) not in covered
                   and (local_digests.get(p) != d or p in chunked)}
-        return tree, plan, resend
+        linked = {p for p in upload if crypto.node_key(self.key, p) in covered}
+        return tree, plan, resend, linked
+
+    def _learn_other_refs(self) -> bool:
+        """Read into the page index the pages of every other ref's tree that it lacks
+        (in the ref's tree: the pool's pages are read by ref). True if any was read."""
+        assert self.pages is not None
+        mine, known, read = self.client.ref, self.pages.known(), False
+        try:
+            for info in sorted(self.client.refs(), key=lambda r: -r.synced_at):
+                if info.ref == mine:
+                    continue
+                self.client.ref = info.ref
+                pages = [k for k in self._tree_pages() if k not in known]
+                self._learn(pages)
+                known.update(pages)
+                read = read or bool(pages)
+        finally:
+            self.client.ref = mine
+        return read
+
+    def _tree_pages(self) -> list[bytes]:
+        """The keys of the pages in the client's ref's tree: its leaves whose value is a
+        page's (one request per level)."""
+        frontier = [crypto.node_key(self.key, "")]
+        pages: list[bytes] = []
+        while frontier:
+            answer = self.client.children(frontier)
+            frontier = [n.key for kids in answer.values() for n in kids if n.is_dir]
+            pages += [n.key for kids in answer.values() for n in kids
+                      if not n.is_dir and n.value == crypto.page_value(self.key, n.key)]
+        return pages
 
     def _learn(self, pages: list[bytes]) -> None:
         """Read pages another machine wrote, in a random order, into the page index."""

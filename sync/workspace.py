@@ -55,10 +55,10 @@ from sync.config import (
 from sync.errors import KeyMismatchError, SyncError
 from sync.index_state import mark_completed
 from sync.keys import ENV_KEY, WorkspaceKey, create_key, load_key
+from sync.pages import PageIndex
 from sync.progress import Progress, SyncFollower
 from sync.records import DEFAULT_REF, MODE_SEALED, MODE_SERVER_SEARCH
 from sync.refs import ref_id, ref_name
-from sync.sealed_rows import padded_row_count
 from sync.server_contact import (
     ServerRecord,
     Unreachable,
@@ -479,7 +479,7 @@ class Workspace:
 
     def status(self) -> WorkspaceStatus:
         """Where the workspace is, what it holds here and in the store, where that is."""
-        root, config, _key, client = self.open_for_read()
+        root, config, key, client = self.open_for_read()
         info = None
         if self.offline is None:
             try:
@@ -493,7 +493,7 @@ class Workspace:
         try:
             local = LocalChunks(db)
             files, chunks = local.count_files(), local.count()
-            padding = _padding_rows(db, local) if config.sealed else 0
+            live = _live_rows(db, local, key) if config.sealed else None
         finally:
             db.close()
         return WorkspaceStatus(
@@ -502,7 +502,7 @@ class Workspace:
             files=files, chunks=chunks,
             # Never below 0: files embedded here but not sent yet (the builder sends a
             # sealed workspace's rows at its end; offline, later) hold no rows there.
-            server_chunks=None if info is None else max(info.chunks - padding, 0),
+            server_chunks=None if info is None else info.chunks if live is None else live,
             server_rows=None if info is None else info.chunks,
             server_nodes=None if info is None else info.nodes, ref=ref,
             last_sync=self._last_sync(root, config),
@@ -542,13 +542,13 @@ def _unreachable(exc: SyncError) -> bool:
     return isinstance(exc, ServerUnavailable)
 
 
-def _padding_rows(db: sqlite3.Connection, local: LocalChunks) -> int:
-    """The padding rows a sealed store holds for this machine's files: those with
-    vectors here (a pending file, still being embedded by the builder, was not sent)."""
-    per_file = dict(db.execute("SELECT path, count(*) FROM chunks GROUP BY path").fetchall())
-    pending = local.pending_files()
-    return sum(padded_row_count(per_file.get(p, 0)) - per_file.get(p, 0)
-               for p in local.file_digests() if p not in pending)
+def _live_rows(db: sqlite3.Connection, local: LocalChunks, key: WorkspaceKey) -> int:
+    """The chunks of this machine's files that a sealed store holds a row of: the live
+    rows of the pages this machine knows (sync.pages; the store's own count also holds
+    padding, and rows of versions since replaced, until their page goes)."""
+    owners = {crypto.node_key(key, p): crypto.node_value(key, p, d)
+              for p, d in local.file_digests().items()}
+    return PageIndex(db).live_rows(owners)
 
 
 def _create_later(root: Path) -> Path:

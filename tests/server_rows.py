@@ -7,21 +7,21 @@ import sqlite3
 from pathlib import Path
 
 from sync.keys import load_key
-from sync.sealed_rows import RowSealer
+from sync.sealed_rows import OpenRow, RowSealer
 from sync.store.core.rows import fid_of
 from sync.store.embedded.pool import unscoped
 
 
 def opened_rows(data_dir: Path, workspace_id: str, dim: int
-                ) -> list[tuple[int, str, bytes, bytes | None]]:
-    """(row number, path, leaf key it is stored under, the file version it names) of
-    every chunk row the embedded store in `data_dir` holds, in the order the rows were
-    stored (padding left out). A row of a page names its file and version inside its
-    envelope (a row stored under its file: version None); the leaf key is the page's."""
+                ) -> list[tuple[int, bytes, OpenRow]]:
+    """(row number, leaf key it is stored under, the row opened) of every chunk row the
+    embedded store in `data_dir` holds, in the order the rows were stored (padding left
+    out). A row of a page names its file (`meta.path`) and version (`value`) inside its
+    envelope; the leaf key is the page's."""
     key = load_key(workspace_id)
     sealer = RowSealer(key, workspace_id, dim)
     (db_path,) = (data_dir / "workspaces").glob("*/tree.sqlite")
-    out: list[tuple[int, str, bytes, bytes | None]] = []
+    out: list[tuple[int, bytes, OpenRow]] = []
     with sqlite3.connect(db_path) as db:
         leaf_of = {fid_of(unscoped(bytes(k))): unscoped(bytes(k)) for (k,) in db.execute(
             "SELECT key FROM nodes WHERE is_dir = 0")}
@@ -30,7 +30,7 @@ def opened_rows(data_dir: Path, workspace_id: str, dim: int
             leaf = leaf_of[fid]
             opened = sealer.open(bytes(row_id), leaf, bytes(meta))
             if opened is not None:
-                out.append((rid, opened.meta.path, leaf, opened.value))
+                out.append((rid, leaf, opened))
     return out
 
 

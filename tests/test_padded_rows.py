@@ -1,7 +1,7 @@
-"""What a sealed store holds per file is padded: every envelope in a few length buckets,
-rows per file in row buckets, rows in random order (a server-search store's rows too,
-though they are not padded). The padding rows never reach a search hit, a pull, doctor
-or the status counts."""
+"""What a sealed store holds is padded: every envelope in a few length buckets, rows in
+pages of PAGE_ROWS rows whatever their files' sizes (sync.pages), rows in random order
+(a server-search store's rows too, though they are not padded). The padding rows never
+reach a search hit, a pull, doctor or the status counts."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from retrieval import Index
 from retrieval.faces.doctor import doctor
 from sync.config import load_config, state_path, store_path
 from sync.keys import load_key
-from sync.sealed_rows import META_BUCKETS, ROW_BUCKETS, RowSealer
-from sync.store.core.rows import fid_of
+from sync.pages import PAGE_ROWS
+from sync.sealed_rows import META_BUCKETS
 from tests.conftest import write_repo
+from tests.server_rows import opened_rows
 
 
 def _repo(root: Path) -> Path:
@@ -41,21 +42,23 @@ def _stored(repo: Path) -> list[tuple[int, int, bytes, bytes]]:
             "SELECT rid, fid, chunk_id, meta FROM rows ORDER BY rid")]
 
 
-def test_envelopes_and_rows_per_file_fall_in_buckets(tmp_path: Path) -> None:
+def test_envelopes_fall_in_buckets_and_every_page_holds_as_many_rows(
+        tmp_path: Path) -> None:
     repo = _repo(tmp_path / "repo")
     with Index(repo, embedder=HashingEmbedder()) as idx:
         idx.index()
         status = idx.status()
     config = load_config(repo)
     rows = _stored(repo)
-    envelope = 1 + 12 + 16 + 2 + 2 * config.dim
+    # version, nonce, tag, dim, the vector, the file version a page row names.
+    envelope = 1 + 12 + 16 + 2 + 2 * config.dim + 16
     assert {len(m) for *_, m in rows} <= {envelope + b for b in META_BUCKETS}
-    per_file = Counter(fid for _, fid, _, _ in rows)
-    assert set(per_file.values()) <= set(ROW_BUCKETS)
+    per_leaf = Counter(fid for _, fid, _, _ in rows)
+    assert set(per_leaf.values()) == {PAGE_ROWS}  # no file's size shows
     chunks = {p.relative_to(repo).as_posix(): len(chunk_file(p.relative_to(repo).as_posix(),
                                                              p.read_text()))
               for p in repo.rglob("*.py")}
-    assert len(set(chunks.values())) > len(set(per_file.values()))  # buckets merge counts
+    assert len(set(chunks.values())) == 12  # files of 12 sizes, stored alike
     assert status["server_rows"] == len(rows) > status["chunks"]
     assert status["server_chunks"] == status["chunks"] == sum(chunks.values())
 
@@ -65,20 +68,13 @@ def test_rows_are_stored_out_of_chunk_order(tmp_path: Path) -> None:
     with Index(repo, embedder=HashingEmbedder()) as idx:
         idx.index()
     config = load_config(repo)
-    key = load_key(config.workspace_id)
-    sealer = RowSealer(key, config.workspace_id, config.dim)
-    from sync.crypto import node_key
-
-    keys = {fid_of(node_key(key, p.relative_to(repo).as_posix())):
-            node_key(key, p.relative_to(repo).as_posix()) for p in repo.rglob("*.py")}
-    lines: dict[int, list[int]] = {}
-    for _, fid, cid, blob in _stored(repo):
-        opened = sealer.open(cid, keys[fid], blob)
-        lines.setdefault(fid, []).append(-1 if opened is None else opened.meta.start_line)
-    # In chunk order, every file's real rows would come by start line, padding last.
-    in_order = [ls for ls in lines.values() if ls == sorted(x for x in ls if x >= 0)
-                + [-1] * ls.count(-1)]
-    assert len(in_order) < len(lines) / 2
+    lines: dict[str, list[int]] = {}
+    for _, _, row in opened_rows(store_path(repo), config.workspace_id, config.dim):
+        lines.setdefault(row.meta.path, []).append(row.meta.start_line)
+    # In chunk order, every file's rows would come by start line.
+    many = [ls for ls in lines.values() if len(ls) >= 3]
+    assert len(many) >= 6
+    assert sum(1 for ls in many if ls == sorted(ls)) < len(many) / 2
 
 
 def test_server_search_rows_are_stored_out_of_chunk_order(tmp_path: Path) -> None:
@@ -136,7 +132,6 @@ def test_padding_rows_never_reach_a_pull_a_hit_or_doctor(
 
 def test_the_store_sees_files_in_a_random_order_not_by_category(tmp_path: Path) -> None:
     from indexer.priority import category
-    from sync.crypto import node_key
 
     files = {}
     for i in range(20):
@@ -146,11 +141,10 @@ def test_the_store_sees_files_in_a_random_order_not_by_category(tmp_path: Path) 
     repo = write_repo(tmp_path / "repo", files)
     with Index(repo, embedder=HashingEmbedder()) as idx:
         idx.index()
-    key = load_key(load_config(repo).workspace_id)
-    by_fid = {fid_of(node_key(key, p)): p for p in files}
+    config = load_config(repo)
     first_row: dict[str, int] = {}
-    for rid, fid, _, _ in _stored(repo):
-        first_row.setdefault(by_fid[fid], rid)
+    for rid, _, row in opened_rows(store_path(repo), config.workspace_id, config.dim):
+        first_row.setdefault(row.meta.path, rid)
     order = [category(p) for p in sorted(first_row, key=first_row.__getitem__)]
     # In priority order the 20 source files would take the first 20 places.
     assert sum(1 for c in order[:20] if c == category("lib/mod_0.py")) < 15

@@ -52,9 +52,9 @@ def _live_rows(server: ServerProcess, repo: Path) -> Counter[str]:
         digests = LocalChunks(db).file_digests()
     finally:
         db.close()
-    return Counter(path for _, path, _, value in opened_rows(
+    return Counter(row.meta.path for _, _, row in opened_rows(
         server.data_dir, workspace_id, HashingEmbedder().dim)
-        if value == node_value(key, path, digests[path]))
+        if row.value == node_value(key, row.meta.path, digests[row.meta.path]))
 
 
 def _chunk_counts(repo: Path) -> dict[str, int]:
@@ -89,7 +89,7 @@ def test_leaves_hold_no_rows_and_pages_hold_them_all(
     assert set(pages.values()) == {PAGE_ROWS}  # every page alike
     assert len(pages) == -(-chunks // PAGE_ROWS)  # packed: one partial page at most
     rows = opened_rows(server.data_dir, workspace_id, HashingEmbedder().dim)
-    per_file = Counter(path for _, path, _, _ in rows)
+    per_file = Counter(row.meta.path for _, _, row in rows)
     assert sum(per_file.values()) == chunks
     assert set(per_file) == set(files) - {"pkg/empty.py"}
 

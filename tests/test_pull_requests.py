@@ -23,6 +23,8 @@ from sync.crypto import node_key
 from sync.keys import export_key, import_key, load_key
 from sync.wire import b64decode
 from tests.conftest import write_repo
+from tests.server_fixtures import ServerProcess
+from tests.server_rows import leaf_rows
 
 # Empty files (no chunks, so no rows), beside files with rows.
 EMPTY = ("pkg/__init__.py", "pkg/sub/__init__.py", "docs/EMPTY.md")
@@ -100,8 +102,10 @@ def _machine(monkeypatch: pytest.MonkeyPatch, home: Path) -> Iterator[None]:
 
 
 def test_a_pull_asks_for_empty_files_like_the_others(
-        tmp_path: Path, server_url: str, hashing_embedder: HashingEmbedder,
+        tmp_path: Path, server_factory, hashing_embedder: HashingEmbedder,
         monkeypatch: pytest.MonkeyPatch) -> None:
+    server: ServerProcess = server_factory(tmp_path / "data")
+    server_url = server.url
     repo = write_repo(tmp_path / "alice", {**FILLED, **{p: "" for p in EMPTY}})
     with _machine(monkeypatch, tmp_path / "alice-home"):
         with Index(repo, embedder=hashing_embedder) as a:
@@ -124,7 +128,10 @@ def test_a_pull_asks_for_empty_files_like_the_others(
     asked = relay.asked_rows()
     keys = {p: node_key(key, p) for p in (*FILLED, *EMPTY)}
     flat = [k for request in asked for k in request]
-    # Every file once, the empty ones among them: the requests do not tell them apart.
-    assert sorted(flat) == sorted(keys.values())
-    # In as many requests as the files with rows alone would take (one batch here).
+    # No file is asked for by name, the empty ones no more than the others: the rows
+    # come in pages (sync.pages), and every page of the tree is read, once.
+    assert not set(flat) & set(keys.values())
+    pages = {k for k, n in leaf_rows(server.data_dir).items() if n}
+    assert sorted(flat) == sorted(pages) and len(flat) == len(set(flat))
+    # In as many requests as the rows take (one batch here).
     assert len(asked) == 1

@@ -19,8 +19,10 @@ from sync.http_client import HttpClient
 from sync.keys import WorkspaceKey, load_key
 from sync.local_client import LocalClient
 from sync.merkle import LEVELS, ROOT
+from sync.pages import opened_rows
 from sync.records import ChunkRecord, FileUpdate
 from sync.refs import ref_id, ref_name
+from sync.sealed_rows import RowSealer, new_row_id
 from sync.store_contents import Contents, pg_workspace_contents, workspace_contents
 from tests.conftest import write_repo
 from tests.server_fixtures import ServerProcess
@@ -55,10 +57,11 @@ def _contents(repo: Path, workspace_id: str, key: WorkspaceKey,
     return pg_workspace_contents(server.store, workspace_id, key)
 
 
-def _rewrite_in_directory_layout(client: StoreClient, key: WorkspaceKey,
+def _rewrite_in_directory_layout(client: StoreClient, key: WorkspaceKey, sealer: RowSealer,
                                  paths: list[str]) -> None:
-    """Move every file of the store under the repo's directories, rows and leaf values as
-    they are, and remove the buckets: the tree an older client left."""
+    """Move every file of the store under the repo's directories, leaf values as they
+    are and each file's rows under its leaf (opened from the pages, sealed again as rows
+    were before pages), and remove the buckets: the tree an older client left."""
     keys = {crypto.node_key(key, p): p for p in paths}
     leaves: dict[bytes, bytes | None] = {}
     root = crypto.node_key(key, ROOT)
@@ -70,12 +73,19 @@ def _rewrite_in_directory_layout(client: StoreClient, key: WorkspaceKey,
         buckets += frontier
         leaves.update({n.key: n.value for kids in answer.values() for n in kids
                        if not n.is_dir})
-    rows = client.file_rows(list(keys))
+    pages = [k for k, v in leaves.items() if v == crypto.page_value(key, k)]
+    rows: dict[bytes, list[ChunkRecord]] = {k: [] for k in keys}
+    for page, stored in client.file_rows(pages).items():
+        for row in opened_rows(sealer, key, page, stored):
+            if row.value == leaves[row.file_key]:
+                rid = new_row_id()
+                rows[row.file_key].append(ChunkRecord(
+                    rid, None, sealer.seal(rid, row.file_key, row.meta, row.vector)))
     client.apply([FileUpdate(
         file_key=k,
         ancestors=tuple(crypto.node_key(key, a) for a in _directory_ancestors(p)),
         value=leaves[k] or b"",
-        chunks=tuple(ChunkRecord(cid, None, meta) for cid, meta in rows[k]))
+        chunks=tuple(rows[k]))
         for k, p in keys.items()], [])
     client.apply([], [n.key for n in client.children([root])[root] if n.key in buckets])
 
@@ -112,7 +122,8 @@ def test_a_directory_layout_store_is_relaid_without_losing_rows(
     paths = sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*.py"))
     before = _rows(_contents(repo, ws, key, server))
     with contextlib.closing(_client(repo, ws, server)) as client:
-        _rewrite_in_directory_layout(client, key, paths)
+        sealer = RowSealer(key, ws, load_config(repo).dim)
+        _rewrite_in_directory_layout(client, key, sealer, paths)
     old = _contents(repo, ws, key, server)
     assert crypto.node_key(key, "pkg1/sub2") in _tree(old)  # the directories are stored
     assert _rows(old) == before

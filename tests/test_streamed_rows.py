@@ -52,9 +52,9 @@ def _first_rows(data_dir: Path, workspace_id: str, files: dict[str, str]) -> lis
     """The files whose rows the server's data dir holds, in the order their first row
     was stored (rows opened with the key: the pages they travel in name no file)."""
     first: dict[str, int] = {}
-    for rid, path, _, _ in opened_rows(data_dir, workspace_id, HashingEmbedder().dim):
-        if path in files:
-            first.setdefault(path, rid)
+    for rid, _, row in opened_rows(data_dir, workspace_id, HashingEmbedder().dim):
+        if row.meta.path in files:
+            first.setdefault(row.meta.path, rid)
     return sorted(first, key=first.__getitem__)
 
 

@@ -27,6 +27,7 @@ from indexer.embedder import HashingEmbedder
 from retrieval import Index
 from sync.config import load_config, load_token, store_path
 from sync.keys import WorkspaceKey, export_key, import_key, load_key
+from sync.pages import PAGE_ROWS
 from sync.store_contents import Contents, pg_workspace_contents, workspace_contents
 from tests.conftest import write_repo
 from tests.pg_fixtures import kill_mid_write, other_database
@@ -133,7 +134,9 @@ def test_one_change_costs_its_depth_not_the_repo(tmp_path: Path, backend: Backen
     # root + one children request per bucket level (root, level 1, level 2) + apply + dirs.
     assert report.requests <= 6
     if backend.server is not None:
-        assert report.bytes_sent < 20_000  # one file's chunks, not the repo's 200
+        # One page of rows (the file's, and the emptiest pages' live ones: sync.pages)
+        # and the tree path, not the repo's 200 files: ~1.4 KB a row on the wire.
+        assert report.bytes_sent < PAGE_ROWS * 1_500 + 5_000
     hits = idx.search("freshly_added_helper", k=3)
     assert hits[0].path == "pkg3/sub2/mod_38.py"
     idx.close()

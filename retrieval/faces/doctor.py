@@ -54,6 +54,7 @@ from sync.config import (
 )
 from sync.config_recovery import recover_config
 from sync.keys import WorkspaceKey, load_key
+from sync.pages import PageIndex, opened_rows
 from sync.records import DEFAULT_REF
 from sync.refs import ref_id, ref_name
 from sync.sealed_rows import RowSealer
@@ -371,6 +372,8 @@ def _files_differing(root: Path, config: RepoConfig, key: WorkspaceKey,
     sealer = RowSealer(key, config.workspace_id, config.dim) if config.sealed else None
     # The tree of this checkout's ref: a sealed embedded store keeps one per ref.
     ref = ref_id(key, ref_name(root)) if config.sealed else DEFAULT_REF
+    if sealer is not None:
+        return _paged_files_differing(root, key, ws, ref, sealer)
     out = []
     with _state(root) as local:
         paths = sorted(local.file_digests())
@@ -386,6 +389,35 @@ def _files_differing(root: Path, config: RepoConfig, key: WorkspaceKey,
                 if have != want:
                     out.append(path)
     return out
+
+
+def _paged_files_differing(root: Path, key: WorkspaceKey, ws: WorkspaceStore, ref: bytes,
+                           sealer: RowSealer) -> list[str]:
+    """`_files_differing` of a sealed workspace, whose rows are in pages (sync.pages):
+    the live rows of the pages this machine knows and the store still holds, by the file
+    they name, against the local chunk table."""
+    db = open_state_db(state_path(root))
+    try:
+        local = LocalChunks(db)
+        digests = local.file_digests()
+        pages = sorted(PageIndex(db).known())
+        held: dict[str, set[tuple[int, int, bytes]]] = {}
+        for start in range(0, len(pages), 512):
+            for page, rows in ws.file_rows(pages[start : start + 512], ref).items():
+                for row in opened_rows(sealer, key, page, rows):
+                    path = row.meta.path
+                    if path in digests and row.value == crypto.node_value(key, path,
+                                                                          digests[path]):
+                        held.setdefault(path, set()).add(
+                            (row.meta.start_line, row.meta.end_line, row.meta.chunk_hash))
+        out = []
+        for path in sorted(digests):
+            want = {(c.start_line, c.end_line, c.chunk_hash) for c in local.for_file(path)}
+            if held.get(path, set()) != want:
+                out.append(path)
+        return out
+    finally:
+        db.close()
 
 
 def _chunk_hash(sealer: RowSealer | None, key: WorkspaceKey, workspace_id: str,
