@@ -83,8 +83,15 @@ class PageRow:
 class PageIndex:
     """The pages this machine knows, and each one's rows (a table of the state db)."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: sqlite3.Connection, *, read_only: bool = False) -> None:
+        """`read_only` (status, doctor): the tables are not made where they are missing
+        (the index reads as empty)."""
         self.db = db
+        if read_only:
+            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'page_rows'").fetchone():
+                return
+            db = sqlite3.connect(":memory:")  # the tables, empty, for this reader alone
+            self.db = db
         with db:
             for statement in _SCHEMA:
                 db.execute(statement)

@@ -15,15 +15,20 @@ that a teammate or a new machine can pull the vectors instead of embedding again
                          || u32 n || the metadata encoding of sync.crypto (n bytes)
                          || zeros up to the next of META_BUCKETS
         padding row      u16 0 || zeros, as long as the smallest bucket's plaintext
+    page row    version 0x04, sealed by `seal_in_page` (sync.pages): the same, bound to
+                the page's key instead of the file's, and the plaintext holds the leaf
+                value (16 bytes) of the file version after the vector; padding rows of
+                a page are as long as its smallest rows
 
 Lengths. The metadata (path, symbol, language) and its length prefix are padded to the
 first of META_BUCKETS they fit, so every row of an ordinary chunk has one length, and a
 rare long path or symbol one of a few others: the length no longer bounds a path's.
-Padding rows. The store groups rows by file, so it learns how many each file has; the
-client adds padding rows up to the next of ROW_BUCKETS (`padded_row_count`), which the
-store cannot tell from chunk rows (same length, same key, random ids), and drops them
-when it opens a file's rows (`RowSealer.open` returns None). Rows of version 2 (no
-length prefix, no padding) still open.
+Padding rows. A store that groups rows by file learns how many each file has: rows of
+version 3 were padded per file up to the next of ROW_BUCKETS (`padded_row_count`). Rows
+now travel in pages of a fixed row count (sync.pages), padded to it, so no row count
+belongs to a file. Padding rows cannot be told from chunk rows (same length, same key,
+random ids); the client drops them when it opens rows (`RowSealer.open` returns None).
+Rows of versions 2 (no length prefix, no padding) and 3 still open.
 
 The associated data binds a row to its workspace, its id and the file it was sent with,
 so a server that moves a row to another file, chunk or workspace makes it fail to open.

@@ -548,7 +548,7 @@ def _live_rows(db: sqlite3.Connection, local: LocalChunks, key: WorkspaceKey) ->
     padding, and rows of versions since replaced, until their page goes)."""
     owners = {crypto.node_key(key, p): crypto.node_value(key, p, d)
               for p, d in local.file_digests().items()}
-    return PageIndex(db).live_rows(owners)
+    return PageIndex(db, read_only=True).live_rows(owners)
 
 
 def _create_later(root: Path) -> Path:

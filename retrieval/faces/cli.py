@@ -370,16 +370,19 @@ def status(as_json: bool, repo: Path) -> None:
                 click.echo(f"{name:>14}: {value}")
         if builder.get("state"):
             click.echo(f"{'builder':>14}: {_builder_progress(builder)}")
-    if not info.files and not info.server_chunks and not _was_indexed(Path(info.root)):
+    # A sealed store's chunks are counted from this machine's state (its page index):
+    # with the state lost, the store's own row count says it holds something.
+    held = info.server_chunks or info.server_rows
+    if not info.files and not held and not _was_indexed(Path(info.root)):
         from sync.index_state import never_completed_message
 
         _fail(never_completed_message(Path(info.root)))
-    if not info.files and info.server_chunks:
+    if not info.files and held:
         # The same state search refuses, in its words: a script must see it in the exit
         # code, not read "files: 0" as an empty index.
         from retrieval.faces.api import lost_state_message
 
-        _fail(lost_state_message(Path(info.root), info.server_chunks))
+        _fail(lost_state_message(Path(info.root), held))
 
 
 def _was_indexed(root: Path) -> bool:

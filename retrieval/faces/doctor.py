@@ -400,7 +400,7 @@ def _paged_files_differing(root: Path, key: WorkspaceKey, ws: WorkspaceStore, re
     try:
         local = LocalChunks(db)
         digests = local.file_digests()
-        pages = sorted(PageIndex(db).known())
+        pages = sorted(PageIndex(db, read_only=True).known())
         held: dict[str, set[tuple[int, int, bytes]]] = {}
         for start in range(0, len(pages), 512):
             for page, rows in ws.file_rows(pages[start : start + 512], ref).items():
