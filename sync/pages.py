@@ -99,29 +99,24 @@ class PageIndex:
     def known(self) -> set[bytes]:
         return {bytes(p) for (p,) in self.db.execute("SELECT page FROM pages")}
 
-    def live_counts(self, owners: dict[bytes, bytes]) -> dict[bytes, int]:
-        """Every known page -> how many of its rows are live for `owners` (file key ->
-        the leaf value the tree holds for it); a copy of a row in two pages counts in
-        each."""
+    def live(self, owners: dict[bytes, bytes]) -> tuple[dict[bytes, int], dict[bytes, set[bytes]]]:
+        """In one pass: every known page -> how many of its rows are live for `owners`
+        (file key -> the leaf value the tree holds for it; a copy of a row in two pages
+        counts in each), and each file key of `owners` -> the pages holding its rows."""
         counts = dict.fromkeys(self.known(), 0)
+        holders: dict[bytes, set[bytes]] = {}
         for page, file_key, value in self.db.execute(
                 "SELECT page, file_key, value FROM page_rows"):
-            if owners.get(bytes(file_key)) == bytes(value):
-                counts[bytes(page)] += 1
-        return counts
+            if owners.get(file_key) == value:
+                counts[page] = counts.get(page, 0) + 1
+                holders.setdefault(file_key, set()).add(page)
+        return counts, holders
 
     def live_rows(self, owners: dict[bytes, bytes]) -> int:
         """How many chunks of `owners` a known page holds a row of (each chunk once)."""
         return len({(bytes(f), start, end, bytes(h)) for f, v, start, end, h in self.db.execute(
             "SELECT file_key, value, start_line, end_line, chunk_hash FROM page_rows")
             if owners.get(bytes(f)) == bytes(v)})
-
-    def covered(self, owners: dict[bytes, bytes], pages: Iterable[bytes]) -> set[bytes]:
-        """The file keys of `owners` that a row in one of `pages` holds a chunk of."""
-        keep = set(pages)
-        return {bytes(f) for page, f, value in self.db.execute(
-                    "SELECT page, file_key, value FROM page_rows")
-                if bytes(page) in keep and owners.get(bytes(f)) == bytes(value)}
 
     def rows_of(self, file_key: bytes, value: bytes) -> list[PageRow]:
         """The rows of one file version, one per chunk, whichever pages hold them."""
@@ -200,10 +195,14 @@ class PageWriter:
         self.index = index
         #: file key -> the leaf value this sync leaves in the tree: what is live.
         self.owners = owners
-        self._live = {} if fresh else index.live_counts(owners)
+        self._live, self._holders = ({}, {}) if fresh else index.live(owners)
 
     def live_pages(self) -> set[bytes]:
         return {p for p, n in self._live.items() if n}
+
+    def covered(self) -> set[bytes]:
+        """The file keys whose rows a live page holds (as the index was read)."""
+        return set(self._holders)
 
     def write(self, rows: list[PageRow]) -> PagedWrite:
         """The pages that hold `rows`: shuffled across their files, PAGE_ROWS a page; the

@@ -851,7 +851,7 @@ class Syncer:
             absent = [k for k in map(page_key_of, plan.upload) if k is not None]
             if other_refs:
                 other_refs = False
-                have = self.pages.covered(owners, live)
+                have = writer.covered()
                 lacking = sum(1 for p in plan.upload
                               if page_key_of(p) is None
                               and crypto.node_key(self.key, p) not in have)
@@ -867,7 +867,7 @@ class Syncer:
         self._writer = writer
         self._load = BucketLoad(tree, self.key)
         self._pages_touched = set()
-        covered = self.pages.covered(owners, live)
+        covered = writer.covered()
         chunked = self.local.files_with_chunks()
         upload = set(plan.upload)
         resend = {p for p, d in files.items()
