@@ -125,13 +125,18 @@ class RowSealer:
 
     def seal(self, row_id: bytes, file_key: bytes, meta: ChunkMeta,
              vector: np.ndarray) -> bytes:
+        head, tail = self._plain(meta, vector)
+        return self._seal(row_id, file_key, head + tail)
+
+    def _plain(self, meta: ChunkMeta, vector: np.ndarray) -> tuple[bytes, bytes]:
+        """A row's plaintext: (dim and vector, the metadata padded to its bucket)."""
         vec = np.asarray(vector, dtype="<f2").reshape(-1)
         if vec.shape[0] != self.dim:
             raise ValueError(f"expected a vector of {self.dim} values, got {vec.shape[0]}")
         encoded = encode_meta(meta)
         tail = _META_LEN.pack(len(encoded)) + encoded
-        tail += bytes(_meta_bucket(len(tail)) - len(tail))
-        return self._seal(row_id, file_key, _DIM.pack(self.dim) + vec.tobytes() + tail)
+        return _DIM.pack(self.dim) + vec.tobytes(), tail + bytes(_meta_bucket(len(tail))
+                                                                 - len(tail))
 
     def seal_padding(self, row_id: bytes, file_key: bytes) -> bytes:
         """A padding row of the file: as long as a chunk row of the smallest bucket."""
@@ -144,14 +149,8 @@ class RowSealer:
         chunk of."""
         if len(value) != _OWNER:
             raise ValueError(f"a leaf value is {_OWNER} bytes, not {len(value)}")
-        vec = np.asarray(vector, dtype="<f2").reshape(-1)
-        if vec.shape[0] != self.dim:
-            raise ValueError(f"expected a vector of {self.dim} values, got {vec.shape[0]}")
-        encoded = encode_meta(meta)
-        tail = _META_LEN.pack(len(encoded)) + encoded
-        tail += bytes(_meta_bucket(len(tail)) - len(tail))
-        plain = _DIM.pack(self.dim) + vec.tobytes() + value + tail
-        return self._seal(row_id, page_key, plain, PAGE_ROW_VERSION)
+        head, tail = self._plain(meta, vector)
+        return self._seal(row_id, page_key, head + value + tail, PAGE_ROW_VERSION)
 
     def seal_page_padding(self, row_id: bytes, page_key: bytes) -> bytes:
         """A padding row of a page: as long as a page row of the smallest bucket."""

@@ -23,7 +23,7 @@ from sync.progress import Progress
 from tests.conftest import write_repo
 from tests.server_fixtures import ServerProcess
 from tests.server_rows import leaf_rows, opened_rows
-from tests.test_teammate_pull import Machine
+from tests.test_teammate_pull import two_machines
 
 
 def _body(i: int, version: int = 0, functions: int = 3) -> str:
@@ -140,9 +140,7 @@ def test_a_teammate_reads_every_page_and_follows_an_edit(
         tmp_path: Path, server_factory, monkeypatch: pytest.MonkeyPatch) -> None:
     server: ServerProcess = server_factory(tmp_path / "data")
     files = _files()
-    alice, bob = Machine(tmp_path, "alice", monkeypatch), Machine(tmp_path, "bob", monkeypatch)
-    alice_repo = write_repo(tmp_path / "alice", files)
-    bob_repo = write_repo(tmp_path / "bob", files)
+    alice, bob, alice_repo, bob_repo = two_machines(tmp_path, monkeypatch, files)
     with alice.active():
         a = _index(alice_repo)
         config = a.init(server=server.url)

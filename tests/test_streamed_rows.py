@@ -19,7 +19,7 @@ from sync.progress import Progress
 from tests.conftest import write_repo
 from tests.server_fixtures import ServerProcess
 from tests.server_rows import opened_rows
-from tests.test_teammate_pull import Machine
+from tests.test_teammate_pull import two_machines
 
 
 class _Interrupted(BaseException):
@@ -62,9 +62,7 @@ def test_a_teammate_pulls_the_rows_sent_while_the_first_machine_still_embeds(
         tmp_path: Path, server_factory, monkeypatch: pytest.MonkeyPatch) -> None:
     server: ServerProcess = server_factory(tmp_path / "data")
     files = _files()
-    alice, bob = Machine(tmp_path, "alice", monkeypatch), Machine(tmp_path, "bob", monkeypatch)
-    alice_repo = write_repo(tmp_path / "alice", files)
-    bob_repo = write_repo(tmp_path / "bob", files)
+    alice, bob, alice_repo, bob_repo = two_machines(tmp_path, monkeypatch, files)
     with alice.active():
         idx = Index(alice_repo, embedder=HashingEmbedder())
         config = idx.init(server=server.url)

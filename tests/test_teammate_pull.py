@@ -55,6 +55,13 @@ class Machine:
             yield
 
 
+def two_machines(tmp: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str]
+                 ) -> tuple[Machine, Machine, Path, Path]:
+    """Alice's and Bob's machines, each with a checkout of `files`."""
+    return (Machine(tmp, "alice", monkeypatch), Machine(tmp, "bob", monkeypatch),
+            write_repo(tmp / "alice", files), write_repo(tmp / "bob", files))
+
+
 def _top(idx: Index, query: str) -> list[tuple[str, int, int]]:
     return [(h.path, h.start_line, h.end_line) for h in idx.search(query, k=10)]
 
