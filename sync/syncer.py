@@ -57,18 +57,9 @@ from sync.merkle import (
     deepest_first,
     diff,
     dir_values,
-    page_key_of,
-    page_name,
 )
-from sync.pages import (
-    BucketLoad,
-    PagedWrite,
-    PageIndex,
-    PageRow,
-    PageWriter,
-    opened_rows,
-    page_update,
-)
+from sync.paged_sync import PagedSync, chunk_meta
+from sync.pages import PageIndex
 from sync.pool_sync import link_update, pooled, pull_rows
 from sync.progress import Progress
 from sync.records import ChunkRecord, FileUpdate
@@ -159,10 +150,7 @@ class Syncer:
         self._db = open_state_db(state_path)
         # Sealed rows in pages (sync.pages): leaves of files carry no rows.
         self.pages = PageIndex(self._db) if sealed and paged else None
-        self._writer: PageWriter | None = None
-        self._load: BucketLoad | None = None
-        self._page_write: PagedWrite | None = None
-        self._pages_touched: set[bytes] = set()
+        self._paged: PagedSync | None = None  # the pages of the sync running
         self.progress = progress or Progress()
         self.max_file_bytes = max_file_bytes
         self._state_path = state_path
@@ -274,8 +262,11 @@ class Syncer:
         resend: set[str] = set()
         covered: set[str] = set()
         if self.pages is not None:
-            tree, plan, resend, covered = self._paged_diff(files, local_digests,
-                                                           fresh=reupload)
+            assert self.sealer is not None
+            self._paged = PagedSync(self.client, self.key, self.sealer, self.pages,
+                                    pool=self.pool)
+            tree, plan, resend, covered = self._paged.diff(
+                files, local_digests, self.local.files_with_chunks(), fresh=reupload)
         else:
             tree = LocalTree.build(files, self.key)
             plan = diff(tree, self.client, self.key)
@@ -293,7 +284,7 @@ class Syncer:
         # would cost is most of such a sync's, and the pool rarely holds a fresh edit.
         # Paged: a changed file whose rows a page of the tree holds (another ref wrote
         # it) gets its leaf and no row.
-        linked = (covered if self.pages is not None
+        linked = (covered if self._paged is not None
                   else pooled(self.client, self.key, files, sorted(upload))
                   if self.pool and len(upload) >= POOL_LOOKUP_MIN and not reupload
                   and not plan.relayout else set())
@@ -323,8 +314,8 @@ class Syncer:
         if complete and self.sealed:
             self._embed_missing_headers(report)
         dirs = plan.dirs
-        if self.pages is not None:
-            tree, dirs = self._paged_tree(files, dirs)
+        if self._paged is not None:
+            tree, dirs = self._paged.final_tree(files, dirs)
         if complete and (dirs or plan.delete):
             t0 = time.perf_counter()
             values = dir_values(tree, self.key, dirs)
@@ -601,33 +592,16 @@ class Syncer:
     def _link(self, path: str, digest: bytes) -> FileUpdate:
         """The leaf of a file whose rows the store holds already: a link to its blob in
         the pool; paged, its leaf (which holds no row: its rows are in pages)."""
-        if self.pages is None:
+        if self._paged is None:
             return link_update(self.key, path, digest)
-        return FileUpdate(file_key=crypto.node_key(self.key, path),
-                          ancestors=tuple(crypto.node_key(self.key, a)
-                                          for a in bucket_path(self.key, path)),
-                          value=crypto.node_value(self.key, path, digest))
+        return self._paged.leaf(path, digest)
 
     def _apply(self, updates: list[FileUpdate], deletes: list[bytes]) -> None:
-        write, self._page_write = self._page_write, None
-        if write is not None:
-            # The pages an apply empties go with it, each with the buckets it leaves
-            # empty (a bucket with no child would make the next root differ).
-            assert self._load is not None
-            for page in write.written:
-                self._load.add(page)
-            gone = {p: self._load.remove(p) for p in write.deletes}
-            buckets = {b for b in gone.values() if b is not None}
-            deletes = [*deletes, *buckets, *(
-                p for p in write.deletes
-                if not buckets & {crypto.node_key(self.key, b)
-                                  for b in bucket_path(self.key, page_name(p))})]
+        if self._paged is not None:  # the pages this apply empties go with it
+            deletes = self._paged.deletes(deletes)
         missing = self.client.apply(updates, deletes)
-        if write is not None:
-            assert self.pages is not None
-            self.pages.add(write.written)
-            self.pages.drop(write.deletes)
-            self._pages_touched |= set(write.written) | set(write.deletes)
+        if self._paged is not None:
+            self._paged.applied()
         if missing:  # the GC took their blobs since the look-up: the next sync sends them
             log.info("%d linked files were no longer in the pool; left pending",
                      len(missing))
@@ -670,10 +644,10 @@ class Syncer:
             for p, kc in keyed}
         digests = {crypto.node_key(self.key, p.path): (p.path, p.digest) for p, _ in pulling}
         filled: list[tuple[bytes, np.ndarray]] = []
-        if self.pages is not None:
+        if self._paged is not None:
             # Paged: the rows of the pages this machine knows, read in the diff; only a
             # file no page holds (a workspace written before pages) is asked for.
-            filled = self._pages_fill(wanted, digests)
+            filled = self._paged.fill(wanted, digests)
             got = {k for k, _ in filled}
             wanted = {fk: (path, [(k, c) for k, c in kc if k not in got])
                       for fk, (path, kc) in wanted.items()}
@@ -693,25 +667,6 @@ class Syncer:
         unfilled = [c.embed_text for _, kc in wanted.values() for k, c in kc if k not in got]
         cached = sum(len(kc) for _, kc in keyed) - len(unfilled) - len(filled)
         return _Pulled(filled=len(filled), cached=cached, lacking=unfilled)
-
-    def _pages_fill(self, wanted: dict[bytes, tuple[str, list[tuple[bytes, Chunk]]]],
-                    digests: dict[bytes, tuple[str, bytes]]) -> list[tuple[bytes, np.ndarray]]:
-        """(cache key, vector) of each lacking chunk of `wanted` that the page index
-        holds a row of, for the file version being read."""
-        assert self.pages is not None
-        out: list[tuple[bytes, np.ndarray]] = []
-        for file_key, (path, lacking) in wanted.items():
-            if not lacking:
-                continue
-            rows = self.pages.rows_of(file_key,
-                                      crypto.node_value(self.key, path, digests[file_key][1]))
-            by_chunk = {(r.meta.chunk_hash, r.meta.symbol): r.vector for r in rows
-                        if r.meta.path == path}
-            for k, c in lacking:
-                vector = by_chunk.get((c.chunk_hash, c.symbol))
-                if vector is not None:
-                    out.append((k, vector))
-        return out
 
     def _open_rows(self, file_key: bytes, rows: list[tuple[bytes, bytes]], path: str,
                    chunks: list[tuple[bytes, Chunk]]) -> list[tuple[bytes, np.ndarray]]:
@@ -743,8 +698,8 @@ class Syncer:
 
     def _updates(self, sending: list[tuple[_Pending, list[Chunk]]],
                  vectors: np.ndarray) -> list[FileUpdate]:
-        if self._writer is not None:
-            return self._paged_updates(sending, vectors)
+        if self._paged is not None:
+            return self._paged.updates([(p.path, p.digest, c) for p, c in sending], vectors)
         row_ids: list[bytes] = []
         noise_ids: list[bytes] = []
         metas: list[crypto.ChunkMeta] = []
@@ -758,7 +713,7 @@ class Syncer:
                 # A server-search vector's noise stays a function of the chunk: a re-sent
                 # chunk under fresh noise would let the server average the noise away.
                 noise_ids.append(crypto.chunk_id(self.key, p.path, h, ordinal))
-                metas.append(_meta(p.path, c))
+                metas.append(chunk_meta(p.path, c))
         updates: list[FileUpdate] = []
         row = 0
         for p, chunks in sending:
@@ -800,146 +755,3 @@ class Syncer:
         # would tell it which row is which chunk of the file.
         _random.shuffle(records)
         return tuple(records)
-
-
-    # -- pages (sync.pages) -----------------------------------------------------------
-
-    def _paged_updates(self, sending: list[tuple[_Pending, list[Chunk]]],
-                       vectors: np.ndarray) -> list[FileUpdate]:
-        """The leaves of `sending`, which carry no rows, and the pages that hold their
-        rows (recorded by `_apply` once the store took them)."""
-        assert self._writer is not None
-        rows: list[PageRow] = []
-        leaves: list[FileUpdate] = []
-        i = 0
-        for p, chunks in sending:
-            file_key = crypto.node_key(self.key, p.path)
-            value = crypto.node_value(self.key, p.path, p.digest)
-            for c in chunks:
-                rows.append(PageRow(file_key, value, _meta(p.path, c), vectors[i]))
-                i += 1
-            leaves.append(FileUpdate(
-                file_key=file_key,
-                ancestors=tuple(crypto.node_key(self.key, a)
-                                for a in bucket_path(self.key, p.path)),
-                value=value))
-        write = self._writer.write(rows)
-        self._page_write = write if write.written or write.deletes else None
-        return write.updates + leaves
-
-    def _paged_diff(self, files: dict[str, bytes], local_digests: dict[str, bytes], *,
-                    fresh: bool = False) -> tuple[LocalTree, Diff, set[str], set[str]]:
-        """The diff of a paged workspace: the tree holds the files and the pages this
-        machine knows to hold a live row; pages another machine wrote are read first
-        (their rows into the page index), and pages this ref's tree lacks are linked
-        from the pool (or forgotten), then the diff runs again. Also returns the files
-        whose leaf matches but whose rows no page holds (`_Pending.resend`), and the
-        changed files whose rows a page of the tree holds (linked: only their leaf is
-        sent). A ref whose tree lacks many files' rows first reads the pages of the
-        workspace's other refs (a new branch, or a teammate's): those holding its files'
-        rows are linked, not sent again. `fresh` (a re-upload): the tree holds no page,
-        so every page the store holds goes."""
-        assert self.pages is not None and self.sealer is not None
-        owners = {crypto.node_key(self.key, p): crypto.node_value(self.key, p, d)
-                  for p, d in files.items()}
-        other_refs = self.pool and not fresh
-        for attempt in range(3):
-            writer = PageWriter(self.key, self.sealer, self.pages, owners, fresh=fresh)
-            live = writer.live_pages()
-            tree = LocalTree.build(files | {page_name(p): p for p in live}, self.key)
-            plan = diff(tree, self.client, self.key, known_pages=self.pages.known())
-            absent = [k for k in map(page_key_of, plan.upload) if k is not None]
-            if other_refs:
-                other_refs = False
-                have = writer.covered()
-                lacking = sum(1 for p in plan.upload
-                              if page_key_of(p) is None
-                              and crypto.node_key(self.key, p) not in have)
-                if lacking >= POOL_LOOKUP_MIN and self._learn_other_refs():
-                    continue
-            if attempt == 2 or not (plan.foreign_pages or absent):
-                break
-            self._learn(plan.foreign_pages)
-            self._link_pages(absent)
-        plan.upload = [p for p in plan.upload if page_key_of(p) is None]
-        # Pages of no live row stay out of the tree, and the diff deletes them.
-        self.pages.drop(self.pages.known() - live)
-        self._writer = writer
-        self._load = BucketLoad(tree, self.key)
-        self._pages_touched = set()
-        covered = writer.covered()
-        chunked = self.local.files_with_chunks()
-        upload = set(plan.upload)
-        resend = {p for p, d in files.items()
-                  if p not in upload and crypto.node_key(self.key, p) not in covered
-                  and (local_digests.get(p) != d or p in chunked)}
-        linked = {p for p in upload if crypto.node_key(self.key, p) in covered}
-        return tree, plan, resend, linked
-
-    def _learn_other_refs(self) -> bool:
-        """Read into the page index the pages of every other ref's tree that it lacks
-        (in the ref's tree: the pool's pages are read by ref). True if any was read."""
-        assert self.pages is not None
-        mine, known, read = self.client.ref, self.pages.known(), False
-        try:
-            for info in sorted(self.client.refs(), key=lambda r: -r.synced_at):
-                if info.ref == mine:
-                    continue
-                self.client.ref = info.ref
-                pages = [k for k in self._tree_pages() if k not in known]
-                self._learn(pages)
-                known.update(pages)
-                read = read or bool(pages)
-        finally:
-            self.client.ref = mine
-        return read
-
-    def _tree_pages(self) -> list[bytes]:
-        """The keys of the pages in the client's ref's tree: its leaves whose value is a
-        page's (one request per level)."""
-        frontier = [crypto.node_key(self.key, "")]
-        pages: list[bytes] = []
-        while frontier:
-            answer = self.client.children(frontier)
-            frontier = [n.key for kids in answer.values() for n in kids if n.is_dir]
-            pages += [n.key for kids in answer.values() for n in kids
-                      if not n.is_dir and n.value == crypto.page_value(self.key, n.key)]
-        return pages
-
-    def _learn(self, pages: list[bytes]) -> None:
-        """Read pages another machine wrote, in a random order, into the page index."""
-        assert self.pages is not None and self.sealer is not None
-        pages = _random.sample(pages, len(pages))
-        for start in range(0, len(pages), PULL_FILES):
-            learned = {}
-            for page, rows in self.client.file_rows(pages[start : start + PULL_FILES]).items():
-                try:
-                    learned[page] = opened_rows(self.sealer, self.key, page, rows)
-                except (MetadataAuthError, MetadataFormatError) as exc:
-                    log.warning("ignoring a page the store returned: %s", exc)
-            self.pages.add(learned)
-
-    def _link_pages(self, pages: list[bytes]) -> None:
-        """Point this ref's tree at pages the pool holds (another ref wrote them);
-        those it lacks are forgotten, and their files' rows are sent again."""
-        assert self.pages is not None
-        missing = set(pages)
-        if self.pool:
-            missing = set(self.client.apply(
-                [page_update(self.key, p, link=True) for p in pages], []))
-        self.pages.drop(missing)
-
-    def _paged_tree(self, files: dict[str, bytes], dirs: list[str]
-                    ) -> tuple[LocalTree, list[str]]:
-        """The tree as the sync left it (the pages it wrote in, those it emptied out),
-        and the directories to set: the diff's, and those above the pages it touched."""
-        assert self._writer is not None
-        live = self._writer.live_pages()
-        tree = LocalTree.build(files | {page_name(p): p for p in live}, self.key)
-        above = {b for p in self._pages_touched for b in bucket_path(self.key, page_name(p))}
-        return tree, deepest_first((set(dirs) | above) & tree.children.keys())
-
-
-def _meta(path: str, c: Chunk) -> crypto.ChunkMeta:
-    return crypto.ChunkMeta(path=path, start_line=c.start_line, end_line=c.end_line,
-                            symbol=c.symbol, language=c.language, chunk_hash=c.chunk_hash)

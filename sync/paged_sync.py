@@ -1,0 +1,250 @@
+"""One sync's part of pages (sync.pages), for a sealed workspace: what the tree holds,
+the pages read and linked before anything is sent, the pages each apply writes and
+empties, and the tree the sync leaves. `sync.syncer.Syncer` makes one `PagedSync` per
+sync and calls it at each step; everything else of the sync is the same in every
+layout."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+
+import numpy as np
+
+from indexer.chunk import Chunk
+from sync import crypto
+from sync.client import StoreClient
+from sync.errors import MetadataAuthError, MetadataFormatError
+from sync.keys import WorkspaceKey
+from sync.merkle import (
+    Diff,
+    LocalTree,
+    bucket_path,
+    deepest_first,
+    diff,
+    page_key_of,
+    page_name,
+)
+from sync.pages import (
+    BucketLoad,
+    PagedWrite,
+    PageIndex,
+    PageRow,
+    PageWriter,
+    opened_rows,
+    page_update,
+)
+from sync.records import FileUpdate
+from sync.sealed_rows import RowSealer
+
+log = logging.getLogger(__name__)
+_random = random.SystemRandom()
+
+PULL_PAGES = 512  # pages per request when reading them
+#: Files of a ref's tree that no known page holds the rows of, from which a sync first
+#: reads the pages of the workspace's other refs (a new branch, a teammate's).
+OTHER_REFS_MIN = 8
+
+
+def chunk_meta(path: str, c: Chunk) -> crypto.ChunkMeta:
+    """What a sealed row says of where chunk `c` of `path` lives."""
+    return crypto.ChunkMeta(path=path, start_line=c.start_line, end_line=c.end_line,
+                            symbol=c.symbol, language=c.language, chunk_hash=c.chunk_hash)
+
+
+class PagedSync:
+    """The pages of one sync of a sealed workspace."""
+
+    def __init__(self, client: StoreClient, key: WorkspaceKey, sealer: RowSealer,
+                 index: PageIndex, *, pool: bool) -> None:
+        self.client = client
+        self.key = key
+        self.sealer = sealer
+        self.index = index
+        self.pool = pool
+        self._writer: PageWriter | None = None
+        self._load: BucketLoad | None = None
+        self._pending: PagedWrite | None = None
+        self._touched: set[bytes] = set()
+
+    # -- before anything is sent --------------------------------------------------------
+
+    def diff(self, files: dict[str, bytes], local_digests: dict[str, bytes],
+             chunked: set[str], *, fresh: bool = False
+             ) -> tuple[LocalTree, Diff, set[str], set[str]]:
+        """The diff of a paged workspace: the tree holds the files and the pages this
+        machine knows to hold a live row; pages another machine wrote are read first
+        (their rows into the page index), and pages this ref's tree lacks are linked
+        from the pool (or forgotten), then the diff runs again. A ref whose tree lacks
+        many files' rows first reads the pages of the workspace's other refs, so those
+        holding its files' rows are linked, not sent again.
+
+        Returns the tree, the diff (files only), the files whose leaf matches but whose
+        rows no page holds (sent again: `_Pending.resend`; `chunked` are the files with
+        a chunk here, `local_digests` the versions they were chunked at), and the
+        changed files whose rows a page of the tree holds (only their leaf is sent).
+        `fresh` (a re-upload): the tree holds no page, so every page the store holds
+        goes."""
+        key = self.key
+        owners = {crypto.node_key(key, p): crypto.node_value(key, p, d)
+                  for p, d in files.items()}
+        other_refs = self.pool and not fresh
+        for attempt in range(3):
+            writer = PageWriter(key, self.sealer, self.index, owners, fresh=fresh)
+            live = writer.live_pages()
+            tree = LocalTree.build(files | {page_name(p): p for p in live}, key)
+            plan = diff(tree, self.client, key, known_pages=self.index.known())
+            absent = [k for k in map(page_key_of, plan.upload) if k is not None]
+            if other_refs:
+                other_refs = False
+                have = writer.covered()
+                lacking = sum(1 for p in plan.upload if page_key_of(p) is None
+                              and crypto.node_key(key, p) not in have)
+                if lacking >= OTHER_REFS_MIN and self._read_other_refs():
+                    continue
+            if attempt == 2 or not (plan.foreign_pages or absent):
+                break
+            self._read(plan.foreign_pages)
+            self._link(absent)
+        plan.upload = [p for p in plan.upload if page_key_of(p) is None]
+        # Pages of no live row stay out of the tree, and the diff deletes them.
+        self.index.drop(self.index.known() - live)
+        self._writer = writer
+        self._load = BucketLoad(tree, key)
+        covered = writer.covered()
+        upload = set(plan.upload)
+        resend = {p for p, d in files.items()
+                  if p not in upload and crypto.node_key(key, p) not in covered
+                  and (local_digests.get(p) != d or p in chunked)}
+        linked = {p for p in upload if crypto.node_key(key, p) in covered}
+        return tree, plan, resend, linked
+
+    def _read_other_refs(self) -> bool:
+        """Read into the page index the pages of every other ref's tree that it lacks
+        (in the ref's tree: the pool's pages are read by ref). True if any was read."""
+        client = self.client
+        mine, known, read = client.ref, self.index.known(), False
+        try:
+            for info in sorted(client.refs(), key=lambda r: -r.synced_at):
+                if info.ref == mine:
+                    continue
+                client.ref = info.ref
+                pages = [k for k in self._tree_pages() if k not in known]
+                self._read(pages)
+                known.update(pages)
+                read = read or bool(pages)
+        finally:
+            client.ref = mine
+        return read
+
+    def _tree_pages(self) -> list[bytes]:
+        """The keys of the pages in the client's ref's tree: its leaves whose value is a
+        page's (one request per level)."""
+        frontier = [crypto.node_key(self.key, "")]
+        pages: list[bytes] = []
+        while frontier:
+            answer = self.client.children(frontier)
+            frontier = [n.key for kids in answer.values() for n in kids if n.is_dir]
+            pages += [n.key for kids in answer.values() for n in kids
+                      if not n.is_dir and n.value == crypto.page_value(self.key, n.key)]
+        return pages
+
+    def _read(self, pages: list[bytes]) -> None:
+        """Read pages another machine wrote, in a random order, into the page index."""
+        pages = _random.sample(pages, len(pages))
+        for start in range(0, len(pages), PULL_PAGES):
+            read = {}
+            for page, rows in self.client.file_rows(pages[start : start + PULL_PAGES]).items():
+                try:
+                    read[page] = opened_rows(self.sealer, self.key, page, rows)
+                except (MetadataAuthError, MetadataFormatError) as exc:
+                    log.warning("ignoring a page the store returned: %s", exc)
+            self.index.add(read)
+
+    def _link(self, pages: list[bytes]) -> None:
+        """Point this ref's tree at pages the pool holds (another ref wrote them);
+        those it lacks are forgotten, and their files' rows are sent again."""
+        missing = set(pages)
+        if self.pool:
+            missing = set(self.client.apply(
+                [page_update(self.key, p, link=True) for p in pages], []))
+        self.index.drop(missing)
+
+    # -- what is sent -------------------------------------------------------------------
+
+    def leaf(self, path: str, digest: bytes) -> FileUpdate:
+        """A file's leaf, which holds no row (its rows are in pages)."""
+        return FileUpdate(file_key=crypto.node_key(self.key, path),
+                          ancestors=tuple(crypto.node_key(self.key, a)
+                                          for a in bucket_path(self.key, path)),
+                          value=crypto.node_value(self.key, path, digest))
+
+    def updates(self, sending: Sequence[tuple[str, bytes, list[Chunk]]],
+                vectors: np.ndarray) -> list[FileUpdate]:
+        """The leaves of `sending` ((path, digest, chunks), the chunks' vectors in
+        order) and the pages that hold their rows; the next `deletes` and `applied`
+        belong to the apply that sends them."""
+        assert self._writer is not None, "diff first"
+        rows: list[PageRow] = []
+        for path, digest, chunks in sending:
+            file_key = crypto.node_key(self.key, path)
+            value = crypto.node_value(self.key, path, digest)
+            rows += [PageRow(file_key, value, chunk_meta(path, c), vectors[len(rows) + i])
+                     for i, c in enumerate(chunks)]
+        write = self._writer.write(rows)
+        self._pending = write if write.written or write.deletes else None
+        return write.updates + [self.leaf(path, digest) for path, digest, _ in sending]
+
+    def deletes(self, deletes: list[bytes]) -> list[bytes]:
+        """`deletes` and the pages the pending write empties, each with the buckets it
+        leaves empty (a bucket with no child would make the next root differ)."""
+        write, load = self._pending, self._load
+        if write is None or load is None:
+            return deletes
+        for page in write.written:
+            load.add(page)
+        buckets = {b for b in (load.remove(p) for p in write.deletes) if b is not None}
+        return [*deletes, *buckets, *(
+            p for p in write.deletes
+            if not buckets & {crypto.node_key(self.key, b)
+                              for b in bucket_path(self.key, page_name(p))})]
+
+    def applied(self) -> None:
+        """The store took the pending write: the page index records it."""
+        write, self._pending = self._pending, None
+        if write is not None:
+            self.index.add(write.written)
+            self.index.drop(write.deletes)
+            self._touched |= set(write.written) | set(write.deletes)
+
+    def fill(self, wanted: dict[bytes, tuple[str, list[tuple[bytes, Chunk]]]],
+             digests: dict[bytes, tuple[str, bytes]]) -> list[tuple[bytes, np.ndarray]]:
+        """(cache key, vector) of each lacking chunk of `wanted` (file key -> (path,
+        [(cache key, chunk)])) that the page index holds a row of, for the version
+        being read (`digests`: file key -> (path, digest))."""
+        out: list[tuple[bytes, np.ndarray]] = []
+        for file_key, (path, lacking) in wanted.items():
+            if not lacking:
+                continue
+            rows = self.index.rows_of(file_key,
+                                      crypto.node_value(self.key, path, digests[file_key][1]))
+            by_chunk = {(r.meta.chunk_hash, r.meta.symbol): r.vector for r in rows
+                        if r.meta.path == path}
+            for k, c in lacking:
+                vector = by_chunk.get((c.chunk_hash, c.symbol))
+                if vector is not None:
+                    out.append((k, vector))
+        return out
+
+    # -- after ------------------------------------------------------------------------
+
+    def final_tree(self, files: dict[str, bytes], dirs: list[str]
+                   ) -> tuple[LocalTree, list[str]]:
+        """The tree as the sync left it (the pages it wrote in, those it emptied out),
+        and the directories to set: the diff's, and those above the pages it touched."""
+        assert self._writer is not None, "diff first"
+        live = self._writer.live_pages()
+        tree = LocalTree.build(files | {page_name(p): p for p in live}, self.key)
+        above = {b for p in self._touched for b in bucket_path(self.key, page_name(p))}
+        return tree, deepest_first((set(dirs) | above) & tree.children.keys())
