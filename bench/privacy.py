@@ -937,11 +937,13 @@ def attack_cochange(setup: Setup, editable: list[str], edits: int, seed: int, *,
     from bench.privacy_pages import (
         current_file_versions,
         page_keys,
+        paths_in,
         row_columns,
         row_kinds,
         row_versions,
     )
     from retrieval import Index
+    from sync.pages import PAGE_ROWS
 
     def observe() -> dict[int, tuple[int, bytes]]:
         return row_columns(setup.store_dir) if paged else stored_rows(setup)
@@ -952,6 +954,9 @@ def attack_cochange(setup: Setup, editable: list[str], edits: int, seed: int, *,
     edited: set[str] = set()
     written: list[int] = []
     deleted: list[int] = []
+    # Of the rows in the pages a one-file sync writes: the edited file's, the others'.
+    own_rows: list[int] = []
+    other_rows: list[int] = []
     pages = page_keys(setup.store_dir) if paged else set()
     with Index(setup.repo) as idx:
         for n in range(1, edits + 1):
@@ -967,6 +972,9 @@ def attack_cochange(setup: Setup, editable: list[str], edits: int, seed: int, *,
                 after = page_keys(setup.store_dir)
                 written.append(len(after - pages))
                 deleted.append(len(pages - after))
+                held = paths_in(setup, after - pages)
+                own_rows.append(sum(1 for p in held if p == path))
+                other_rows.append(sum(1 for p in held if p is not None and p != path))
                 pages = after
     if paged:
         truth = {rid: v for rid, v in row_versions(setup).items() if v is not None}
@@ -992,7 +1000,13 @@ def attack_cochange(setup: Setup, editable: list[str], edits: int, seed: int, *,
                     "pages_written_per_sync": {"mean": float(np.mean(written)),
                                                "max": max(written), "min": min(written)},
                     "pages_deleted_per_sync": {"mean": float(np.mean(deleted)),
-                                               "max": max(deleted), "min": min(deleted)}})
+                                               "max": max(deleted), "min": min(deleted)},
+                    # What linking a sync's changed leaf to the pages it writes gives.
+                    "rows_in_new_pages": {
+                        "edited_file": sum(own_rows), "other_files": sum(other_rows),
+                        "padding": PAGE_ROWS * sum(written) - sum(own_rows) - sum(other_rows),
+                        "syncs_holding_only_the_edited_file":
+                            sum(1 for n in other_rows if n == 0)}})
     return out
 
 
@@ -1112,6 +1126,7 @@ def run_structure(args: argparse.Namespace) -> int:
         print(f"pages per sync: written {w['mean']:.2f} (min {w['min']}, max {w['max']}),"
               f" deleted {d['mean']:.2f} (min {d['min']}, max {d['max']});"
               f" {c['pages_at_the_end']} pages at the end; rows {c['rows_at_the_end']}")
+        print(f"rows in the pages the syncs wrote: {c['rows_in_new_pages']}")
     print(table(["rows grouped into files by", "files exact", "pair precision",
                  "pair recall", "pair chance"],
                 [[name, pct(g["files_exact"]), pct(g["pair_precision"]),

@@ -140,6 +140,12 @@ def row_kinds(setup: Setup) -> dict[str, int]:
     return {"padding": padding, "current": live, "superseded": len(versions) - live - padding}
 
 
+def paths_in(setup: Setup, pages: set[bytes]) -> list[str | None]:
+    """The file of each row the `pages` hold (None: padding), opened with the key."""
+    return [getattr(row, "meta").path if row is not None else None  # noqa: B009
+            for _, page, _, row in _opened(setup) if page in pages]
+
+
 def row_columns(store_dir: Path) -> dict[int, Version]:
     """rid -> the (fid, value) columns the row is stored with: its page's."""
     with _tree_db(store_dir) as conn:
