@@ -1113,6 +1113,10 @@ def run_structure(args: argparse.Namespace) -> int:
                    for p, n in a["private_copy_candidates"].items()) or "-", ""],
         ["file category read from upload order", pct(a["category_from_order"]),
          pct(a["category_chance"])],
+        *([["  the same cut, files in random orders: 5th-95th percentile",
+            f"{pct(a['category_random_order']['p5'])}-"
+            f"{pct(a['category_random_order']['p95'])}", ""]]
+          if "category_random_order" in a else []),
     ]))
     if cost:
         print()

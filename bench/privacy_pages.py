@@ -165,6 +165,27 @@ def current_file_versions(setup: Setup) -> set[Version]:
                 if _node(k) not in pages}
 
 
+def _category_spread(public: dict[str, PublicFile], guess: list[int], n_rows: int,
+                     trials: int = 1000, seed: int = 0) -> dict[str, float]:
+    """The category rate of the same cut where the files arrive in a random order, each
+    file's rows together (what one run's rate moves by: a few large files weigh much),
+    over `trials` orders: mean and the 5th and 95th percentiles."""
+    from indexer.priority import category
+
+    rng = np.random.default_rng(seed)
+    files = [(category(p), len(f.lengths)) for p, f in public.items() if f.lengths]
+    spare = n_rows - sum(n for _, n in files)  # padding and private rows, spread evenly
+    rates = []
+    for _ in range(trials):
+        order = rng.permutation(len(files))
+        cats = np.concatenate([np.full(files[i][1], files[i][0]) for i in order])
+        at = np.sort(rng.choice(n_rows, size=len(cats), replace=False)) if spare > 0 \
+            else np.arange(len(cats))
+        rates.append(float(np.mean(np.asarray(guess)[at] == cats)))
+    return {"mean": float(np.mean(rates)), "p5": float(np.percentile(rates, 5)),
+            "p95": float(np.percentile(rates, 95))}
+
+
 def attack_paged_structure(shape: StoredShape, public: dict[str, PublicFile],
                            truth: PagedTruth) -> dict[str, object]:
     """Label the stored files and page rows with public ones from structure alone (the
@@ -235,6 +256,7 @@ def attack_paged_structure(shape: StoredShape, public: dict[str, PublicFile],
               if held is not None and held[1] >= 0]
     cat_right = float(np.mean([g == c for g, c in scored])) if scored else 0.0
     shares = np.array([n / max(total, 1) for n in chunk_cats.values()])
+    spread = _category_spread(public, guess, len(rows))
     lengths_seen = Counter(length for _, length, _ in rows)
     return {
         "layout": "pages", "stored_leaves": len(leaves), "stored_files": len(files),
@@ -260,7 +282,7 @@ def attack_paged_structure(shape: StoredShape, public: dict[str, PublicFile],
         "private_copy_candidates": {truth.paths[s]: len(cands[s]) for s in private_keys
                                     if cands[s]},
         "category_from_order": cat_right, "category_chance": float(np.sum(shares**2)),
-        "category_scored_rows": len(scored),
+        "category_scored_rows": len(scored), "category_random_order": spread,
         "max_depth": max(s_depth.values()),
         "root_children": sum(1 for p in s_parent.values() if p is not None
                              and s_parent[p] is None),
