@@ -1006,7 +1006,10 @@ def attack_cochange(setup: Setup, editable: list[str], edits: int, seed: int, *,
                         "edited_file": sum(own_rows), "other_files": sum(other_rows),
                         "padding": PAGE_ROWS * sum(written) - sum(own_rows) - sum(other_rows),
                         "syncs_holding_only_the_edited_file":
-                            sum(1 for n in other_rows if n == 0)}})
+                            sum(1 for n in other_rows if n == 0),
+                        "syncs_writing_ceil_of_the_file_rows_pages": sum(
+                            1 for w, n in zip(written, own_rows, strict=True)
+                            if w == -(-n // PAGE_ROWS))}})
     return out
 
 
@@ -1111,6 +1114,11 @@ def run_structure(args: argparse.Namespace) -> int:
         ["private files not flagged: public candidates",
          ", ".join(f"{p.rsplit('/', 1)[-1][:24]}: {n}"
                    for p, n in a["private_copy_candidates"].items()) or "-", ""],
+        *([["a file seen edited alone, by the pages its sync writes",
+            pct(a["file_labelled_when_edited_alone"]), pct(a["file_chance"])],
+           ["  of them with more than one chunk",
+            pct(a["file_labelled_when_edited_alone_multi"]), pct(a["file_chance_multi"])]]
+          if "file_labelled_when_edited_alone" in a else []),
         ["file category read from upload order", pct(a["category_from_order"]),
          pct(a["category_chance"])],
         *([["  the same cut, files in random orders: 5th-95th percentile",

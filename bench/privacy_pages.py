@@ -257,6 +257,16 @@ def attack_paged_structure(shape: StoredShape, public: dict[str, PublicFile],
     cat_right = float(np.mean([g == c for g, c in scored])) if scored else 0.0
     shares = np.array([n / max(total, 1) for n in chunk_cats.values()])
     spread = _category_spread(public, guess, len(rows))
+    # A sync that changes one file writes ceil(rows / PAGE_ROWS) pages (the rows it
+    # moves only fill its last page's free slots): a file seen edited alone is one of
+    # the public files of its page count.
+    from sync.pages import PAGE_ROWS
+
+    def pages_of(f: PublicFile) -> int:
+        return -(-len(f.lengths) // PAGE_ROWS)
+
+    same_pages = Counter(pages_of(f) for f in public.values())
+    edit_rates = {p: 1.0 / same_pages[pages_of(f)] for p, f in public.items()}
     lengths_seen = Counter(length for _, length, _ in rows)
     return {
         "layout": "pages", "stored_leaves": len(leaves), "stored_files": len(files),
@@ -282,6 +292,11 @@ def attack_paged_structure(shape: StoredShape, public: dict[str, PublicFile],
         "private_copy_candidates": {truth.paths[s]: len(cands[s]) for s in private_keys
                                     if cands[s]},
         "category_from_order": cat_right, "category_chance": float(np.sum(shares**2)),
+        "file_labelled_when_edited_alone": float(np.mean(list(edit_rates.values()))),
+        "file_labelled_when_edited_alone_multi": float(np.mean(
+            [r for p, r in edit_rates.items() if len(public[p].lengths) > 1])),
+        "public_files_by_pages_an_edit_writes": {str(k): v for k, v in
+                                                 sorted(same_pages.items())},
         "category_scored_rows": len(scored), "category_random_order": spread,
         "max_depth": max(s_depth.values()),
         "root_children": sum(1 for p in s_parent.values() if p is not None
