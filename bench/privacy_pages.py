@@ -32,6 +32,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from bench.privacy import PublicFile, Setup, StoredShape
+    from sync.sealed_rows import OpenRow
 
 #: A file version as the truth names it: (fid of the file's key, its leaf value).
 Version = tuple[int, bytes]
@@ -69,7 +70,7 @@ def page_keys(store_dir: Path) -> set[bytes]:
                 if fid_of(_node(k)) in fids}
 
 
-def _opened(setup: Setup) -> Iterator[tuple[int, bytes, bytes, object]]:
+def _opened(setup: Setup) -> Iterator[tuple[int, bytes, bytes, OpenRow | None]]:
     """(rid, page key, page value, the row opened or None for padding) of every row the
     store holds, in rid order."""
     from bench.privacy import _node
@@ -105,10 +106,9 @@ def paged_truth(setup: Setup, public: dict[str, PublicFile]) -> PagedTruth:
     index = {p: {c: i for i, c in enumerate(f.chunks)} for p, f in public.items()}
     pages: dict[bytes, list[tuple[str, int] | None]] = {}
     for _, page, _, row in _opened(setup):
-        meta = getattr(row, "meta", None)
-        pages.setdefault(page, []).append(
-            None if meta is None else
-            (meta.path, index.get(meta.path, {}).get((meta.chunk_hash, meta.start_line), -1)))
+        pages.setdefault(page, []).append(None if row is None else (
+            row.meta.path,
+            index.get(row.meta.path, {}).get((row.meta.chunk_hash, row.meta.start_line), -1)))
     return PagedTruth(paths, pages)
 
 
@@ -125,8 +125,8 @@ def row_versions(setup: Setup) -> dict[int, Version | None]:
         if row is None:
             out[rid] = None
             continue
-        version = (fid_of(node_key(setup.key, row.meta.path)),  # type: ignore[arg-type,attr-defined]
-                   bytes(row.value))  # type: ignore[attr-defined]
+        version = (fid_of(node_key(setup.key, row.meta.path)),  # type: ignore[arg-type]
+                   bytes(row.value or b""))
         out[rid] = version if version in current else None
     return out
 
@@ -142,7 +142,7 @@ def row_kinds(setup: Setup) -> dict[str, int]:
 
 def paths_in(setup: Setup, pages: set[bytes]) -> list[str | None]:
     """The file of each row the `pages` hold (None: padding), opened with the key."""
-    return [getattr(row, "meta").path if row is not None else None  # noqa: B009
+    return [row.meta.path if row is not None else None
             for _, page, _, row in _opened(setup) if page in pages]
 
 
@@ -197,7 +197,8 @@ def attack_paged_structure(shape: StoredShape, public: dict[str, PublicFile],
     pages = [k for k in leaves if shape.rows[k]]
     files = [k for k in leaves if not shape.rows[k]]
     # The tree the attacker matches is the files' alone: it tells pages apart.
-    s_parent = {k: p for k, p in shape.parent.items() if k not in set(pages)}
+    paged = set(pages)
+    s_parent = {k: p for k, p in shape.parent.items() if k not in paged}
     s_dir = {k: shape.is_dir[k] for k in s_parent}
     p_parent, p_dir = _public_shape(sorted(public))
     s_depth, p_depth = _depths(s_parent), _depths(p_parent)
