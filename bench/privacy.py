@@ -41,7 +41,8 @@ the plain top-10).
                     matched against the public tree chunked with our own chunker: public
                     files and chunks labelled, private files flagged, file category read
                     from the order; sealed, the store's cost (bytes held, requests and
-                    bytes of a no-change and a one-file sync)
+                    bytes of a no-change and a one-file sync); a store whose rows are
+                    in pages (sync.pages) is attacked as bench/privacy_pages.py says
     co-change       (--structure) an observer of many syncs: `--edits` times a random
                     file is edited and synced, the rows the store holds are listed after
                     each, and rows are grouped into files by the sync that added them
@@ -606,11 +607,11 @@ class PublicFile:
 
 
 def public_files(repo: Path, private: set[str], dim: int, *,
-                 sealed: bool = True) -> dict[str, PublicFile]:
+                 sealed: bool = True, paged: bool = False) -> dict[str, PublicFile]:
     """The attacker's side: the public files as our walker and chunker see them, each
     chunk's envelope length from sealing its metadata under a key of its own (the length
-    does not depend on the key): a sealed row's envelope, or a server-search row's
-    metadata envelope."""
+    does not depend on the key): a sealed row's envelope (`paged`: a page row's), or a
+    server-search row's metadata envelope."""
     from indexer.definitions import chunk_and_define
     from indexer.walk import SourceFile, read_source, walk_repo
     from sync.crypto import ChunkMeta, seal_meta
@@ -622,6 +623,8 @@ def public_files(repo: Path, private: set[str], dim: int, *,
     zero = np.zeros(dim, np.float32)
 
     def length(meta: ChunkMeta) -> int:
+        if paged:
+            return len(sealer.seal_in_page(bytes(16), bytes(16), bytes(16), meta, zero))
         return len(sealer.seal(bytes(16), bytes(16), meta, zero) if sealed
                    else seal_meta(own, "attacker", bytes(16), meta))
 
@@ -914,25 +917,47 @@ def current_versions(setup: Setup) -> set[tuple[int, bytes]]:
                 conn.execute("SELECT fid, value FROM blobs WHERE orphaned IS NULL")}
 
 
-def attack_cochange(setup: Setup, editable: list[str], edits: int, seed: int
-                    ) -> dict[str, object]:
+def attack_cochange(setup: Setup, editable: list[str], edits: int, seed: int, *,
+                    paged: bool = False) -> dict[str, object]:
     """An observer of many syncs: `edits` times, a random file of `editable` gets a line
     appended and the repo is synced; after each sync the observer lists the row ids the
     store holds, and groups the rows it ends with by the sync that added them (rows that
-    came in together are taken for one file). Scored against the file versions the store
-    records: the share of current files whose row set is one group exactly, and pairwise
-    (of the row pairs put together, the share that are one file's; of one file's pairs,
-    the share put together), beside chance (a pair of rows picked at random is one
-    file's). Also the same scores for grouping by the columns a row carries (its fid,
-    and in a sealed store its blob value): what the observer needs no sync for."""
+    came in together are taken for one file). Scored against the file versions the rows
+    belong to: the share of current files whose row set is one group exactly, and
+    pairwise (of the row pairs put together, the share that are one file's; of one
+    file's pairs, the share put together), beside chance (a pair of rows picked at
+    random is one file's). Also the same scores for grouping by the columns a row
+    carries (its fid, and in a sealed store its blob value): what the observer needs no
+    sync for. `paged` (sync.pages): the truth is each row's file version opened with the
+    key; padding rows and rows of superseded versions a kept page still holds belong to
+    no file and are left out of the scores (the observer cannot tell them, so this
+    favours it); the pages each sync writes and deletes are counted."""
     import random
 
+    from bench.privacy_pages import (
+        current_file_versions,
+        page_keys,
+        paths_in,
+        row_columns,
+        row_kinds,
+        row_versions,
+    )
     from retrieval import Index
+    from sync.pages import PAGE_ROWS
+
+    def observe() -> dict[int, tuple[int, bytes]]:
+        return row_columns(setup.store_dir) if paged else stored_rows(setup)
 
     rng = random.Random(seed)
-    seen = stored_rows(setup)
+    seen = observe()
     added_in = dict.fromkeys(seen, 0)
     edited: set[str] = set()
+    written: list[int] = []
+    deleted: list[int] = []
+    # Of the rows in the pages a one-file sync writes: the edited file's, the others'.
+    own_rows: list[int] = []
+    other_rows: list[int] = []
+    pages = page_keys(setup.store_dir) if paged else set()
     with Index(setup.repo) as idx:
         for n in range(1, edits + 1):
             path = rng.choice(editable)
@@ -940,27 +965,62 @@ def attack_cochange(setup: Setup, editable: list[str], edits: int, seed: int
             target.write_text(target.read_text() + f"\n# edit {n}\n")
             idx.index()
             edited.add(path)
-            now = stored_rows(setup)
+            now = observe()
             added_in.update(dict.fromkeys(now.keys() - seen.keys(), n))
             seen = now
-    current = current_versions(setup)
+            if paged:
+                after = page_keys(setup.store_dir)
+                written.append(len(after - pages))
+                deleted.append(len(pages - after))
+                held = paths_in(setup, after - pages)
+                own_rows.append(sum(1 for p in held if p == path))
+                other_rows.append(sum(1 for p in held if p is not None and p != path))
+                pages = after
+    if paged:
+        truth = {rid: v for rid, v in row_versions(setup).items() if v is not None}
+        current = set(truth.values())
+        files_current = len(current_file_versions(setup))
+    else:
+        truth, current = seen, current_versions(setup)
+        files_current = len(current)
     by_sync: dict[int, set[int]] = defaultdict(set)
     for rid in seen:
         by_sync[added_in[rid]].add(rid)
     by_columns: dict[object, set[int]] = defaultdict(set)
     for rid, version in seen.items():
         by_columns[version if setup.sealed else version[0]].add(rid)
-    return {"edits": edits, "files_edited": len(edited), "files_current": len(current),
-            "rows": len(seen), "syncs_with_new_rows": len(by_sync) - (0 in by_sync),
-            "by_cochange": _grouping_scores(seen, current, list(by_sync.values())),
-            "by_row_columns": _grouping_scores(seen, current, list(by_columns.values()))}
+    out: dict[str, object] = {
+        "edits": edits, "files_edited": len(edited), "files_current": files_current,
+        "files_with_rows": len(current), "rows": len(seen), "rows_scored": len(truth),
+        "syncs_with_new_rows": len(by_sync) - (0 in by_sync),
+        "by_cochange": _grouping_scores(truth, current, list(by_sync.values())),
+        "by_row_columns": _grouping_scores(truth, current, list(by_columns.values()))}
+    if paged:
+        out.update({"pages_at_the_end": len(pages), "rows_at_the_end": row_kinds(setup),
+                    "pages_written_per_sync": {"mean": float(np.mean(written)),
+                                               "max": max(written), "min": min(written)},
+                    "pages_deleted_per_sync": {"mean": float(np.mean(deleted)),
+                                               "max": max(deleted), "min": min(deleted)},
+                    # What linking a sync's changed leaf to the pages it writes gives.
+                    "rows_in_new_pages": {
+                        "edited_file": sum(own_rows), "other_files": sum(other_rows),
+                        "padding": PAGE_ROWS * sum(written) - sum(own_rows) - sum(other_rows),
+                        "syncs_holding_only_the_edited_file":
+                            sum(1 for n in other_rows if n == 0),
+                        "syncs_writing_ceil_of_the_file_rows_pages": sum(
+                            1 for w, n in zip(written, own_rows, strict=True)
+                            if w == -(-n // PAGE_ROWS))}})
+    return out
 
 
 def _grouping_scores(rows: dict[int, tuple[int, bytes]], current: set[tuple[int, bytes]],
                      groups: list[set[int]]) -> dict[str, float]:
-    """How well `groups` (a partition of the rows) recovers the file versions of `rows`."""
+    """How well `groups` (a partition of the rows) recovers the file versions of `rows`;
+    a row of a group that `rows` lacks (one of no file) is left out of it."""
     from collections import Counter
 
+    groups = [g & rows.keys() for g in groups]
+    groups = [g for g in groups if g]
     truth: dict[tuple[int, bytes], set[int]] = defaultdict(set)
     for rid, version in rows.items():
         truth[version].add(rid)
@@ -993,6 +1053,7 @@ def run_structure(args: argparse.Namespace) -> int:
     public tree with private files in it; the co-change attack of an observer of many
     syncs; and, sealed, what the store costs: its bytes, and the requests and bytes of
     the syncs a user runs most (nothing changed; one file edited)."""
+    from bench.privacy_pages import attack_paged_structure, is_paged, paged_truth
     from retrieval import Index
 
     os.environ.setdefault("CODEVEIL_EMBEDDER", "hashing")
@@ -1011,16 +1072,20 @@ def run_structure(args: argparse.Namespace) -> int:
                                server=(server.url, server.data_dir))
         shape = read_shape(setup.store_dir, sealed=sealed)
         private = {setup.private, setup.duplicate[1], setup.private_test}
-        public = public_files(setup.repo, private, setup.dim, sealed=sealed)
-        truth, row_truth = structure_truth(setup, public)
-        attack = attack_structure(shape, public, truth, row_truth,
-                                  None if sealed else lambda n: n)
+        paged = sealed and is_paged(setup.store_dir)
+        public = public_files(setup.repo, private, setup.dim, sealed=sealed, paged=paged)
+        if paged:
+            attack = attack_paged_structure(shape, public, paged_truth(setup, public))
+        else:
+            truth, row_truth = structure_truth(setup, public)
+            attack = attack_structure(shape, public, truth, row_truth,
+                                      None if sealed else lambda n: n)
         schemes = padding_schemes(public)
         edit = server_search_edit(tree, base / "edit")
         if sealed:
-            cost = sync_cost(setup, Index, first.seconds)
+            cost = sync_cost(setup, Index, first.seconds, paged=paged)
         editable = sorted([p for p, f in public.items() if f.lengths] + sorted(private))
-        cochange = attack_cochange(setup, editable, args.edits, args.seed)
+        cochange = attack_cochange(setup, editable, args.edits, args.seed, paged=paged)
     finally:
         server.stop()
         shutil.rmtree(base, ignore_errors=True)
@@ -1032,6 +1097,9 @@ def run_structure(args: argparse.Namespace) -> int:
     print(f"{a['stored_files']} stored files ({a['private_files']} private), "
           f"{a['public_chunks']} public chunks; tree depth {a['max_depth']}, "
           f"{a['root_children']} children of the root")
+    if a.get("layout") == "pages":
+        print(f"rows in pages: {a['pages']} pages of {a['rows_per_page']} rows, {a['rows']}"
+              f" rows ({a['padding_rows']} padding); envelope lengths {a['row_lengths']}")
     print(table([f"structure attack ({args.mode}, no key, no vector)", "rate", "chance"], [
         ["public files labelled", pct(a["file_labelled"]), pct(a["file_chance"])],
         [f"  of them with more than one chunk ({a['files_multi']})",
@@ -1046,15 +1114,31 @@ def run_structure(args: argparse.Namespace) -> int:
         ["private files not flagged: public candidates",
          ", ".join(f"{p.rsplit('/', 1)[-1][:24]}: {n}"
                    for p, n in a["private_copy_candidates"].items()) or "-", ""],
+        *([["a file seen edited alone, by the pages its sync writes",
+            pct(a["file_labelled_when_edited_alone"]), pct(a["file_chance"])],
+           ["  of them with more than one chunk",
+            pct(a["file_labelled_when_edited_alone_multi"]), pct(a["file_chance_multi"])]]
+          if "file_labelled_when_edited_alone" in a else []),
         ["file category read from upload order", pct(a["category_from_order"]),
          pct(a["category_chance"])],
+        *([["  the same cut, files in random orders: 5th-95th percentile",
+            f"{pct(a['category_random_order']['p5'])}-"
+            f"{pct(a['category_random_order']['p95'])}", ""]]
+          if "category_random_order" in a else []),
     ]))
     if cost:
         print()
         print(table(["cost", "value"], [[k, v] for k, v in cost.items()]))
     c = cochange
     print(f"\nco-change: {c['edits']} syncs of one edited file each ({c['files_edited']}"
-          f" files edited), {c['rows']} rows of {c['files_current']} files at the end")
+          f" files edited), {c['rows']} rows of {c['files_current']} files at the end"
+          f" ({c['rows_scored']} of them rows of the {c['files_with_rows']} files with rows)")
+    if "pages_written_per_sync" in c:
+        w, d = c["pages_written_per_sync"], c["pages_deleted_per_sync"]
+        print(f"pages per sync: written {w['mean']:.2f} (min {w['min']}, max {w['max']}),"
+              f" deleted {d['mean']:.2f} (min {d['min']}, max {d['max']});"
+              f" {c['pages_at_the_end']} pages at the end; rows {c['rows_at_the_end']}")
+        print(f"rows in the pages the syncs wrote: {c['rows_in_new_pages']}")
     print(table(["rows grouped into files by", "files exact", "pair precision",
                  "pair recall", "pair chance"],
                 [[name, pct(g["files_exact"]), pct(g["pair_precision"]),
@@ -1183,9 +1267,13 @@ def fresh_noise_edit(before: str, after: str, path: str, key: object) -> dict[st
             "beta_faced_by_copies": {k: DEFAULT_BETA * v for k, v in left.items()}}
 
 
-def sync_cost(setup: Setup, index_cls: type, first_seconds: float) -> dict[str, object]:
+def sync_cost(setup: Setup, index_cls: type, first_seconds: float, *,
+              paged: bool = False) -> dict[str, object]:
     """Bytes the store holds, and requests and bytes of a sync with nothing to do and of
-    one after a one-line edit of one file."""
+    one after a one-line edit of one file (`paged`: also the pages stored, and those the
+    edit wrote and deleted)."""
+    from bench.privacy_pages import page_keys
+
     (ws_dir,) = [p for p in (setup.store_dir / "workspaces").iterdir() if p.is_dir()]
     with contextlib.closing(sqlite3.connect(f"file:{ws_dir / 'tree.sqlite'}?mode=ro",
                                             uri=True)) as conn:
@@ -1194,11 +1282,16 @@ def sync_cost(setup: Setup, index_cls: type, first_seconds: float) -> dict[str, 
         (n_nodes,), = conn.execute("SELECT count(*) FROM nodes").fetchall()
     # The workspace's files as they are (the server holds its write-ahead log open).
     tree_bytes = sum(f.stat().st_size for f in ws_dir.iterdir() if f.is_file())
+    pages = page_keys(setup.store_dir) if paged else set()
     with index_cls(setup.repo) as idx:
         same = idx.index()
         path = setup.repo / setup.duplicate[0]
         path.write_text(path.read_text() + "\n# one more line\n")
         edit = idx.index()
+    after = page_keys(setup.store_dir) if paged else set()
+    paging = {"pages stored": len(pages),
+              "one-file sync: pages written": len(after - pages),
+              "one-file sync: pages deleted": len(pages - after)} if paged else {}
     return {
         "first index, seconds (hashing embedder)": round(first_seconds, 2),
         "rows stored": n_rows, "row bytes stored (id + envelope)": int(row_bytes),
@@ -1209,6 +1302,7 @@ def sync_cost(setup: Setup, index_cls: type, first_seconds: float) -> dict[str, 
         "one-file sync: requests": edit.requests,
         "one-file sync: bytes sent + received": edit.bytes_sent + edit.bytes_received,
         "one-file sync: seconds": round(edit.seconds, 3),
+        **paging,
     }
 
 
