@@ -23,7 +23,10 @@ alone it runs:
                     again: rows of the file that come back with the id or bytes they had
                     (naming the edited chunk), and bytes of superseded rows still
                     anywhere in the data dir, read while the store is still open (as a
-                    running server's) and again once it has closed
+                    running server's) and again once it has closed; rows in pages
+                    (sync.pages): also the superseded rows a kept page still holds, and
+                    the pages the sync wrote and deleted, whose rows are all a server
+                    can take for the file's (how many are, opened with the key)
 
 The same tree is indexed twice, once per workspace mode: sealed (the default; each row
 one envelope of vector and metadata, search on the client) and server-search. Each
@@ -31,7 +34,8 @@ attack is reported as a success rate beside its chance rate, for a plain-vector 
 (what a server storing plain embeddings would give away), for the server-search store's
 vectors at several betas (the stored beta is read back; other betas re-encrypt the same
 plain vectors), and for the sealed store, whose rows hold no comparable vector (reported
-at chance for every vector attack: there is nothing to compare). Beside each beta: the
+at chance for every vector attack: there is nothing to compare; rows in pages name no
+file, so the truth opens each with the key to learn its file). Beside each beta: the
 recall the client keeps (encrypted top-100 re-ranked with the plain vectors, against
 the plain top-10).
 
@@ -225,17 +229,19 @@ def build_repo(tree: Path, work: Path, *, server_search: bool,
 def edit_and_reindex(setup: Setup, before: ServerView) -> dict[str, int]:
     """Edit one function of the private module, index again, and look at what the
     server can tell: rows of the file that kept their id or bytes, and superseded rows'
-    bytes left anywhere in the data dir."""
+    bytes left anywhere in the data dir (rows in pages: `_edit_paged`)."""
+    from bench.privacy_pages import is_paged
     from retrieval import Index
+
+    if setup.sealed and is_paged(setup.store_dir):
+        return _edit_paged(setup, before)
     from sync.crypto import node_key
     from sync.store import fid_of
 
     fid = fid_of(node_key(setup.key, setup.private))
     old = [(c, m) for c, m, f in zip(before.chunk_ids, before.metas, before.fids, strict=True)
            if f == fid]
-    path = setup.repo / setup.private
-    path.write_text(path.read_text().replace("account.balance *= 1 + rate",
-                                             "account.balance *= 1 + rate / 4"))
+    _edit_the_private_module(setup)
     with Index(setup.repo) as idx:
         idx.index()
         after = read_server(setup.store_dir)  # the store is still open here
@@ -252,6 +258,63 @@ def edit_and_reindex(setup: Setup, before: ServerView) -> dict[str, int]:
             "superseded_rows_still_on_disk": _lingering(setup.store_dir, superseded)}
 
 
+def _edit_the_private_module(setup: Setup) -> None:
+    path = setup.repo / setup.private
+    path.write_text(path.read_text().replace("account.balance *= 1 + rate",
+                                             "account.balance *= 1 + rate / 4"))
+
+
+def _edit_paged(setup: Setup, before: ServerView) -> dict[str, int]:
+    """`edit_and_reindex` on a store whose rows are in pages (sync.pages). No leaf names
+    the file's rows, so the truth opens every page row with the key (its file and
+    version are inside); the server sees the file's leaf change and the pages the sync
+    wrote and deleted, and takes the rows of the written pages for the file's."""
+    from bench.privacy_pages import _opened, page_keys
+    from retrieval import Index
+    from sync.crypto import node_key
+
+    def file_rows(view: ServerView, value: bytes | None) -> list[tuple[bytes, bytes]]:
+        """(row id, envelope) of the stored rows holding the private module's chunks
+        (of the file version `value`, or any)."""
+        at = {int(r): i for i, r in enumerate(view.rids)}
+        return [(view.chunk_ids[at[rid]], view.metas[at[rid]])
+                for rid, _, _, row in _opened(setup)
+                if row is not None and row.meta.path == setup.private
+                and (value is None or row.value == value)]
+
+    leaf = node_key(setup.key, setup.private)  # type: ignore[arg-type]
+    old = file_rows(before, None)
+    pages_before = page_keys(setup.store_dir)
+    _edit_the_private_module(setup)
+    with Index(setup.repo) as idx:
+        idx.index()
+        after = read_server(setup.store_dir)  # the store is still open here
+        new = file_rows(after, after.leaves[leaf])
+        pages_after = page_keys(setup.store_dir)
+        # What the server groups: the rows of the pages this sync wrote, each opened.
+        written = [row for _, page, _, row in _opened(setup)
+                   if page in pages_after - pages_before]
+        superseded = [m for c, m in old if (c, m) not in set(new)]
+        lingering_open = _lingering(setup.store_dir, superseded)
+    stored = set(after.metas)
+    return {"file_rows_before": len(old), "file_rows_after": len(new),
+            "rows_keeping_their_id": len({c for c, _ in old} & {c for c, _ in new}),
+            "rows_keeping_their_bytes": len({m for _, m in old} & {m for _, m in new}),
+            "superseded_rows": len(superseded),
+            # Still rows of the store: a page is kept while any of its rows is live.
+            "superseded_rows_still_stored": sum(1 for m in superseded if m in stored),
+            "superseded_rows_on_disk_while_open": lingering_open,
+            "superseded_rows_still_on_disk": _lingering(setup.store_dir, superseded),
+            "pages_written": len(pages_after - pages_before),
+            "pages_deleted": len(pages_before - pages_after),
+            "rows_in_pages_written": len(written),
+            "of_them_the_files": sum(1 for r in written
+                                     if r is not None and r.meta.path == setup.private),
+            "of_them_other_files": sum(1 for r in written
+                                       if r is not None and r.meta.path != setup.private),
+            "of_them_padding": sum(1 for r in written if r is None)}
+
+
 def _lingering(store_dir: Path, superseded: list[bytes]) -> int:
     """How many of the `superseded` rows' bytes some file of the data dir still holds."""
     blobs = [f.read_bytes() for f in store_dir.rglob("*") if f.is_file()]
@@ -264,7 +327,7 @@ def _lingering(store_dir: Path, superseded: list[bytes]) -> int:
 @dataclass
 class ServerView:
     rids: np.ndarray
-    fids: list[int]
+    fids: list[int]  # the leaf each row is stored with: its file's, or its page's
     chunk_ids: list[bytes]
     vectors: np.ndarray | None  # None where rows hold nothing comparable
     metas: list[bytes]
@@ -319,31 +382,30 @@ class Truth:
 
 
 def ground_truth(setup: Setup, view: ServerView) -> Truth:
+    from bench.privacy_pages import _opened
     from indexer.chunker import chunk_file
     from indexer.embed_cache import CachedEmbedder, EmbeddingCache
     from indexer.embedder_registry import default_embedder
-    from sync.crypto import node_key, open_meta
-    from sync.sealed_rows import RowSealer
-    from sync.store import fid_of
+    from sync.crypto import open_meta
 
     embedder = CachedEmbedder(default_embedder(), EmbeddingCache())
-    sealer = RowSealer(setup.key, setup.workspace_id, setup.dim)
-    file_keys: dict[int, bytes] = {}
+    # A sealed row opens under the leaf it is stored with: its file's, or (rows in
+    # pages) its page's; either way the row names its file inside.
+    sealed = {rid: row for rid, _, _, row in _opened(setup)} if setup.sealed else {}
     chunks = []
     for path in sorted(setup.repo.rglob("*.py")):
         rel = path.relative_to(setup.repo).as_posix()
         if rel.startswith(".codeveil"):
             continue
         chunks.extend(chunk_file(rel, path.read_text()))
-        file_keys[fid_of(node_key(setup.key, rel))] = node_key(setup.key, rel)
     vectors = embedder.embed([c.embed_text for c in chunks]).vectors
     by_hash = {(c.path, c.chunk_hash): i for i, c in enumerate(chunks)}
     public = [i for i, c in enumerate(chunks) if c.path.startswith(setup.public_prefix + "/")]
     public_index = {i: n for n, i in enumerate(public)}
 
     labels, plain, row_files = [], [], []
-    for cid, blob, fid in zip(view.chunk_ids, view.metas, view.fids, strict=True):
-        opened = sealer.open(cid, file_keys[fid], blob) if setup.sealed else None
+    for rid, cid, blob in zip(view.rids, view.chunk_ids, view.metas, strict=True):
+        opened = sealed[int(rid)] if setup.sealed else None
         if setup.sealed and opened is None:  # a padding row: no chunk, no public label
             labels.append(-1)
             plain.append(np.zeros(setup.dim, np.float32))
@@ -1431,6 +1493,15 @@ def main(argv: list[str] | None = None) -> int:
          lambda d: f"{d['superseded_rows_on_disk_while_open']} of {d['superseded_rows']}"),
         ("edit: superseded rows still on disk",
          lambda d: f"{d['superseded_rows_still_on_disk']} of {d['superseded_rows']}"),
+        ("edit: of them still rows (in kept pages)",
+         lambda d: f"{d['superseded_rows_still_stored']} of {d['superseded_rows']}"
+         if "superseded_rows_still_stored" in d else "-"),
+        ("edit: pages written / deleted",
+         lambda d: f"{d['pages_written']} / {d['pages_deleted']}" if "pages_written" in d
+         else "-"),
+        ("edit: their rows: the file's / others' / padding",
+         lambda d: f"{d['of_them_the_files']} / {d['of_them_other_files']} /"
+         f" {d['of_them_padding']}" if "rows_in_pages_written" in d else "-"),
     ]
     print(f"id-order chance: {pct_of(structural['sealed']['id_order_chance'])}")
     print(table(["attack (server's data dir only)", "sealed", "server-search"],
