@@ -22,10 +22,12 @@ the store which of a page's rows moved). A page is written with the leaves of th
 it holds rows of, in one `apply`: pages first, then leaves, then the directories.
 
 Each machine keeps the index of the pages it knows (`PageIndex`, in its state database:
-each row's file, version, place and vector): a sync reads the pages another machine
-wrote (`Diff.foreign_pages`) before it sends anything, a teammate's join pulls every
-page that way, and the vectors of a file it lacks are read from the index, not asked
-for by file.
+each row's file, version and place): a sync reads the pages another machine wrote
+(`Diff.foreign_pages`) before it sends anything, a teammate's join pulls every page
+that way, and the vectors of a file it lacks are read from the index, not asked for by
+file. A row's vector is kept only until it reaches the embedding cache (a page this
+machine wrote keeps none): the cache holds it then, and a row moved to a new page is
+sealed again from there.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from __future__ import annotations
 import os
 import random
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,7 +58,7 @@ _SCHEMA = (
     " page BLOB NOT NULL, file_key BLOB NOT NULL, value BLOB NOT NULL,"
     " path TEXT NOT NULL, start_line INTEGER NOT NULL, end_line INTEGER NOT NULL,"
     " symbol TEXT NOT NULL, language TEXT NOT NULL, chunk_hash BLOB NOT NULL,"
-    " vector BLOB NOT NULL)",
+    " vector BLOB)",
     "CREATE INDEX IF NOT EXISTS page_rows_page ON page_rows(page)",
     "CREATE INDEX IF NOT EXISTS page_rows_file ON page_rows(file_key, value)",
     # A page whose rows are all padding is still a page this machine knows.
@@ -71,7 +73,8 @@ class PageRow:
     file_key: bytes
     value: bytes
     meta: ChunkMeta
-    vector: np.ndarray
+    #: None once the embedding cache holds it (`PageIndex.add`, `forget_vectors`).
+    vector: np.ndarray | None
 
     @property
     def identity(self) -> tuple[bytes, bytes, int, int, bytes]:
@@ -132,13 +135,15 @@ class PageIndex:
         return [PageRow(bytes(f), bytes(v),
                         ChunkMeta(path=path, start_line=start, end_line=end, symbol=symbol,
                                   language=language, chunk_hash=bytes(h)),
-                        np.frombuffer(vec, dtype="<f2").astype(np.float32))
+                        None if vec is None
+                        else np.frombuffer(vec, dtype="<f2").astype(np.float32))
                 for f, v, path, start, end, symbol, language, h, vec in self.db.execute(
                     "SELECT file_key, value, path, start_line, end_line, symbol, language,"
                     f" chunk_hash, vector FROM page_rows {where}", args)]
 
-    def add(self, pages: dict[bytes, list[PageRow]]) -> None:
-        """Record pages and their chunk rows (padding rows are not recorded)."""
+    def add(self, pages: dict[bytes, list[PageRow]], *, vectors: bool = True) -> None:
+        """Record pages and their chunk rows (padding rows are not recorded); without
+        `vectors` (pages this machine wrote: its cache holds them), none is kept."""
         with self.db:
             for page, rows in pages.items():
                 self.db.execute("DELETE FROM page_rows WHERE page = ?", (page,))
@@ -147,7 +152,15 @@ class PageIndex:
                     "INSERT INTO page_rows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [(page, r.file_key, r.value, r.meta.path, r.meta.start_line,
                       r.meta.end_line, r.meta.symbol, r.meta.language, r.meta.chunk_hash,
-                      np.asarray(r.vector, dtype="<f2").tobytes()) for r in rows])
+                      np.asarray(r.vector, dtype="<f2").tobytes()
+                      if vectors and r.vector is not None else None) for r in rows])
+
+    def forget_vectors(self, versions: Iterable[tuple[bytes, bytes]]) -> None:
+        """The embedding cache holds the vectors of these (file key, value) versions:
+        the index keeps their rows' places, not their vectors."""
+        with self.db:
+            self.db.executemany("UPDATE page_rows SET vector = NULL WHERE file_key = ?"
+                                " AND value = ? AND vector IS NOT NULL", list(versions))
 
     def drop(self, pages: Iterable[bytes]) -> None:
         with self.db:
@@ -187,9 +200,14 @@ class PageWriter:
     """Packs a sync's rows into pages, and its free slots with the emptiest pages' rows."""
 
     def __init__(self, key: WorkspaceKey, sealer: RowSealer, index: PageIndex,
-                 owners: dict[bytes, bytes], *, fresh: bool = False) -> None:
+                 owners: dict[bytes, bytes], *, fresh: bool = False,
+                 vectors: Callable[[list[PageRow]], list[np.ndarray | None]] | None = None
+                 ) -> None:
         """`fresh`: every page the index knows is left behind (a re-upload sends every
-        row again), so none is live and none is filled from."""
+        row again), so none is live and none is filled from. `vectors`: the vectors of
+        rows whose vector the index no longer keeps (from the embedding cache; None
+        where it lacks one): a page is moved whole or not at all."""
+        self.vectors = vectors
         self.key = key
         self.sealer = sealer
         self.index = index
@@ -218,8 +236,10 @@ class PageWriter:
                 continue  # a page of no live row: the diff deletes it
             if live > free:
                 break
-            moved = [r for r in self.index.page_rows(page)
-                     if self.owners.get(r.file_key) == r.value]
+            moved = self._with_vectors([r for r in self.index.page_rows(page)
+                                        if self.owners.get(r.file_key) == r.value])
+            if moved is None:
+                continue  # a vector this machine lacks: the page stays
             free -= len(moved)
             rows.extend(moved)
             emptied.append(page)
@@ -236,11 +256,25 @@ class PageWriter:
             self._live[page] = len(held)
         return PagedWrite(updates, emptied, written)
 
+    def _with_vectors(self, rows: list[PageRow]) -> list[PageRow] | None:
+        """`rows`, each with its vector; None if one is found nowhere."""
+        lacking = [r for r in rows if r.vector is None]
+        if not lacking:
+            return rows
+        found = self.vectors(lacking) if self.vectors is not None else [None] * len(lacking)
+        filled = iter(found)
+        out = [r if r.vector is not None
+               else PageRow(r.file_key, r.value, r.meta, next(filled)) for r in rows]
+        return out if all(r.vector is not None for r in out) else None
+
     def _page_update(self, page: bytes, rows: list[PageRow]) -> FileUpdate:
         sealer = self.sealer
-        records = [ChunkRecord(rid, None, sealer.seal_in_page(rid, page, r.value, r.meta,
-                                                             r.vector))
-                   for r, rid in ((r, os.urandom(KEY_BYTES)) for r in rows)]
+        records = []
+        for r in rows:
+            assert r.vector is not None, "a row is sealed with its vector"
+            rid = os.urandom(KEY_BYTES)
+            records.append(ChunkRecord(rid, None, sealer.seal_in_page(rid, page, r.value,
+                                                                      r.meta, r.vector)))
         for _ in range(PAGE_ROWS - len(records)):
             rid = os.urandom(KEY_BYTES)
             records.append(ChunkRecord(rid, None, sealer.seal_page_padding(rid, page)))

@@ -57,6 +57,17 @@ def _live_rows(server: ServerProcess, repo: Path) -> Counter[str]:
         if row.value == node_value(key, row.meta.path, digests[row.meta.path]))
 
 
+def _vectors_kept(repo: Path) -> int:
+    """How many rows of this machine's page index still hold a vector (the embedding
+    cache holds every one that reached it)."""
+    db = open_state_db(state_path(repo))
+    try:
+        return db.execute("SELECT COUNT(*) FROM page_rows WHERE vector IS NOT NULL"
+                          ).fetchone()[0]
+    finally:
+        db.close()
+
+
 def _chunk_counts(repo: Path) -> dict[str, int]:
     """path -> its chunks, as this machine's chunk table has them (empty files left out)."""
     db = open_state_db(state_path(repo))
@@ -134,6 +145,8 @@ def test_an_edit_writes_one_page_and_compaction_keeps_the_store_small(
     idx.close()
     # Nothing lost: each chunk of each file's current version has exactly one row.
     assert _live_rows(server, repo) == _chunk_counts(repo)
+    # The rows moved were sealed again from the embedding cache: the index keeps no copy.
+    assert _vectors_kept(repo) == 0
 
 
 def test_a_teammate_reads_every_page_and_follows_an_edit(
@@ -154,6 +167,7 @@ def test_a_teammate_reads_every_page_and_follows_an_edit(
         joined = b.index(wait=True)
         assert joined.chunks_embedded == 0
         assert joined.chunks_pulled == joined.chunks_total > 0
+        assert _vectors_kept(bob_repo) == 0  # read into the cache, not kept twice
     edited = _body(3, 1, functions=4)
     for repo in (alice_repo, bob_repo):
         (repo / "pkg/mod_3.py").write_text(edited)
