@@ -222,6 +222,7 @@ class PagedSync:
         if write is not None:
             self.index.add(write.written, vectors=False)  # the cache holds them
             self.index.drop(write.deletes)
+            self.index.forget_copies(write.copied)
             self._touched |= set(write.written) | set(write.deletes)
 
     def fill(self, wanted: dict[bytes, tuple[str, list[tuple[bytes, Chunk]]]],
