@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -57,7 +57,12 @@ class PagedSync:
     """The pages of one sync of a sealed workspace."""
 
     def __init__(self, client: StoreClient, key: WorkspaceKey, sealer: RowSealer,
-                 index: PageIndex, *, pool: bool) -> None:
+                 index: PageIndex, *, pool: bool,
+                 vectors: Callable[[list[PageRow]], list[np.ndarray | None]] | None = None
+                 ) -> None:
+        """`vectors`: the vectors of rows the page index keeps none of (this machine's
+        embedding cache holds them), for the rows a write moves."""
+        self.vectors = vectors
         self.client = client
         self.key = key
         self.sealer = sealer
@@ -91,7 +96,8 @@ class PagedSync:
                   for p, d in files.items()}
         other_refs = self.pool and not fresh
         for attempt in range(3):
-            writer = PageWriter(key, self.sealer, self.index, owners, fresh=fresh)
+            writer = PageWriter(key, self.sealer, self.index, owners, fresh=fresh,
+                                vectors=self.vectors)
             live = writer.live_pages()
             tree = LocalTree.build(files | {page_name(p): p for p in live}, key)
             plan = diff(tree, self.client, key, known_pages=self.index.known())
@@ -214,8 +220,9 @@ class PagedSync:
         """The store took the pending write: the page index records it."""
         write, self._pending = self._pending, None
         if write is not None:
-            self.index.add(write.written)
+            self.index.add(write.written, vectors=False)  # the cache holds them
             self.index.drop(write.deletes)
+            self.index.forget_copies(write.copied)
             self._touched |= set(write.written) | set(write.deletes)
 
     def fill(self, wanted: dict[bytes, tuple[str, list[tuple[bytes, Chunk]]]],
@@ -230,12 +237,19 @@ class PagedSync:
             rows = self.index.rows_of(file_key,
                                       crypto.node_value(self.key, path, digests[file_key][1]))
             by_chunk = {(r.meta.chunk_hash, r.meta.symbol): r.vector for r in rows
-                        if r.meta.path == path}
+                        if r.meta.path == path and r.vector is not None}
             for k, c in lacking:
                 vector = by_chunk.get((c.chunk_hash, c.symbol))
                 if vector is not None:
                     out.append((k, vector))
         return out
+
+    def consumed(self, versions: Iterable[tuple[str, bytes]]) -> None:
+        """The cache holds the vectors of these (path, digest) versions now: the page
+        index keeps no copy."""
+        self.index.forget_vectors((crypto.node_key(self.key, path),
+                                   crypto.node_value(self.key, path, digest))
+                                  for path, digest in versions)
 
     # -- after ------------------------------------------------------------------------
 

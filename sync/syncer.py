@@ -59,7 +59,7 @@ from sync.merkle import (
     dir_values,
 )
 from sync.paged_sync import PagedSync, chunk_meta
-from sync.pages import PageIndex
+from sync.pages import PageIndex, PageRow
 from sync.pool_sync import link_update, pooled, pull_rows
 from sync.progress import Progress
 from sync.records import ChunkRecord, FileUpdate
@@ -264,7 +264,7 @@ class Syncer:
         if self.pages is not None:
             assert self.sealer is not None
             self._paged = PagedSync(self.client, self.key, self.sealer, self.pages,
-                                    pool=self.pool)
+                                    pool=self.pool, vectors=self._cached_vectors)
             tree, plan, resend, covered = self._paged.diff(
                 files, local_digests, self.local.files_with_chunks(), fresh=reupload)
         else:
@@ -663,10 +663,28 @@ class Syncer:
                 if file_key in wanted:
                     filled.extend(self._open_rows(file_key, rows, *wanted[file_key]))
         cache.put_many(filled)
+        if self._paged is not None:
+            self._paged.consumed((p.path, p.digest) for p, _ in pulling)
         got = {k for k, _ in filled}
         unfilled = [c.embed_text for _, kc in wanted.values() for k, c in kc if k not in got]
         cached = sum(len(kc) for _, kc in keyed) - len(unfilled) - len(filled)
         return _Pulled(filled=len(filled), cached=cached, lacking=unfilled)
+
+    def _cached_vectors(self, rows: list[PageRow]) -> list[np.ndarray | None]:
+        """The vector of each row from this machine's embedding cache, through the local
+        chunk its place names (None where the cache or the chunk table lacks it)."""
+        cache, model_id = self.embedder.cache, self.embedder.model_id
+        chunks: dict[str, dict[tuple[int, int, bytes], Chunk]] = {}
+        keys: list[bytes | None] = []
+        for r in rows:
+            if r.meta.path not in chunks:
+                chunks[r.meta.path] = {(c.start_line, c.end_line, c.chunk_hash): c
+                                       for c in self.local.for_file(r.meta.path)}
+            c = chunks[r.meta.path].get((r.meta.start_line, r.meta.end_line,
+                                         r.meta.chunk_hash))
+            keys.append(None if c is None else cache_key(model_id, c.embed_text))
+        found = cache.get_many([k for k in keys if k is not None], self.embedder.dim)
+        return [None if k is None else found.get(k) for k in keys]
 
     def _open_rows(self, file_key: bytes, rows: list[tuple[bytes, bytes]], path: str,
                    chunks: list[tuple[bytes, Chunk]]) -> list[tuple[bytes, np.ndarray]]:

@@ -44,7 +44,8 @@ def _index(repo: Path) -> Index:
 
 
 def _live_rows(server: ServerProcess, repo: Path) -> Counter[str]:
-    """path -> the server's rows of its current version (opened with the key)."""
+    """path -> the chunks of its current version the server holds a row of (opened
+    with the key; a row copied into another page counts once)."""
     workspace_id = load_config(repo).workspace_id
     key = load_key(workspace_id)
     db = open_state_db(state_path(repo))
@@ -52,9 +53,21 @@ def _live_rows(server: ServerProcess, repo: Path) -> Counter[str]:
         digests = LocalChunks(db).file_digests()
     finally:
         db.close()
-    return Counter(row.meta.path for _, _, row in opened_rows(
-        server.data_dir, workspace_id, HashingEmbedder().dim)
-        if row.value == node_value(key, row.meta.path, digests[row.meta.path]))
+    return Counter(path for path, *_ in {
+        (row.meta.path, row.meta.start_line, row.meta.end_line, row.meta.chunk_hash)
+        for _, _, row in opened_rows(server.data_dir, workspace_id, HashingEmbedder().dim)
+        if row.value == node_value(key, row.meta.path, digests[row.meta.path])})
+
+
+def _vectors_kept(repo: Path) -> int:
+    """How many rows of this machine's page index still hold a vector (the embedding
+    cache holds every one that reached it)."""
+    db = open_state_db(state_path(repo))
+    try:
+        return db.execute("SELECT COUNT(*) FROM page_rows WHERE vector IS NOT NULL"
+                          ).fetchone()[0]
+    finally:
+        db.close()
 
 
 def _chunk_counts(repo: Path) -> dict[str, int]:
@@ -88,8 +101,8 @@ def test_leaves_hold_no_rows_and_pages_hold_them_all(
     pages = {k: n for k, n in counts.items() if k not in file_keys}
     assert set(pages.values()) == {PAGE_ROWS}  # every page alike
     assert len(pages) == -(-chunks // PAGE_ROWS)  # packed: one partial page at most
-    rows = opened_rows(server.data_dir, workspace_id, HashingEmbedder().dim)
-    per_file = Counter(row.meta.path for _, _, row in rows)
+    # Every chunk has a row; slots padding would take hold copies of other pages' rows.
+    per_file = _live_rows(server, repo)
     assert sum(per_file.values()) == chunks
     assert set(per_file) == set(files) - {"pkg/empty.py"}
 
@@ -134,6 +147,8 @@ def test_an_edit_writes_one_page_and_compaction_keeps_the_store_small(
     idx.close()
     # Nothing lost: each chunk of each file's current version has exactly one row.
     assert _live_rows(server, repo) == _chunk_counts(repo)
+    # The rows moved were sealed again from the embedding cache: the index keeps no copy.
+    assert _vectors_kept(repo) == 0
 
 
 def test_a_teammate_reads_every_page_and_follows_an_edit(
@@ -154,6 +169,7 @@ def test_a_teammate_reads_every_page_and_follows_an_edit(
         joined = b.index(wait=True)
         assert joined.chunks_embedded == 0
         assert joined.chunks_pulled == joined.chunks_total > 0
+        assert _vectors_kept(bob_repo) == 0  # read into the cache, not kept twice
     edited = _body(3, 1, functions=4)
     for repo in (alice_repo, bob_repo):
         (repo / "pkg/mod_3.py").write_text(edited)
