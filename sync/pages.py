@@ -23,8 +23,9 @@ copied from pages drawn at random (the copy's old place stops counting, and its 
 goes once its other rows do). So the pages a one-file edit writes hold rows of many
 files, not the file and a padding run: over 200 such syncs of the requests tree, an
 observer grouping rows by the sync that wrote them pairs rows of one file 60% of the
-time against 87% without copies, in the same 54 pages (bench/privacy.py --structure). A page is written with the leaves of the files
-it holds rows of, in one `apply`: pages first, then leaves, then the directories.
+time against 87% without copies, in the same 54 pages (bench/privacy.py --structure).
+A page is written with the leaves of the files it holds rows of, in one `apply`: pages
+first, then leaves, then the directories.
 
 Each machine keeps the index of the pages it knows (`PageIndex`, in its state database:
 each row's file, version and place): a sync reads the pages another machine wrote
