@@ -23,7 +23,8 @@ def _age(seconds: float) -> str:
               help="Remove the ref of this name (e.g. alice@laptop:old-branch).")
 @repo_option()
 def refs(remove: str | None, repo: Path) -> None:
-    """List the workspace's refs (age, files, rows), or remove one."""
+    """List the workspace's refs (age; leaves: its files, and in a sealed workspace the
+    pages of their rows; rows, padding included), or remove one."""
     from sync.ref_list import drop_ref, list_refs
 
     with _index(repo) as idx:
@@ -34,4 +35,4 @@ def refs(remove: str | None, repo: Path) -> None:
         now = time.time()
         for r in list_refs(idx.workspace):
             click.echo(f"{'*' if r.current else ' '} {r.name:<40} {_age(now - r.synced_at):>5}"
-                       f" {r.files:>7} files {r.rows:>8} rows")
+                       f" {r.files:>7} leaves {r.rows:>8} rows")
