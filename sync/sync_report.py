@@ -16,6 +16,9 @@ class SyncReport:
     #: Files whose chunks were copied from another worktree of the repository
     #: (indexer.sibling_chunks), not parsed again.
     files_reused: int = 0
+    #: Files the chunker parsed; the others it read were chunked already at the same
+    #: content (by the words pass of `codeveil index`, or in another worktree).
+    files_parsed: int = 0
     chunks_total: int = 0
     chunks_embedded: int = 0
     chunks_from_cache: int = 0

@@ -81,6 +81,7 @@ DIRS_BATCH = 50_000  # directory values per request (the server accepts 100,000)
 WRITE_FILES = 64  # files per local write while chunking ahead of the model
 PULL_FILES = 512  # files per request when pulling rows
 POOL_LOOKUP_MIN = 8  # changed files from which a sync asks the pool which it holds
+WORDS_FIRST_FILES = 256  # files not chunked here from which a paged sync chunks first
 
 
 @dataclass
@@ -257,6 +258,16 @@ class Syncer:
                   self.client.stats.bytes_received)
         files = self.scan(report)
         local_digests = self.local.file_digests()
+        if self.pages is not None:
+            # Paged, the diff reads every page the store holds that this machine does not
+            # know before anything is chunked: a machine that has not chunked the tree
+            # yet (a teammate's join) first makes it searchable by its words.
+            unknown = [p for p, d in files.items() if local_digests.get(p) != d]
+            if len(unknown) >= WORDS_FIRST_FILES:
+                for _ in self._batches(sorted(unknown), set(unknown), files,
+                                       threading.Event(), report):
+                    pass
+                local_digests = self.local.file_digests()
 
         t0 = time.perf_counter()
         resend: set[str] = set()
@@ -471,6 +482,7 @@ class Syncer:
         # Its own connection: this runs in the chunker thread.
         with contextlib.closing(open_state_db(self._state_path)) as db, \
                 contextlib.closing(SiblingChunks.for_root(self.root)) as siblings, \
+                contextlib.closing(SiblingChunks([self._state_path])) as own, \
                 handles_for(self.root) as dirs:
             writer = LocalChunks(db)
             batch: list[_Pending] = []
@@ -505,12 +517,18 @@ class Syncer:
                     continue
                 if source.digest != files[path]:
                     moved.set()
-                reused = siblings.lookup(path, source.digest) if siblings else None
-                if reused is not None:  # another worktree chunked this very file
+                # This checkout's own table first (the words pass chunked the file
+                # already: `codeveil index` before its builder), then another worktree's.
+                reused = own.lookup(path, source.digest) if own else None
+                if reused is None and siblings:
+                    reused = siblings.lookup(path, source.digest)
+                    if reused is not None:
+                        report.files_reused += 1
+                if reused is not None:  # chunked already at this very content
                     chunks, defined[path] = reused
-                    report.files_reused += 1
                 else:
                     chunks, defined[path] = chunk_and_define(path, source.text)
+                    report.files_parsed += 1
                 unwritten.append((path, source.digest, chunks))
                 # One transaction per batch of files, or twice a second: searchable soon.
                 if len(unwritten) >= WRITE_FILES or time.perf_counter() - last_write > 0.5:

@@ -18,8 +18,10 @@ from retrieval import Index
 from sync.config import load_config, load_token, state_path
 from sync.crypto import node_key, node_value
 from sync.keys import export_key, import_key, load_key
+from sync.paged_sync import PagedSync
 from sync.pages import PAGE_ROWS
 from sync.progress import Progress
+from sync.workspace import Workspace
 from tests.conftest import write_repo
 from tests.server_fixtures import ServerProcess
 from tests.server_rows import leaf_rows, opened_rows
@@ -201,3 +203,59 @@ def test_an_interrupted_first_index_converges(tmp_path: Path, server_factory) ->
     again.close()
     assert _live_rows(server, repo) == _chunk_counts(repo)
     assert done.chunks_total == sum(_chunk_counts(repo).values())
+
+
+def test_a_join_is_searchable_by_words_before_it_reads_the_pages(
+        tmp_path: Path, server_factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    server: ServerProcess = server_factory(tmp_path / "data")
+    files = {f"pkg/mod_{i}.py": _body(i) for i in range(300)}
+    alice, bob, alice_repo, bob_repo = two_machines(tmp_path, monkeypatch, files)
+    with alice.active():
+        a = _index(alice_repo)
+        config = a.init(server=server.url)
+        first = a.index(wait=True)
+        a.close()
+        key_text, token = export_key(load_key(config.workspace_id)), load_token(
+            config.workspace_id)
+    assert first.files_parsed == len(files)
+    with bob.active():
+        import_key(config.workspace_id, key_text)
+        b = _index(bob_repo)
+        b.init(server=server.url, workspace_id=config.workspace_id, token=token)
+        # The chunk table at the moment the first page is read: the words came first.
+        seen: list[int] = []
+        real_read = PagedSync._read
+
+        def read_pages(self: PagedSync, pages: list[bytes]) -> None:
+            db = open_state_db(state_path(bob_repo))
+            try:
+                seen.append(LocalChunks(db).count_files())
+            finally:
+                db.close()
+            real_read(self, pages)
+
+        monkeypatch.setattr(PagedSync, "_read", read_pages)
+        joined = b.index(wait=True)
+        b.close()
+    assert seen and seen[0] == len(files)
+    # Each file parsed once: the sync reads the words pass's chunks, not the parser's.
+    assert joined.files_parsed == len(files)
+    assert joined.chunks_embedded == 0 and joined.chunks_pulled == joined.chunks_total
+
+
+def test_the_sync_after_the_words_pass_parses_nothing_again(tmp_path: Path) -> None:
+    """What the builder does after `codeveil index`: it reads the chunks the words pass
+    wrote instead of parsing every file again."""
+    repo = write_repo(tmp_path / "repo", _files())
+    ws = Workspace(repo, embedder=HashingEmbedder())
+    try:
+        words = ws.index_words()
+        assert words.files_parsed == len(_files())
+        synced = ws.sync()
+        # Every chunk got its vector (embedded, or from a cache an earlier test filled).
+        assert synced.chunks_embedded + synced.chunks_from_cache == words.chunks_total > 0
+        assert synced.files_parsed == 0
+        (repo / "pkg/mod_1.py").write_text(_body(1, 1))
+        assert ws.sync().files_parsed == 1  # an edit is parsed
+    finally:
+        ws.close()
