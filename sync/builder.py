@@ -63,8 +63,8 @@ LOG_BYTES: Final = 1 << 20
 CLEAN_STATES: Final = frozenset({"done", "stopped", "offline"})
 #: The model's threads in the builder (CODEVEIL_EMBED_THREADS, unless the user set it).
 #: It works in the background, so its peak memory and CPU matter more than its wall
-#: time: on one thread instead of two, django's package peaked at 485 MB against 671 in
-#: 10% less CPU (docs/architecture.md, Embed). A foreground `index --wait` keeps a
+#: time: on one thread instead of two, django's package peaked at 480 MB against 667 in
+#: 7% less CPU (docs/architecture.md, Embed). A foreground `index --wait` keeps a
 #: thread per core.
 EMBED_THREADS: Final = 1
 
