@@ -1,7 +1,7 @@
 """Cold index cost: what a first `codeveil index` pays, beside another tree or a peer.
 
     python bench/cold_index.py [--tree NAME=SPEC ...] [--runs 3] [--wait]
-        [--baseline DIR] [--peer PYTHON --peer-model DIR] [--out NAME]
+        [--threads 1,2] [--baseline DIR] [--peer PYTHON --peer-model DIR] [--out NAME]
 
 `--tree` (repeatable) names a source tree: SPEC is a folder, `mirror:owner/name,...`
 (git mirrors under /work/.mirror at HEAD, each in a folder of its own: one tree holding
@@ -19,6 +19,10 @@ on all alike:
     codeveil vectors complete  the same run, until its background builder has every
                                vector and has exited (peak RSS: the larger of the
                                command's and the builder's; CPU: both together)
+    ..., N threads             with `--threads`: the two rows above once per thread
+                               count (CODEVEIL_EMBED_THREADS in the command's and so
+                               its builder's environment), the counts taking turns
+                               within each run
     codeveil --wait            with `--wait`: `codeveil index --wait --json .`, blocking
     baseline                   with `--baseline` (say a `git archive` of the commit
                                before a change): its blocking `codeveil index`
@@ -33,7 +37,8 @@ moment `codeveil index` returns (seconds until it answers, its builder still run
 and once the vectors are complete, in-process search latency, `Index.search` as an MCP
 server calls it (k=10, warm, each query new: symbol names sampled from the index and
 short questions, as bench/search_latency.py asks them), with the peer's `search` timed
-on the same queries. Peak RSS is VmHWM; CPU seconds are user plus system.
+on the same queries. Peak RSS is VmHWM; CPU seconds are user plus system. Each run of
+the vectors also records the machine's load averages when its vectors were complete.
 
 Medians of `--runs` runs. Prints a table per tree and writes bench/results/<out>.json
 (default: cold_index.json with a baseline, cold_index_tiers.json without).
@@ -201,11 +206,14 @@ def index_once(code: Path, src: Path, work: Path, models: Path) -> dict:
 
 
 def tiers_once(code: Path, src: Path, work: Path, models: Path,
-               queries: Path | None) -> tuple[dict, dict]:
+               queries: Path | None, threads: int | None = None) -> tuple[dict, dict]:
     """One cold `codeveil index` that returns with the words: until it returns (and its
     first answer), and until its builder has every vector (and search latency then).
-    Writes the search queries to `queries` when it is given."""
+    Writes the search queries to `queries` when it is given. `threads`: the model's
+    threads (CODEVEIL_EMBED_THREADS) for the command and its builder; None, their own."""
     repo, env = _fresh(code, src, work, models)
+    if threads is not None:
+        env["CODEVEIL_EMBED_THREADS"] = str(threads)
     t0 = time.perf_counter()
     wall, peak, cpu, report = _run(["index", "--json", "."], repo, env)
     pid = int(report["vectors"]["builder"]["pid"])
@@ -230,7 +238,8 @@ def tiers_once(code: Path, src: Path, work: Path, models: Path,
                "files": report["files_scanned"], **first}
     vectors = {"seconds": complete, "peak_rss_mb": max(peak, builder_peak) / 1024,
                "builder_peak_rss_mb": builder_peak / 1024, "cpu_s": cpu + builder_cpu,
-               "chunks_embedded": done["chunks_done"], "chunks_total": report["chunks_total"]}
+               "chunks_embedded": done["chunks_done"], "chunks_total": report["chunks_total"],
+               "load": dict(zip(("1min", "5min", "15min"), os.getloadavg(), strict=True))}
     if queries is not None:
         vectors["search_ms"] = _codeveil_search(repo, env, queries)
     return returns, vectors
@@ -310,6 +319,9 @@ def main() -> None:
     parser.add_argument("--repo", type=Path, default=None, help="one folder (as --tree)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--wait", action="store_true", help="also a blocking --wait index")
+    parser.add_argument("--threads", default=None, metavar="N,N",
+                        help="the model's thread counts to compare (CODEVEIL_EMBED_THREADS),"
+                             " e.g. 1,2; default: codeveil's own choice")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="another code tree (a checkout of the commit to compare with)")
     parser.add_argument("--peer", default=None, metavar="PYTHON",
@@ -325,7 +337,11 @@ def main() -> None:
     base = isolate()
     trees = {name: materialize(spec, base / "src" / name) for name, spec in specs}
     models = export_graph(HERE, base / "graph")
-    names = ["codeveil returns", "codeveil vectors complete"]
+    counts = [int(n) for n in args.threads.split(",")] if args.threads else [None]
+    tiers = {n: ("codeveil returns", "codeveil vectors complete") if n is None else
+             (f"codeveil returns, {n} threads", f"codeveil vectors complete, {n} threads")
+             for n in counts}
+    names = [name for pair in tiers.values() for name in pair]
     names += ["codeveil --wait"] * args.wait + ["baseline"] * (args.baseline is not None)
     names += ["peer"] * bool(args.peer)
     runs: dict[str, dict[str, list[dict]]] = {tree: {name: [] for name in names}
@@ -334,9 +350,10 @@ def main() -> None:
         for tree, (src, _) in trees.items():  # trees take turns too
             rs = runs[tree]
             queries = base / f"queries-{tree}.json"
-            returns, vectors = tiers_once(HERE, src, base / "tiers", models, queries)
-            rs["codeveil returns"].append(returns)
-            rs["codeveil vectors complete"].append(vectors)
+            for n, (returns_row, vectors_row) in tiers.items():
+                returns, vectors = tiers_once(HERE, src, base / "tiers", models, queries, n)
+                rs[returns_row].append(returns)
+                rs[vectors_row].append(vectors)
             if args.wait:
                 rs["codeveil --wait"].append(index_once(HERE, src, base / "wait", models))
             if args.baseline is not None:
@@ -364,7 +381,7 @@ def report(args: argparse.Namespace, specs: list[list[str]],
         rows = [_row(name, r, ref) for name, r in rs.items()]
         medians[tree] = {str(row[0]): dict(zip(headers[1:], row[1:], strict=True))
                          for row in rows}
-        first = rs["codeveil returns"][0]
+        first = next(iter(rs.values()))[0]  # the first "codeveil returns" row
         print(f"\n{tree} ({first['files']} files, {first['chunks_total']} chunks; "
               f"{', '.join(trees[tree][1])}): medians of {done} runs, interleaved")
         print(table(headers, rows))

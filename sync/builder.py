@@ -40,7 +40,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Final
@@ -61,6 +61,12 @@ PROGRESS_EVERY_S: Final = 1.0
 LOG_BYTES: Final = 1 << 20
 #: States after which a start is not a retry.
 CLEAN_STATES: Final = frozenset({"done", "stopped", "offline"})
+#: The model's threads in the builder (CODEVEIL_EMBED_THREADS, unless the user set it).
+#: It works in the background, so its peak memory and CPU matter more than its wall
+#: time: on one thread instead of two, django's package peaked at 480 MB against 667 in
+#: 7% less CPU (docs/architecture.md, Embed). A foreground `index --wait` keeps a
+#: thread per core.
+EMBED_THREADS: Final = 1
 
 
 def chunks_waiting(root: Path) -> int:
@@ -215,8 +221,7 @@ class Builder:
 
     def _spawn(self, attempts: int) -> int | None:
         package_root = str(Path(__file__).resolve().parents[1])  # for -m, as installed
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)}
+        env = _builder_env(os.environ, package_root)
         with contextlib.suppress(OSError):  # one older log kept, so it never grows unbounded
             if self.files.log.stat().st_size > LOG_BYTES:
                 self.files.log.replace(self.files.log.with_name("builder.log.1"))
@@ -344,6 +349,15 @@ class ProgressFile(Progress):
                 self.builder.write(self.st)
 
 
+def _builder_env(base: Mapping[str, str], package_root: str) -> dict[str, str]:
+    """The environment a builder runs in: `base` with this package first on its path and
+    the model on EMBED_THREADS threads unless `base` says how many."""
+    env = {**base, "PYTHONPATH": os.pathsep.join(
+        p for p in (package_root, base.get("PYTHONPATH", "")) if p)}
+    env.setdefault("CODEVEIL_EMBED_THREADS", str(EMBED_THREADS))
+    return env
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -376,4 +390,5 @@ def _flocked(path: Path) -> Iterator[None]:
         yield
 
 
-__all__ = ["BUILDER_MODULE", "MAX_ATTEMPTS", "Builder", "BuilderState", "ProgressFile"]
+__all__ = ["BUILDER_MODULE", "EMBED_THREADS", "MAX_ATTEMPTS", "Builder", "BuilderState",
+           "ProgressFile"]

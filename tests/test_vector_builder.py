@@ -118,6 +118,30 @@ def test_a_builder_that_dies_three_times_is_given_up_and_doctor_says_so(
     assert _wait_built(sample_repo)["state"] == "done"
 
 
+def _builder_environ(root: Path) -> dict[str, str]:
+    """The environment of a builder started for `root` (read from /proc, then killed)."""
+    root.mkdir()
+    pid = Builder(root).start()  # returns once the builder's program runs: its own env
+    assert pid is not None
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
+def test_the_builder_embeds_on_one_thread_unless_the_user_says_otherwise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CODEVEIL_EMBED_THREADS", raising=False)
+    assert _builder_environ(tmp_path / "default")["CODEVEIL_EMBED_THREADS"] == "1"
+    # The process that started it (a foreground index) keeps a thread per core.
+    assert "CODEVEIL_EMBED_THREADS" not in os.environ
+    monkeypatch.setenv("CODEVEIL_EMBED_THREADS", "2")
+    assert _builder_environ(tmp_path / "told")["CODEVEIL_EMBED_THREADS"] == "2"
+
+
 def _pending_files(repo: Path) -> int:
     db = sqlite3.connect(f"file:{repo / '.codeveil' / 'state.sqlite'}?mode=ro", uri=True,
                          timeout=5)
