@@ -54,6 +54,8 @@ READ_DEPTH = 10  # hits an agent reads at most, chunks or files
 TOP_KEPT = 5  # BM25's files kept per query in the result file, to read the misses
 # The systems whose ten printed files are kept per query (beside the first one ranked).
 KEEP_TOP = frozenset({"codeveil as printed before", "no vectors, as printed before"})
+#: `--vector-kinds`: the file kinds whose chunks have vectors (None: every kind).
+VECTOR_KINDS: frozenset[str] | None = None
 
 
 def ndcg(files: Sequence[str], gold: set[str], k: int = NDCG_AT) -> float:
@@ -215,9 +217,18 @@ def prepare_repo(pin: Pin, data: Path, queries: Sequence[Query], enc, memo,
     def embed_parts(parts: Sequence[str]) -> np.ndarray:
         return embed_all(enc, parts, "query parts")
 
-    ranker = HybridRanker(lex, embed_parts, VectorIndex(docs, vectors).nearest, counter.count,
+    if VECTOR_KINDS is not None:
+        # What a vote by meaning over only some kinds' chunks would rank (the others
+        # never embedded): their rows leave both vector indexes.
+        from indexer.kinds import file_kind
+
+        keep = [i for i, d in enumerate(docs) if file_kind(d.path).value in VECTOR_KINDS]
+        vdocs, vectors, hvec = [docs[i] for i in keep], vectors[keep], hvec[keep]
+    else:
+        vdocs = docs
+    ranker = HybridRanker(lex, embed_parts, VectorIndex(vdocs, vectors).nearest, counter.count,
                           enc.embedder.max_tokens, count_many=counter.count_batch,
-                          nearest_header=VectorIndex(docs, hvec).nearest)
+                          nearest_header=VectorIndex(vdocs, hvec).nearest)
     agg = DEFAULT_AGG["file"]
 
     def rank(q: str, system: System) -> tuple[list[ChunkLocation], list[str]]:
@@ -355,7 +366,14 @@ def main() -> None:
                          "these signals (bench/quality.py run_latency); writes "
                          "multilang_latency.json.")
     ap.add_argument("--out", default="multilang")
+    ap.add_argument("--vector-kinds", default=None,
+                    help="comma-separated file kinds (code, tests, docs, examples, config)"
+                         " whose chunks keep their vectors; the others get none, as if"
+                         " never embedded (default: every kind)")
     args = ap.parse_args()
+    if args.vector_kinds is not None:
+        global VECTOR_KINDS
+        VECTOR_KINDS = frozenset(k.strip() for k in args.vector_kinds.split(",") if k.strip())
     if args.latency:
         from bench.quality import SHARED, run_latency
 
