@@ -761,6 +761,19 @@ def _ancestor_shapes(parent: dict, is_dir: dict) -> dict:
     return out
 
 
+def narrow_one_to_one(cands: dict[bytes, set[str]]) -> None:
+    """Take a file that is the only candidate left for some stored file off the other
+    stored files' lists, until nothing changes (in place)."""
+    changed = True
+    while changed:
+        changed = False
+        taken = {next(iter(c)): s for s, c in cands.items() if len(c) == 1}
+        for s, c in cands.items():
+            if len(c) > 1 and c & taken.keys():
+                c -= {p for p in c if taken[p] != s}
+                changed = True
+
+
 def attack_structure(shape: StoredShape, public: dict[str, PublicFile],
                      truth: dict[bytes, str], row_truth: dict[bytes, list[int]],
                      rows_for: Callable[[int], int] | None = None) -> dict[str, object]:
@@ -806,14 +819,7 @@ def attack_structure(shape: StoredShape, public: dict[str, PublicFile],
     # Flagged: no public file fits at all (before the one-to-one step below, whose
     # guesses can leave a public file without candidates too).
     unfit = {s for s, c in cands.items() if not c}
-    changed = True
-    while changed:
-        changed = False
-        taken = {next(iter(c)): s for s, c in cands.items() if len(c) == 1}
-        for s, c in cands.items():
-            if len(c) > 1 and c & taken.keys():
-                c -= {p for p in c if taken[p] != s}
-                changed = True
+    narrow_one_to_one(cands)
 
     public_keys = [s for s in stored_files if truth.get(s) in public]
     private_keys = [s for s in stored_files if s in truth and truth[s] not in public]

@@ -190,7 +190,7 @@ def attack_paged_structure(shape: StoredShape, public: dict[str, PublicFile],
                            truth: PagedTruth) -> dict[str, object]:
     """Label the stored files and page rows with public ones from structure alone (the
     module docstring); rates are expected values, a guess among k counting 1/k."""
-    from bench.privacy import _ancestor_shapes, _depths, _public_shape
+    from bench.privacy import _ancestor_shapes, _depths, _public_shape, narrow_one_to_one
     from indexer.priority import category
 
     leaves = [k for k, d in shape.is_dir.items() if not d]
@@ -212,14 +212,7 @@ def attack_paged_structure(shape: StoredShape, public: dict[str, PublicFile],
     shape_matched = sum(1 for s in files if cands[s] and all(
         p_anc[p] == s_anc[s] for p in cands[s]))
     unfit = {s for s, c in cands.items() if not c}
-    changed = True
-    while changed:
-        changed = False
-        taken = {next(iter(c)): s for s, c in cands.items() if len(c) == 1}
-        for s, c in cands.items():
-            if len(c) > 1 and c & taken.keys():
-                c -= {p for p in c if taken[p] != s}
-                changed = True
+    narrow_one_to_one(cands)
 
     public_keys = [s for s in files if truth.paths.get(s) in public]
     private_keys = [s for s in files if s in truth.paths and truth.paths[s] not in public]
