@@ -259,3 +259,27 @@ def test_the_sync_after_the_words_pass_parses_nothing_again(tmp_path: Path) -> N
         assert ws.sync().files_parsed == 1  # an edit is parsed
     finally:
         ws.close()
+
+
+def test_on_postgresql_no_file_holds_a_row_and_every_page_32(
+        tmp_path: Path, pg_live_server: ServerProcess) -> None:
+    import psycopg
+
+    from sync.store.core.rows import fid_of
+    from sync.store.postgres.schema import SCHEMA
+
+    files = _files()
+    repo = write_repo(tmp_path / "repo", files)
+    with _index(repo) as idx:
+        idx.init(server=pg_live_server.url)
+        report = idx.index(wait=True)
+    workspace_id = load_config(repo).workspace_id
+    key = load_key(workspace_id)
+    assert pg_live_server.store is not None
+    with psycopg.connect(pg_live_server.store) as conn:
+        per_fid = dict(conn.execute(
+            f"SELECT fid, COUNT(*) FROM {SCHEMA}.rows WHERE workspace = %s GROUP BY fid",
+            (workspace_id,)).fetchall())
+    assert not {fid_of(node_key(key, p)) for p in files} & per_fid.keys()
+    assert set(per_fid.values()) == {PAGE_ROWS}
+    assert len(per_fid) * PAGE_ROWS >= report.chunks_total > (len(per_fid) - 1) * PAGE_ROWS
