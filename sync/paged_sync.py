@@ -202,6 +202,14 @@ class PagedSync:
         self._pending = write if write.written or write.deletes else None
         return write.updates + [self.leaf(path, digest) for path, digest, _ in sending]
 
+    def compact(self) -> list[FileUpdate]:
+        """The pages that compact the store where deleted files' rows left it sparse
+        ([] where it is not); the next `deletes` and `applied` belong to their apply."""
+        assert self._writer is not None, "diff first"
+        write = self._writer.compact()
+        self._pending = write if write.written else None
+        return write.updates
+
     def deletes(self, deletes: list[bytes]) -> list[bytes]:
         """`deletes` and the pages the pending write empties, each with the buckets it
         leaves empty (a bucket with no child would make the next root differ)."""

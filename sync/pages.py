@@ -57,6 +57,11 @@ from sync.sealed_rows import OpenRow, RowSealer
 #: Rows per page. A one-file edit of up to 64 chunks (nearly every file) writes at most
 #: two; the store's row count per page is constant, so a page's size says nothing.
 PAGE_ROWS = 32
+#: A sync that leaves the live pages' slots more than this many times their live rows
+#: (files were deleted: their rows wait in their pages) compacts the emptiest pages,
+#: COMPACT_PAGES new pages at most: storage stays within about 1.5x of the rows.
+WASTE = 1.5
+COMPACT_PAGES = 16
 _random = random.SystemRandom()
 
 _SCHEMA = (
@@ -275,6 +280,38 @@ class PageWriter:
         for page, held in written.items():
             self._live[page] = len(held)
         return PagedWrite(updates, emptied, written, copied)
+
+    def compact(self, most: int = COMPACT_PAGES) -> PagedWrite:
+        """While the live pages' slots are more than WASTE times their live rows (files
+        deleted, whose rows no write has moved yet), the emptiest pages' live rows go
+        into fresh pages, `most` at most, and those pages go; nothing while they are
+        not."""
+        written: dict[bytes, list[PageRow]] = {}
+        updates: list[FileUpdate] = []
+        emptied: list[bytes] = []
+        while len(written) < most:
+            live = {p: n for p, n in self._live.items() if n}
+            if PAGE_ROWS * len(live) <= WASTE * sum(live.values()) + PAGE_ROWS:
+                break
+            rows: list[PageRow] = []
+            taken: list[bytes] = []
+            for page, n in sorted(live.items(), key=lambda kv: kv[1]):
+                if len(rows) + n > PAGE_ROWS:
+                    break
+                moved = self._with_vectors(self._live_rows(page))
+                if moved is not None:
+                    rows += moved
+                    taken.append(page)
+            if len(taken) < 2:
+                break  # one page moved into one page gains nothing
+            page = os.urandom(KEY_BYTES)
+            written[page] = rows
+            updates.append(self._page_update(page, rows))
+            for gone in taken:
+                self._live.pop(gone, None)
+            self._live[page] = len(rows)
+            emptied += taken
+        return PagedWrite(updates, emptied, written)
 
     def _live_rows(self, page: bytes) -> list[PageRow]:
         return [r for r in self.index.page_rows(page) if self.owners.get(r.file_key) == r.value]

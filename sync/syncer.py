@@ -324,6 +324,10 @@ class Syncer:
                          for p in links_only[start : start + BATCH_FILES]], [])
         if complete and self.sealed:
             self._embed_missing_headers(report)
+        if complete and self._paged is not None:
+            compacted = self._paged.compact()
+            if compacted:
+                self._apply(compacted, [])
         dirs = plan.dirs
         if self._paged is not None:
             tree, dirs = self._paged.final_tree(files, dirs)
