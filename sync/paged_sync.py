@@ -72,12 +72,13 @@ class PagedSync:
         self._load: BucketLoad | None = None
         self._pending: PagedWrite | None = None
         self._touched: set[bytes] = set()
+        self._covered: set[bytes] = set()
+        self._upload: set[str] = set()
 
     # -- before anything is sent --------------------------------------------------------
 
-    def diff(self, files: dict[str, bytes], local_digests: dict[str, bytes],
-             chunked: set[str], *, fresh: bool = False
-             ) -> tuple[LocalTree, Diff, set[str], set[str]]:
+    def diff(self, files: dict[str, bytes], *, fresh: bool = False
+             ) -> tuple[LocalTree, Diff, set[str]]:
         """The diff of a paged workspace: the tree holds the files and the pages this
         machine knows to hold a live row; pages another machine wrote are read first
         (their rows into the page index), and pages this ref's tree lacks are linked
@@ -85,12 +86,9 @@ class PagedSync:
         many files' rows first reads the pages of the workspace's other refs, so those
         holding its files' rows are linked, not sent again.
 
-        Returns the tree, the diff (files only), the files whose leaf matches but whose
-        rows no page holds (sent again: `_Pending.resend`; `chunked` are the files with
-        a chunk here, `local_digests` the versions they were chunked at), and the
-        changed files whose rows a page of the tree holds (only their leaf is sent).
-        `fresh` (a re-upload): the tree holds no page, so every page the store holds
-        goes."""
+        Returns the tree, the diff (files only), and the changed files whose rows a page
+        of the tree holds (only their leaf is sent). `fresh` (a re-upload): the tree
+        holds no page, so every page the store holds goes."""
         key = self.key
         owners = {crypto.node_key(key, p): crypto.node_value(key, p, d)
                   for p, d in files.items()}
@@ -118,13 +116,19 @@ class PagedSync:
         self.index.drop(self.index.known() - live)
         self._writer = writer
         self._load = BucketLoad(tree, key)
-        covered = writer.covered()
-        upload = set(plan.upload)
-        resend = {p for p, d in files.items()
-                  if p not in upload and crypto.node_key(key, p) not in covered
-                  and (local_digests.get(p) != d or p in chunked)}
+        self._covered = covered = writer.covered()
+        self._upload = upload = set(plan.upload)
         linked = {p for p in upload if crypto.node_key(key, p) in covered}
-        return tree, plan, resend, linked
+        return tree, plan, linked
+
+    def resend(self, files: dict[str, bytes], local_digests: dict[str, bytes],
+               chunked: set[str]) -> set[str]:
+        """After `diff`: the files whose leaf matches but whose rows no page holds (sent
+        again: `_Pending.resend`), of those that have a chunk here (`chunked`) or are
+        not chunked at their version (`local_digests`) yet."""
+        return {p for p, d in files.items()
+                if p not in self._upload and crypto.node_key(self.key, p) not in self._covered
+                and (local_digests.get(p) != d or p in chunked)}
 
     def _read_other_refs(self) -> bool:
         """Read into the page index the pages of every other ref's tree that it lacks

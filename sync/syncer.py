@@ -230,6 +230,35 @@ class Syncer:
         report.seconds = time.perf_counter() - started
         return report
 
+    @contextlib.contextmanager
+    def _words_first(self, files: dict[str, bytes], local_digests: dict[str, bytes],
+                     report: SyncReport) -> Iterator[None]:
+        """While the body runs, a thread chunks the files this machine has not chunked
+        at their content (when there are WORDS_FIRST_FILES or more) into the local chunk
+        table, pending; an error there is raised once the body is done."""
+        unknown = sorted(p for p, d in files.items() if local_digests.get(p) != d)
+        if len(unknown) < WORDS_FIRST_FILES:
+            yield
+            return
+        failed: list[BaseException] = []
+
+        def chunk() -> None:
+            try:
+                for _ in self._batches(unknown, set(unknown), files, threading.Event(),
+                                       report):
+                    pass
+            except BaseException as exc:  # raised in the sync's own thread below
+                failed.append(exc)
+
+        worker = threading.Thread(target=chunk, name="codeveil-words", daemon=True)
+        worker.start()
+        try:
+            yield
+        finally:
+            worker.join()
+        if failed:
+            raise failed[0]
+
     def _embed_here(self, batch: list[_Pending], report: SyncReport) -> None:
         """Embed one batch into the cache, sending nothing (`run_local`)."""
         chunks = [(p, self.local.for_file(p.path)) for p in batch]
@@ -258,16 +287,6 @@ class Syncer:
                   self.client.stats.bytes_received)
         files = self.scan(report)
         local_digests = self.local.file_digests()
-        if self.pages is not None:
-            # Paged, the diff reads every page the store holds that this machine does not
-            # know before anything is chunked: a machine that has not chunked the tree
-            # yet (a teammate's join) first makes it searchable by its words.
-            unknown = [p for p, d in files.items() if local_digests.get(p) != d]
-            if len(unknown) >= WORDS_FIRST_FILES:
-                for _ in self._batches(sorted(unknown), set(unknown), files,
-                                       threading.Event(), report):
-                    pass
-                local_digests = self.local.file_digests()
 
         t0 = time.perf_counter()
         resend: set[str] = set()
@@ -276,8 +295,13 @@ class Syncer:
             assert self.sealer is not None
             self._paged = PagedSync(self.client, self.key, self.sealer, self.pages,
                                     pool=self.pool, vectors=self._cached_vectors)
-            tree, plan, resend, covered = self._paged.diff(
-                files, local_digests, self.local.files_with_chunks(), fresh=reupload)
+            # The diff reads every page the store holds that this machine does not know
+            # before anything is sent: a machine that has not chunked the tree yet (a
+            # teammate's join) chunks it meanwhile, so its words answer at once.
+            with self._words_first(files, local_digests, report):
+                tree, plan, covered = self._paged.diff(files, fresh=reupload)
+            local_digests = self.local.file_digests()
+            resend = self._paged.resend(files, local_digests, self.local.files_with_chunks())
         else:
             tree = LocalTree.build(files, self.key)
             plan = diff(tree, self.client, self.key)

@@ -7,6 +7,7 @@ is where rows are, not what the vectors mean."""
 from __future__ import annotations
 
 import random
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -206,7 +207,7 @@ def test_an_interrupted_first_index_converges(tmp_path: Path, server_factory) ->
     assert done.chunks_total == sum(_chunk_counts(repo).values())
 
 
-def test_a_join_is_searchable_by_words_before_it_reads_the_pages(
+def test_a_join_chunks_the_tree_while_it_reads_the_pages(
         tmp_path: Path, server_factory, monkeypatch: pytest.MonkeyPatch) -> None:
     server: ServerProcess = server_factory(tmp_path / "data")
     files = {f"pkg/mod_{i}.py": _body(i) for i in range(300)}
@@ -223,23 +224,21 @@ def test_a_join_is_searchable_by_words_before_it_reads_the_pages(
         import_key(config.workspace_id, key_text)
         b = _index(bob_repo)
         b.init(server=server.url, workspace_id=config.workspace_id, token=token)
-        # The chunk table at the moment the first page is read: the words came first.
-        seen: list[int] = []
-        real_read = PagedSync._read
+        # Whether the words are being chunked when the diff (which reads the pages)
+        # starts: observed beside the real diff, which runs unchanged.
+        chunking: list[bool] = []
+        real_diff = PagedSync.diff
 
-        def read_pages(self: PagedSync, pages: list[bytes]) -> None:
-            db = open_state_db(state_path(bob_repo))
-            try:
-                seen.append(LocalChunks(db).count_files())
-            finally:
-                db.close()
-            real_read(self, pages)
+        def diff(self: PagedSync, *args: object, **kwargs: object) -> object:
+            chunking.append(any(t.name == "codeveil-words" and t.is_alive()
+                                for t in threading.enumerate()))
+            return real_diff(self, *args, **kwargs)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(PagedSync, "_read", read_pages)
+        monkeypatch.setattr(PagedSync, "diff", diff)
         joined = b.index(wait=True)
         b.close()
-    assert seen and seen[0] == len(files)
-    # Each file parsed once: the sync reads the words pass's chunks, not the parser's.
+    assert chunking == [True]
+    # Each file parsed once: the sync reads the words thread's chunks, not the parser's.
     assert joined.files_parsed == len(files)
     assert joined.chunks_embedded == 0 and joined.chunks_pulled == joined.chunks_total
 
