@@ -5,12 +5,13 @@ diff against the store's tree -> for each changed file: chunk, embed (cache), en
 send in batches -> set directory values. Deleted files go in the first batch.
 
 Two workspace modes (sync.records). Sealed: each row is one envelope holding vector and
-metadata (sync.sealed_rows), search runs on this machine, and a file the store already
-holds but this machine has no vectors for (a teammate's clone, a new laptop) is *pulled*:
-its rows are fetched and opened, and their vectors fill the embedding cache, so only what
-the workspace lacks is embedded. Server-search: rows also carry a distance-preserving
-encrypted vector the server ranks (sync.crypto.VectorCipher). In both, row ids are
-random and fresh on every send.
+metadata (sync.sealed_rows), travelling in pages that name no file (sync.pages; a sync's
+part of them is sync.paged_sync.PagedSync), search runs on this machine, and a file the
+store already holds but this machine has no vectors for (a teammate's clone, a new
+laptop) is *pulled*: the pages it does not know are read and opened, and their vectors
+fill the embedding cache, so only what the workspace lacks is embedded. Server-search:
+rows also carry a distance-preserving encrypted vector the server ranks
+(sync.crypto.VectorCipher). In both, row ids are random and fresh on every send.
 
 Searchable while it builds: a thread chunks every changed file ahead of the model and
 writes its chunks to the local chunk table at once, marked pending (the lexical index
