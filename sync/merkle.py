@@ -63,7 +63,8 @@ def leaf_key(key: WorkspaceKey, name: str) -> bytes:
 
 
 def leaf_value(key: WorkspaceKey, name: str, digest: bytes) -> bytes:
-    """The server's value of node `name` whose local digest is `digest`."""
+    """The server's value of node `name` (a page, a file or a bucket) whose local digest
+    is `digest`."""
     page = page_key_of(name)
     return crypto.page_value(key, page) if page is not None else \
         crypto.node_value(key, name, digest)
@@ -299,9 +300,7 @@ def dir_values(tree: LocalTree, key: WorkspaceKey, dirs: Iterable[str]) -> list[
 
     out = []
     for d in dirs:
-        kids = [(node_key(c), leaf_value(key, c, tree.digest(c)) if not tree.is_dir(c)
-                 else crypto.node_value(key, c, tree.digest(c)))
-                for c in tree.children[d]]
+        kids = [(node_key(c), leaf_value(key, c, tree.digest(c))) for c in tree.children[d]]
         out.append(DirValue(node_key(d), crypto.node_value(key, d, tree.dirs[d]),
                             children_digest(kids)))
     return out

@@ -35,6 +35,7 @@ from sync.pages import (
     opened_rows,
     page_update,
 )
+from sync.pool_sync import leaf_update
 from sync.records import FileUpdate
 from sync.sealed_rows import RowSealer
 
@@ -51,6 +52,14 @@ def chunk_meta(path: str, c: Chunk) -> crypto.ChunkMeta:
     """What a sealed row says of where chunk `c` of `path` lives."""
     return crypto.ChunkMeta(path=path, start_line=c.start_line, end_line=c.end_line,
                             symbol=c.symbol, language=c.language, chunk_hash=c.chunk_hash)
+
+
+def matched(vectors: dict[tuple[bytes, str], np.ndarray],
+            chunks: list[tuple[bytes, Chunk]]) -> list[tuple[bytes, np.ndarray]]:
+    """(cache key, vector) of each of `chunks` ((cache key, chunk)) that `vectors`, by
+    chunk hash and symbol, holds one for."""
+    return [(k, vectors[c.chunk_hash, c.symbol]) for k, c in chunks
+            if (c.chunk_hash, c.symbol) in vectors]
 
 
 class PagedSync:
@@ -185,10 +194,7 @@ class PagedSync:
 
     def leaf(self, path: str, digest: bytes) -> FileUpdate:
         """A file's leaf, which holds no row (its rows are in pages)."""
-        return FileUpdate(file_key=crypto.node_key(self.key, path),
-                          ancestors=tuple(crypto.node_key(self.key, a)
-                                          for a in bucket_path(self.key, path)),
-                          value=crypto.node_value(self.key, path, digest))
+        return leaf_update(self.key, path, digest)
 
     def updates(self, sending: Sequence[tuple[str, bytes, list[Chunk]]],
                 vectors: np.ndarray) -> list[FileUpdate]:
@@ -248,12 +254,8 @@ class PagedSync:
                 continue
             rows = self.index.rows_of(file_key,
                                       crypto.node_value(self.key, path, digests[file_key][1]))
-            by_chunk = {(r.meta.chunk_hash, r.meta.symbol): r.vector for r in rows
-                        if r.meta.path == path and r.vector is not None}
-            for k, c in lacking:
-                vector = by_chunk.get((c.chunk_hash, c.symbol))
-                if vector is not None:
-                    out.append((k, vector))
+            out += matched({(r.meta.chunk_hash, r.meta.symbol): r.vector for r in rows
+                            if r.meta.path == path and r.vector is not None}, lacking)
         return out
 
     def consumed(self, versions: Iterable[tuple[str, bytes]]) -> None:

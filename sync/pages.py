@@ -246,39 +246,19 @@ class PageWriter:
 
     def write(self, rows: list[PageRow]) -> PagedWrite:
         """The pages that hold `rows`: shuffled across their files, PAGE_ROWS a page; the
-        free slots of the last page take the live rows of whole emptiest pages, which go.
-        No rows: no pages."""
+        free slots of the last page take the live rows of whole emptiest pages, which go,
+        and the slots still free rows copied from pages drawn at random (`_copies`). No
+        rows: no pages."""
         if not rows:
             return PagedWrite([], [], {})
         rows = _random.sample(rows, len(rows))
-        free = -len(rows) % PAGE_ROWS
-        emptied: list[bytes] = []
-        for page, live in sorted(self._live.items(), key=lambda kv: kv[1]):
-            if not live:
-                continue  # a page of no live row: the diff deletes it
-            if live > free:
-                break
-            moved = self._with_vectors(self._live_rows(page))
-            if moved is None:
-                continue  # a vector this machine lacks: the page stays
-            free -= len(moved)
-            rows.extend(moved)
-            emptied.append(page)
-        copied = self._copies(free, set(emptied))
-        rows.extend(r for _, r in copied)
-        written: dict[bytes, list[PageRow]] = {}
-        updates: list[FileUpdate] = []
-        for start in range(0, len(rows), PAGE_ROWS):
-            page = os.urandom(KEY_BYTES)
-            held = rows[start : start + PAGE_ROWS]
-            written[page] = held
-            updates.append(self._page_update(page, held))
-        for page in emptied:
-            self._live.pop(page, None)
+        moved, emptied = self._emptiest(-len(rows) % PAGE_ROWS)
+        rows += moved
+        copied = self._copies(-len(rows) % PAGE_ROWS, set(emptied))
         for page, _ in copied:
             self._live[page] -= 1
-        for page, held in written.items():
-            self._live[page] = len(held)
+        rows += [r for _, r in copied]
+        updates, written = self._pages(rows, emptied)
         return PagedWrite(updates, emptied, written, copied)
 
     def compact(self, most: int = COMPACT_PAGES) -> PagedWrite:
@@ -286,32 +266,48 @@ class PageWriter:
         deleted, whose rows no write has moved yet), the emptiest pages' live rows go
         into fresh pages, `most` at most, and those pages go; nothing while they are
         not."""
-        written: dict[bytes, list[PageRow]] = {}
         updates: list[FileUpdate] = []
+        written: dict[bytes, list[PageRow]] = {}
         emptied: list[bytes] = []
         while len(written) < most:
-            live = {p: n for p, n in self._live.items() if n}
-            if PAGE_ROWS * len(live) <= WASTE * sum(live.values()) + PAGE_ROWS:
+            live = [n for n in self._live.values() if n]
+            if PAGE_ROWS * len(live) <= WASTE * sum(live) + PAGE_ROWS:
                 break
-            rows: list[PageRow] = []
-            taken: list[bytes] = []
-            for page, n in sorted(live.items(), key=lambda kv: kv[1]):
-                if len(rows) + n > PAGE_ROWS:
-                    break
-                moved = self._with_vectors(self._live_rows(page))
-                if moved is not None:
-                    rows += moved
-                    taken.append(page)
+            rows, taken = self._emptiest(PAGE_ROWS)
             if len(taken) < 2:
                 break  # one page moved into one page gains nothing
-            page = os.urandom(KEY_BYTES)
-            written[page] = rows
-            updates.append(self._page_update(page, rows))
-            for gone in taken:
-                self._live.pop(gone, None)
-            self._live[page] = len(rows)
+            more, pages = self._pages(rows, taken)
+            updates += more
+            written |= pages
             emptied += taken
         return PagedWrite(updates, emptied, written)
+
+    def _emptiest(self, room: int) -> tuple[list[PageRow], list[bytes]]:
+        """The live rows of the emptiest pages that fit whole in `room` slots, and those
+        pages (a page one of whose vectors this machine lacks stays)."""
+        rows: list[PageRow] = []
+        taken: list[bytes] = []
+        for page, live in sorted(self._live.items(), key=lambda kv: kv[1]):
+            if not live:
+                continue  # a page of no live row: the diff deletes it
+            if len(rows) + live > room:
+                break
+            moved = self._with_vectors(self._live_rows(page))
+            if moved is not None:
+                rows += moved
+                taken.append(page)
+        return rows, taken
+
+    def _pages(self, rows: list[PageRow], emptied: list[bytes]
+               ) -> tuple[list[FileUpdate], dict[bytes, list[PageRow]]]:
+        """`rows` in fresh pages, PAGE_ROWS a page, in place of the `emptied` pages."""
+        written = {os.urandom(KEY_BYTES): rows[start : start + PAGE_ROWS]
+                   for start in range(0, len(rows), PAGE_ROWS)}
+        for page in emptied:
+            self._live.pop(page, None)
+        for page, held in written.items():
+            self._live[page] = len(held)
+        return [self._page_update(page, held) for page, held in written.items()], written
 
     def _live_rows(self, page: bytes) -> list[PageRow]:
         return [r for r in self.index.page_rows(page) if self.owners.get(r.file_key) == r.value]

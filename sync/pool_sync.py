@@ -33,12 +33,19 @@ def pooled(client: StoreClient, key: WorkspaceKey, files: dict[str, bytes],
     return held
 
 
-def link_update(key: WorkspaceKey, path: str, digest: bytes) -> FileUpdate:
-    """The update that points `path`'s leaf at its blob in the pool: no rows travel."""
+def leaf_update(key: WorkspaceKey, path: str, digest: bytes, *,
+                link: bool = False) -> FileUpdate:
+    """The update that sets `path`'s leaf and carries no rows: a leaf whose rows are in
+    pages (sync.pages), or, with `link`, one pointing at its blob in the pool."""
     file_key, value = blob_of(key, path, digest)
     return FileUpdate(file_key=file_key,
                       ancestors=tuple(crypto.node_key(key, a) for a in bucket_path(key, path)),
-                      value=value, link=True)
+                      value=value, link=link)
+
+
+def link_update(key: WorkspaceKey, path: str, digest: bytes) -> FileUpdate:
+    """The update that points `path`'s leaf at its blob in the pool: no rows travel."""
+    return leaf_update(key, path, digest, link=True)
 
 
 def pull_rows(client: StoreClient, key: WorkspaceKey,

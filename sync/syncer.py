@@ -59,7 +59,7 @@ from sync.merkle import (
     diff,
     dir_values,
 )
-from sync.paged_sync import PagedSync, chunk_meta
+from sync.paged_sync import PagedSync, chunk_meta, matched
 from sync.pages import PageIndex, PageRow
 from sync.pool_sync import link_update, pooled, pull_rows
 from sync.progress import Progress
@@ -754,12 +754,7 @@ class Syncer:
                             path, opened.meta.path)
                 continue
             by_chunk[(opened.meta.chunk_hash, opened.meta.symbol)] = opened.vector
-        out = []
-        for key, c in chunks:
-            vector = by_chunk.get((c.chunk_hash, c.symbol))
-            if vector is not None:
-                out.append((key, vector))
-        return out
+        return matched(by_chunk, chunks)
 
     def _updates(self, sending: list[tuple[_Pending, list[Chunk]]],
                  vectors: np.ndarray) -> list[FileUpdate]:
