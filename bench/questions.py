@@ -116,8 +116,26 @@ def overlap(query: str, gold_texts: Sequence[str]) -> float:
     return len(words & present) / len(words)
 
 
-def systems(vectors: bool) -> list[System]:
-    """The rows: the tiers, the model alone, and the words tier's ablation."""
+def grid_rows() -> list[System]:
+    """The words tier's settings tried on the tune half."""
+    nv = NO_VECTORS
+    rows = [System(f"words: path vote {w}", {**nv, "w_path": w}, vectors=False)
+            for w in (0.0, 0.05, 0.1, 0.25)]
+    rows += [System(f"words: saturation {f}", {**nv, "saturation": f}, vectors=False)
+             for f in (0.3, 0.5, 0.7)]
+    rows += [System(f"words: non-code x{f}", {**nv, "w_non_code": f}, vectors=False)
+             for f in (0.2, 0.4, 0.6)]
+    rows += [System(f"words: file vote {w}", {**nv, "w_file_vote": w}, vectors=False)
+             for w in (0.25, 0.5, 1.0)]
+    rows += [System(f"words: file vote {w}, path 0.1", {**nv, "w_file_vote": w, "w_path": 0.1},
+                    vectors=False) for w in (0.5, 1.0)]
+    rows += [System("words: file first off", {**nv, "file_first": False}, vectors=False)]
+    return rows
+
+
+def systems(vectors: bool, grid: bool = False) -> list[System]:
+    """The rows: the tiers, the model alone, and the words tier's ablation (with `grid`,
+    the settings tried on the tune half)."""
     rows = []
     if vectors:
         rows += [System("codeveil (shipped defaults)", {}),
@@ -126,6 +144,8 @@ def systems(vectors: bool) -> list[System]:
         System("codeveil, no vectors (words tier)", NO_VECTORS, vectors=False),
         System("words tier, no path vote", {**NO_VECTORS, "w_path": 0.0}, vectors=False),
         System("words tier, no evidence", {**NO_VECTORS, "evidence": False}, vectors=False),
+        System("words tier, question words kept", {**NO_VECTORS, "question_words_out": False},
+               vectors=False),
         System("words tier, every kind alike", {**NO_VECTORS, "w_non_code": 1.0},
                vectors=False),
         System("words tier, no saturation", {**NO_VECTORS, "saturation": 1.0,
@@ -133,7 +153,7 @@ def systems(vectors: bool) -> list[System]:
         System("BM25 chunks only", {**NO_VECTORS, "evidence": False, "w_non_code": 1.0,
                                     "w_path": 0.0}, vectors=False),
     ]
-    return rows
+    return rows + (grid_rows() if grid else [])
 
 
 def main() -> None:
@@ -148,6 +168,8 @@ def main() -> None:
     ap.add_argument("--repos", default="", help="Only these owner/name, comma-separated.")
     ap.add_argument("--halves", default="tune,report")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--grid", action="store_true",
+                    help="Also rank with each words-tier setting tried on the tune half.")
     ap.add_argument("--out", default="questions")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
@@ -156,7 +178,7 @@ def main() -> None:
 
     logging.getLogger("bm25s").setLevel(logging.WARNING)
     os.environ.setdefault("CODEVEIL_CACHE_DIR", str(args.data / "cache"))
-    pins, queries, raw = load_questions()
+    pins, queries, _written = load_questions()
     halves = set(args.halves.split(","))
     wanted = set(filter(None, args.repos.split(",")))
     pins = [p for p in pins if p.half in halves and (not wanted or p.repo in wanted)]
@@ -176,7 +198,7 @@ def main() -> None:
         log.info("%s: %d files, %d chunks", pin.repo, r.files, r.chunks)
     if args.stage == "warm":
         return
-    chosen = systems(vectors)
+    chosen = systems(vectors, args.grid)
     rows = evaluate(repos, queries, chosen, vectors=vectors)
     names = [BM25, *[s.name for s in chosen]]
     report = print_tables(rows, names)
