@@ -130,6 +130,13 @@ def grid_rows() -> list[System]:
     rows += [System(f"words: file vote {w}, path 0.1", {**nv, "w_file_vote": w, "w_path": 0.1},
                     vectors=False) for w in (0.5, 1.0)]
     rows += [System("words: file first off", {**nv, "file_first": False}, vectors=False)]
+    # With every vector: the fusion's weights for questions in plain words.
+    rows += [System(f"vectors: prose BM25 {w}", {"w_lexical_prose": w}) for w in (0.5, 1.0)]
+    rows += [System(f"vectors: file vote {w}", {"w_file_vote": w}) for w in (0.0, 0.5)]
+    rows += [System(f"vectors: prose header vector {w}", {"w_header_vector_prose": w})
+             for w in (0.25, 0.5)]
+    rows += [System(f"vectors: vector weight {w}", {"w_vector": w}) for w in (0.5, 2.0)]
+    rows += [System("vectors: question words kept", {"question_words_out": False})]
     return rows
 
 
@@ -200,7 +207,7 @@ def main() -> None:
         return
     chosen = systems(vectors, args.grid)
     rows = evaluate(repos, queries, chosen, vectors=vectors)
-    names = [BM25, *[s.name for s in chosen]]
+    names = [BM25, *[s.name for s in chosen if vectors or not s.vectors]]
     report = print_tables(rows, names)
 
     # Word overlap of each question with its gold files, by kind and half.
