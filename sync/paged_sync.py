@@ -83,6 +83,8 @@ class PagedSync:
         self._touched: set[bytes] = set()
         self._covered: set[bytes] = set()
         self._upload: set[str] = set()
+        self._keys: dict[str, bytes] = {}  # path -> file key, of the files diffed
+        self._owners: dict[bytes, bytes] = {}  # file key -> the value this sync leaves
 
     # -- before anything is sent --------------------------------------------------------
 
@@ -103,8 +105,9 @@ class PagedSync:
         with its rows, so nothing it writes rests on a page the other writer may be
         deleting, and nothing it deletes held a row the other's tree names."""
         key = self.key
-        owners = {crypto.node_key(key, p): crypto.node_value(key, p, d)
-                  for p, d in files.items()}
+        self._keys = keys = {p: crypto.node_key(key, p) for p in files}
+        self._owners = owners = {keys[p]: crypto.node_value(key, p, d)
+                                 for p, d in files.items()}
         other_refs = self.pool and not fresh
         for attempt in range(3):
             writer = PageWriter(key, self.sealer, self.index, owners, fresh=fresh,
@@ -142,22 +145,22 @@ class PagedSync:
         not chunked at their version (`local_digests`) yet; and those chunked here at
         their version some chunk of which no page holds a row of (`incomplete`)."""
         return {p for p, d in files.items()
-                if p not in self._upload and crypto.node_key(self.key, p) not in self._covered
+                if p not in self._upload and self._keys[p] not in self._covered
                 and (local_digests.get(p) != d or p in places)
                 } | (incomplete - self._upload)
 
     def incomplete(self, files: dict[str, bytes], local_digests: dict[str, bytes],
                    places: dict[str, set[tuple[int, int, bytes]]]) -> set[str]:
-        """The files chunked here at their version (`local_digests`; `places`: each
-        one's chunks) of which a page of the tree holds some rows but not all: another
-        checkout syncing the same ref moved or deleted a page holding the rest (its own
-        tree had another version of the file). Their rows are sent again, whatever the
-        leaf says: a row counts per chunk, never per file."""
-        owners = {crypto.node_key(self.key, p): crypto.node_value(self.key, p, d)
-                  for p, d in files.items() if local_digests.get(p) == d and places.get(p)}
-        held = self.index.live_places(owners)
-        paths = {crypto.node_key(self.key, p): p for p in files}
-        return {paths[k] for k in owners if not places[paths[k]] <= held.get(k, set())}
+        """After `diff`, of the same `files`: those chunked here at their version
+        (`local_digests`; `places`: each one's chunks) some chunk of which no page of
+        the tree holds a row of (another checkout syncing this ref moved or deleted the
+        page that held it: its own tree had another version of the file). Their rows
+        are sent again, whatever the leaf says: a row counts per chunk, never per file.
+        A local check: no request."""
+        chunked = {p: k for p, k in self._keys.items()
+                   if local_digests.get(p) == files[p] and places.get(p)}
+        held = self.index.live_places({k: self._owners[k] for k in chunked.values()})
+        return {p for p, k in chunked.items() if not places[p] <= held.get(k, set())}
 
     def complete(self, path: str, digest: bytes, chunks: Sequence[Chunk]) -> bool:
         """Whether a page of the tree holds a row of every one of `chunks` (of `path` at
