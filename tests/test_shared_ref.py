@@ -40,23 +40,36 @@ def _body(i: int, version: int) -> str:
 FILES = {f"pkg/mod_{i}.py": _body(i, 0) for i in range(N)}
 
 
-@pytest.fixture(params=["embedded", "postgresql"])
-def server(request: pytest.FixtureRequest) -> ServerProcess:
-    """One server per backend: the embedded store, and PostgreSQL."""
-    name = "live_server" if request.param == "embedded" else "pg_live_server"
-    return request.getfixturevalue(name)
+BACKENDS = ["embedded", "postgresql", "postgresql-replicas"]
+
+
+@pytest.fixture(params=BACKENDS)
+def servers(request: pytest.FixtureRequest, tmp_path: Path
+            ) -> tuple[ServerProcess, ServerProcess]:
+    """The server each clone talks to: one on the embedded store, one on PostgreSQL,
+    or two replicas of one PostgreSQL database (one per clone)."""
+    if request.param == "embedded":
+        server = request.getfixturevalue("live_server")
+        return server, server
+    server = request.getfixturevalue("pg_live_server")
+    if request.param == "postgresql":
+        return server, server
+    replica = request.getfixturevalue("server_factory")(tmp_path / "replica",
+                                                        store=server.store)
+    return server, replica
 
 
 @pytest.fixture
-def clones(tmp_path: Path, server: ServerProcess) -> Iterator[tuple[Index, Index]]:
+def clones(tmp_path: Path, servers: tuple[ServerProcess, ServerProcess]
+           ) -> Iterator[tuple[Index, Index]]:
     """Two clones indexed into one workspace (the second joined with the first's
     token), on one ref."""
     a = Index(write_repo(tmp_path / "a", FILES), embedder=HashingEmbedder())
     b = Index(write_repo(tmp_path / "b", FILES), embedder=HashingEmbedder())
     try:
-        config = a.init(server=server.url)
+        config = a.init(server=servers[0].url)
         a.index(wait=True)
-        b.init(server=server.url, workspace_id=config.workspace_id,
+        b.init(server=servers[1].url, workspace_id=config.workspace_id,
                token=load_token(config.workspace_id))
         b.index(wait=True)
         assert ref_name(a.root) == ref_name(b.root)
@@ -156,6 +169,7 @@ def test_two_clones_syncing_one_ref_at_once_leave_no_file_without_rows(
     _clean(b)
 
 
+@pytest.mark.parametrize("servers", BACKENDS[:2], indirect=True)
 @pytest.mark.parametrize("at", ["_apply", "set_dir_values"])
 def test_a_whole_sync_of_the_other_clone_inside_one_leaves_no_gap(
         clones: tuple[Index, Index], monkeypatch: pytest.MonkeyPatch, at: str) -> None:
@@ -184,6 +198,7 @@ def test_a_whole_sync_of_the_other_clone_inside_one_leaves_no_gap(
     _clean(b)
 
 
+@pytest.mark.parametrize("servers", BACKENDS[:2], indirect=True)
 def test_doctor_names_a_gap_and_the_next_index_sends_it(
         clones: tuple[Index, Index]) -> None:
     a, _ = clones
