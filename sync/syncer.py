@@ -83,6 +83,7 @@ DIRS_BATCH = 50_000  # directory values per request (the server accepts 100,000)
 # Passes of a paged sync while another checkout of its ref writes between its diff and
 # its directory values (each pass diffs the store as it is then).
 PASSES = 4
+PASS_PAUSE_S = 0.05
 WRITE_FILES = 64  # files per local write while chunking ahead of the model
 PULL_FILES = 512  # files per request when pulling rows
 POOL_LOOKUP_MIN = 8  # changed files from which a sync asks the pool which it holds
@@ -302,6 +303,9 @@ class Syncer:
             # does meanwhile, no leaf this pass sets rests on a page it deletes.
             log.info("another writer of this ref synced meanwhile; syncing again")
             reupload = False
+            # A random pause, longer each time: two checkouts that keep overwriting
+            # each other's files stop passing in step, and one finishes first.
+            time.sleep(_random.uniform(0, PASS_PAUSE_S * (attempt + 1)))
         else:
             log.warning("another writer of this ref kept syncing: %d passes, the next"
                         " sync sends what the store lacks", PASSES)
