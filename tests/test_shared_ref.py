@@ -3,8 +3,11 @@
 `CODEVEIL_REF` set alike would), on a real server on loopback. Each round both edit
 and index at once; after the round, and after a last index by each, the rows the
 server's tree holds are those of a clean index of the tree it holds: no file of the
-tree lacks a row of one of its chunks. The hashing embedder: what is tested is where
-rows are, not what they mean."""
+tree lacks a row of one of its chunks, and `doctor` finds nothing. The race is also
+forced (the other clone's whole sync inside one's, before its apply or its directory
+values), and a gap made by hand is named by `doctor` and sent by the next index. On
+the embedded store, PostgreSQL, and two PostgreSQL replicas. The hashing embedder:
+what is tested is where rows are, not what they mean."""
 
 from __future__ import annotations
 
