@@ -61,6 +61,7 @@ from sync.sealed_rows import RowSealer
 from sync.store.embedded.registry import Store
 from sync.store.embedded.workspace import WorkspaceStore
 from sync.syncer import SyncReport
+from sync.tree_rows import read_tree_rows
 
 # A cached vector of this model whose norm is further than this from 1 is damaged.
 NORM_TOLERANCE = 1e-2
@@ -199,7 +200,7 @@ def _check(root: Path, embedder: Embedder | None) -> tuple[DoctorReport, _Plan]:
         if config.server is None:
             _check_embedded_store(root, config, key, report, plan)
         else:
-            _check_server(idx, config, report, plan)
+            _check_server(idx, config, key, report, plan)
     finally:
         idx.close()
     return report, plan
@@ -428,15 +429,40 @@ def _chunk_hash(sealer: RowSealer | None, key: WorkspaceKey, workspace_id: str,
     return crypto.open_meta(key, workspace_id, row_id, blob).chunk_hash
 
 
-def _check_server(idx: Index, config: RepoConfig, report: DoctorReport, plan: _Plan) -> None:
+def _check_server(idx: Index, config: RepoConfig, key: WorkspaceKey, report: DoctorReport,
+                  plan: _Plan) -> None:
     f = Finding(f"{config.server} (workspace {config.workspace_id})")
     report.findings.append(f)
     try:
         idx.status()
+        gaps = _server_gaps(idx, config, key) if config.sealed else {}
     except CodeveilError as exc:
         # The server's files are its operator's to repair (`codeveil doctor --data DIR`
         # on the server); a client can only re-send once it answers again.
         f.problem = str(exc)
+        return
+    if gaps:
+        path = min(gaps)
+        f.problem = (f"the server's tree holds {len(gaps)} files of this checkout without"
+                     f" all their rows ({sum(gaps.values())} chunks; e.g. {path})")
+        plan.reupload.append(f)
+
+
+def _server_gaps(idx: Index, config: RepoConfig, key: WorkspaceKey) -> dict[str, int]:
+    """path -> its chunks without a row, for each file whose leaf in the server's tree
+    of this checkout's ref is this checkout's version (sync.tree_rows): asked of the
+    server, whatever this machine's page index believes."""
+    root, _, _, client = idx.workspace.open_for_read()
+    if idx.workspace.offline is not None or not _state_readable(root):
+        return {}
+    ref = client.ref
+    client.ref = ref_id(key, ref_name(root))
+    try:
+        tree = read_tree_rows(client, key, RowSealer(key, config.workspace_id, config.dim))
+    finally:
+        client.ref = ref
+    with _state(root) as local:
+        return tree.gaps(key, local.file_digests(), local.places())
 
 
 def check_data_dir(data: str | Path) -> DoctorReport:
