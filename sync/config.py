@@ -78,6 +78,13 @@ def find_root(start: Path) -> Path:
     recorded = missing_config_message(start)
     if recorded:
         raise NoIndexError(recorded)
+    for folder in (start, *start.parents):
+        if (folder / DIR_NAME / "store" / "registry.sqlite").is_file():
+            # An embedded store without its config: an index started anew here would be
+            # a new workspace beside it; the repair rebuilds the config from the store.
+            raise NoIndexError(
+                f"{folder / DIR_NAME / 'config.json'} is missing, but {folder / DIR_NAME}"
+                f" holds an index: run `codeveil doctor --repair -C {folder}` to restore it")
     raise NoIndexError(
         f"no codeveil index in {start} or any parent folder; run `codeveil index` there first"
     )

@@ -572,8 +572,18 @@ def _open_client(root: Path, config: RepoConfig,
                  connect_timeout: float | None = None) -> StoreClient:
     if config.server is None:
         from sync.local_client import LocalClient
+        from sync.wire import WorkspaceNotFound
 
-        return LocalClient.open(store_path(root), config.workspace_id)
+        try:
+            return LocalClient.open(store_path(root), config.workspace_id)
+        except WorkspaceNotFound:
+            # The registry was lost or replaced, or config.json names another
+            # workspace (copied from another checkout): the repair sorts out which.
+            raise WorkspaceNotFound(
+                f"the embedded store {store_path(root)} holds no workspace"
+                f" {config.workspace_id!r}, the one {codeveil_dir(root) / 'config.json'}"
+                " names: its registry.sqlite was lost or replaced, or config.json is"
+                " another checkout's; run `codeveil doctor --repair`") from None
     from sync.http_client import HttpClient
 
     token = load_token(config.workspace_id)
