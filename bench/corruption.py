@@ -19,7 +19,8 @@ or the error is one line naming the file and a remedy, no error is `unexpected` 
 `CodeveilError`), the doctor names every damage that is not rebuilt by the next read
 anyway, and after the repair the answers are the fresh ones and the doctor finds nothing.
 
-    .venv/bin/python bench/corruption.py            # the table, as in docs/benchmarks.md
+    .venv/bin/python bench/corruption.py    # the table of docs/benchmarks.md, and
+                                            # bench/results/corruption.json
 
 `tests/test_corruption.py` runs every case.
 """
@@ -44,6 +45,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._common import write_json  # noqa: E402
 from indexer.embedder import HashingEmbedder  # noqa: E402
 from indexer.errors import CodeveilError  # noqa: E402
 from retrieval.agent.agent_tools import AgentTools  # noqa: E402
@@ -294,12 +296,17 @@ class Outcome:
 
     @property
     def cell(self) -> str:
+        """The outcome in a few words: what the read answered (right, refused in one
+        line, rebuilt unasked by the read), whether the doctor named it, the repair."""
         if not self.applies:
             return "n/a"
         read = "refused" if self.read.startswith("refused") else self.read
         if read == "right" and self.doctor == "ok":
-            read = "healed on read"  # or harmless: the next read rebuilt it unasked
-        return f"{read}; doctor {self.doctor}; repair {self.repaired}"
+            return "right, rebuilt when next needed" if self.repaired == "right" else \
+                f"right; repair {self.repaired}"
+        named = "named" if self.doctor == "named" else f"doctor {self.doctor}"
+        repaired = "repaired" if self.repaired == "right" else f"repair {self.repaired}"
+        return f"{read}, {named}, {repaired}"
 
 
 def restore(built: Built) -> None:
@@ -400,7 +407,8 @@ def table(outcomes: list[Outcome]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.parse_args()
+    parser.add_argument("--no-json", action="store_true", help="do not write results")
+    args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="codeveil-corruption-"))
     try:
         with env(CODEVEIL_CONFIG_DIR=str(base / "config"),
@@ -413,6 +421,12 @@ def main() -> None:
         print(f"\n{len(applied)} cases, {len(failed)} failing")
         for o in failed:
             print(f"  {o.kind} {o.damage}: {o.problem}")
+        if not args.no_json:
+            write_json("corruption", {
+                "cases": len(applied), "failing": len(failed),
+                "outcomes": [{"file": o.kind, "damage": o.damage, "applies": o.applies,
+                              "doctor": o.doctor, "read": o.read, "repaired": o.repaired,
+                              "problem": o.problem} for o in outcomes]})
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
