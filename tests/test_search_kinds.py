@@ -143,3 +143,18 @@ def test_notebook_hits_open_at_the_cell_and_never_show_outputs(tmp_path: Path) -
     assert {h["language"] for h in hits} == {"python", "markdown"}
     outputs = run_in_process(["search", "zebra giraffe output line", "--json"], repo)
     assert all("zebra" not in h["text"] for h in json.loads(outputs.stdout)["hits"])
+
+
+def test_a_language_is_named_in_any_case_or_by_extension_and_an_unknown_one_refused(
+        tmp_path: Path) -> None:
+    # `--lang py` and `--lang Python` matched no chunk ("no results") while only
+    # `python` worked; an unknown language said nothing either.
+    repo = write_repo(tmp_path / "repo", FILES)
+    assert run_in_process(["index", "--wait", "-q"], repo).returncode == 0
+    python = {h["path"] for h in search(repo, "--lang", "python")}
+    assert python == {"net/backoff.py", "tests/test_backoff.py", "examples/backoff_demo.py"}
+    for name in ("py", "Python", ".py", "PY"):
+        assert {h["path"] for h in search(repo, "--lang", name)} == python, name
+    assert {h["path"] for h in search(repo, "--lang", "yml")} == {"config/retry.yaml"}
+    assert_one_line_error(run(["search", QUERY, "--lang", "klingon"], repo),
+                          "unknown language 'klingon'; use one of")

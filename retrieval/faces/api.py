@@ -445,6 +445,13 @@ def _search_arguments(query: str, k: int, path: str | None, language: str | None
         raise SearchError(str(exc)) from None
     if group not in LEVELS:
         raise SearchError(f"unknown group {group!r}; use one of {', '.join(LEVELS)}")
+    if language is not None:
+        from indexer.languages import parse_language
+
+        try:
+            language = parse_language(language)
+        except ValueError as exc:
+            raise SearchError(str(exc)) from None
     return HitFilter.of(path, language, kinds), cast("Level", group)  # checked above
 
 
