@@ -207,3 +207,19 @@ def test_progress_bar_shows_stages_and_embed_rate(sample_repo: Path, tmp_path: P
         assert f"{stage} " in bar.where, bar.where
     assert bar.rate == pytest.approx(report.embed_chunks_per_s)
     assert "/s" in bar.bar.tasks[0].fields["detail"]
+
+
+@pytest.mark.parametrize("args", [["status"], ["search", "password hash"], ["grep", "def"],
+                                  ["uses", "hash_password"], ["outline", "auth/password.py"]])
+def test_a_reader_that_stops_reading_ends_the_command_quietly(
+        sample_repo: Path, args: list[str]) -> None:
+    # `codeveil status | head -1`: an unexpected BrokenPipeError and exit 1 (search: exit 1).
+    assert run(["index", "--wait", "-q"], sample_repo).returncode == 0
+    proc = subprocess.Popen([sys.executable, "-m", "retrieval", *args], cwd=sample_repo,
+                            env=dict(os.environ, CODEVEIL_EMBEDDER="hashing"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the command writes a byte: its first write fails
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert "error" not in err and "Traceback" not in err

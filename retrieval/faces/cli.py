@@ -24,6 +24,7 @@ from retrieval.faces.cli_base import (
     _fail,
     _Group,
     _index,
+    _pipe_closed,
     json_option,
     operation_params,
     print_report,
@@ -298,6 +299,7 @@ def _print_hits(hits: list[Hit], query: str, *, names: dict[str, str] | None = N
     from rich.syntax import Syntax
 
     console = Console(highlight=False)
+    console.on_broken_pipe = _pipe_closed  # type: ignore[method-assign] (rich exits 1)
     for hit in hits:
         where = f"{hit.path}:{hit.start_line}-{hit.end_line}"
         if hit.repo is not None and names:
