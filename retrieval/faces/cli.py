@@ -299,7 +299,8 @@ def _print_hits(hits: list[Hit], query: str, *, names: dict[str, str] | None = N
     from rich.syntax import Syntax
 
     console = Console(highlight=False)
-    console.on_broken_pipe = _pipe_closed  # type: ignore[method-assign] (rich exits 1)
+    # Rich's own handler of a closed pipe exits 1; a reader that stopped is no error.
+    console.on_broken_pipe = _pipe_closed  # type: ignore[method-assign]
     for hit in hits:
         where = f"{hit.path}:{hit.start_line}-{hit.end_line}"
         if hit.repo is not None and names:
