@@ -104,6 +104,24 @@ def missing_config_message(start: Path) -> str | None:
             f" `codeveil doctor --repair -C {record.root}` to restore it")
 
 
+def server_url_problem(server: str) -> str | None:
+    """Why `server` (as given to `--server`) is not a server URL; None when it is one."""
+    from urllib.parse import urlsplit
+
+    try:
+        parsed = urlsplit(server)
+        host = parsed.hostname
+        parsed.port  # noqa: B018 (raises ValueError for a port out of range)
+    except ValueError as exc:
+        return f"{server!r} is not a URL ({exc})"
+    if parsed.scheme in ("http", "https") and host:
+        return None
+    if "://" not in server:
+        return (f"{server!r} has no scheme; a codeveil server is reached over http(s):"
+                f" --server https://{server} (or http:// on a trusted network)")
+    return f"{server!r} is not an http(s) URL; a codeveil server is reached over http(s)"
+
+
 def codeveil_dir(root: Path) -> Path:
     return root / DIR_NAME
 

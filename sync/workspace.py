@@ -48,6 +48,7 @@ from sync.config import (
     remember_checkout,
     save_config,
     save_token,
+    server_url_problem,
     state_path,
     store_path,
     token_path,
@@ -170,6 +171,10 @@ class Workspace:
         With `workspace_id` (and the key imported with `codeveil key import`), join an
         existing workspace on `server` instead of creating one; it keeps its own mode.
         """
+        if server is not None:
+            bad = server_url_problem(server)
+            if bad is not None:  # refused before anything is written
+                raise CodeveilError(bad)
         root = self._start.resolve()
         with init_lock(root):
             # Checked under the lock: of two inits of one folder at once, the second

@@ -223,3 +223,19 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly(
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
     assert "error" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("server", "said"), [
+    ("127.0.0.1:42443", "has no scheme; a codeveil server is reached over http(s):"
+                        " --server https://127.0.0.1:42443"),
+    ("ftp://127.0.0.1:42443", "is not an http(s) URL"),
+    ("http://", "is not an http(s) URL"),
+])
+def test_init_refuses_a_server_that_is_not_an_http_url_before_writing(
+        tmp_path: Path, server: str, said: str) -> None:
+    # It wrote config.json and exited 0; only the next index refused.
+    from tests.cli_in_process import run_in_process
+
+    proc = run_in_process(["init", ".", "--server", server], tmp_path)
+    assert proc.returncode == 1 and said in proc.stderr, proc.stderr
+    assert not (tmp_path / ".codeveil").exists()
