@@ -239,3 +239,29 @@ def test_init_refuses_a_server_that_is_not_an_http_url_before_writing(
     proc = run_in_process(["init", ".", "--server", server], tmp_path)
     assert proc.returncode == 1 and said in proc.stderr, proc.stderr
     assert not (tmp_path / ".codeveil").exists()
+
+
+def test_a_server_that_is_not_codeveil_is_said_to_be_so(tmp_path: Path) -> None:
+    # A plain web server answered `init --server` with its whole HTML 501 page and "the
+    # server failed on its side; retry later".
+    import http.server
+    import threading
+
+    from tests.cli_in_process import run_in_process
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # its log would land in the command's captured stderr
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{web.server_address[1]}"
+        proc = run_in_process(["init", ".", "--server", url], tmp_path)
+    finally:
+        web.shutdown()
+        web.server_close()
+    assert proc.returncode == 1
+    [line] = proc.stderr.strip().splitlines()
+    assert f"{url} is not a codeveil server: it answered HTTP 501 with text/html" in line
+    assert "<html" not in line.lower() and "retry later" not in line
