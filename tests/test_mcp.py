@@ -214,3 +214,27 @@ def test_search_over_several_repositories_through_a_client_session(tmp_path: Pat
         assert missing.is_error and "no codeveil index" in missing.content[0].text
 
     anyio.run(_session_run, repo, tmp_path, steps)
+
+
+def test_the_server_says_its_version_and_which_tools_only_read(tmp_path: Path) -> None:
+    # serverInfo.version was empty and no tool carried annotations, so clients asked
+    # permission before every lookup.
+    repo = write_repo(tmp_path / "repo")
+
+    async def run() -> None:
+        with anyio.fail_after(120):
+            async with stdio_client(_params(repo, tmp_path)) as (read, write), \
+                    ClientSession(read, write) as session:
+                started = await session.initialize()
+                assert started.server_info.name == "codeveil"
+                assert started.server_info.version
+                tools = {t.name: t for t in (await session.list_tools()).tools}
+                for name in ("search", "definition", "outline", "references", "grep",
+                             "index_status"):
+                    hints = tools[name].annotations
+                    assert hints is not None and hints.read_only_hint, name
+                sync = tools["sync_index"].annotations
+                assert sync is not None and sync.read_only_hint is False
+                assert sync.destructive_hint is False
+
+    anyio.run(run)
