@@ -94,14 +94,21 @@ def missing_config_message(start: Path) -> str | None:
     """What to say when no config.json is found at or above `start` but this machine
     recorded a checkout there on a server (`sync.checkouts`); None when it did not."""
     from sync.checkouts import find_recorded, record_path
+    from sync.keys import ENV_KEY, key_path
 
     record = find_recorded(start)
     if record is None:
         return None
-    return (f"{Path(record.root) / DIR_NAME / 'config.json'} is missing, but"
+    said = (f"{Path(record.root) / DIR_NAME / 'config.json'} is missing, but"
             f" {record.root} belongs to workspace {record.workspace_id} on"
-            f" {record.server} (recorded in {record_path(Path(record.root))}): run"
-            f" `codeveil doctor --repair -C {record.root}` to restore it")
+            f" {record.server} (recorded in {record_path(Path(record.root))})")
+    if not os.environ.get(ENV_KEY, "").strip() and not key_path(record.workspace_id).exists():
+        # The repair would need the key: without it, it cannot lead out.
+        return (f"{said}, and its key is not on this machine: import it (`codeveil key"
+                f" import`) and run `codeveil doctor --repair -C {record.root}`; if the key"
+                f" is lost, start a new workspace: `codeveil init {record.root} --server"
+                f" {record.server}`")
+    return f"{said}: run `codeveil doctor --repair -C {record.root}` to restore it"
 
 
 def server_url_problem(server: str) -> str | None:
