@@ -17,7 +17,8 @@ reading chunks again. Both, and a rebuild, run in bounded memory
 in runs; a merge goes a code range at a time; large arrays live in spill files.
 
 The index checks itself when a process first opens it: the base files' data against
-the checksums the state holds (plain reads, which leave no page mapped), the state's
+the checksums the state holds (plain reads, which leave no page mapped: 200 MB in 0.075 s
+from the page cache here, so ~0.25 s for the ~85M postings of 1M chunks), the state's
 members by their zip CRCs, and the delta's file ids against the file list. A damaged,
 truncated, missing or swapped file (another checkout's base under this one's name) is
 rebuilt from the chunk table with one warning, never used: a base with other valid ids
