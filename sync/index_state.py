@@ -12,6 +12,7 @@ that it holds the chunks this machine lost.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
 from pathlib import Path
@@ -39,7 +40,9 @@ def mark_completed(root: Path) -> None:
     try:
         local = LocalChunks(db)
         local.set_meta(_KEY, str(int(time.time())).encode())
-        local.set_meta(_WORKSPACE, load_config(root).workspace_id.encode())
+        # A config changed under the sync: its next run records it.
+        with contextlib.suppress(CodeveilError):
+            local.set_meta(_WORKSPACE, load_config(root).workspace_id.encode())
     finally:
         db.close()
 

@@ -271,7 +271,8 @@ class TrigramStore(DerivedStore[TrigramIndex, _Read]):
                base_changed: bool) -> None:
         index = saved.index
         self.directory.mkdir(parents=True, exist_ok=True)
-        if base_changed:
+        # A base never saved (its first save failed: a full disk) is written now.
+        if base_changed or index.base_sums is None:
             current = _base_files(self.directory, index.base_id)
             sums = []
             for name, array in zip(current, (index.base_codes, index.base_files), strict=True):
@@ -284,8 +285,7 @@ class TrigramStore(DerivedStore[TrigramIndex, _Read]):
                 # base is on disk once for as long as this process holds it.
                 index.base_codes, index.base_files = (
                     np.load(f, mmap_mode="r", allow_pickle=False) for f in current)
-        if index.base_sums is None:  # never the case: an update keeps a saved base
-            raise ValueError("the grep index's base was never written")
+        assert index.base_sums is not None  # written above
         arrays = {
             "version": np.array([FORMAT_VERSION]),
             "base_id": np.frombuffer(index.base_id, dtype=np.uint8),
