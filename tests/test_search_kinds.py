@@ -158,3 +158,16 @@ def test_a_language_is_named_in_any_case_or_by_extension_and_an_unknown_one_refu
     assert {h["path"] for h in search(repo, "--lang", "yml")} == {"config/retry.yaml"}
     assert_one_line_error(run(["search", QUERY, "--lang", "klingon"], repo),
                           "unknown language 'klingon'; use one of")
+
+
+def test_piped_search_output_wraps_a_long_line_rather_than_cutting_it(tmp_path: Path) -> None:
+    # Not a terminal: 80 columns, and the end of a longer code line was cut, unmarked.
+    tail = "the_very_end_of_the_line_marker"
+    repo = write_repo(tmp_path / "repo", {"net/long.py": (
+        "def retry_with_backoff(send):\n"
+        f"    return send('retry failed request with exponential backoff' * 2, {tail}=1)\n")})
+    assert run_in_process(["index", "--wait", "-q"], repo).returncode == 0
+    proc = run_in_process(["search", QUERY, "-k", "1"], repo)
+    assert proc.returncode == 0, proc.stderr
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 80
+    assert tail in "".join(line.strip() for line in proc.stdout.splitlines())

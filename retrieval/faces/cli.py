@@ -312,8 +312,10 @@ def _print_hits(hits: list[Hit], query: str, *, names: dict[str, str] | None = N
             continue
         snippet = hit.text.rstrip("\n").splitlines()[:12]
         lexer = hit.language if hit.language not in ("text", "") else "text"
+        # Piped (no terminal: 80 columns), a long line is wrapped, not cut: a script
+        # or an agent reading the output gets every character of it.
         console.print(Syntax("\n".join(snippet), lexer, line_numbers=True,
-                             start_line=hit.start_line, word_wrap=False,
+                             start_line=hit.start_line, word_wrap=not console.is_terminal,
                              theme="ansi_dark"))
         console.print()
 
