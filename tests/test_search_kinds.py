@@ -171,3 +171,15 @@ def test_piped_search_output_wraps_a_long_line_rather_than_cutting_it(tmp_path: 
     assert proc.returncode == 0, proc.stderr
     assert max(len(line) for line in proc.stdout.splitlines()) <= 80
     assert tail in "".join(line.strip() for line in proc.stdout.splitlines())
+
+
+def test_a_path_glob_that_matches_no_indexed_file_is_said_to(tmp_path: Path) -> None:
+    # `--path 'src/*'` on a tree without src/ said "no results", as a query that found
+    # nothing would.
+    repo = write_repo(tmp_path / "repo", FILES)
+    assert run_in_process(["index", "--wait", "-q"], repo).returncode == 0
+    proc = run_in_process(["search", QUERY, "--path", "src/*"], repo)
+    assert proc.returncode == 0
+    assert proc.stderr.strip() == ("no results: --path 'src/*' matches no indexed file (they"
+                                   " are relative to the repo's root, as 'config/retry.yaml')")
+    assert search(repo, "--path", "net/*")  # a glob that matches still finds

@@ -248,9 +248,30 @@ def search(query: str, k: int, path: str | None, language: str | None,
     if coverage.partial:
         click.echo(_partial_note(coverage), err=True)
     if not hits:
-        click.echo("no results", err=True)
+        click.echo(_no_results(repos[0] if repos else Path("."), path), err=True)
         return
     _print_hits(hits, query)
+
+
+def _no_results(repo: Path, path: str | None) -> str:
+    """"no results", and why when it is the --path glob: it matches no indexed file (a
+    glob of a folder the tree does not have, or not relative to the repo's root)."""
+    if path is None:
+        return "no results"
+    from indexer.local_chunks import open_state_db
+    from retrieval.indexes.filters import HitFilter
+    from sync.config import find_root, state_path
+
+    keeps = HitFilter.of(path).keeps_path
+    db = open_state_db(state_path(find_root(repo)))
+    try:
+        paths = [p for (p,) in db.execute("SELECT path FROM chunk_files ORDER BY path")]
+    finally:
+        db.close()
+    if any(keeps(p) for p in paths):
+        return "no results"
+    example = f" (they are relative to the repo's root, as {paths[0]!r})" if paths else ""
+    return f"no results: --path {path!r} matches no indexed file{example}"
 
 
 def _search_many(query: str, k: int, path: str | None, language: str | None,
