@@ -262,7 +262,7 @@ def _no_results(repo: Path, path: str | None) -> str:
     from retrieval.indexes.filters import HitFilter
     from sync.config import find_root, state_path
 
-    keeps = HitFilter.of(path).keeps_path
+    keeps = HitFilter(path, None, None).keeps_path
     db = open_state_db(state_path(find_root(repo)))
     try:
         paths = [p for (p,) in db.execute("SELECT path FROM chunk_files ORDER BY path")]
