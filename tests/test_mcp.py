@@ -216,9 +216,11 @@ def test_search_over_several_repositories_through_a_client_session(tmp_path: Pat
     anyio.run(_session_run, repo, tmp_path, steps)
 
 
-def test_the_server_says_its_version_and_which_tools_only_read(tmp_path: Path) -> None:
+def test_the_server_says_its_version_which_tools_only_read_and_how_to_build_an_index(
+        tmp_path: Path) -> None:
     # serverInfo.version was empty and no tool carried annotations, so clients asked
-    # permission before every lookup.
+    # permission before every lookup; without an index the agent was told to run a
+    # shell command, not the tool it has.
     repo = write_repo(tmp_path / "repo")
 
     async def run() -> None:
@@ -236,5 +238,8 @@ def test_the_server_says_its_version_and_which_tools_only_read(tmp_path: Path) -
                 sync = tools["sync_index"].annotations
                 assert sync is not None and sync.read_only_hint is False
                 assert sync.destructive_hint is False
+                early = await session.call_tool("search", {"query": "password hash"})
+                assert early.is_error
+                assert "call the sync_index tool" in early.content[0].text
 
     anyio.run(run)

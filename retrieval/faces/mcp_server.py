@@ -331,8 +331,14 @@ class _State:
 
 @contextmanager
 def _tool_errors() -> Iterator[None]:
+    from sync.config import NoIndexError
+    from sync.index_state import IndexNotBuilt
+
     try:
         yield
+    except (NoIndexError, IndexNotBuilt) as exc:
+        # The agent can build it itself: say the tool, not only the shell command.
+        raise ToolError(f"{exc}; or call the sync_index tool, which builds it") from exc
     except CodeveilError as exc:
         raise ToolError(str(exc)) from exc
     except sqlite3.DatabaseError as exc:
