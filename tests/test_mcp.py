@@ -223,9 +223,9 @@ def test_the_server_says_its_version_which_tools_only_read_and_how_to_build_an_i
     # shell command, not the tool it has.
     repo = write_repo(tmp_path / "repo")
 
-    async def run() -> None:
+    async def run(errlog: Any) -> None:
         with anyio.fail_after(120):
-            async with stdio_client(_params(repo, tmp_path)) as (read, write), \
+            async with stdio_client(_params(repo, tmp_path), errlog=errlog) as (read, write), \
                     ClientSession(read, write) as session:
                 started = await session.initialize()
                 assert started.server_info.name == "codeveil"
@@ -242,4 +242,7 @@ def test_the_server_says_its_version_which_tools_only_read_and_how_to_build_an_i
                 assert early.is_error
                 assert "call the sync_index tool" in early.content[0].text
 
-    anyio.run(run)
+    with (tmp_path / "stderr").open("w+") as errlog:
+        anyio.run(run, errlog)
+        errlog.seek(0)
+        assert "failed" not in errlog.read()  # the error is the agent's, not a log block

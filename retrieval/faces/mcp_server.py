@@ -136,8 +136,10 @@ def _version() -> str:
 
 def build_server(repo: Path) -> MCPServer:
     """The MCP server of the repo at (or above) `repo`."""
+    # WARNING: at INFO the SDK logs a boxed block to stderr for every failed call, which
+    # the tool's error already tells the agent.
     server: MCPServer = MCPServer(name="codeveil", instructions=INSTRUCTIONS,
-                                  version=_version())
+                                  version=_version(), log_level="WARNING")
     state = _State(repo)
     for op, answer in ((SEARCH_OP, _search), (DEFINITION_OP, _definition),
                        (OUTLINE_OP, _outline), (REFERENCES_OP, _references),
