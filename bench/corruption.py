@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -62,6 +63,9 @@ INERT = re.compile(r"(\.lock|\.gitignore)$")
 #: Files whose absence is a state like any other: a derived index not built yet (the next
 #: read builds it), an embedding cache not filled yet. The doctor need not name their loss.
 ABSENT_IS_NORMAL = re.compile(r"(trigrams/state\.npz|vectors/delta\.npz|embeddings\.sqlite)$")
+#: Files nothing on this machine derives from: the workspace key. Its damage must be
+#: refused and named, with the remedy (import it again); no repair can make it anew.
+IRREPLACEABLE = re.compile(r"^config/keys/")
 
 
 _WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota",
@@ -99,6 +103,7 @@ class Built:
     config: Path  # CODEVEIL_CONFIG_DIR: the keys
     pristine: Path  # the repo's .codeveil/, as built
     pristine_cache: Path
+    pristine_config: Path
     fresh: tuple  # the answers of the undamaged index
 
 
@@ -162,8 +167,9 @@ def build(base: Path) -> Built:
     pristine, cache = base / "pristine", base / "pristine-cache"
     shutil.copytree(repo / ".codeveil", pristine, symlinks=True)
     shutil.copytree(os.environ["CODEVEIL_CACHE_DIR"], cache, symlinks=True)
-    return Built(base, repo, other, Path(os.environ["CODEVEIL_CONFIG_DIR"]), pristine,
-                 cache, fresh)
+    config = Path(os.environ["CODEVEIL_CONFIG_DIR"])
+    shutil.copytree(config, base / "pristine-config", symlinks=True)
+    return Built(base, repo, other, config, pristine, cache, base / "pristine-config", fresh)
 
 
 def _checkpoint(path: Path) -> None:
@@ -192,6 +198,12 @@ def file_kinds(built: Built) -> dict[str, str]:
     for path in sorted(built.pristine_cache.rglob("*")):
         if path.is_file() and not path.name.endswith(("-wal", "-shm")):
             rel = "cache/" + path.relative_to(built.pristine_cache).as_posix()
+            out.setdefault(kind_of(rel), rel)
+    mine = json.loads((built.pristine / "config.json").read_text())["workspace_id"]
+    for path in sorted(built.pristine_config.rglob("*")):
+        ids = re.findall(r"[0-9a-f]{32}", path.name)
+        if path.is_file() and all(i == mine for i in ids):  # not the other checkout's
+            rel = "config/" + path.relative_to(built.pristine_config).as_posix()
             out.setdefault(kind_of(rel), rel)
     return out
 
@@ -267,6 +279,12 @@ def other(path: Path, built: Built) -> bool:
     """The other checkout's file of the same kind, under this one's name."""
     if path.is_relative_to(built.base / "cache"):
         return False  # one cache per machine: the checkouts share it
+    if path.is_relative_to(built.config):  # the other workspace's file beside it
+        for candidate in sorted(path.parent.iterdir()):
+            if candidate != path and kind_of(candidate.name) == kind_of(path.name):
+                shutil.copyfile(candidate, path)
+                return True
+        return False
     rel = path.relative_to(built.repo).as_posix()
     wanted = kind_of(rel)
     for candidate in sorted((built.other / ".codeveil").rglob("*")):
@@ -305,7 +323,9 @@ class Outcome:
             return "right, rebuilt when next needed" if self.repaired == "right" else \
                 f"right; repair {self.repaired}"
         named = "named" if self.doctor == "named" else f"doctor {self.doctor}"
-        repaired = "repaired" if self.repaired == "right" else f"repair {self.repaired}"
+        repaired = ("repaired" if self.repaired == "right"
+                    else "only a copy restores it" if IRREPLACEABLE.search(self.kind)
+                    else f"repair {self.repaired}")
         return f"{read}, {named}, {repaired}"
 
 
@@ -315,9 +335,13 @@ def restore(built: Built) -> None:
     cache = built.base / "cache"
     shutil.rmtree(cache, ignore_errors=True)
     shutil.copytree(built.pristine_cache, cache, symlinks=True)
+    shutil.rmtree(built.config, ignore_errors=True)
+    shutil.copytree(built.pristine_config, built.config, symlinks=True)
 
 
 def target(built: Built, rel: str) -> Path:
+    if rel.startswith("config/"):
+        return built.config / rel.removeprefix("config/")
     return built.base / rel if rel.startswith("cache/") else built.repo / rel
 
 
@@ -382,7 +406,8 @@ def _judge(out: Outcome, path: Path, built: Built) -> str:
     if out.doctor == "ok" and not (out.damage == "delete"
                                    and ABSENT_IS_NORMAL.search(path.as_posix())):
         return "the doctor does not see it"
-    if out.repaired != "right":
+    if out.repaired != "right" and not (IRREPLACEABLE.search(out.kind)
+                                        and out.read.startswith("refused")):
         return f"repair {out.repaired}"
     return ""
 

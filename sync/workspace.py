@@ -55,7 +55,7 @@ from sync.config import (
 )
 from sync.errors import KeyMismatchError, SyncError
 from sync.index_state import mark_completed
-from sync.keys import ENV_KEY, WorkspaceKey, create_key, load_key
+from sync.keys import ENV_KEY, WorkspaceKey, create_key, key_path, load_key
 from sync.pages import PageIndex
 from sync.progress import Progress, SyncFollower
 from sync.records import DEFAULT_REF, MODE_SEALED, MODE_SERVER_SEARCH
@@ -321,10 +321,12 @@ class Workspace:
         """Refuse a key, config or embedder other than the workspace's (as the server
         answers it, or as it last answered)."""
         if key_check != key.key_check:
+            source = (ENV_KEY if os.environ.get(ENV_KEY, "").strip()
+                      else str(key_path(config.workspace_id)))
             raise WrongKeyError(
-                f"the key for workspace {config.workspace_id} does not match the one its index"
-                " was built with; import the right one with `codeveil key import`"
-            )
+                f"the key for workspace {config.workspace_id} ({source}) does not match the"
+                " one its index was built with; import the right one with `codeveil key"
+                " import`")
         for name, have, want in (("dim", config.dim, dim),
                                  ("model_id", config.model_id, model_id),
                                  ("mode", config.mode, mode)):

@@ -1,8 +1,9 @@
 """Every file the index keeps, damaged in every way bench/corruption.py knows (bytes
 flipped, truncated, valid ids swapped, deleted, another checkout's copy): grep and search
 answer as before or fail in one line naming the file and the remedy, the doctor names
-the damage, and `doctor --repair` (or the next read) restores the answers. And every
-file under `.codeveil/` belongs to a part of the index that the doctor checks."""
+the damage, and `doctor --repair` (or the next read) restores the answers (the key: only
+a copy of it can). And every file under `.codeveil/`, the cache and the config dir
+belongs to a part of the index that the doctor checks."""
 
 from __future__ import annotations
 
@@ -47,10 +48,11 @@ def test_every_file_of_the_index_belongs_to_one_part(built: corruption.Built) ->
     for path in files:
         rel = path.relative_to(built.repo / ".codeveil").as_posix()
         assert len(_part_of(rel)) == 1, f"{rel} belongs to {_part_of(rel) or 'no part'}"
-    for path in (built.base / "cache").rglob("*"):
-        if path.is_file():
-            rel = "cache:" + path.relative_to(built.base / "cache").as_posix()
-            assert len(_part_of(rel)) == 1, f"{rel} belongs to {_part_of(rel) or 'no part'}"
+    for prefix, folder in (("cache", built.base / "cache"), ("config", built.config)):
+        for path in folder.rglob("*"):
+            if path.is_file():
+                rel = f"{prefix}:{path.relative_to(folder).as_posix()}"
+                assert len(_part_of(rel)) == 1, f"{rel} belongs to {_part_of(rel) or 'no part'}"
 
 
 def _subclasses(cls: type) -> set[type]:

@@ -24,6 +24,7 @@ leaves the renamed copy and a state the next `codeveil index` or doctor run fini
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ from sync.config import (
 )
 from sync.config_recovery import recover_config
 from sync.index_state import other_workspace
-from sync.keys import WorkspaceKey, load_key
+from sync.keys import ENV_KEY, WorkspaceKey, key_path, load_key
 from sync.pages import PageIndex, opened_rows
 from sync.records import DEFAULT_REF
 from sync.refs import ref_id, ref_name
@@ -159,6 +160,12 @@ def doctor(path: str | Path = ".", *, repair: bool = False,
     return report
 
 
+def _key_source(workspace_id: str) -> str:
+    """Where the key of `workspace_id` is read from: CODEVEIL_KEY when it is set, else
+    its file."""
+    return ENV_KEY if os.environ.get(ENV_KEY, "").strip() else str(key_path(workspace_id))
+
+
 def _root(start: Path) -> Path:
     """The repo's root; also a folder whose config.json is gone but whose embedded store
     is there, so that --repair can rebuild the config."""
@@ -193,6 +200,7 @@ def _check(root: Path, embedder: Embedder | None) -> tuple[DoctorReport, _Plan]:
     try:
         key = load_key(config.workspace_id)
     except CodeveilError as exc:
+        config_finding.path = _key_source(config.workspace_id)  # at fault, not the config
         config_finding.problem = str(exc)
         return report, plan
     idx = Index(root, embedder=embedder)
@@ -222,11 +230,13 @@ class _Checking:
 @dataclass(frozen=True)
 class Part:
     """A part of the index: the files it keeps (globs under `.codeveil/`, or under the
-    cache dir as `cache:GLOB`) and how the doctor checks them. Each part also checks
-    itself when it is opened (a damaged derived index is rebuilt, a damaged SQLite file
-    or config is refused in one line naming it and the remedy); `store` names the
-    derived index class the part is, so that a test can tell that none lacks a check.
-    `check` None: files whose content is never read (locks), nothing to check."""
+    cache or config dir as `cache:GLOB`, `config:GLOB`) and how the doctor checks them.
+    Each part also checks itself when it is opened (a damaged derived index is rebuilt,
+    a damaged SQLite file, config or key is refused in one line naming it and the
+    remedy); `store` names the derived index class the part is, so that a test can tell
+    that none lacks a check. `check` None: files checked before the parts (config, key),
+    or whose content is never read (locks) or read as a hint (a cache of what the server
+    said), ignored when damaged."""
 
     name: str
     owns: tuple[str, ...]
@@ -423,8 +433,10 @@ def _check_embedded_store(root: Path, config: RepoConfig, key: WorkspaceKey,
                 plan.rebuild_store = f
                 return
             if ws.info().key_check != key.key_check:
-                f.problem = ("was built with another key; import the right one"
-                             " (`codeveil key import`)")
+                # The key at fault, not the store: no repair makes the right one.
+                f.path = _key_source(config.workspace_id)
+                f.problem = (f"is not the key workspace {config.workspace_id} was built"
+                             " with; import the right one (`codeveil key import`)")
                 return
             lost = _files_differing(root, config, key, ws)
     except CodeveilError as exc:
@@ -515,10 +527,13 @@ def _check_server(idx: Index, config: RepoConfig, report: DoctorReport, plan: _P
 
 #: The parts of an index and the files each keeps, in the order the doctor checks them
 #: (config.json and the key are checked before: nothing else can be without them).
-#: Every file under `.codeveil/` and the cache dir belongs to one (tests/test_corruption
-#: walks them: a new file kind or derived index cannot come without its part and check).
+#: Every file under `.codeveil/`, the cache dir and the config dir belongs to one
+#: (tests/test_corruption walks them: a new file kind or derived index cannot come
+#: without its part and check).
 PARTS: tuple[Part, ...] = (
-    Part("config", ("config.json",), None),  # checked first, in `_check`
+    # Checked first, in `_check`: nothing else can be checked without them.
+    Part("config", ("config.json",), None),
+    Part("workspace key", ("config:keys/*.key",), None),
     Part("client state", ("state.sqlite", "state.sqlite-wal", "state.sqlite-shm"),
          _check_state),
     Part("embedding cache", ("cache:embeddings.sqlite", "cache:embeddings.sqlite-wal",
@@ -534,7 +549,8 @@ PARTS: tuple[Part, ...] = (
          _check_store),
     # A cache of what the server last answered, ignored when unreadable; markers and
     # locks hold nothing to check.
-    Part("server contact", ("server.json", "create-on-server"), None),
+    Part("server contact", ("server.json", "create-on-server", "config:tokens/*.token",
+                            "config:checkouts/*.json"), None),
     Part("daemon", ("daemon.*",), None),
     Part("folder", (".gitignore", "init.lock"), None),
 )
