@@ -22,7 +22,8 @@ from indexer.local_chunks import LocalChunks, open_state_db
 from sync.config import load_config, state_path
 
 __all__ = ["IndexNotBuilt", "check_built", "has_files", "mark_completed",
-           "never_completed_message", "other_workspace", "was_completed"]
+           "never_completed_message", "other_workspace", "recorded_workspace",
+           "was_completed"]
 
 _KEY = "completed"
 #: The workspace whose files the state holds: a state copied from another checkout (of
@@ -47,10 +48,9 @@ def mark_completed(root: Path) -> None:
         db.close()
 
 
-def other_workspace(root: Path, db: sqlite3.Connection) -> str | None:
-    """What is wrong when the client state `db` records another workspace than the one
-    `root`'s config names (a copy of another checkout's); None when it is this one's, or
-    records none (made before states recorded it)."""
+def recorded_workspace(db: sqlite3.Connection) -> str | None:
+    """The workspace whose files the client state `db` holds, as its last completed sync
+    recorded it; None when it records none (made before states recorded it)."""
     try:
         row = db.execute("SELECT value FROM state_meta WHERE key = ?", (_WORKSPACE,)
                          ).fetchone()
@@ -58,10 +58,15 @@ def other_workspace(root: Path, db: sqlite3.Connection) -> str | None:
         if "no such table" in str(exc):
             return None
         raise
-    if row is None:
-        return None
-    held, named = bytes(row[0]).decode("utf-8", "replace"), load_config(root).workspace_id
-    if held == named:
+    return None if row is None else bytes(row[0]).decode("utf-8", "replace")
+
+
+def other_workspace(root: Path, db: sqlite3.Connection) -> str | None:
+    """What is wrong when the client state `db` records another workspace than the one
+    `root`'s config names (a copy of another checkout's); None when it is this one's, or
+    records none."""
+    held, named = recorded_workspace(db), load_config(root).workspace_id
+    if held is None or held == named:
         return None
     return (f"the client state {state_path(root)} holds the files of workspace {held}, not"
             f" of {named} that config.json names (another checkout's copy?); run `codeveil"

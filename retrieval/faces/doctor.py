@@ -56,7 +56,7 @@ from sync.config import (
     store_path,
 )
 from sync.config_recovery import recover_config
-from sync.index_state import other_workspace
+from sync.index_state import recorded_workspace
 from sync.keys import ENV_KEY, WorkspaceKey, key_path, load_key
 from sync.pages import PageIndex, opened_rows
 from sync.records import DEFAULT_REF
@@ -270,12 +270,12 @@ def _check_state(c: _Checking) -> None:
             return
     db = open_state_db(path)
     try:
-        other = other_workspace(root, db)
+        held = recorded_workspace(db)
     finally:
         db.close()
-    if other is not None:
-        f.problem = other.split(", not")[0].replace(f"the client state {path} ", "")
-        f.problem += f", not of {c.config.workspace_id} (another checkout's copy?)"
+    if held is not None and held != c.config.workspace_id:
+        f.problem = (f"holds the files of workspace {held}, not of {c.config.workspace_id}"
+                     " (another checkout's copy?)")
         plan.aside.append((path, f))
 
 
