@@ -209,3 +209,32 @@ def language_for_path(path: str) -> str | None:
         if stem.startswith(prefix):
             return _FILENAMES[prefix]
     return None
+
+
+# Names users type for a language besides its own name and its files' extensions.
+_ALIASES: Final[dict[str, str]] = {
+    "golang": "go", "c++": "cpp", "c#": "csharp", "shell": "bash", "sh": "bash",
+    "jupyter": NOTEBOOK, "ipython": "python", "py3": "python",
+}
+
+
+def known_languages() -> list[str]:
+    """The language names chunks are given, sorted."""
+    return sorted({*_EXTENSIONS.values(), *_FILENAMES.values()})
+
+
+def parse_language(name: str) -> str:
+    """The language name the index gives chunks, for one a user types: in any case, as a
+    file extension (`py`, `.rs`) or a common alias (`golang`, `c#`). Raises ValueError
+    naming the known ones: a filter on a name no chunk has would match nothing, silently."""
+    word = name.strip().lower()
+    if word in _ALIASES:
+        return _ALIASES[word]
+    known = known_languages()
+    if word in known:
+        return word
+    extension = word if word.startswith(".") else f".{word}"
+    if extension in _EXTENSIONS:
+        return _EXTENSIONS[extension]
+    raise ValueError(f"unknown language {name!r}; use one of {', '.join(known)}"
+                     " (or a file extension: py, rs)")

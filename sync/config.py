@@ -78,6 +78,13 @@ def find_root(start: Path) -> Path:
     recorded = missing_config_message(start)
     if recorded:
         raise NoIndexError(recorded)
+    for folder in (start, *start.parents):
+        if (folder / DIR_NAME / "store" / "registry.sqlite").is_file():
+            # An embedded store without its config: an index started anew here would be
+            # a new workspace beside it; the repair rebuilds the config from the store.
+            raise NoIndexError(
+                f"{folder / DIR_NAME / 'config.json'} is missing, but {folder / DIR_NAME}"
+                f" holds an index: run `codeveil doctor --repair -C {folder}` to restore it")
     raise NoIndexError(
         f"no codeveil index in {start} or any parent folder; run `codeveil index` there first"
     )
@@ -87,14 +94,39 @@ def missing_config_message(start: Path) -> str | None:
     """What to say when no config.json is found at or above `start` but this machine
     recorded a checkout there on a server (`sync.checkouts`); None when it did not."""
     from sync.checkouts import find_recorded, record_path
+    from sync.keys import ENV_KEY, key_path
 
     record = find_recorded(start)
     if record is None:
         return None
-    return (f"{Path(record.root) / DIR_NAME / 'config.json'} is missing, but"
+    said = (f"{Path(record.root) / DIR_NAME / 'config.json'} is missing, but"
             f" {record.root} belongs to workspace {record.workspace_id} on"
-            f" {record.server} (recorded in {record_path(Path(record.root))}): run"
-            f" `codeveil doctor --repair -C {record.root}` to restore it")
+            f" {record.server} (recorded in {record_path(Path(record.root))})")
+    if not os.environ.get(ENV_KEY, "").strip() and not key_path(record.workspace_id).exists():
+        # The repair would need the key: without it, it cannot lead out.
+        return (f"{said}, and its key is not on this machine: import it (`codeveil key"
+                f" import`) and run `codeveil doctor --repair -C {record.root}`; if the key"
+                f" is lost, start a new workspace: `codeveil init {record.root} --server"
+                f" {record.server}`")
+    return f"{said}: run `codeveil doctor --repair -C {record.root}` to restore it"
+
+
+def server_url_problem(server: str) -> str | None:
+    """Why `server` (as given to `--server`) is not a server URL; None when it is one."""
+    from urllib.parse import urlsplit
+
+    try:
+        parsed = urlsplit(server)
+        host = parsed.hostname
+        parsed.port  # noqa: B018 (raises ValueError for a port out of range)
+    except ValueError as exc:
+        return f"{server!r} is not a URL ({exc})"
+    if parsed.scheme in ("http", "https") and host:
+        return None
+    if "://" not in server:
+        return (f"{server!r} has no scheme; a codeveil server is reached over http(s):"
+                f" --server https://{server} (or http:// on a trusted network)")
+    return f"{server!r} is not an http(s) URL; a codeveil server is reached over http(s)"
 
 
 def codeveil_dir(root: Path) -> Path:

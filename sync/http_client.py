@@ -17,6 +17,7 @@ import functools
 import json
 import operator
 import os
+import re
 import ssl
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -382,6 +383,12 @@ def _call(
     status = response.status_code
     if status >= 400:
         message = _error_message(response)
+        if status not in (502, 503, 504) and not _json_body(response):
+            # Every refusal of a codeveil server is JSON (its own, or its framework's for
+            # a route it lacks); an HTML or text page is another server's. Its page and a
+            # 404's "workspace no longer exists" would both mislead. 502-504: a proxy
+            # before a codeveil server that is down, said below as an outage.
+            raise ServerError(_not_codeveil(base_url, response))
         known = conflict if status == 409 and conflict else ERRORS_BY_STATUS.get(status)
         if known is not None:
             raise known(f"{message} (HTTP {status} from {base_url}); "
@@ -399,10 +406,27 @@ def _call(
     try:
         answer = response.json()
     except ValueError:
-        raise ServerError(f"the server at {base_url} sent an answer that is not JSON") from None
+        raise ServerError(_not_codeveil(base_url, response)) from None
     if not isinstance(answer, dict):
         raise ServerError(f"the server at {base_url} sent an unexpected answer")
     return answer
+
+
+def _json_body(response: httpx.Response) -> bool:
+    try:
+        return isinstance(response.json(), dict)
+    except ValueError:
+        return False
+
+
+def _not_codeveil(base_url: str, response: httpx.Response) -> str:
+    """What to say of an answer that no codeveil server gives: what did answer, and the
+    one next step."""
+    kind = response.headers.get("content-type", "no content type").split(";")[0]
+    title = re.search(r"<title>\s*([^<]{1,80}?)\s*</title>", response.text, re.IGNORECASE)
+    what = f": {title.group(1)!r}" if title else ""
+    return (f"{base_url} is not a codeveil server: it answered HTTP {response.status_code}"
+            f" with {kind}{what}; check the URL (`codeveil serve` prints the one to use)")
 
 
 def _error_message(response: httpx.Response) -> str:

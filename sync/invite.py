@@ -165,11 +165,22 @@ def _fields(payload: bytes) -> Invite:
 
 def parse_duration(text: str) -> float:
     """Seconds in `30m`, `12h`, `7d`, `2w` (or `90s`); InviteError if not a duration."""
+    from sync.store.core.invitees import MAX_EXPIRES_IN
+
     match = _DURATION.match(text.strip().lower())
-    if not match or int(match.group(1)) == 0:
+    if not match:
         raise InviteError(f"{text!r} is not a duration: write a number and a unit, s, m,"
                           " h, d or w (e.g. 12h, 7d)")
-    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    seconds = int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds == 0:
+        raise InviteError(f"an invite that expires in {text.strip()} would be expired when"
+                          " made: give a duration (e.g. 12h, 7d), or leave --expires out"
+                          " for one that works until revoked")
+    if seconds > MAX_EXPIRES_IN:  # checked here: the server's refusal is its raw schema
+        raise InviteError(f"{text.strip()} is longer than an invite may last,"
+                          f" {MAX_EXPIRES_IN // 86_400} days; leave --expires out for one"
+                          " that works until revoked")
+    return seconds
 
 
 def _owner_client(repo: Path) -> tuple[RepoConfig, HttpClient]:

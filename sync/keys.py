@@ -325,8 +325,10 @@ def _read_key_file(path: Path, workspace_id: str) -> WorkspaceKey:
         raise KeyMissingError(
             f"no key for workspace {workspace_id}: {path} does not exist and {ENV_KEY} is "
             "not set. If a teammate created this workspace, ask them for "
-            "`codeveil key export` and run `codeveil key import`; if the key is lost, the "
-            "index cannot be read: delete .codeveil/ and index again"
+            "`codeveil key export` and run `codeveil key import`; if the key is lost, nothing "
+            "indexed under it can be read again: start a new workspace here (delete "
+            ".codeveil/, then `codeveil init --server URL` for one on a server, or just "
+            "`codeveil index` for the embedded store)"
         ) from None
     try:
         # fstat on the open file, not stat on the name: the name could change in between.

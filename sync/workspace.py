@@ -48,13 +48,14 @@ from sync.config import (
     remember_checkout,
     save_config,
     save_token,
+    server_url_problem,
     state_path,
     store_path,
     token_path,
 )
 from sync.errors import KeyMismatchError, SyncError
 from sync.index_state import mark_completed
-from sync.keys import ENV_KEY, WorkspaceKey, create_key, load_key
+from sync.keys import ENV_KEY, WorkspaceKey, create_key, key_path, load_key
 from sync.pages import PageIndex
 from sync.progress import Progress, SyncFollower
 from sync.records import DEFAULT_REF, MODE_SEALED, MODE_SERVER_SEARCH
@@ -170,6 +171,10 @@ class Workspace:
         With `workspace_id` (and the key imported with `codeveil key import`), join an
         existing workspace on `server` instead of creating one; it keeps its own mode.
         """
+        if server is not None:
+            bad = server_url_problem(server)
+            if bad is not None:  # refused before anything is written
+                raise CodeveilError(bad)
         root = self._start.resolve()
         with init_lock(root):
             # Checked under the lock: of two inits of one folder at once, the second
@@ -316,10 +321,12 @@ class Workspace:
         """Refuse a key, config or embedder other than the workspace's (as the server
         answers it, or as it last answered)."""
         if key_check != key.key_check:
+            source = (ENV_KEY if os.environ.get(ENV_KEY, "").strip()
+                      else str(key_path(config.workspace_id)))
             raise WrongKeyError(
-                f"the key for workspace {config.workspace_id} does not match the one its index"
-                " was built with; import the right one with `codeveil key import`"
-            )
+                f"the key for workspace {config.workspace_id} ({source}) does not match the"
+                " one its index was built with; import the right one with `codeveil key"
+                " import`")
         for name, have, want in (("dim", config.dim, dim),
                                  ("model_id", config.model_id, model_id),
                                  ("mode", config.mode, mode)):
@@ -572,8 +579,18 @@ def _open_client(root: Path, config: RepoConfig,
                  connect_timeout: float | None = None) -> StoreClient:
     if config.server is None:
         from sync.local_client import LocalClient
+        from sync.wire import WorkspaceNotFound
 
-        return LocalClient.open(store_path(root), config.workspace_id)
+        try:
+            return LocalClient.open(store_path(root), config.workspace_id)
+        except WorkspaceNotFound:
+            # The registry was lost or replaced, or config.json names another
+            # workspace (copied from another checkout): the repair sorts out which.
+            raise WorkspaceNotFound(
+                f"the embedded store {store_path(root)} holds no workspace"
+                f" {config.workspace_id!r}, the one {codeveil_dir(root) / 'config.json'}"
+                " names: its registry.sqlite was lost or replaced, or config.json is"
+                " another checkout's; run `codeveil doctor --repair`") from None
     from sync.http_client import HttpClient
 
     token = load_token(config.workspace_id)

@@ -207,3 +207,61 @@ def test_progress_bar_shows_stages_and_embed_rate(sample_repo: Path, tmp_path: P
         assert f"{stage} " in bar.where, bar.where
     assert bar.rate == pytest.approx(report.embed_chunks_per_s)
     assert "/s" in bar.bar.tasks[0].fields["detail"]
+
+
+@pytest.mark.parametrize("args", [["status"], ["search", "password hash"], ["grep", "def"],
+                                  ["uses", "hash_password"], ["outline", "auth/password.py"]])
+def test_a_reader_that_stops_reading_ends_the_command_quietly(
+        sample_repo: Path, args: list[str]) -> None:
+    # `codeveil status | head -1`: an unexpected BrokenPipeError and exit 1 (search: exit 1).
+    assert run(["index", "--wait", "-q"], sample_repo).returncode == 0
+    proc = subprocess.Popen([sys.executable, "-m", "retrieval", *args], cwd=sample_repo,
+                            env=dict(os.environ, CODEVEIL_EMBEDDER="hashing"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the command writes a byte: its first write fails
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert "error" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("server", "said"), [
+    ("127.0.0.1:42443", "has no scheme; a codeveil server is reached over http(s):"
+                        " --server https://127.0.0.1:42443"),
+    ("ftp://127.0.0.1:42443", "is not an http(s) URL"),
+    ("http://", "is not an http(s) URL"),
+])
+def test_init_refuses_a_server_that_is_not_an_http_url_before_writing(
+        tmp_path: Path, server: str, said: str) -> None:
+    # It wrote config.json and exited 0; only the next index refused.
+    from tests.cli_in_process import run_in_process
+
+    proc = run_in_process(["init", ".", "--server", server], tmp_path)
+    assert proc.returncode == 1 and said in proc.stderr, proc.stderr
+    assert not (tmp_path / ".codeveil").exists()
+
+
+def test_a_server_that_is_not_codeveil_is_said_to_be_so(tmp_path: Path) -> None:
+    # A plain web server answered `init --server` with its whole HTML 501 page and "the
+    # server failed on its side; retry later".
+    import http.server
+    import threading
+
+    from tests.cli_in_process import run_in_process
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # its log would land in the command's captured stderr
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{web.server_address[1]}"
+        proc = run_in_process(["init", ".", "--server", url], tmp_path)
+    finally:
+        web.shutdown()
+        web.server_close()
+    assert proc.returncode == 1
+    [line] = proc.stderr.strip().splitlines()
+    assert f"{url} is not a codeveil server: it answered HTTP 501 with text/html" in line
+    assert "<html" not in line.lower() and "retry later" not in line

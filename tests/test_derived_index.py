@@ -115,3 +115,21 @@ def test_symbols_are_gathered_the_same_a_few_slices_at_a_time(monkeypatch) -> No
     got = ChunkColumns.concat([(cols, rows), (cols, rows[::-1])])
     assert [got.doc(i) for i in range(14)] == [want.doc(i) for i in range(14)]
     assert [got.doc(i) for i in range(7)] == [docs[r] for r in rows]
+
+
+def test_a_grep_index_whose_first_save_failed_is_saved_whole_by_the_next(table,
+                                                                          tmp_path) -> None:
+    db, lc = table
+    for i in range(8):
+        _write(lc, f"pkg/m{i}.py", 1)
+    folder = tmp_path / "trigrams"
+    folder.write_text("in the way")  # the save fails (a full disk would do the same)
+    store = TrigramStore(folder)
+    built = store.current(db)
+    folder.unlink()
+    _write(lc, "pkg/m0.py", 2)  # an update of the base it never saved
+    store.current(db)
+    assert store.last_refresh["mode"] == "update"
+    again = TrigramStore(folder)
+    assert again.problem() is None
+    assert again.current(db).postings == store.current(db).postings >= built.postings - 10

@@ -16,6 +16,7 @@ from indexer.embedder import HashingEmbedder
 from indexer.local_chunks import open_state_db
 from indexer.trigrams import literal_trigrams, text_trigrams
 from retrieval import Index
+from retrieval.agent.agent_tools import AgentTools
 from retrieval.agent.grep import Freshness, full_scan, grep_files
 from retrieval.agent.symbols import ToolInputError
 from retrieval.indexes import tree_watch
@@ -252,3 +253,28 @@ def test_without_a_watch_every_call_stats_every_file(tmp_path: Path) -> None:
         assert result.matches == full_scan(root, paths, "hash_password")
         assert freshness.last_stats == len(paths)
     db.close()
+
+
+def test_right_after_a_first_index_grep_narrows_and_sees_a_same_stat_rewrite(
+        tmp_path: Path) -> None:
+    # Files written just before the first index are racily clean: their stat is not
+    # trusted, so every one of them was read on every grep until a later index.
+    root = write_repo(tmp_path / "repo", {**SAMPLE_FILES, **EXTRA_FILES})
+    Index(root, embedder=HashingEmbedder()).index()
+    paths = _indexed(root)
+    first = AgentTools(root, watch=False).grep("hash_password")
+    assert first.matches == full_scan(root, paths, "hash_password")
+    assert first.files_read < len(paths), first  # read to check them, not to match
+    second = AgentTools(root, watch=False).grep("hash_password")  # another process
+    assert second.matches == first.matches and second.files_read == first.files_read
+    # A racy file rewritten in the same tick, same size: only its content tells (the
+    # index rules the file out: it held no match when it was indexed).
+    racy = root / "web" / "Retry.ts"
+    racy.write_text("hash_passwore\n")
+    Index(root, embedder=HashingEmbedder()).index()
+    st = racy.stat()
+    racy.write_text("hash_password\n")
+    os.utime(racy, ns=(st.st_atime_ns, st.st_mtime_ns))
+    again = AgentTools(root, watch=False).grep("hash_password")
+    assert again.matches == full_scan(root, paths, "hash_password")
+    assert [m.line for m in again.matches if m.path == "web/Retry.ts"] == [1]

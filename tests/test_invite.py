@@ -214,6 +214,12 @@ def test_durations() -> None:
     for bad in ("0d", "soon", "5y", "-1h"):
         with pytest.raises(InviteError):
             parse_duration(bad)
+    # "0s" was "not a duration", and a huge one got the server's raw validation text.
+    with pytest.raises(InviteError, match=r"would be expired when made.*leave --expires out"):
+        parse_duration("0s")
+    with pytest.raises(InviteError, match="longer than an invite may last, 366 days"):
+        parse_duration("99999999999d")
+    assert parse_duration("366d") == 366 * 86_400
 
 
 def test_the_owner_joining_a_second_clone_keeps_the_right_to_invite(

@@ -74,3 +74,28 @@ def test_a_checkout_pointed_at_an_embedded_store_is_forgotten(
     assert result.returncode == 0, result.stderr
     assert load_checkout(repo) is None and not record_path(repo).exists()
     assert run_in_process(["index"], repo).returncode == 0
+
+
+def test_the_advice_for_a_lost_key_leads_out(tmp_path: Path, server_url: str) -> None:
+    # It went in a circle: "delete .codeveil/ and index again" -> index refused and said
+    # `doctor --repair` -> the repair said "delete .codeveil/" again.
+    import os
+
+    repo, config = _indexed(tmp_path, server_url)
+    key = Path(os.environ["CODEVEIL_CONFIG_DIR"]) / "keys" / f"{config['workspace_id']}.key"
+    key.unlink()
+    lost = run_in_process(["search", "alpha"], repo)
+    assert lost.returncode == 1
+    assert "delete .codeveil/, then `codeveil init --server URL`" in lost.stderr, lost.stderr
+
+    shutil.rmtree(repo / ".codeveil")  # as it says
+    way_out = f"`codeveil init {repo} --server {server_url}`"
+    refused = run_in_process(["index"], repo)
+    assert refused.returncode == 1 and way_out in refused.stderr, refused.stderr
+    doctor = run_in_process(["doctor", "--repair"], repo)
+    assert doctor.returncode == 1 and way_out in doctor.stdout, doctor.stdout
+
+    assert run_in_process(["init", str(repo), "--server", server_url], repo).returncode == 0
+    assert run_in_process(["index"], repo).returncode == 0
+    found = run_in_process(["search", "alpha"], repo)
+    assert found.returncode == 0 and "a.py" in found.stdout

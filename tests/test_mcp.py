@@ -214,3 +214,35 @@ def test_search_over_several_repositories_through_a_client_session(tmp_path: Pat
         assert missing.is_error and "no codeveil index" in missing.content[0].text
 
     anyio.run(_session_run, repo, tmp_path, steps)
+
+
+def test_the_server_says_its_version_which_tools_only_read_and_how_to_build_an_index(
+        tmp_path: Path) -> None:
+    # serverInfo.version was empty and no tool carried annotations, so clients asked
+    # permission before every lookup; without an index the agent was told to run a
+    # shell command, not the tool it has.
+    repo = write_repo(tmp_path / "repo")
+
+    async def run(errlog: Any) -> None:
+        with anyio.fail_after(120):
+            async with stdio_client(_params(repo, tmp_path), errlog=errlog) as (read, write), \
+                    ClientSession(read, write) as session:
+                started = await session.initialize()
+                assert started.server_info.name == "codeveil"
+                assert started.server_info.version
+                tools = {t.name: t for t in (await session.list_tools()).tools}
+                for name in ("search", "definition", "outline", "references", "grep",
+                             "index_status"):
+                    hints = tools[name].annotations
+                    assert hints is not None and hints.read_only_hint, name
+                sync = tools["sync_index"].annotations
+                assert sync is not None and sync.read_only_hint is False
+                assert sync.destructive_hint is False
+                early = await session.call_tool("search", {"query": "password hash"})
+                assert early.is_error
+                assert "call the sync_index tool" in early.content[0].text
+
+    with (tmp_path / "stderr").open("w+") as errlog:
+        anyio.run(run, errlog)
+        errlog.seek(0)
+        assert "failed" not in errlog.read()  # the error is the agent's, not a log block

@@ -143,3 +143,43 @@ def test_notebook_hits_open_at_the_cell_and_never_show_outputs(tmp_path: Path) -
     assert {h["language"] for h in hits} == {"python", "markdown"}
     outputs = run_in_process(["search", "zebra giraffe output line", "--json"], repo)
     assert all("zebra" not in h["text"] for h in json.loads(outputs.stdout)["hits"])
+
+
+def test_a_language_is_named_in_any_case_or_by_extension_and_an_unknown_one_refused(
+        tmp_path: Path) -> None:
+    # `--lang py` and `--lang Python` matched no chunk ("no results") while only
+    # `python` worked; an unknown language said nothing either.
+    repo = write_repo(tmp_path / "repo", FILES)
+    assert run_in_process(["index", "--wait", "-q"], repo).returncode == 0
+    python = {h["path"] for h in search(repo, "--lang", "python")}
+    assert python == {"net/backoff.py", "tests/test_backoff.py", "examples/backoff_demo.py"}
+    for name in ("py", "Python", ".py", "PY"):
+        assert {h["path"] for h in search(repo, "--lang", name)} == python, name
+    assert {h["path"] for h in search(repo, "--lang", "yml")} == {"config/retry.yaml"}
+    assert_one_line_error(run(["search", QUERY, "--lang", "klingon"], repo),
+                          "unknown language 'klingon'; use one of")
+
+
+def test_piped_search_output_wraps_a_long_line_rather_than_cutting_it(tmp_path: Path) -> None:
+    # Not a terminal: 80 columns, and the end of a longer code line was cut, unmarked.
+    tail = "the_very_end_of_the_line_marker"
+    repo = write_repo(tmp_path / "repo", {"net/long.py": (
+        "def retry_with_backoff(send):\n"
+        f"    return send('retry failed request with exponential backoff' * 2, {tail}=1)\n")})
+    assert run_in_process(["index", "--wait", "-q"], repo).returncode == 0
+    proc = run_in_process(["search", QUERY, "-k", "1"], repo)
+    assert proc.returncode == 0, proc.stderr
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 80
+    assert tail in "".join(line.strip() for line in proc.stdout.splitlines())
+
+
+def test_a_path_glob_that_matches_no_indexed_file_is_said_to(tmp_path: Path) -> None:
+    # `--path 'src/*'` on a tree without src/ said "no results", as a query that found
+    # nothing would.
+    repo = write_repo(tmp_path / "repo", FILES)
+    assert run_in_process(["index", "--wait", "-q"], repo).returncode == 0
+    proc = run_in_process(["search", QUERY, "--path", "src/*"], repo)
+    assert proc.returncode == 0
+    assert proc.stderr.strip() == ("no results: --path 'src/*' matches no indexed file (they"
+                                   " are relative to the repo's root, as 'config/retry.yaml')")
+    assert search(repo, "--path", "net/*")  # a glob that matches still finds

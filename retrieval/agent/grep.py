@@ -20,6 +20,7 @@ never slower than a full scan, and the results are the same set in every case
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
 import re
 import sqlite3
@@ -32,8 +33,9 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
+import xxhash
 
-from indexer.statcache import DEFAULT_RACY_MARGIN_NS
+from indexer.statcache import DEFAULT_RACY_MARGIN_NS, CacheEntry, StatCache
 from retrieval.agent.symbols import ToolInputError
 from retrieval.indexes import tree_watch
 from retrieval.indexes.regex_trigrams import TrigramQuery, required_trigrams
@@ -41,6 +43,8 @@ from retrieval.indexes.trigram_index import TrigramIndex
 
 __all__ = ["Freshness", "GrepMatch", "GrepResult", "changed_files", "full_scan", "grep_files",
            "search_file", "whole_text_filter"]
+
+log = logging.getLogger(__name__)
 
 READ_ALL_SHARE: Final = 0.6
 """Above this share of candidate files, grep reads every file rather than stat them."""
@@ -164,6 +168,8 @@ class Freshness:
     def __init__(self, *, watch: bool = True) -> None:
         self._key: tuple[object, ...] | None = None
         self._known: dict[str, tuple[int, int, int]] = {}  # path -> (mtime, size, inode)
+        # path -> (stat, digest) of racily clean entries: trusted once read and hashed.
+        self._racy: dict[str, tuple[tuple[int, int, int], bytes]] = {}
         self._use_watch = watch and tree_watch.available()
         self._watch: tree_watch.TreeWatch | None = None
         self._watch_root: str | None = None
@@ -183,19 +189,23 @@ class Freshness:
         key = (base, stamp, *db.execute(
             "SELECT count(*), max(recorded_ns) FROM stat_cache").fetchone())
         if key != self._key:
-            self._known = {
-                p: (mtime, size, inode % (1 << 64))
-                for p, size, mtime, inode, recorded in db.execute(
-                    "SELECT s.path, s.size, s.mtime_ns, s.inode, s.recorded_ns"
+            self._known, self._racy = {}, {}
+            for p, size, mtime, inode, recorded, digest in db.execute(
+                    "SELECT s.path, s.size, s.mtime_ns, s.inode, s.recorded_ns, c.digest"
                     " FROM stat_cache s JOIN chunk_files c ON c.path = s.path"
-                    " AND c.digest = s.digest")
-                if mtime < recorded - DEFAULT_RACY_MARGIN_NS}
+                    " AND c.digest = s.digest"):
+                stat = (mtime, size, inode % (1 << 64))
+                if mtime < recorded - DEFAULT_RACY_MARGIN_NS:
+                    self._known[p] = stat
+                else:
+                    self._racy[p] = (stat, bytes(digest))
             self._key = key
         watch = self._current_watch(base)
         seen, always = self._seen, self._always
         stats = 0
         out = set()
         known = self._known
+        verified: list[CacheEntry] = []
         for rel in paths:
             if rel not in seen or rel in always:
                 seen[rel] = self._stat(base, rel, watch)
@@ -203,10 +213,36 @@ class Freshness:
             now = seen[rel]
             if now is None:
                 continue  # gone: nothing to read, nothing to match
-            if known.get(rel) != now:
+            if known.get(rel) != now and not self._verify(base, rel, now, verified):
                 out.add(rel)
         self.last_stats = stats
+        if verified:
+            _record(db, verified)
         return out
+
+    def _verify(self, base: str, rel: str, now: tuple[int, int, int],
+                verified: list[CacheEntry]) -> bool:
+        """Whether a racily clean file (its stat the stat cache's, but written too close
+        to when it was read to trust it: `indexer.statcache`) holds what was indexed,
+        read and hashed now; then it is known in this process, and recorded anew, so
+        that the next process trusts it. A first index records every file of a tree
+        written just before as racy: without this, grep read every file until the next
+        index."""
+        entry = self._racy.get(rel)
+        if entry is None or entry[0] != now:
+            return False
+        read_ns = time.time_ns()  # before the read, as the stat cache records it
+        try:
+            with open(os.path.join(base, rel), "rb") as f:
+                same = xxhash.xxh3_128_digest(f.read()) == entry[1]
+        except OSError:
+            return False
+        if same:
+            del self._racy[rel]
+            self._known[rel] = now
+            mtime, size, inode = now
+            verified.append(CacheEntry(rel, size, mtime, inode, entry[1], read_ns))
+        return same
 
     def _current_watch(self, base: str) -> tree_watch.TreeWatch | None:
         """The watch of `base` with what it vouches for applied to `_seen` (the paths
@@ -253,6 +289,19 @@ class Freshness:
                 self._watch.close()
                 self._watch = None
             self._seen, self._always = {}, set()
+
+
+def _record(db: sqlite3.Connection, entries: list[CacheEntry]) -> None:
+    """Record `entries` in the stat cache of the state `db` reads; a state that cannot
+    be written (read-only, locked by a long write) only costs the next grep the reads."""
+    try:
+        path = db.execute("PRAGMA database_list").fetchone()[2]
+        if path:
+            with StatCache(path) as cache:
+                cache.record_many(entries)
+    except (sqlite3.Error, OSError) as exc:
+        log.debug("could not record %d verified files in the stat cache: %s",
+                  len(entries), exc)
 
 
 def changed_files(root: Path, db: sqlite3.Connection, paths: Iterable[str]) -> set[str]:

@@ -42,7 +42,12 @@ from sync.config import (
     state_path,
 )
 from sync.errors import KeyMismatchError, SyncError
-from sync.index_state import IndexNotBuilt, never_completed_message, was_completed
+from sync.index_state import (
+    IndexNotBuilt,
+    never_completed_message,
+    other_workspace,
+    was_completed,
+)
 from sync.server_contact import Unreachable
 from sync.syncer import Progress, SyncReport
 from sync.workspace import Workspace
@@ -290,6 +295,9 @@ class Index:
         over an index that was never built. `client` is None when the server did not
         answer."""
         if LocalChunks(db).count_files():
+            other = other_workspace(root, db)
+            if other is not None:
+                raise CodeveilError(other)
             return
         held = client.info().chunks if client is not None else 0
         if held:
@@ -437,6 +445,13 @@ def _search_arguments(query: str, k: int, path: str | None, language: str | None
         raise SearchError(str(exc)) from None
     if group not in LEVELS:
         raise SearchError(f"unknown group {group!r}; use one of {', '.join(LEVELS)}")
+    if language is not None:
+        from indexer.languages import parse_language
+
+        try:
+            language = parse_language(language)
+        except ValueError as exc:
+            raise SearchError(str(exc)) from None
     return HitFilter.of(path, language, kinds), cast("Level", group)  # checked above
 
 

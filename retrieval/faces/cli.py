@@ -24,6 +24,7 @@ from retrieval.faces.cli_base import (
     _fail,
     _Group,
     _index,
+    _pipe_closed,
     json_option,
     operation_params,
     print_report,
@@ -247,9 +248,30 @@ def search(query: str, k: int, path: str | None, language: str | None,
     if coverage.partial:
         click.echo(_partial_note(coverage), err=True)
     if not hits:
-        click.echo("no results", err=True)
+        click.echo(_no_results(repos[0] if repos else Path("."), path), err=True)
         return
     _print_hits(hits, query)
+
+
+def _no_results(repo: Path, path: str | None) -> str:
+    """"no results", and why when it is the --path glob: it matches no indexed file (a
+    glob of a folder the tree does not have, or not relative to the repo's root)."""
+    if path is None:
+        return "no results"
+    from indexer.local_chunks import open_state_db
+    from retrieval.indexes.filters import HitFilter
+    from sync.config import find_root, state_path
+
+    keeps = HitFilter(path, None, None).keeps_path
+    db = open_state_db(state_path(find_root(repo)))
+    try:
+        paths = [p for (p,) in db.execute("SELECT path FROM chunk_files ORDER BY path")]
+    finally:
+        db.close()
+    if any(keeps(p) for p in paths):
+        return "no results"
+    example = f" (they are relative to the repo's root, as {paths[0]!r})" if paths else ""
+    return f"no results: --path {path!r} matches no indexed file{example}"
 
 
 def _search_many(query: str, k: int, path: str | None, language: str | None,
@@ -298,6 +320,8 @@ def _print_hits(hits: list[Hit], query: str, *, names: dict[str, str] | None = N
     from rich.syntax import Syntax
 
     console = Console(highlight=False)
+    # Rich's own handler of a closed pipe exits 1; a reader that stopped is no error.
+    console.on_broken_pipe = _pipe_closed  # type: ignore[method-assign]
     for hit in hits:
         where = f"{hit.path}:{hit.start_line}-{hit.end_line}"
         if hit.repo is not None and names:
@@ -309,8 +333,10 @@ def _print_hits(hits: list[Hit], query: str, *, names: dict[str, str] | None = N
             continue
         snippet = hit.text.rstrip("\n").splitlines()[:12]
         lexer = hit.language if hit.language not in ("text", "") else "text"
+        # Piped (no terminal: 80 columns), a long line is wrapped, not cut: a script
+        # or an agent reading the output gets every character of it.
         console.print(Syntax("\n".join(snippet), lexer, line_numbers=True,
-                             start_line=hit.start_line, word_wrap=False,
+                             start_line=hit.start_line, word_wrap=not console.is_terminal,
                              theme="ansi_dark"))
         console.print()
 

@@ -29,7 +29,11 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # a closed pipe shows here, not in the exit's own flush
+            return result
+        except BrokenPipeError:
+            _pipe_closed()
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except CodeveilError as exc:
@@ -51,6 +55,20 @@ def _index(*args: Any, **kwargs: Any) -> Index:
     from retrieval.faces.api import Index
 
     return Index(*args, **kwargs)
+
+
+def _pipe_closed() -> NoReturn:
+    """The reader of stdout stopped reading (`codeveil status | head -1`): what it read
+    is what it asked for, so exit 0, quietly, as Unix tools do. Stdout goes to /dev/null
+    first, or the interpreter's flush at exit would fail on the same pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (a test's captured stdout)
+        pass
+    finally:
+        os.close(devnull)
+    sys.exit(0)
 
 
 def _fail(message: str) -> NoReturn:

@@ -1,14 +1,15 @@
 """`codeveil doctor`: check every file the client and its store own, and with `repair`
 rebuild what can be rebuilt.
 
-What is checked, in order (a check that cannot pass stops the ones that need it):
+What is checked, in order (a check that cannot pass stops the ones that need it): the
+config and key, then each of `PARTS`, the parts of an index and the files each keeps:
 
 - `.codeveil/config.json`: format version and every value (`sync.config`);
 - the workspace key: present, well-formed, the one the workspace was created with;
 - `.codeveil/state.sqlite`: SQLite integrity, and that it holds the chunks;
 - the embedding cache: SQLite integrity, its vectors of this model finite and of unit
   length, and one for every local chunk (else exact scores silently fall back);
-- `.codeveil/lexical/`: readable;
+- `.codeveil/lexical/`, `vectors/`, `trigrams/`: readable, their checksums right;
 - the store: for the embedded one, its registry and tree (integrity), its chunk table
   (read in full), the search snapshot (the table's rows), and that it holds exactly the
   chunks of the local state, file by file; for a server, that it answers.
@@ -23,8 +24,9 @@ leaves the renamed copy and a state the next `codeveil index` or doctor run fini
 from __future__ import annotations
 
 import contextlib
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +42,7 @@ from indexer.sqlite_files import integrity_problem
 from retrieval.faces.api import Index
 from retrieval.indexes.lexical import LexicalStore
 from retrieval.indexes.local_vectors import LocalVectorStore
+from retrieval.indexes.trigram_index import TrigramStore
 from sync import crypto
 from sync.checkouts import find_recorded
 from sync.config import (
@@ -53,7 +56,8 @@ from sync.config import (
     store_path,
 )
 from sync.config_recovery import recover_config
-from sync.keys import WorkspaceKey, load_key
+from sync.index_state import recorded_workspace
+from sync.keys import ENV_KEY, WorkspaceKey, key_path, load_key
 from sync.pages import PageIndex, opened_rows
 from sync.records import DEFAULT_REF
 from sync.refs import ref_id, ref_name
@@ -113,6 +117,7 @@ class _Plan:
 
     aside: list[tuple[Path, Finding]] = field(default_factory=list)  # rename, rebuild
     config: Finding | None = None  # config.json unreadable: rebuilt from store and key
+    config_aside: bool = False  # config.json readable but wrong: moved aside first
     rebuild_store: Finding | None = None
     reupload: list[Finding] = field(default_factory=list)
     embed: list[Finding] = field(default_factory=list)
@@ -130,6 +135,8 @@ def doctor(path: str | Path = ".", *, repair: bool = False,
         return report
     if plan.config is not None:
         # Nothing else can be checked without the config: rebuild it, then check again.
+        if plan.config_aside:
+            _aside(codeveil_dir(root) / "config.json")
         try:
             recovered = recover_config(root)
         except CodeveilError as exc:
@@ -152,6 +159,12 @@ def doctor(path: str | Path = ".", *, repair: bool = False,
     after, _ = _check(root, embedder)
     report.remaining = [f for f in after.findings if f.problem is not None]
     return report
+
+
+def _key_source(workspace_id: str) -> str:
+    """Where the key of `workspace_id` is read from: CODEVEIL_KEY when it is set, else
+    its file."""
+    return ENV_KEY if os.environ.get(ENV_KEY, "").strip() else str(key_path(workspace_id))
 
 
 def _root(start: Path) -> Path:
@@ -188,25 +201,52 @@ def _check(root: Path, embedder: Embedder | None) -> tuple[DoctorReport, _Plan]:
     try:
         key = load_key(config.workspace_id)
     except CodeveilError as exc:
+        config_finding.path = _key_source(config.workspace_id)  # at fault, not the config
         config_finding.problem = str(exc)
         return report, plan
     idx = Index(root, embedder=embedder)
     try:
-        _check_state(root, report, plan)
-        _check_cache(root, idx, report, plan, sealed=config.sealed)
-        _check_lexical(root, report, plan)
-        _check_vectors(root, config, report, plan)
-        _check_builder(root, report, plan)
-        if config.server is None:
-            _check_embedded_store(root, config, key, report, plan)
-        else:
-            _check_server(idx, config, key, report, plan)
+        checking = _Checking(root, config, key, idx, report, plan)
+        for part in PARTS:
+            if part.check is not None:
+                part.check(checking)
     finally:
         idx.close()
     return report, plan
 
 
-def _check_state(root: Path, report: DoctorReport, plan: _Plan) -> None:
+@dataclass
+class _Checking:
+    """What every part's check is given: the repo, its config and key, and the report
+    and repair plan it adds to."""
+
+    root: Path
+    config: RepoConfig
+    key: WorkspaceKey
+    idx: Index
+    report: DoctorReport
+    plan: _Plan
+
+
+@dataclass(frozen=True)
+class Part:
+    """A part of the index: the files it keeps (globs under `.codeveil/`, or under the
+    cache or config dir as `cache:GLOB`, `config:GLOB`) and how the doctor checks them.
+    Each part also checks itself when it is opened (a damaged derived index is rebuilt,
+    a damaged SQLite file, config or key is refused in one line naming it and the
+    remedy); `store` names the derived index class the part is, so that a test can tell
+    that none lacks a check. `check` None: files checked before the parts (config, key),
+    or whose content is never read (locks) or read as a hint (a cache of what the server
+    said), ignored when damaged."""
+
+    name: str
+    owns: tuple[str, ...]
+    check: Callable[[_Checking], None] | None
+    store: type | None = None
+
+
+def _check_state(c: _Checking) -> None:
+    root, report, plan = c.root, c.report, c.plan
     path = state_path(root)
     f = Finding(str(path))
     report.findings.append(f)
@@ -228,10 +268,20 @@ def _check_state(root: Path, report: DoctorReport, plan: _Plan) -> None:
         if not local.count_files():
             f.problem = "holds no chunks"
             plan.index.append(f)
+            return
+    db = open_state_db(path)
+    try:
+        held = recorded_workspace(db)
+    finally:
+        db.close()
+    if held is not None and held != c.config.workspace_id:
+        f.problem = (f"holds the files of workspace {held}, not of {c.config.workspace_id}"
+                     " (another checkout's copy?)")
+        plan.aside.append((path, f))
 
 
-def _check_cache(root: Path, idx: Index, report: DoctorReport, plan: _Plan, *,
-                 sealed: bool) -> None:
+def _check_cache(c: _Checking) -> None:
+    root, idx, report, plan, sealed = c.root, c.idx, c.report, c.plan, c.config.sealed
     path = cache_dir() / "embeddings.sqlite"  # checked before the cache opens it
     f = Finding(str(path))
     report.findings.append(f)
@@ -282,8 +332,9 @@ def _check_cache(root: Path, idx: Index, report: DoctorReport, plan: _Plan, *,
         plan.embed.append(f)
 
 
-def _check_lexical(root: Path, report: DoctorReport, plan: _Plan) -> None:
-    folder = codeveil_dir(root) / "lexical"
+def _check_lexical(c: _Checking) -> None:
+    report, plan = c.report, c.plan
+    folder = codeveil_dir(c.root) / "lexical"
     f = Finding(str(folder))
     report.findings.append(f)
     if LexicalStore(folder).damaged():
@@ -291,9 +342,9 @@ def _check_lexical(root: Path, report: DoctorReport, plan: _Plan) -> None:
         plan.aside.append((folder, f))
 
 
-def _check_vectors(root: Path, config: RepoConfig, report: DoctorReport, plan: _Plan
-                   ) -> None:
-    folder = codeveil_dir(root) / "vectors"
+def _check_vectors(c: _Checking) -> None:
+    config, report, plan = c.config, c.report, c.plan
+    folder = codeveil_dir(c.root) / "vectors"
     f = Finding(str(folder))
     report.findings.append(f)
     store = LocalVectorStore(folder)
@@ -313,12 +364,23 @@ def _check_vectors(root: Path, config: RepoConfig, report: DoctorReport, plan: _
         plan.retry.append((record, g))
 
 
-def _check_builder(root: Path, report: DoctorReport, plan: _Plan) -> None:
+def _check_trigrams(c: _Checking) -> None:
+    folder = codeveil_dir(c.root) / "trigrams"
+    f = Finding(str(folder))
+    c.report.findings.append(f)
+    bad = TrigramStore(folder).problem()
+    if bad is not None:
+        f.problem = f"damaged ({bad}; the next grep rebuilds it)"
+        c.plan.aside.append((folder, f))
+
+
+def _check_builder(c: _Checking) -> None:
     """The vector builder given up (sync.builder): search answers by words and names,
     and by meaning only for what was embedded before; worth a repair, not a failure."""
     from sync.builder import Builder
 
-    builder = Builder(root)
+    report, plan = c.report, c.plan
+    builder = Builder(c.root)
     why = builder.given_up()
     if why is not None:
         f = Finding(str(builder.files.failed), advisory=True,
@@ -326,6 +388,13 @@ def _check_builder(root: Path, report: DoctorReport, plan: _Plan) -> None:
                             f" --wait` to build the vectors here (log: {builder.files.log})")
         report.findings.append(f)
         plan.retry.append((builder.files.failed, f))
+
+
+def _check_store(c: _Checking) -> None:
+    if c.config.server is None:
+        _check_embedded_store(c.root, c.config, c.key, c.report, c.plan)
+    else:
+        _check_server(c.idx, c.config, c.key, c.report, c.plan)
 
 
 def _check_embedded_store(root: Path, config: RepoConfig, key: WorkspaceKey,
@@ -339,6 +408,21 @@ def _check_embedded_store(root: Path, config: RepoConfig, key: WorkspaceKey,
         plan.rebuild_store = registry
         return
     ws_dir = data / "workspaces" / config.workspace_id
+    with Store(data) as store:
+        held = store.workspace_ids()
+    if config.workspace_id not in held:
+        if ws_dir.is_dir() or not held:
+            # The workspace's folder is here and the registry no longer lists it.
+            registry.problem = (f"does not list workspace {config.workspace_id}, the one"
+                                " config.json names (lost or replaced)")
+            plan.rebuild_store = registry
+        else:  # config.json names a workspace this store never held: another checkout's
+            config_finding = report.findings[0]
+            config_finding.problem = (
+                f"names workspace {config.workspace_id}, which the embedded store does not"
+                f" hold (it holds {', '.join(held)}): another checkout's config?")
+            plan.config, plan.config_aside = config_finding, True
+        return
     f = Finding(str(ws_dir))
     report.findings.append(f)
     try:
@@ -350,8 +434,10 @@ def _check_embedded_store(root: Path, config: RepoConfig, key: WorkspaceKey,
                 plan.rebuild_store = f
                 return
             if ws.info().key_check != key.key_check:
-                f.problem = ("was built with another key; import the right one"
-                             " (`codeveil key import`)")
+                # The key at fault, not the store: no repair makes the right one.
+                f.path = _key_source(config.workspace_id)
+                f.problem = (f"is not the key workspace {config.workspace_id} was built"
+                             " with; import the right one (`codeveil key import`)")
                 return
             lost = _files_differing(root, config, key, ws)
     except CodeveilError as exc:
@@ -465,6 +551,37 @@ def _server_gaps(idx: Index, config: RepoConfig, key: WorkspaceKey) -> dict[str,
         return tree.gaps(key, local.file_digests(), local.places())
 
 
+#: The parts of an index and the files each keeps, in the order the doctor checks them
+#: (config.json and the key are checked before: nothing else can be without them).
+#: Every file under `.codeveil/`, the cache dir and the config dir belongs to one
+#: (tests/test_corruption walks them: a new file kind or derived index cannot come
+#: without its part and check).
+PARTS: tuple[Part, ...] = (
+    # Checked first, in `_check`: nothing else can be checked without them.
+    Part("config", ("config.json",), None),
+    Part("workspace key", ("config:keys/*.key",), None),
+    Part("client state", ("state.sqlite", "state.sqlite-wal", "state.sqlite-shm"),
+         _check_state),
+    Part("embedding cache", ("cache:embeddings.sqlite", "cache:embeddings.sqlite-wal",
+                             "cache:embeddings.sqlite-shm"), _check_cache),
+    Part("lexical index", ("lexical/*",), _check_lexical, LexicalStore),
+    Part("vector index", ("vectors/*",), _check_vectors, LocalVectorStore),
+    Part("grep index", ("trigrams/*",), _check_trigrams, TrigramStore),
+    # Its state and log are read defensively (a damaged one is ignored and rewritten);
+    # a build given up is what is worth reporting.
+    Part("vector builder", ("builder.*",), _check_builder),
+    Part("store", ("store/*", "store/workspaces/*", "store/workspaces/*/*",
+                   "store/workspaces/*/chunks.lance/*", "store/workspaces/*/chunks.lance/*/*"),
+         _check_store),
+    # A cache of what the server last answered, ignored when unreadable; markers and
+    # locks hold nothing to check.
+    Part("server contact", ("server.json", "create-on-server", "config:tokens/*.token",
+                            "config:checkouts/*.json"), None),
+    Part("daemon", ("daemon.*",), None),
+    Part("folder", (".gitignore", "init.lock"), None),
+)
+
+
 def check_data_dir(data: str | Path) -> DoctorReport:
     """Check a server's data dir (`codeveil doctor --data DIR`): the registry, then each
     workspace's tree, chunk table and snapshot. Run it with the server stopped or not;
@@ -562,6 +679,7 @@ def _repair(root: Path, plan: _Plan, embedder: Embedder | None, report: DoctorRe
                 # chunks its vector index holds without a header vector.
                 LocalChunks(db).mark_headers_embedded(idx.embedder.model_id)
             LexicalStore(codeveil_dir(root) / "lexical").current(db)  # rebuilt and saved
+            TrigramStore(codeveil_dir(root) / "trigrams").current(db)
             if sealed:  # only a sealed workspace searches its own vectors
                 LocalVectorStore(codeveil_dir(root) / "vectors").current(
                     db, idx.embedder.cache, config.model_id, config.dim)
@@ -580,4 +698,4 @@ def _all_chunks(root: Path) -> list:
         return [c for _rowid, c in local.iter_all()]
 
 
-__all__ = ["DoctorReport", "Finding", "check_data_dir", "doctor"]
+__all__ = ["PARTS", "DoctorReport", "Finding", "Part", "check_data_dir", "doctor"]

@@ -41,6 +41,7 @@ at once. stdout carries the protocol only: nothing here prints.
 
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
 import json
 import math
@@ -53,6 +54,7 @@ from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from indexer.errors import CodeveilError
@@ -117,16 +119,34 @@ def _excerpt(root: Path, path: str, start: int, end: int) -> tuple[str, bool]:
     return "\n".join(lines[start - 1 : last]), last < end
 
 
+#: What a client may assume of a lookup: it reads the index and the files and changes
+#: nothing, so clients need not ask before each call (they do for a tool without hints).
+READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
+#: sync_index writes the index (never the files), and a second call finds nothing to do.
+WRITES_INDEX = ToolAnnotations(read_only_hint=False, destructive_hint=False,
+                               idempotent_hint=True, open_world_hint=False)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("codeveil")
+    except importlib.metadata.PackageNotFoundError:  # a checkout run without installing
+        return "0+unknown"
+
+
 def build_server(repo: Path) -> MCPServer:
     """The MCP server of the repo at (or above) `repo`."""
-    server: MCPServer = MCPServer(name="codeveil", instructions=INSTRUCTIONS)
+    # WARNING: at INFO the SDK logs a boxed block to stderr for every failed call, which
+    # the tool's error already tells the agent.
+    server: MCPServer = MCPServer(name="codeveil", instructions=INSTRUCTIONS,
+                                  version=_version(), log_level="WARNING")
     state = _State(repo)
     for op, answer in ((SEARCH_OP, _search), (DEFINITION_OP, _definition),
                        (OUTLINE_OP, _outline), (REFERENCES_OP, _references),
                        (GREP_OP, _grep)):
         _add_tool(server, state, op, answer)
 
-    @server.tool()
+    @server.tool(annotations=READ_ONLY)
     def index_status() -> dict[str, Any]:
         """Where the index is and what it holds: root folder, workspace, server (or
         embedded), model, number of files and chunks."""
@@ -134,7 +154,7 @@ def build_server(repo: Path) -> MCPServer:
             return {**idx.status().to_dict(), "index": idx.coverage().to_dict(),
                     "builder": idx.builder()}
 
-    @server.tool()
+    @server.tool(annotations=WRITES_INDEX)
     def sync_index() -> dict[str, Any]:
         """Bring the index up to date with the files on disk (only changed files are
         read). Returns in seconds, once every file is searchable by words, names and
@@ -168,7 +188,7 @@ def _add_tool(server: MCPServer, state: _State, op: Operation,
     # The SDK reads the arguments from the signature (inspect.signature honours this).
     tool.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [_parameter(arg) for arg in args], return_annotation=dict[str, Any])
-    server.add_tool(tool, name=op.tool, description=answer.__doc__)
+    server.add_tool(tool, name=op.tool, description=answer.__doc__, annotations=READ_ONLY)
 
 
 def _parameter(arg: Arg) -> inspect.Parameter:
@@ -313,8 +333,14 @@ class _State:
 
 @contextmanager
 def _tool_errors() -> Iterator[None]:
+    from sync.config import NoIndexError
+    from sync.index_state import IndexNotBuilt
+
     try:
         yield
+    except (NoIndexError, IndexNotBuilt) as exc:
+        # The agent can build it itself: say the tool, not only the shell command.
+        raise ToolError(f"{exc}; or call the sync_index tool, which builds it") from exc
     except CodeveilError as exc:
         raise ToolError(str(exc)) from exc
     except sqlite3.DatabaseError as exc:

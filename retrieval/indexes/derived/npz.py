@@ -153,3 +153,27 @@ def _checksum(fh: IO[bytes], offset: int, nbytes: int) -> int:
         digest.update(data)
         nbytes -= len(data)
     return digest.intdigest()
+
+
+def read_npy_checked(path: Path, dtype: np.dtype, checksum: int) -> np.ndarray:
+    """The 1-d array of `dtype` in the .npy file at `path`, mapped read-only, once its
+    data's xxh3-64 (plain reads, which leave no page mapped) is `checksum`, the value
+    `write_npy` returned when it wrote it. Raises ValueError naming the file when it is
+    truncated, of another shape or type, or its data differs by one bit; OSError (and
+    FileNotFoundError) when it cannot be read."""
+    with path.open("rb") as fh:
+        version = np.lib.format.read_magic(fh)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        shape, fortran, found = read_header(fh)
+        if found != dtype or fortran or len(shape) != 1:
+            raise ValueError(f"{path} holds {found}{list(shape)}, not a {dtype} array")
+        offset = fh.tell()
+        nbytes = int(shape[0]) * found.itemsize
+        if path.stat().st_size != offset + nbytes:
+            raise ValueError(f"{path} is {path.stat().st_size} bytes, not {offset + nbytes}")
+        if _checksum(fh, offset, nbytes) != checksum:
+            raise ValueError(f"{path} fails its checksum")
+    if not nbytes:  # an empty file cannot be mapped
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)

@@ -33,7 +33,9 @@ TREE_ADVICE = (
     " workspace's folder and let the clients index again"
 )
 REGISTRY_ADVICE = (
-    "restore it from a backup of the data dir: it lists the workspaces and their tokens"
+    "for the embedded store run `codeveil doctor --repair` in the repo (it is rebuilt from"
+    " the working tree); for a server, restore it from a backup of the data dir: it lists"
+    " the workspaces and their tokens"
 )
 
 

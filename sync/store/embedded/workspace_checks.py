@@ -4,6 +4,8 @@ rows (sync.store.embedded.mode_rows), which `WorkspaceStore.check` calls."""
 
 from __future__ import annotations
 
+import sqlite3
+
 import numpy as np
 
 from indexer import sqlite_files
@@ -28,10 +30,13 @@ def workspace_problems(files: WorkspaceFiles, rows: EmbeddedRows) -> list[str]:
     bad = sqlite_files.integrity_problem(tree)
     if bad is not None:
         return [f"{tree} is corrupt ({bad}); {TREE_ADVICE}"]
-    with files.rlock:
-        leaves = {fid_of(unscoped(bytes(k))) for (k,) in files.rconn.execute(
-            "SELECT key FROM nodes WHERE is_dir = 0")}
-    leaves |= rows.pooled_fids()  # a blob no ref names yet waits for the GC: not damage
+    try:
+        with files.rlock:
+            leaves = {fid_of(unscoped(bytes(k))) for (k,) in files.rconn.execute(
+                "SELECT key FROM nodes WHERE is_dir = 0")}
+        leaves |= rows.pooled_fids()  # a blob no ref names yet waits for the GC: not damage
+    except sqlite3.OperationalError as exc:  # a tree.sqlite made anew: the old one is lost
+        return [f"{tree} lacks its tables ({exc}); {TREE_ADVICE}"]
     try:
         by_file = rows.rows_by_file()
     except StoreCorrupt as exc:
