@@ -132,7 +132,7 @@ def grid_rows() -> list[System]:
     rows += [System("words: file first off", {**nv, "file_first": False}, vectors=False)]
     # With every vector: the fusion's weights for questions in plain words.
     rows += [System(f"vectors: prose BM25 {w}", {"w_lexical_prose": w}) for w in (0.5, 1.0)]
-    rows += [System(f"vectors: file vote {w}", {"w_file_vote": w}) for w in (0.0, 0.5)]
+    rows += [System(f"vectors: file vote {w}", {"w_file_vote_meaning": w}) for w in (0.5, 1.0)]
     rows += [System(f"vectors: prose header vector {w}", {"w_header_vector_prose": w})
              for w in (0.25, 0.5)]
     rows += [System(f"vectors: vector weight {w}", {"w_vector": w}) for w in (0.5, 2.0)]

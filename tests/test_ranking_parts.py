@@ -170,3 +170,5 @@ def test_a_file_whose_words_are_spread_over_its_chunks_gets_the_file_vote() -> N
     assert ranking.sources["file"] >= 1
     assert ranking.chunks[0][0].path == "auth/session.py"
     assert "file" not in ranker.rank("token expiry", replace(words, w_file_vote=0.0)).sources
+    # Once every vector votes, the file vote has yielded to meaning.
+    assert "file" not in ranker.rank("token expiry", SearchOptions(w_path=0.0)).sources

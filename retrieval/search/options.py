@@ -162,8 +162,12 @@ class SearchOptions:
     # The vote of whole files by BM25 for a short question in plain words, each file
     # voting with its best chunk (retrieval.search.ranking_parts.FileVote; 0: none).
     # Chosen on the tune half of the question set (bench/questions.py), words tier:
-    # 0.792 -> 0.797 at 0.25, 0.801 at 1.0 (docs/benchmarks.md).
+    # 0.792 -> 0.797 at 0.25, 0.801 at 1.0 (docs/benchmarks.md). That is its weight while
+    # no vector is built; `w_file_vote_meaning` once every vector votes (in between as
+    # they land, `meaning_share`): at 1.0 beside the vectors CoSQA's MRR fell 6 points
+    # (a file there is one function: the vote only repeats BM25).
     w_file_vote: float = 1.0
+    w_file_vote_meaning: float = 0.0
     w_file_lexical: float = 0.0  # file level: fuse whole-file BM25 with this weight
     # The same for a query in plain words (measured on CoSQA: a file there is one
     # function, and whole-file BM25 only repeats the chunk-level one, worse).

@@ -210,14 +210,17 @@ class FileVote:
     """Whole files by BM25 over all their chunks, for a question in plain words: its words
     are often spread over a file (its name, its definitions' names, its comments) with
     no one chunk holding them all. Each file votes with its best BM25 chunk, else its
-    first."""
+    first. `w_file_vote` while no vector is built, `w_file_vote_meaning` once all are."""
 
     name = "file"
 
     def cast(self, ranker: Ranker, q: QueryView, ballots: Ballots) -> None:
         o = q.options
-        if (not o.hybrid or not o.w_file_vote or not q.prose or not q.short
-                or not len(ranker.lexical)):
+        # Like BM25's prose vote it yields to meaning as the vectors land: where every
+        # vector votes, a file of one function (CoSQA) is only BM25 again.
+        share = o.meaning_share if q.w_vector else 0.0
+        weight = o.w_file_vote + (o.w_file_vote_meaning - o.w_file_vote) * share
+        if not o.hybrid or not weight or not q.prose or not q.short or not len(ranker.lexical):
             return
         files = ranker.lexical.file_top(q.lex_query, o.depth, mask=q.mask, dedupe=q.dedupe,
                                         max_terms=o.max_query_terms)
@@ -235,7 +238,7 @@ class FileVote:
                 chosen = int(own[0])
             docs.append(chosen)
         if docs:
-            ballots.cast(self.name, (ranker.lexical.doc(i) for i in docs), o.w_file_vote)
+            ballots.cast(self.name, (ranker.lexical.doc(i) for i in docs), weight)
 
 
 class EvidenceVote:
