@@ -322,8 +322,11 @@ def test_stop_words_leave_bm25_for_queries_that_name_code(ranker: HybridRanker) 
     q = "verify_password is wrong for values stored in it"
     assert paths(q, only_bm25) == {"auth/password.py", "net/upload.py", "web/cart.js"}
     assert paths(q, stop) == {"auth/password.py"}
-    # A query in plain words names no code and keeps its words.
-    assert "net/upload.py" in paths("password is wrong for values stored in it", stop)
+    # A query in plain words leaves out stop words and a question's frame words too;
+    # asked to keep them, it does.
+    plain = "password is wrong for values stored in it"
+    assert paths(plain, stop) == {"auth/password.py"}
+    assert "net/upload.py" in paths(plain, replace(stop, question_words_out=False))
 
 
 def test_header_vectors_are_a_second_vector_ranking() -> None:
