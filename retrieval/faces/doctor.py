@@ -116,6 +116,7 @@ class _Plan:
     reupload: list[Finding] = field(default_factory=list)
     embed: list[Finding] = field(default_factory=list)
     index: list[Finding] = field(default_factory=list)
+    resync: list[Finding] = field(default_factory=list)  # a tree the index puts back
     retry: list[tuple[Path, Finding]] = field(default_factory=list)  # a record to clear
 
 
@@ -432,11 +433,21 @@ def _check_server(idx: Index, config: RepoConfig, report: DoctorReport, plan: _P
     f = Finding(f"{config.server} (workspace {config.workspace_id})")
     report.findings.append(f)
     try:
-        idx.status()
+        status = idx.status(server=True)
     except CodeveilError as exc:
         # The server's files are its operator's to repair (`codeveil doctor --data DIR`
         # on the server); a client can only re-send once it answers again.
         f.problem = str(exc)
+        return
+    if idx.offline is not None:
+        f.problem = f"{idx.offline.summary()}: its tree of this checkout is not checked"
+        return
+    tree = status.server_tree
+    if tree is not None and not tree["in_step"]:
+        # Another checkout syncing the same ref (CODEVEIL_REF), or an interrupted sync:
+        # a sync puts this checkout's files back.
+        f.problem = tree["summary"]
+        plan.resync.append(f)
 
 
 def check_data_dir(data: str | Path) -> DoctorReport:
@@ -547,6 +558,8 @@ def _repair(root: Path, plan: _Plan, embedder: Embedder | None, report: DoctorRe
         f.repaired = "embedded the missing chunks"
     for f in plan.index:
         f.repaired = "rebuilt from the working tree"
+    for f in plan.resync:
+        f.repaired = "synced this checkout's files to its ref's tree again"
 
 
 def _all_chunks(root: Path) -> list:
