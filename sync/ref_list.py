@@ -44,7 +44,7 @@ def list_refs(ws: Workspace) -> list[NamedRef]:
 
 
 def drop_ref(ws: Workspace, name: str) -> None:
-    """Delete the tree of the ref called `name` (`user@host:branch`); RefNotFound if it
+    """Delete the tree of the ref called `name` (`user@host/ID:branch`); RefNotFound if it
     has none."""
     _root, _config, key, client = ws.open()
     _this_ref(ws)
