@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     from retrieval import Index
     from sync.config import load_token, state_path
     from sync.keys import export_key, import_key, load_key
+    from sync.sync_report import SyncReport
 
     rng = random.Random(56)
     base = isolate()
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     totals = {"embedded": 0, "pulled": 0, "bytes_sent": 0, "reverts": 0, "syncs": 0}
     started = time.perf_counter()
 
-    def index(c: Checkout) -> object:
+    def index(c: Checkout) -> SyncReport:
         c.use(base)
         report = c.index.index()
         totals["embedded"] += report.chunks_embedded
@@ -139,10 +140,9 @@ def main(argv: list[str] | None = None) -> int:
             upstream = {**upstream, path: _body(i, versions[i])}
             author.pull(upstream)
             index(author)
-            if author is a1:
-                # Her second clone, unchanged since it last pulled: it must send nothing.
-                if index(a2).files_changed:  # type: ignore[attr-defined]
-                    totals["reverts"] += 1
+            # Her second clone, unchanged since it last pulled, must send nothing.
+            if author is a1 and index(a2).files_changed:
+                totals["reverts"] += 1
             if (step + 1) % MERGE_EVERY == 0:
                 merges += 1
                 if merges == 2:  # bob's feature branch lands: five new files
