@@ -149,3 +149,28 @@ def test_a_page_that_does_not_open_is_skipped_and_never_used(
     assert load_config(b_repo).sealed
     a.close()
     b.close()
+
+
+def test_a_switch_onto_a_teammates_branch_embeds_nothing(
+        tmp_path: Path, server_factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Alice's feature branch (its own ref) changed 10 files; bob checks it out: his new
+    ref links her pages, and nothing is embedded or sent again."""
+    server = server_factory(tmp_path / "data")
+    alice, bob, a, b, a_repo, b_repo = _team(tmp_path, server, monkeypatch)
+    feature = {f"pkg{i % 7}/feature_{i}.py": f"def feature_step_{i}(x):\n    return x ** {i}\n"
+               for i in range(10)}
+    with alice.active():
+        monkeypatch.setenv("CODEVEIL_REF", "alice@laptop:feature")
+        for name, body in feature.items():
+            _edit(a_repo, name, body)
+        assert a.index().chunks_embedded == len(feature)
+    with bob.active():
+        monkeypatch.setenv("CODEVEIL_REF", "bob@desktop:feature")  # his checkout's branch
+        for name, body in feature.items():
+            _edit(b_repo, name, body)
+        rows = _rows(b)
+        got = b.index()
+        assert (got.chunks_embedded, got.chunks_pulled) == (0, len(feature)), got
+        assert got.files_linked == got.files_changed and _rows(b) == rows
+    a.close()
+    b.close()

@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,7 +58,15 @@ def _answers(repo: Path, env: dict[str, str]) -> list[dict]:
 
 
 def _requests(server: ServerProcess) -> int:
-    return len(REQUEST.findall(server.log_text()))
+    """The requests in the server's log, once it has stopped growing (a line is written
+    after its answer is sent, and a loaded machine writes it late)."""
+    count = -1
+    while True:
+        seen = len(REQUEST.findall(server.log_text()))
+        if seen == count:
+            return count
+        count = seen
+        time.sleep(0.5)
 
 
 def test_reads_send_the_server_no_request(
