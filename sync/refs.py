@@ -62,20 +62,18 @@ def who() -> str:
     return f"{user}@{socket.gethostname() or 'localhost'}"
 
 
-def local_ref_names(root: Path) -> list[str]:
-    """The names this checkout would give the refs of its local branches, and those it
-    gave them before checkout ids (so `codeveil refs` can name the store's ids it made).
-    Asks git; [] outside git."""
+def local_ref_names(root: Path, *, legacy: bool = False) -> list[str]:
+    """The names this checkout would give the refs of its local branches (so `codeveil
+    refs` can name the store's ids it made); with `legacy`, the names it gave them
+    before checkout ids. Asks git; [] outside git."""
     try:
         out = subprocess.run(["git", "-C", str(root), "for-each-ref", "--format=%(refname:short)",
                               "refs/heads"], capture_output=True, text=True, timeout=30,
                              check=False).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    names = []
-    for mine in (f"{who()}/{checkout_id(root)}", who()):  # this checkout's, then legacy
-        names += [mine, f"{mine}:HEAD", *(f"{mine}:{b}" for b in out.split())]
-    return names
+    mine = who() if legacy else f"{who()}/{checkout_id(root)}"
+    return [mine, f"{mine}:HEAD", *(f"{mine}:{b}" for b in out.split())]
 
 
 def git_branch(root: Path) -> str | None:

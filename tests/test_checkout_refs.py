@@ -18,6 +18,7 @@ from sync.config import load_config
 from sync.refs import ref_name
 from tests.cli_in_process import run_in_process
 from tests.server_fixtures import ServerProcess
+from tests.test_sibling_chunks import git
 from tests.test_sync import many_files
 
 
@@ -89,8 +90,12 @@ def test_an_existing_checkout_keeps_its_server_state(
     from sync.refs import legacy_ref_name
 
     repo = many_files(tmp_path / "repo", 60)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "first")
     (repo / ".codeveil").mkdir()
     monkeypatch.setenv("CODEVEIL_REF", legacy_ref_name(repo))
+    assert legacy_ref_name(repo).endswith(":main")
     idx = Index(repo, embedder=HashingEmbedder())
     idx.init(server=live_server.url)
     first = idx.index()
@@ -103,6 +108,11 @@ def test_an_existing_checkout_keeps_its_server_state(
     assert moved.bytes_sent < first.bytes_sent / 4, (moved.bytes_sent, first.bytes_sent)
     assert (idx.index().files_changed, _in_step(idx)) == (0, True)
     idx.close()
+    # `codeveil refs` names both: this checkout's, current, and the one of before.
+    listed = run_in_process(["refs"], repo).stdout.splitlines()
+    assert any(line.startswith(f"* {ref_name(repo)} ") for line in listed), listed
+    assert any(f"{legacy_ref_name(repo)} (before checkout ids)" in line
+               for line in listed), listed
 
 
 def test_a_tree_another_checkout_rewrote_is_named_by_status_and_doctor(
