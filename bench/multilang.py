@@ -82,7 +82,8 @@ class System:
 # The ranking before the signals measured here (what `codeveil` shipped): Python's names
 # only, every kind of file alike (bench/quality.py's rows of the same name use it too).
 BEFORE = BEFORE_MULTILANG
-NO_VECTORS = {"w_vector": 0.0, "w_header_vector": 0.0}
+# What a search serves before any vector is built (retrieval.search.searcher.Searcher.options).
+NO_VECTORS = {"w_vector": 0.0, "w_header_vector": 0.0, "meaning_share": 0.0}
 
 
 

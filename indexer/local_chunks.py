@@ -339,6 +339,15 @@ class LocalChunks:
             self._db.execute("INSERT OR IGNORE INTO embedded_headers VALUES (?)", (model_id,))
             self._db.execute("UPDATE chunk_generation SET n = n + 1 WHERE id = 0")
 
+    def places(self) -> dict[str, set[tuple[int, int, bytes]]]:
+        """path -> (start line, end line, chunk hash) of each of its chunks: what a
+        sealed row names of the chunk it holds (sync.pages)."""
+        out: dict[str, set[tuple[int, int, bytes]]] = {}
+        for path, start, end, chunk_hash in self._db.execute(
+                "SELECT path, start_line, end_line, chunk_hash FROM chunks"):
+            out.setdefault(path, set()).add((start, end, bytes(chunk_hash)))
+        return out
+
     def files_with_chunks(self) -> set[str]:
         """The paths that have at least one chunk (an empty file has none)."""
         return {p for (p,) in self._db.execute("SELECT DISTINCT path FROM chunks")}

@@ -67,9 +67,12 @@ class StoreClient(Protocol):
         """
         ...
 
-    def set_dir_values(self, values: list[DirValue]) -> None:
+    def set_dir_values(self, values: list[DirValue]) -> NodeInfo | None:
         """Set directory values (bottom-up order) once every file below them is applied;
-        each only if the store's children of it are the ones it was computed from."""
+        each only if the store's children of it are the ones it was computed from.
+        Returns the root as it stands after, in the same request (None for an empty
+        tree, or a server that does not say): a root other than the one the values end
+        with means a value was refused, or another writer of the ref came after."""
         ...
 
     def search(self, vector: np.ndarray, k: int) -> list[SearchHit]:

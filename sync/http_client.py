@@ -202,9 +202,11 @@ class HttpClient:
         answer = self._tree_request("POST", "/apply", payload)
         return _field(answer, lambda a: [b64decode(k) for k in a.get("missing", [])])
 
-    def set_dir_values(self, values: list[DirValue]) -> None:
+    def set_dir_values(self, values: list[DirValue]) -> NodeInfo | None:
         payload = {"values": [[_encode(b64encode, part, "values") for part in v] for v in values]}
-        self._tree_request("POST", "/tree/dirs", payload)
+        answer = self._tree_request("POST", "/tree/dirs", payload)
+        return _field(answer, lambda a: None if a.get("root") is None
+                      else node_from_json(a["root"]))
 
     def search(self, vector: np.ndarray, k: int) -> list[SearchHit]:
         try:

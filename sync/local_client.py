@@ -114,9 +114,10 @@ class LocalClient:
         self.stats.requests += 1
         return self._ws.apply(updates, deletes, self.ref)
 
-    def set_dir_values(self, values: list[DirValue]) -> None:
+    def set_dir_values(self, values: list[DirValue]) -> NodeInfo | None:
         self.stats.requests += 1
         self._ws.set_dir_values(values, self.ref)
+        return self._ws.root(self.ref)
 
     def search(self, vector: np.ndarray, k: int) -> list[SearchHit]:
         self.stats.requests += 1

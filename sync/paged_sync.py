@@ -81,10 +81,12 @@ class PagedSync:
         self._touched: set[bytes] = set()
         self._covered: set[bytes] = set()
         self._upload: set[str] = set()
+        self._keys: dict[str, bytes] = {}  # path -> file key, of the files diffed
+        self._owners: dict[bytes, bytes] = {}  # file key -> the value this sync leaves
 
     # -- before anything is sent --------------------------------------------------------
 
-    def diff(self, files: dict[str, bytes], *, fresh: bool = False
+    def diff(self, files: dict[str, bytes], *, fresh: bool = False, keep: bool = False
              ) -> tuple[LocalTree, Diff, set[str]]:
         """The diff of a paged workspace: the tree holds the files and the pages this
         machine knows to hold a live row; pages another machine wrote are read first
@@ -96,14 +98,19 @@ class PagedSync:
 
         Returns the tree, the diff (files only), and the changed files whose rows a page
         of the tree holds (only their leaf is sent). `fresh` (a re-upload): the tree
-        holds no page, so every page the store holds goes."""
+        holds no page, so every page the store holds goes. `keep` (a pass after another
+        writer of this ref was met): this sync deletes no page and links no file; every
+        page it knows stays in the tree (`PageWriter`), and every changed file is sent
+        with its rows, so nothing it writes rests on a page the other writer may be
+        deleting, and nothing it deletes held a row the other's tree names."""
         key = self.key
-        owners = {crypto.node_key(key, p): crypto.node_value(key, p, d)
-                  for p, d in files.items()}
+        self._keys = keys = {p: crypto.node_key(key, p) for p in files}
+        self._owners = owners = {keys[p]: crypto.node_value(key, p, d)
+                                 for p, d in files.items()}
         other_refs = self.pool and not fresh
         for attempt in range(3):
             writer = PageWriter(key, self.sealer, self.index, owners, fresh=fresh,
-                                vectors=self.vectors)
+                                keep=keep, vectors=self.vectors)
             live = writer.live_pages()
             tree = LocalTree.build(files | {page_name(p): p for p in live}, key)
             plan = diff(tree, self.client, key, known_pages=self.index.known())
@@ -129,17 +136,41 @@ class PagedSync:
         self._load = BucketLoad(tree, key)
         self._covered = covered = writer.covered()
         self._upload = upload = set(plan.upload)
-        linked = {p for p in upload if crypto.node_key(key, p) in covered}
+        linked = set() if keep else {p for p in upload if crypto.node_key(key, p) in covered}
         return tree, plan, linked
 
     def resend(self, files: dict[str, bytes], local_digests: dict[str, bytes],
-               chunked: set[str]) -> set[str]:
+               places: dict[str, set[tuple[int, int, bytes]]], incomplete: set[str]
+               ) -> set[str]:
         """After `diff`: the files whose leaf matches but whose rows no page holds (sent
-        again: `_Pending.resend`), of those that have a chunk here (`chunked`) or are
-        not chunked at their version (`local_digests`) yet."""
+        again: `_Pending.resend`), of those that have a chunk here (`places`) or are
+        not chunked at their version (`local_digests`) yet; and those chunked here at
+        their version some chunk of which no page holds a row of (`incomplete`)."""
         return {p for p, d in files.items()
-                if p not in self._upload and crypto.node_key(self.key, p) not in self._covered
-                and (local_digests.get(p) != d or p in chunked)}
+                if p not in self._upload and self._keys[p] not in self._covered
+                and (local_digests.get(p) != d or p in places)
+                } | (incomplete - self._upload)
+
+    def incomplete(self, files: dict[str, bytes], local_digests: dict[str, bytes],
+                   places: dict[str, set[tuple[int, int, bytes]]]) -> set[str]:
+        """After `diff`, of the same `files`: those chunked here at their version
+        (`local_digests`; `places`: each one's chunks) some chunk of which no page of
+        the tree holds a row of (another checkout syncing this ref moved or deleted the
+        page that held it: its own tree had another version of the file). Their rows
+        are sent again, whatever the leaf says: a row counts per chunk, never per file.
+        A local check: no request."""
+        chunked = {p: k for p, k in self._keys.items()
+                   if local_digests.get(p) == files[p] and places.get(p)}
+        held = self.index.live_places({k: self._owners[k] for k in chunked.values()})
+        return {p for p, k in chunked.items() if not places[p] <= held.get(k, set())}
+
+    def complete(self, path: str, digest: bytes, chunks: Sequence[Chunk]) -> bool:
+        """Whether a page of the tree holds a row of every one of `chunks` (of `path` at
+        `digest`): a file whose rows are there is linked (its leaf alone is sent)."""
+        have = {(r.meta.start_line, r.meta.end_line, r.meta.chunk_hash)
+                for r in self.index.rows_of(crypto.node_key(self.key, path),
+                                            crypto.node_value(self.key, path, digest))}
+        return all((c.start_line, c.end_line, c.chunk_hash) in have for c in chunks)
 
     def _read_other_refs(self, wanted: dict[bytes, bytes]) -> bool:
         """Read into the page index the pages other refs wrote since this checkout last

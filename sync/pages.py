@@ -132,6 +132,16 @@ class PageIndex:
             "SELECT file_key, value, start_line, end_line, chunk_hash FROM page_rows")
             if owners.get(bytes(f)) == bytes(v)})
 
+    def live_places(self, owners: dict[bytes, bytes]) -> dict[bytes, set[tuple[int, int, bytes]]]:
+        """Each file key of `owners` -> (start line, end line, chunk hash) of every chunk
+        of its version that a known page holds a row of."""
+        out: dict[bytes, set[tuple[int, int, bytes]]] = {}
+        for f, v, start, end, h in self.db.execute(
+                "SELECT file_key, value, start_line, end_line, chunk_hash FROM page_rows"):
+            if owners.get(bytes(f)) == bytes(v):
+                out.setdefault(bytes(f), set()).add((start, end, bytes(h)))
+        return out
+
     def rows_of(self, file_key: bytes, value: bytes) -> list[PageRow]:
         """The rows of one file version, one per chunk, whichever pages hold them."""
         found: dict[tuple, PageRow] = {}
@@ -222,13 +232,16 @@ class PageWriter:
     """Packs a sync's rows into pages, and its free slots with the emptiest pages' rows."""
 
     def __init__(self, key: WorkspaceKey, sealer: RowSealer, index: PageIndex,
-                 owners: dict[bytes, bytes], *, fresh: bool = False,
+                 owners: dict[bytes, bytes], *, fresh: bool = False, keep: bool = False,
                  vectors: Callable[[list[PageRow]], list[np.ndarray | None]] | None = None
                  ) -> None:
         """`fresh`: every page the index knows is left behind (a re-upload sends every
-        row again), so none is live and none is filled from. `vectors`: the vectors of
-        rows whose vector the index no longer keeps (from the embedding cache; None
-        where it lacks one): a page is moved whole or not at all."""
+        row again), so none is live and none is filled from. `keep`: every page the
+        index knows stays in the tree, live or not, and none is moved or compacted (a
+        sync that met another writer of its ref: `PagedSync.diff`). `vectors`: the
+        vectors of rows whose vector the index no longer keeps (from the embedding
+        cache; None where it lacks one): a page is moved whole or not at all."""
+        self.keep = keep
         self.vectors = vectors
         self.key = key
         self.sealer = sealer
@@ -238,7 +251,8 @@ class PageWriter:
         self._live, self._holders = ({}, {}) if fresh else index.live(owners)
 
     def live_pages(self) -> set[bytes]:
-        return {p for p, n in self._live.items() if n}
+        """The pages the tree holds: those with a live row (with `keep`, every one)."""
+        return set(self._live) if self.keep else {p for p, n in self._live.items() if n}
 
     def covered(self) -> set[bytes]:
         """The file keys whose rows a live page holds (as the index was read)."""
@@ -252,9 +266,9 @@ class PageWriter:
         if not rows:
             return PagedWrite([], [], {})
         rows = _random.sample(rows, len(rows))
-        moved, emptied = self._emptiest(-len(rows) % PAGE_ROWS)
+        moved, emptied = ([], []) if self.keep else self._emptiest(-len(rows) % PAGE_ROWS)
         rows += moved
-        copied = self._copies(-len(rows) % PAGE_ROWS, set(emptied))
+        copied = [] if self.keep else self._copies(-len(rows) % PAGE_ROWS, set(emptied))
         for page, _ in copied:
             self._live[page] -= 1
         rows += [r for _, r in copied]
@@ -269,7 +283,7 @@ class PageWriter:
         updates: list[FileUpdate] = []
         written: dict[bytes, list[PageRow]] = {}
         emptied: list[bytes] = []
-        while len(written) < most:
+        while len(written) < most and not self.keep:
             live = [n for n in self._live.values() if n]
             if PAGE_ROWS * len(live) <= WASTE * sum(live) + PAGE_ROWS:
                 break

@@ -11,6 +11,8 @@ replicas may serve one database behind a load balancer.
     GET  /v1/workspaces/{id}/tree/root               {node: Node | null}
     POST /v1/workspaces/{id}/tree/children           {keys: [key]} -> {children: {key: [Node]}}
     POST /v1/workspaces/{id}/tree/dirs               {values: [[key, value, children]]}
+                                                     -> {values: n, root: Node | null}
+                                                     (the root once they are set)
     POST /v1/workspaces/{id}/apply                   {updates: [{file_key, ancestors, value,
                                                      chunks: [{chunk_id, vector, meta}]}],
                                                      deletes: [key]}; no vector when sealed
@@ -272,7 +274,11 @@ def _dirs(
     workspace = _authorized(store, ws, auth)
     req = DirValuesBody.model_validate_json(body)
     workspace.set_dir_values(req.values, ref)
-    return 200, {"values": len(req.values)}
+    # The root as it stands after: a client that finds another than its own learns in
+    # this request that a value was refused or another writer of the ref came after.
+    node = workspace.root(ref)
+    return 200, {"values": len(req.values),
+                 "root": None if node is None else node_to_json(node)}
 
 
 def _search(

@@ -52,6 +52,7 @@ from sync.client import StoreClient
 from sync.errors import MetadataAuthError, MetadataFormatError
 from sync.keys import WorkspaceKey
 from sync.merkle import (
+    ROOT,
     Diff,
     LocalTree,
     bucket_path,
@@ -79,6 +80,10 @@ FIRST_BATCH_CHUNKS = 64
 BATCH_FILES = 256
 DELETE_BATCH = 2048
 DIRS_BATCH = 50_000  # directory values per request (the server accepts 100,000)
+# Passes of a paged sync while another checkout of its ref writes between its diff and
+# its directory values (each pass diffs the store as it is then).
+PASSES = 4
+PASS_PAUSE_S = 0.05
 WRITE_FILES = 64  # files per local write while chunking ahead of the model
 PULL_FILES = 512  # files per request when pulling rows
 POOL_LOOKUP_MIN = 8  # changed files from which a sync asks the pool which it holds
@@ -287,8 +292,38 @@ class Syncer:
         before = (self.client.stats.requests, self.client.stats.bytes_sent,
                   self.client.stats.bytes_received)
         files = self.scan(report)
-        local_digests = self.local.file_digests()
+        for attempt in range(PASSES):
+            if self._pass(files, report, reupload=reupload, keep=attempt > 0):
+                break
+            # Paged: another checkout syncing this ref wrote between this pass's diff and
+            # its directory values (a value was refused, or the root moved on after):
+            # pages it moved or deleted may have held rows of this tree. The next pass
+            # diffs the store as it is now and sends what it lacks, deleting no page and
+            # linking no file (`PagedSync.diff`'s `keep`): whatever the other writer
+            # does meanwhile, no leaf this pass sets rests on a page it deletes.
+            log.info("another writer of this ref synced meanwhile; syncing again")
+            reupload = False
+            # A random pause, longer each time: two checkouts that keep overwriting
+            # each other's files stop passing in step, and one finishes first.
+            time.sleep(_random.uniform(0, PASS_PAUSE_S * (attempt + 1)))
+        else:
+            log.warning("another writer of this ref kept syncing: %d passes, the next"
+                        " sync sends what the store lacks", PASSES)
+        report._rate()
+        report.chunks_total = self.local.count()
+        stats = self.client.stats
+        report.requests = stats.requests - before[0]
+        report.bytes_sent = stats.bytes_sent - before[1]
+        report.bytes_received = stats.bytes_received - before[2]
+        report.seconds = time.perf_counter() - started
+        return report
 
+    def _pass(self, files: dict[str, bytes], report: SyncReport, *, reupload: bool,
+              keep: bool = False) -> bool:
+        """Diff, send, set the directory values. False where the tree is paged and the
+        store's root, as the directory values left it, is not this tree's. `keep`: see
+        `PagedSync.diff`."""
+        local_digests = self.local.file_digests()
         t0 = time.perf_counter()
         resend: set[str] = set()
         covered: set[str] = set()
@@ -300,9 +335,14 @@ class Syncer:
             # before anything is sent: a machine that has not chunked the tree yet (a
             # teammate's join) chunks it meanwhile, so its words answer at once.
             with self._words_first(files, local_digests, report):
-                tree, plan, covered = self._paged.diff(files, fresh=reupload)
+                tree, plan, covered = self._paged.diff(files, fresh=reupload, keep=keep)
             local_digests = self.local.file_digests()
-            resend = self._paged.resend(files, local_digests, self.local.files_with_chunks())
+            places = self.local.places()
+            # Rows count per chunk: a file some of whose rows went (another checkout of
+            # this ref moved their page without them) is sent, not linked.
+            incomplete = self._paged.incomplete(files, local_digests, places)
+            covered -= incomplete
+            resend = self._paged.resend(files, local_digests, places, incomplete)
         else:
             tree = LocalTree.build(files, self.key)
             plan = diff(tree, self.client, self.key)
@@ -356,21 +396,18 @@ class Syncer:
         dirs = plan.dirs
         if self._paged is not None:
             tree, dirs = self._paged.final_tree(files, dirs)
-        if complete and (dirs or plan.delete):
-            t0 = time.perf_counter()
-            values = dir_values(tree, self.key, dirs)
-            for start in range(0, len(values), DIRS_BATCH):
-                self.client.set_dir_values(values[start : start + DIRS_BATCH])
-            report.seconds_sync += time.perf_counter() - t0
-
-        report._rate()
-        report.chunks_total = self.local.count()
-        stats = self.client.stats
-        report.requests = stats.requests - before[0]
-        report.bytes_sent = stats.bytes_sent - before[1]
-        report.bytes_received = stats.bytes_received - before[2]
-        report.seconds = time.perf_counter() - started
-        return report
+        if not (complete and (dirs or plan.delete)):
+            return True
+        t0 = time.perf_counter()
+        values = dir_values(tree, self.key, dirs)
+        root = None
+        for start in range(0, len(values), DIRS_BATCH):
+            root = self.client.set_dir_values(values[start : start + DIRS_BATCH])
+        report.seconds_sync += time.perf_counter() - t0
+        # The root the last request left, against this tree's: an older server says
+        # none, and a tree of no files has no root.
+        return (self._paged is None or root is None or not tree.files
+                or root.value == crypto.node_value(self.key, ROOT, tree.dirs[ROOT]))
 
     def _send(
         self,
@@ -583,6 +620,11 @@ class Syncer:
                deferred: list[_Pending] | None = None) -> None:
         """Pull, embed and send one batch; with `deferred`, the files to send are added to
         it instead (sent later by `_send_shuffled`) and marked as having their vectors."""
+        if self._paged is not None:
+            for p in batch:  # linked before it was chunked here: its rows checked now
+                if p.link and not self._paged.complete(p.path, p.digest,
+                                                       self.local.for_file(p.path)):
+                    p.link, p.upload = False, True
         sending = [(p, self.local.for_file(p.path)) for p in batch
                    if p.upload or (p.resend and p.chunks)]
         pulling = [(p, self.local.for_file(p.path)) for p in batch if p.pull]

@@ -56,6 +56,14 @@ def test_ranks_by_identifier_parts_path_and_symbol() -> None:
     assert idx.top("quantum chromodynamics", 5) == []
 
 
+def test_question_words_meet_code_words_by_their_stems() -> None:
+    idx = LexicalIndex.from_chunks(CORPUS)
+    # "retries", "hashing" and "passwords" are none of the code's own forms.
+    assert idx.doc(idx.top("how are retries attempted", 1)[0][0]).path == "net/retry.py"
+    assert idx.doc(idx.top("hashing passwords", 1)[0][0]).path == "auth/password.py"
+    assert idx.doc(idx.top("parsing responses", 1)[0][0]).path == "net/http.py"
+
+
 def test_scores_equal_bm25s_lucene() -> None:
     idx = LexicalIndex.from_chunks(CORPUS)
     corpus_tokens = [tokenize(lexical_text(c)) for c in CORPUS]

@@ -20,7 +20,7 @@ from retrieval.indexes.lexical import LexicalIndex
 from retrieval.search.fusion import HybridRanker
 from retrieval.search.options import SearchOptions
 from retrieval.search.path_vote import path_words, query_words
-from retrieval.search.ranking_parts import RESCORING, VOTES
+from retrieval.search.ranking_parts import RESCORING, VOTES, Ballots, LexicalVote
 from retrieval.search.signals import is_secondary
 from tests.conftest import write_repo
 
@@ -93,15 +93,80 @@ def test_what_stands_beside_an_implementation() -> None:
 
 
 def test_path_words() -> None:
-    assert path_words("src/tablib/formats/_xls.py") == ({"xls"}, {"tablib", "formats"})
+    assert path_words("src/tablib/formats/_xls.py") == ({"xls"}, {"tablib", "format"})
     stem, folders = path_words("clikt/parameters/options/RetryPolicy.kt")
-    assert stem == {"retrypolicy", "retry", "policy"}
-    assert "parameters" in folders
+    assert stem == {"retrypolici", "retri", "polici"}  # Snowball's stems
+    assert "paramet" in folders
     assert path_words("types/index.d.ts")[0] == frozenset()  # "index" names nothing
     assert query_words("Tablib - XLS Support.") == {"tablib", "xls", "support"}
 
 
 def test_a_ranker_is_composed_of_named_parts() -> None:
     assert [v.name for v in VOTES] == ["vector", "header_vector", "lexical", "path",
-                                       "evidence"]
+                                       "file", "evidence"]
     assert [r.name for r in RESCORING] == ["prefer_code", "prefer_primary"]
+
+
+def _ranker(chunks: list[Chunk]) -> HybridRanker:
+    model = HashingEmbedder()
+    lexical = LexicalIndex.from_chunks(chunks)
+    vectors = model.embed([c.embed_text for c in chunks])
+    docs = [ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language)
+            for c in chunks]
+
+    def nearest(v: np.ndarray, n: int, *, keep=None) -> list[tuple[ChunkLocation, float]]:
+        s = vectors @ v
+        return [(docs[i], float(s[i])) for i in np.argsort(-s)[:n]]
+
+    return HybridRanker(lexical, model.embed, nearest, default_counter().count, 200)
+
+
+def test_a_questions_frame_words_are_not_searched() -> None:
+    # "how" and "does" are rare in code: a comment that holds them must not lead.
+    chunks = [Chunk("notes.py", 1, 2, "python", "",
+                    "# how does this work? nobody knows how it does\nx = 1\n"),
+              Chunk("cache/evict.py", 1, 3, "python", "evict_oldest",
+                    "def evict_oldest(cache):\n    # drop the least recently used entry\n"
+                    "    cache.pop(next(iter(cache)))\n")]
+    ranker = _ranker(chunks)
+    words = SearchOptions(w_vector=0.0, w_header_vector=0.0, w_path=0.0, w_file_vote=0.0)
+    query = "how does eviction work"
+    assert ranker.rank(query, words).chunks[0][0].path == "cache/evict.py"
+    kept = ranker.rank(query, replace(words, question_words_out=False))
+    assert kept.chunks[0][0].path == "notes.py"
+
+
+def test_bm25_votes_in_full_for_plain_words_while_no_vector_votes() -> None:
+    chunks = [Chunk(f"m{i}.py", 1, 2, "python", f"f{i}", f"def f{i}():\n    return {i}\n")
+              for i in range(3)]
+    chunks.append(Chunk("retry.py", 1, 2, "python", "again",
+                        "def again(call):\n    # retry the call after a failure\n"))
+    ranker = _ranker(chunks)
+    o = SearchOptions(w_lexical_prose_peaked=None)
+
+    def weight(options: SearchOptions) -> float:
+        ballots = Ballots()
+        LexicalVote().cast(ranker, ranker.view("retry after failure", options, None, None),
+                           ballots)
+        return ballots.weights[ballots.voters.index("lexical")]
+
+    assert weight(o) == pytest.approx(o.w_lexical_prose or 0.0)  # every vector votes
+    none = replace(o, w_vector=0.0, meaning_share=0.0)  # none built yet
+    assert weight(none) == pytest.approx(o.w_lexical)
+    half = weight(replace(o, w_vector=0.5, meaning_share=0.5))  # half of them built
+    assert (o.w_lexical_prose or 0.0) < half < o.w_lexical
+
+
+def test_a_file_whose_words_are_spread_over_its_chunks_gets_the_file_vote() -> None:
+    # No one chunk of the answer holds both "token" and "expiry"; its file holds both.
+    chunks = [Chunk("auth/session.py", 1, 2, "python", "issue", "def issue():\n    token()\n"),
+              Chunk("auth/session.py", 4, 5, "python", "ttl", "def ttl():\n    expiry()\n")]
+    chunks += [Chunk(f"other{i}.py", 1, 2, "python", f"g{i}",
+                     f"def g{i}():\n    {'token' if i % 2 else 'expiry'}()\n")
+               for i in range(6)]
+    ranker = _ranker(chunks)
+    words = SearchOptions(w_vector=0.0, w_header_vector=0.0, w_path=0.0)
+    ranking = ranker.rank("token expiry", words)
+    assert ranking.sources["file"] >= 1
+    assert ranking.chunks[0][0].path == "auth/session.py"
+    assert "file" not in ranker.rank("token expiry", replace(words, w_file_vote=0.0)).sources

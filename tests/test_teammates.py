@@ -53,9 +53,9 @@ class Interleaved:
         self._point("apply")
         self.inner.apply(updates, deletes)
 
-    def set_dir_values(self, values: list[DirValue]) -> None:
+    def set_dir_values(self, values: list[DirValue]) -> NodeInfo | None:
         self._point("set_dir_values")
-        self.inner.set_dir_values(values)
+        return self.inner.set_dir_values(values)
 
     def search(self, vector: np.ndarray, k: int) -> list[SearchHit]:
         return self.inner.search(vector, k)

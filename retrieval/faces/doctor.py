@@ -61,6 +61,7 @@ from sync.sealed_rows import RowSealer
 from sync.store.embedded.registry import Store
 from sync.store.embedded.workspace import WorkspaceStore
 from sync.syncer import SyncReport
+from sync.tree_rows import read_tree_rows
 
 # A cached vector of this model whose norm is further than this from 1 is damaged.
 NORM_TOLERANCE = 1e-2
@@ -200,7 +201,7 @@ def _check(root: Path, embedder: Embedder | None) -> tuple[DoctorReport, _Plan]:
         if config.server is None:
             _check_embedded_store(root, config, key, report, plan)
         else:
-            _check_server(idx, config, report, plan)
+            _check_server(idx, config, key, report, plan)
     finally:
         idx.close()
     return report, plan
@@ -429,11 +430,14 @@ def _chunk_hash(sealer: RowSealer | None, key: WorkspaceKey, workspace_id: str,
     return crypto.open_meta(key, workspace_id, row_id, blob).chunk_hash
 
 
-def _check_server(idx: Index, config: RepoConfig, report: DoctorReport, plan: _Plan) -> None:
+def _check_server(idx: Index, config: RepoConfig, key: WorkspaceKey, report: DoctorReport,
+                  plan: _Plan) -> None:
     f = Finding(f"{config.server} (workspace {config.workspace_id})")
     report.findings.append(f)
     try:
         status = idx.status(server=True)
+        gaps = (_server_gaps(idx, config, key)
+                if config.sealed and idx.offline is None else {})
     except CodeveilError as exc:
         # The server's files are its operator's to repair (`codeveil doctor --data DIR`
         # on the server); a client can only re-send once it answers again.
@@ -443,11 +447,36 @@ def _check_server(idx: Index, config: RepoConfig, report: DoctorReport, plan: _P
         f.problem = f"{idx.offline.summary()}: its tree of this checkout is not checked"
         return
     tree = status.server_tree
+    problems = []
     if tree is not None and not tree["in_step"]:
         # Another checkout syncing the same ref (CODEVEIL_REF), or an interrupted sync:
         # a sync puts this checkout's files back.
-        f.problem = tree["summary"]
+        problems.append(str(tree["summary"]))
         plan.resync.append(f)
+    if gaps:
+        path = min(gaps)
+        problems.append(f"the server's tree holds {len(gaps)} files of this checkout"
+                        f" without all their rows ({sum(gaps.values())} chunks; e.g. {path})")
+        plan.reupload.append(f)
+    if problems:
+        f.problem = "; ".join(problems)
+
+
+def _server_gaps(idx: Index, config: RepoConfig, key: WorkspaceKey) -> dict[str, int]:
+    """path -> its chunks without a row, for each file whose leaf in the server's tree
+    of this checkout's ref is this checkout's version (sync.tree_rows): asked of the
+    server, whatever this machine's page index believes."""
+    root, _, _, client = idx.workspace.open_or_last_known()
+    if idx.workspace.offline is not None or not _state_readable(root):
+        return {}
+    ref = client.ref
+    client.ref = ref_id(key, ref_name(root))
+    try:
+        tree = read_tree_rows(client, key, RowSealer(key, config.workspace_id, config.dim))
+    finally:
+        client.ref = ref
+    with _state(root) as local:
+        return tree.gaps(key, local.file_digests(), local.places())
 
 
 def check_data_dir(data: str | Path) -> DoctorReport:

@@ -39,6 +39,8 @@ from retrieval.search.options import (
 )
 from retrieval.search.path_vote import PathWords
 from retrieval.search.query import (
+    QUESTION_WORDS,
+    STOPWORDS,
     Evidence,
     QueryRefs,
     RepoNames,
@@ -239,6 +241,10 @@ class HybridRanker:
             # Each term listed once, or code_term_weight times.
             return lexical_terms(query, stopwords=o.stopwords,
                                  code_weight=o.code_term_weight), False
+        if prose and o.question_words_out:
+            terms = lexical_terms(query, stop=STOPWORDS | QUESTION_WORDS)
+            # A question of frame words only ("how does it work") keeps them all.
+            return (terms, False) if terms else (query, o.dedupe_terms)
         return query, o.dedupe_terms
 
     def _file_best(self, paths: list[str], bm25: list[tuple[int, float]]

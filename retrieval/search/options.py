@@ -129,8 +129,14 @@ class SearchOptions:
     # or frame ("check if a file exists"): such a query finds code by what it means,
     # and its words rarely appear in the code, so BM25 ranks it poorly (CoSQA: BM25
     # alone MRR ~0.3 against the vectors' ~0.5) and an equal vote only pulls the vector
-    # ranking down. None: w_lexical for every query.
+    # ranking down. None: w_lexical for every query. The weight is this only where the
+    # vectors vote in full: with none built yet it is w_lexical, in between as they land
+    # (retrieval.search.ranking_parts.LexicalVote; question set, words tier, tune half:
+    # 0.775 -> 0.792).
     w_lexical_prose: float | None = 0.25
+    # The share of the chunks that have vectors (the searcher sets it while they are
+    # being built; 0: none yet): how far BM25's prose weight has yielded to meaning.
+    meaning_share: float = 1.0
     # BM25's weight for a query in plain words whose BM25 ranking is peaked: its best
     # chunk scores at least `prose_peak_ratio` times its tenth. Such a query's words are
     # the code's own (a doc comment's first sentence names what the code calls things),
@@ -153,6 +159,11 @@ class SearchOptions:
     # a hundred or more distinct words; its rarest are the names in it, and its common
     # ones match most files a little. Chosen on the SWE-bench tune half (docs/benchmarks.md).
     max_query_terms: int | None = 32
+    # The vote of whole files by BM25 for a short question in plain words, each file
+    # voting with its best chunk (retrieval.search.ranking_parts.FileVote; 0: none).
+    # Chosen on the tune half of the question set (bench/questions.py), words tier:
+    # 0.792 -> 0.797 at 0.25, 0.801 at 1.0 (docs/benchmarks.md).
+    w_file_vote: float = 1.0
     w_file_lexical: float = 0.0  # file level: fuse whole-file BM25 with this weight
     # The same for a query in plain words (measured on CoSQA: a file there is one
     # function, and whole-file BM25 only repeats the chunk-level one, worse).
@@ -164,6 +175,10 @@ class SearchOptions:
     # An issue text is mostly prose; "the", "is", "to" match nearly every file a little.
     # Chosen on the SWE-bench tune half, with code_term_weight 2 (docs/benchmarks.md).
     stopwords: bool = True
+    # BM25 for a query in plain words: leave out stop words and the words that frame a
+    # question (`retrieval.search.query.QUESTION_WORDS`: how, where, does, ...). On the
+    # question set's tune half, words tier: 0.736 -> 0.775 NDCG@10 (docs/benchmarks.md).
+    question_words_out: bool = True
     # Weight of a second vector ranking: the query's parts against vectors of each chunk's
     # `path > symbol` header alone, where the ranker was given them (0: not used). An
     # issue text names the module or function it is about in words the body's vector

@@ -5,7 +5,8 @@ Such a file is often small (a header that includes the real one, a file that
 re-exports an API, a module of ten lines) and its lines match few of the question's
 words, so BM25 and the vectors, which rank chunks by their text, leave it out of the
 top hundred. This vote ranks files by the question's words found in their own path:
-the stem's words (`_xls` -> `xls`, `RetryPolicy.kt` -> `retry`, `policy`) count fully,
+the stem's words (`_xls` -> `xls`, `RetryPolicy.kt` -> `retry`, `policy`; compared by
+their word stems, so "retries" names `retry.ts`) count fully,
 the folders' words half, each weighted by how rare the word is among the repo's paths
 (a word naming half the files names none of them). Among files that match alike, the
 smaller leads: the face, not the implementation that shares its name. Each file
@@ -21,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from indexer.lexical_tokens import split_identifier, tokenize
+from indexer.lexical_tokens import split_identifier, stem, tokenize
 from retrieval.search.query import STOPWORDS
 
 # Words of paths that say nothing of what a file is for.
@@ -52,12 +53,12 @@ def _words(text: str) -> Iterable[str]:
         parts = split_identifier(word) or [word.lower()]
         for w in {word.lower(), *parts}:
             if len(w) >= MIN_WORD and w not in _PATH_NOISE and not w.isdigit():
-                yield w
+                yield stem(w)
 
 
 def query_words(query: str) -> set[str]:
     """The question's words that could name a file."""
-    return {w for w in tokenize(query)
+    return {stem(w) for w in tokenize(query)
             if len(w) >= MIN_WORD and w not in STOPWORDS and w not in _PATH_NOISE
             and not w.isdigit()}
 

@@ -161,10 +161,22 @@ STOPWORDS: Final = frozenset({
 })
 
 
-def lexical_terms(text: str, *, stopwords: bool = True, code_weight: int = 1) -> list[str]:
+# The words that frame a question rather than say what it is about ("how does the pool
+# retry", "where is the config read"): rare in code, so BM25 would weigh them highly
+# wherever a comment happens to hold them.
+QUESTION_WORDS: Final = frozenset({
+    "how", "what", "where", "which", "when", "why", "who", "does", "do", "did", "can",
+    "should", "would", "from", "we", "our", "i", "you", "your", "my", "me", "its",
+    "code", "implemented", "implements", "implementation", "handled", "done", "get", "gets",
+    "happen", "happens", "work", "works", "way", "part", "logic", "place",
+})
+
+
+def lexical_terms(text: str, *, stopwords: bool = True, code_weight: int = 1,
+                  stop: frozenset[str] = STOPWORDS) -> list[str]:
     """The BM25 terms of a query (`indexer.lexical_tokens.tokenize`), each term once.
 
-    With `stopwords`, English stop words are left out; words in capitals stay (`IN`,
+    With `stopwords`, English stop words (`stop`) are left out; words in capitals stay (`IN`,
     `AND` in an SQL dialect's issue are keywords). With `code_weight` n > 1, the terms of
     words that look like code (`snake_case`, `camelCase`, `Class`-style names with
     an inner capital, dotted names, anything in backticks or an indented or fenced code
@@ -184,7 +196,7 @@ def lexical_terms(text: str, *, stopwords: bool = True, code_weight: int = 1) ->
                           if "_" in w.strip("_") or _INNER_CAP.search(w))
     seen: dict[str, int] = {}
     for word in _WORDS.findall(text):
-        if stopwords and word.lower() in STOPWORDS and not word.isupper():
+        if stopwords and word.lower() in stop and not word.isupper():
             continue
         n = code_weight if word in code_words else 1
         for t in tokenize(word):

@@ -8,7 +8,8 @@ asks each vote of `VOTES` for its ballot, fuses them, and applies each step of
 option that weighs it, not another branch in `rank`.
 
 Votes:       vector (the body vectors), header_vector (the `path > symbol` vectors),
-             lexical (BM25), path (retrieval.search.path_vote), evidence (what the query names).
+             lexical (BM25), path (retrieval.search.path_vote), file (whole-file BM25),
+             evidence (what the query names).
 Rescoring:   prefer_code (tests, docs, examples, config count less unless asked for),
              prefer_primary (legacy copies, declarations, barrels count less).
 Diversity among the chunks printed is applied when they are grouped
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 
 DocKey = tuple[str, int, int]
 # The votes cast by words and names (what `non_code_scope="words"` scales).
-WORD_SOURCES: Final = frozenset({"lexical", "evidence", "path"})
+WORD_SOURCES: Final = frozenset({"lexical", "evidence", "path", "file"})
 
 
 class Ranker(Protocol):
@@ -173,7 +174,11 @@ class LexicalVote:
             return
         weight = o.w_lexical
         if q.prose and o.w_lexical_prose is not None:
-            weight = o.w_lexical_prose
+            # The smaller vote yields to meaning only as far as meaning votes: while no
+            # vector is built (a first index) BM25 is the one ranking by text and votes
+            # in full; the share of the vectors' vote moves it toward w_lexical_prose.
+            share = o.meaning_share if q.w_vector else 0.0
+            weight = o.w_lexical_prose + (o.w_lexical - o.w_lexical_prose) * (1.0 - share)
         if q.prose and o.w_lexical_prose_peaked is not None and peaked(q.bm25,
                                                                       o.prose_peak_ratio):
             weight = o.w_lexical_prose_peaked
@@ -199,6 +204,38 @@ class PathVote:
         if faces:
             ballots.cast(self.name, (ranker.lexical.doc(i) for i in faces),
                          q.options.w_path)
+
+
+class FileVote:
+    """Whole files by BM25 over all their chunks, for a question in plain words: its words
+    are often spread over a file (its name, its definitions' names, its comments) with
+    no one chunk holding them all. Each file votes with its best BM25 chunk, else its
+    first."""
+
+    name = "file"
+
+    def cast(self, ranker: Ranker, q: QueryView, ballots: Ballots) -> None:
+        o = q.options
+        if (not o.hybrid or not o.w_file_vote or not q.prose or not q.short
+                or not len(ranker.lexical)):
+            return
+        files = ranker.lexical.file_top(q.lex_query, o.depth, mask=q.mask, dedupe=q.dedupe,
+                                        max_terms=o.max_query_terms)
+        doc_path = ranker.names().doc_path
+        best: dict[str, int] = {}
+        for i, _ in q.bm25:
+            best.setdefault(doc_path[i], i)
+        docs: list[int] = []
+        for path, _ in files:
+            chosen = best.get(path)
+            if chosen is None:
+                own = ranker.lexical.docs_of(path)
+                if not len(own):
+                    continue
+                chosen = int(own[0])
+            docs.append(chosen)
+        if docs:
+            ballots.cast(self.name, (ranker.lexical.doc(i) for i in docs), o.w_file_vote)
 
 
 class EvidenceVote:
@@ -242,5 +279,5 @@ class PreferPrimary:
 
 
 VOTES: Final[tuple[Vote, ...]] = (VectorVote(), VectorVote(header=True), LexicalVote(),
-                                  PathVote(), EvidenceVote())
+                                  PathVote(), FileVote(), EvidenceVote())
 RESCORING: Final[tuple[Rescoring, ...]] = (PreferCode(), PreferPrimary())

@@ -94,7 +94,8 @@ class Searcher:
             # so far: its first place is first among a few. Its vote shrinks with
             # the share it covers, so a hundred early vectors do not outvote BM25
             # and the evidence over the whole repo.
-            options = replace(options, w_vector=options.w_vector * with_vectors / total)
+            share = with_vectors / total
+            options = replace(options, w_vector=options.w_vector * share, meaning_share=share)
         if self.local is not None and total:
             # The header vectors' vote, likewise: a workspace indexed before chunks
             # carried them has none until `codeveil index` embeds them.

@@ -45,7 +45,8 @@ from retrieval.indexes.lexical.tokens import Tokenizer, lexical_text
 log = logging.getLogger("retrieval.indexes.lexical")
 
 # 4: members checked by their xxh3 (retrieval.indexes.derived.npz), the base read mapped.
-FORMAT_VERSION: Final = 4
+# 5: terms are stems (indexer.lexical_tokens.stem).
+FORMAT_VERSION: Final = 5
 BASE_FILE: Final = "base.npz"
 DELTA_FILE: Final = "delta.npz"
 # A refresh that would re-tokenize more than this share of chunks rebuilds from scratch.

@@ -2,7 +2,7 @@
 
 A chunk is read as the text the model embeds (`lexical_text`) and split as
 `indexer.lexical_tokens.tokenize` splits it; each token is identified by the 64-bit
-xxh3 hash of its text (`term_hash`).
+xxh3 hash of its stem (`term_hash`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,15 @@ import numpy as np
 import xxhash
 
 from indexer.chunk import Chunk
-from indexer.lexical_tokens import tokenize
+from indexer.lexical_tokens import stem, tokenize
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
 
 
 def term_hash(token: str) -> int:
-    return xxhash.xxh3_64_intdigest(token.encode("utf-8"))
+    """The term a token counts as: the hash of its stem, so that a question's `retries`
+    meets the code's `retry` (indexer.lexical_tokens.stem)."""
+    return xxhash.xxh3_64_intdigest(stem(token).encode("utf-8"))
 
 
 class Tokenizer:
