@@ -53,6 +53,10 @@ EMBEDDER: str | None = "hashing"
 WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "lambda", "theta"]
 
 
+#: The one ref the teammates' scenario shares.
+SHARED_REF = "team:shared"
+
+
 def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("CODEVEIL_EMBEDDER", None)
@@ -288,14 +292,16 @@ def trial_teammates(work: Path, rng: random.Random, files: int, kills: int,
     try:
         one, two = work / "one", work / "two"
         write_files(one, files, rng)
-        env = _env()
+        # Two checkouts told to sync one tree (each would otherwise have a ref of its
+        # own, sync.refs): the compare-and-set between them is what is tried.
+        env = _env(CODEVEIL_REF=SHARED_REF)
         run(["init", ".", "--server", server.url], one, env)
         run(["index", "--wait", "-q"], one, env)
         ws = workspace_of(one)
         key = export_key(ws)
         from sync.config import load_token
 
-        mate = _env(CODEVEIL_KEY=key, CODEVEIL_TOKEN=load_token(ws))
+        mate = _env(CODEVEIL_KEY=key, CODEVEIL_TOKEN=load_token(ws), CODEVEIL_REF=SHARED_REF)
         shutil.copytree(one, two, ignore=shutil.ignore_patterns(".codeveil"))
         run(["init", ".", "--server", server.url, "--workspace", ws], two, mate)
         done = 0

@@ -37,15 +37,13 @@ from sync.pages import (
 )
 from sync.pool_sync import leaf_update
 from sync.records import FileUpdate
+from sync.ref_watch import RefWatch
 from sync.sealed_rows import RowSealer
 
 log = logging.getLogger(__name__)
 _random = random.SystemRandom()
 
 PULL_PAGES = 512  # pages per request when reading them
-#: Files of a ref's tree that no known page holds the rows of, from which a sync first
-#: reads the pages of the workspace's other refs (a new branch, a teammate's).
-OTHER_REFS_MIN = 8
 
 
 def chunk_meta(path: str, c: Chunk) -> crypto.ChunkMeta:
@@ -93,9 +91,10 @@ class PagedSync:
         """The diff of a paged workspace: the tree holds the files and the pages this
         machine knows to hold a live row; pages another machine wrote are read first
         (their rows into the page index), and pages this ref's tree lacks are linked
-        from the pool (or forgotten), then the diff runs again. A ref whose tree lacks
-        many files' rows first reads the pages of the workspace's other refs, so those
-        holding its files' rows are linked, not sent again.
+        from the pool (or forgotten), then the diff runs again. Before a file whose rows
+        no known page holds is embedded, the pages other refs wrote since this checkout
+        last looked are read (sync.ref_watch), so those holding its rows are linked and
+        pulled, not embedded and sent again.
 
         Returns the tree, the diff (files only), and the changed files whose rows a page
         of the tree holds (only their leaf is sent). `fresh` (a re-upload): the tree
@@ -119,9 +118,12 @@ class PagedSync:
             if other_refs:
                 other_refs = False
                 have = writer.covered()
-                lacking = sum(1 for p in plan.upload if page_key_of(p) is None
-                              and crypto.node_key(key, p) not in have)
-                if lacking >= OTHER_REFS_MIN and self._read_other_refs():
+                lacking = {k: owners[k] for k in (crypto.node_key(key, p) for p in plan.upload
+                                                  if page_key_of(p) is None)
+                           if k not in have}
+                # Before anything is embedded: a file version another ref sent is
+                # pulled from its pages, not embedded and sent again.
+                if lacking and self._read_other_refs(lacking):
                     continue
             if attempt == 2 or not (plan.foreign_pages or absent):
                 break
@@ -170,39 +172,18 @@ class PagedSync:
                                             crypto.node_value(self.key, path, digest))}
         return all((c.start_line, c.end_line, c.chunk_hash) in have for c in chunks)
 
-    def _read_other_refs(self) -> bool:
-        """Read into the page index the pages of every other ref's tree that it lacks
-        (in the ref's tree: the pool's pages are read by ref). True if any was read."""
-        client = self.client
-        mine, known, read = client.ref, self.index.known(), False
-        try:
-            for info in sorted(client.refs(), key=lambda r: -r.synced_at):
-                if info.ref == mine:
-                    continue
-                client.ref = info.ref
-                pages = [k for k in self._tree_pages() if k not in known]
-                self._read(pages)
-                known.update(pages)
-                read = read or bool(pages)
-        finally:
-            client.ref = mine
-        return read
+    def _read_other_refs(self, wanted: dict[bytes, bytes]) -> bool:
+        """Read into the page index the pages other refs wrote since this checkout last
+        looked, and those seen before that hold a version of `wanted` (file key -> leaf
+        value): sync.ref_watch. True if any was read."""
+        return RefWatch(self.index.db).look(self.client, self.key, self.index.known(),
+                                            wanted, self._read)
 
-    def _tree_pages(self) -> list[bytes]:
-        """The keys of the pages in the client's ref's tree: its leaves whose value is a
-        page's (one request per level)."""
-        frontier = [crypto.node_key(self.key, "")]
-        pages: list[bytes] = []
-        while frontier:
-            answer = self.client.children(frontier)
-            frontier = [n.key for kids in answer.values() for n in kids if n.is_dir]
-            pages += [n.key for kids in answer.values() for n in kids
-                      if not n.is_dir and n.value == crypto.page_value(self.key, n.key)]
-        return pages
-
-    def _read(self, pages: list[bytes]) -> None:
-        """Read pages another machine wrote, in a random order, into the page index."""
+    def _read(self, pages: list[bytes]) -> dict[bytes, list[PageRow]]:
+        """Read pages another machine wrote, in a random order, into the page index;
+        returns those read (a page that does not open under the key is left out)."""
         pages = _random.sample(pages, len(pages))
+        out: dict[bytes, list[PageRow]] = {}
         for start in range(0, len(pages), PULL_PAGES):
             read = {}
             for page, rows in self.client.file_rows(pages[start : start + PULL_PAGES]).items():
@@ -211,6 +192,8 @@ class PagedSync:
                 except (MetadataAuthError, MetadataFormatError) as exc:
                     log.warning("ignoring a page the store returned: %s", exc)
             self.index.add(read)
+            out.update(read)
+        return out
 
     def _link(self, pages: list[bytes]) -> None:
         """Point this ref's tree at pages the pool holds (another ref wrote them);

@@ -1,9 +1,10 @@
 """The refs (branch trees) of a checkout's sealed workspace, as `codeveil refs` lists
 them, and removing one by its name.
 
-The store knows refs by keyed ids only (sync.refs). This machine can name the ids it
-would make for its own branches and the one this checkout syncs; the others (a
-teammate's, a deleted branch's) keep their id's first bytes as a name.
+The store knows refs by keyed ids only (sync.refs). This machine can name the ids this
+checkout would make for its own branches (and those it made before checkout ids) and
+the one it syncs; the others (a teammate's, another clone's, a deleted branch's) keep
+their id's first bytes as a name.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ def list_refs(ws: Workspace) -> list[NamedRef]:
     _root, _config, key, client = ws.open()
     this_ref = _this_ref(ws)
     mine = client.ref
-    named = {ref_id(key, n): n for n in local_ref_names(ws.root)}
+    named = {ref_id(key, n): f"{n} (before checkout ids)"
+             for n in local_ref_names(ws.root, legacy=True)}
+    named.update({ref_id(key, n): n for n in local_ref_names(ws.root)})
     named[mine] = this_ref
     return [NamedRef(name=named.get(r.ref, r.ref.hex()[:12]), current=r.ref == mine,
                      synced_at=r.synced_at, files=r.files, rows=r.rows)
@@ -44,7 +47,7 @@ def list_refs(ws: Workspace) -> list[NamedRef]:
 
 
 def drop_ref(ws: Workspace, name: str) -> None:
-    """Delete the tree of the ref called `name` (`user@host:branch`); RefNotFound if it
+    """Delete the tree of the ref called `name` (`user@host/ID:branch`); RefNotFound if it
     has none."""
     _root, _config, key, client = ws.open()
     _this_ref(ws)

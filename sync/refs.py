@@ -1,10 +1,16 @@
 """Which ref (one tree of a sealed workspace, sync.store.embedded.pool) this checkout syncs: its
 name, and the opaque id the store knows it by.
 
-The name is `user@host:branch` for a git checkout (a linked worktree reads its own
-HEAD), `user@host` for a folder that is not one, or `CODEVEIL_REF` when set (two
-checkouts on one machine that want trees of their own, a bench simulating teammates).
-The store sees only HMAC(k_ref, name)[:16]: never a user, host or branch name.
+A ref names one checkout: `user@host/ID:branch` for a git checkout (a linked worktree
+reads its own HEAD), `user@host/ID` for a folder that is not one, where ID is the
+checkout's own random id (sync.checkout_id), so two clones, worktrees or containers of
+one user and host never share a ref; user, host and branch are there to be read in
+`codeveil refs`. `CODEVEIL_REF`, when set, is the name (checkouts that mean to share a
+tree, a bench simulating teammates). Before checkout ids a ref was `user@host[:branch]`
+(`legacy_ref_name`): a checkout that synced one syncs its own from then on; the first
+such sync links the pages it knows rather than sending their rows again, and the old
+ref, which another clone may still sync, is left to the store's GC of unused refs.
+The store sees only HMAC(k_ref, name)[:16]: never a user, host, id or branch name.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import socket
 import subprocess
 from pathlib import Path
 
+from sync.checkout_id import checkout_id
 from sync.keys import WorkspaceKey
 from sync.records import KEY_BYTES
 
@@ -34,8 +41,16 @@ def ref_name(root: Path) -> str:
     chosen = os.environ.get(ENV_REF, "").strip()
     if chosen:
         return chosen
-    branch = git_branch(root)
-    return who() if branch is None else f"{who()}:{branch}"
+    return _on_branch(f"{who()}/{checkout_id(root)}", git_branch(root))
+
+
+def legacy_ref_name(root: Path) -> str:
+    """The name this checkout's ref had before checkout ids: `user@host[:branch]`."""
+    return _on_branch(who(), git_branch(root))
+
+
+def _on_branch(name: str, branch: str | None) -> str:
+    return name if branch is None else f"{name}:{branch}"
 
 
 def who() -> str:
@@ -47,16 +62,17 @@ def who() -> str:
     return f"{user}@{socket.gethostname() or 'localhost'}"
 
 
-def local_ref_names(root: Path) -> list[str]:
-    """The names this machine would give the refs of the checkout's local branches (so
-    `codeveil refs` can name the store's ids it made). Asks git; [] outside git."""
+def local_ref_names(root: Path, *, legacy: bool = False) -> list[str]:
+    """The names this checkout would give the refs of its local branches (so `codeveil
+    refs` can name the store's ids it made); with `legacy`, the names it gave them
+    before checkout ids. Asks git; [] outside git."""
     try:
         out = subprocess.run(["git", "-C", str(root), "for-each-ref", "--format=%(refname:short)",
                               "refs/heads"], capture_output=True, text=True, timeout=30,
                              check=False).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    mine = who()
+    mine = who() if legacy else f"{who()}/{checkout_id(root)}"
     return [mine, f"{mine}:HEAD", *(f"{mine}:{b}" for b in out.split())]
 
 

@@ -1,17 +1,18 @@
-"""What this checkout last learned from its server, and what a read says when the server
-cannot be reached now.
+"""What this checkout last learned from its server, and what a command that asked it says
+when it cannot be reached now.
 
 The client's copy (chunk table, words, vectors, grep index) is authoritative for reads:
-a sealed workspace searches it here, and def, outline, uses and grep never needed the
-server. So a read whose server does not answer still answers, from this copy, and says
-so: `Unreachable` is that statement (one line for stderr, a dict for JSON and MCP).
+a sealed workspace searches it here, and no read asks its server (sync.workspace,
+`open_for_read`). A command that does ask (`status --server`, a server-search
+workspace's search, an index) and gets no answer says so: `Unreachable` is that
+statement (one line for stderr, a dict for JSON and MCP).
 
 `.codeveil/server.json` keeps, for a workspace on a server:
 
 - what the last successful check against the server confirmed (the workspace's key
-  check, model, dim, mode and whether it keeps a blob pool), so that a read can open
-  the workspace without the round trip, and still refuse a key or model that differs
-  from what the server last confirmed;
+  check, model, dim, mode and whether it keeps a blob pool), so that a read opens the
+  workspace without asking, and still refuses a key or model that differs from what
+  the server last confirmed;
 - when this copy last completed a sync with the server (`last_sync`, UTC ISO 8601).
 
 It holds nothing secret (the key check is what the server itself holds) and is
@@ -31,12 +32,10 @@ from sync.config import codeveil_dir
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PROBE_TIMEOUT", "ServerRecord", "Unreachable", "load_record", "probe",
-           "record_check", "record_sync", "utc_now"]
+__all__ = ["ServerRecord", "Unreachable", "load_record", "record_check", "record_sync",
+           "utc_now"]
 
 RECORD_VERSION = 1
-#: Seconds a read waits for a server it only asks whether it is there.
-PROBE_TIMEOUT = 2.0
 
 
 @dataclass(frozen=True)
@@ -139,43 +138,6 @@ def record_sync(root: Path, workspace_id: str, server: str) -> None:
     old = load_record(root, workspace_id, server)
     if old is not None:
         _save(root, replace(old, last_sync=utc_now()))
-
-
-def probe(server: str, workspace_id: str, root: Path) -> Unreachable | None:
-    """Whether `server` answers; an `Unreachable` (with this copy's last sync) when it
-    does not. For reads that never need the server, to say how fresh this copy is: a
-    bare HTTP request (http.client), so that a lookup does not import the HTTP client's
-    stack to ask. Any answer, even one refused, means it is there."""
-    import http.client
-    from urllib.parse import urlsplit
-
-    from sync.wire import API_PREFIX
-
-    parts = urlsplit(server)
-    connection: type[http.client.HTTPConnection] = http.client.HTTPConnection
-    handshake: tuple[type[Exception], ...] = ()
-    if parts.scheme == "https":  # ssl is imported only for a server that needs it
-        import ssl
-
-        connection, handshake = http.client.HTTPSConnection, (ssl.SSLError,)
-    conn = None
-    try:
-        conn = connection(parts.hostname or "", parts.port, timeout=PROBE_TIMEOUT)
-        conn.request("GET", f"{parts.path.rstrip('/')}{API_PREFIX}/health",
-                      headers={"User-Agent": "codeveil"})
-        status = conn.getresponse().status
-    except handshake:
-        return None  # something answered the handshake: not an outage
-    except (OSError, http.client.HTTPException) as exc:
-        return unreachable(root, workspace_id, server,
-                           f"cannot reach server at {server}: {exc}")
-    finally:
-        if conn is not None:
-            conn.close()
-    if status in (502, 503, 504):
-        return unreachable(root, workspace_id, server,
-                           f"server at {server} unavailable ({status})", status=status)
-    return None
 
 
 def unreachable(root: Path, workspace_id: str, server: str, error: Exception | str, *,

@@ -70,6 +70,7 @@ from sync.server_contact import (
     utc_now,
 )
 from sync.syncer import Syncer, SyncReport
+from sync.tree_check import check_tree
 from sync.workspace_status import WorkspaceStatus
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ENV_EMBED_ON", "ModelMismatchError", "Opened", "Workspace"]
+__all__ = ["ENV_EMBED_ON", "ModelMismatchError", "Opened", "OpenedForRead", "Workspace"]
 
 #: Seconds a read waits to connect to the server before answering from this machine.
 READ_CONNECT_TIMEOUT = 3.0
@@ -103,6 +104,16 @@ class Opened(NamedTuple):
     client: StoreClient
 
 
+class OpenedForRead(NamedTuple):
+    """`Opened` for a read: `client` is None where the read asks no server
+    (`Workspace.open_for_read`)."""
+
+    root: Path
+    config: RepoConfig
+    key: WorkspaceKey
+    client: StoreClient | None
+
+
 class Workspace:
     """The workspace of one folder (found upward from `path`), from the client's side."""
 
@@ -116,13 +127,11 @@ class Workspace:
         self._embedder: CachedEmbedder | None = None
         self._client: StoreClient | None = None
         self._checked = False  # whether `_client` was checked against the workspace
-        #: Set by `open_for_read` when the server did not answer and this machine's copy
-        #: answers alone (sync.server_contact); None when the server answered.
+        #: Set by `open_or_last_known` when the server did not answer and this machine's
+        #: copy answers alone (sync.server_contact); None when the server answered or
+        #: was not asked.
         self.offline: Unreachable | None = None
         self._connect_timeout: float | None = None  # the HTTP client's default
-        #: Whether the last `open` asked the server (a workspace checked earlier in this
-        #: process is not asked again).
-        self.asked_server = False
         self._pool = False  # whether the store keeps a tree per ref (set by `_check`)
         self.ref_name: str | None = None  # the ref this checkout syncs, with a pool
 
@@ -259,8 +268,6 @@ class Workspace:
         root = find_root(self._start)
         config = load_config(root)
         key = load_key(config.workspace_id)
-        self.asked_server = config.server is not None and (
-            self._client is None or not self._checked)
         if self._client is None or not self._checked:
             if config.server is not None and _create_later(root).exists():
                 if not token_path(config.workspace_id).exists():  # else made, then a crash
@@ -272,15 +279,39 @@ class Workspace:
         assert self._client is not None  # set by _check
         return Opened(root, config, key, self._client)
 
-    def open_for_read(self) -> Opened:
-        """`open`, for a read this machine's copy can answer alone. When the server
-        cannot be reached, the workspace opens on what the last check against it
-        confirmed (`sync.server_contact`), still refusing a key, model or mode other
-        than that, and `offline` says that the server did not answer and when this copy
-        last synced. The next call asks the server again."""
+    def open_for_read(self, *, ranks: bool = False) -> OpenedForRead:
+        """The workspace for a read this machine's copy answers alone (search, status,
+        the lookups). A workspace on a server is not asked: it opens on what the last
+        check against the server confirmed (`sync.server_contact`), still refusing a
+        key, model or mode other than that, and `client` is None. The server learns of
+        a checkout's syncs, never of its reads, and a revoked, slow or stopped server
+        changes no read. `ranks`: the read ranks on the store (a server-search
+        workspace's search), which is opened as by `open_or_last_known`, as is an
+        embedded store (no network)."""
+        root = find_root(self._start)
+        config = load_config(root)
+        if config.server is None or (ranks and not config.sealed):
+            return OpenedForRead(*self.open_or_last_known())
+        key = load_key(config.workspace_id)
+        record = load_record(root, config.workspace_id, config.server)
+        if record is not None:
+            self._compare(config, key, key_check=bytes.fromhex(record.key_check),
+                          dim=record.dim, model_id=record.model_id, mode=record.mode)
+            self._pool = record.pool
+        else:  # never checked (the server was unreachable at init)
+            self._compare_model(config)
+            self._pool = config.sealed  # a sealed workspace on a server keeps refs
+        self.offline = None
+        return OpenedForRead(root, config, key, None)
+
+    def open_or_last_known(self) -> Opened:
+        """`open`, and when the server cannot be reached, the workspace as the last
+        check against it confirmed (`sync.server_contact`), still refusing a key, model
+        or mode other than that; `offline` then says that the server did not answer and
+        when this copy last synced. The next call asks the server again."""
         if self._client is None:
-            # A read waits less for a connection than a sync: off the VPN, a server's
-            # address may drop packets rather than refuse them.
+            # Waits less for a connection than a sync: off the VPN, a server's address
+            # may drop packets rather than refuse them.
             self._connect_timeout = READ_CONNECT_TIMEOUT
         try:
             return self.open()
@@ -336,6 +367,14 @@ class Workspace:
                     f"{path}: {name} is {have!r} but workspace {config.workspace_id} holds"
                     f" {want!r}; set it back to {want!r}"
                 )
+        self._compare_model(config, model_id=model_id, dim=dim)
+
+    def _compare_model(self, config: RepoConfig, *, model_id: str | None = None,
+                       dim: int | None = None) -> None:
+        """Refuse an embedder other than the workspace's (`model_id` and `dim` as the
+        store holds them; the config's where not given)."""
+        model_id = config.model_id if model_id is None else model_id
+        dim = config.dim if dim is None else dim
         model = self.embedder
         if model_id != model.model_id or dim != model.dim:
             raise ModelMismatchError(
@@ -484,17 +523,26 @@ class Workspace:
             raise CodeveilError(f"the model {model_id} cannot be run on a Ray cluster")
         return RayEmbedder(address, actors=actors or 2, model=name)
 
-    def status(self) -> WorkspaceStatus:
-        """Where the workspace is, what it holds here and in the store, where that is."""
-        root, config, key, client = self.open_for_read()
-        info = None
-        if self.offline is None:
+    def status(self, *, server: bool = False) -> WorkspaceStatus:
+        """Where the workspace is, what it holds here and in the store, where that is.
+
+        A workspace on a server is not asked (`open_for_read`): `server_chunks` is what
+        this machine's pages say its last syncs left there (sealed; None otherwise).
+        `server` asks it: the store's counts, and whether its tree of this checkout's
+        ref is the one this checkout synced (`server_tree`, sync.tree_check)."""
+        opened = OpenedForRead(*self.open_or_last_known()) if server else self.open_for_read()
+        root, config, key, client = opened
+        info = tree = None
+        if self.offline is None and client is not None:
             try:
                 info = client.info()
+                if server:
+                    tree = check_tree(root, config, key, client, self.ref_name).to_dict()
             except SyncError as exc:
                 if config.server is None or not _unreachable(exc):
                     raise
                 self.offline = unreachable(root, config.workspace_id, config.server, exc)
+                info = tree = None
         ref = ref_name(root) if self._pool else None  # the next sync's, checked out now
         db = open_state_db(state_path(root))
         try:
@@ -503,17 +551,20 @@ class Workspace:
             live = _live_rows(db, local, key) if config.sealed else None
         finally:
             db.close()
+        held = live if live is not None else None if info is None else info.chunks
         return WorkspaceStatus(
             root=str(root), workspace_id=config.workspace_id,
             server=config.server or "embedded", mode=config.mode, model_id=config.model_id,
             files=files, chunks=chunks,
-            # Never below 0: files embedded here but not sent yet (the builder sends a
-            # sealed workspace's rows at its end; offline, later) hold no rows there.
-            server_chunks=None if info is None else info.chunks if live is None else live,
+            # A sealed workspace counts the live rows of the pages this machine knows:
+            # files embedded here but not sent yet (the builder sends a sealed
+            # workspace's rows at its end; offline, later) hold no rows there.
+            server_chunks=None if self.offline is not None else held,
             server_rows=None if info is None else info.chunks,
             server_nodes=None if info is None else info.nodes, ref=ref,
             last_sync=self._last_sync(root, config),
             offline=None if self.offline is None else self.offline.to_dict(),
+            server_tree=tree,
         )
 
     @staticmethod

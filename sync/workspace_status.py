@@ -26,7 +26,8 @@ class WorkspaceStatus(FieldsMapping):
     chunks: int
     # A sealed store's rows include the padding rows of each file (sync.sealed_rows):
     # its chunks are its rows less the padding this machine's files account for.
-    # None when the server could not be reached (then `offline` says so).
+    # None when the server could not be reached (then `offline` says so). The rows and
+    # nodes are asked of a server only on demand (`status --server`).
     server_chunks: int | None
     server_rows: int | None
     server_nodes: int | None
@@ -38,3 +39,6 @@ class WorkspaceStatus(FieldsMapping):
     last_sync: str | None = None
     # Set when the server could not be reached: `sync.server_contact.Unreachable`'s dict.
     offline: dict[str, Any] | None = None
+    # Asked for (`status --server`): whether the store's tree of this checkout's ref is
+    # the one it synced (`sync.tree_check.TreeCheck`'s dict); None when not asked.
+    server_tree: dict[str, Any] | None = None

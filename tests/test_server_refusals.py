@@ -1,5 +1,6 @@
 """A server that answers with an error is not a server that cannot be reached: each
-refusal says, in one line, what to do about it (sync.http_advice)."""
+refusal says, in one line, what to do about it (sync.http_advice). Reads ask no server
+(tests/test_reads_ask_no_server.py): what asks is a sync and `status --server`."""
 
 from __future__ import annotations
 
@@ -42,17 +43,18 @@ def test_a_token_the_server_refuses_says_where_the_token_goes(
         tmp_path: Path, server_url: str) -> None:
     repo, workspace = _indexed(tmp_path / "repo", server_url)
     token_path(workspace).write_text("not-the-token")
-    for args in (["search", "alpha"], ["status"], ["index"]):
+    for args in (["status", "--server"], ["index"]):
         line = _one_error_line(args, repo)
         assert "(HTTP 401 from" in line and str(token_path(workspace)) in line, line
         assert "CODEVEIL_TOKEN" in line
+    assert run_in_process(["search", "alpha"], repo).returncode == 0  # asks nothing
 
 
 def test_another_workspaces_token_says_so(tmp_path: Path, server_url: str) -> None:
     repo, workspace = _indexed(tmp_path / "repo", server_url)
     _other, other_ws = _indexed(tmp_path / "other", server_url)
     token_path(workspace).write_text(token_path(other_ws).read_text())
-    line = _one_error_line(["search", "alpha"], repo)
+    line = _one_error_line(["index"], repo)
     assert "(HTTP 403 from" in line and "is another workspace's" in line, line
     assert str(token_path(workspace)) in line
 
@@ -68,7 +70,7 @@ def test_a_workspace_the_server_does_not_hold_says_what_to_do(
     token_path(gone).write_text(token_path(workspace).read_text())
     key_path(gone).write_bytes(key_path(workspace).read_bytes())
     key_path(gone).chmod(0o600)
-    line = _one_error_line(["search", "alpha"], repo)
+    line = _one_error_line(["status", "--server"], repo)
     assert "(HTTP 404 from" in line and f"workspace {gone} is not on this server" in line
     assert "codeveil init --server" in line
 

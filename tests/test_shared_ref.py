@@ -1,6 +1,6 @@
 """Two clones of one repo joined to one sealed workspace with one key, syncing one ref
-(two checkouts on one machine that are not git checkouts share `user@host`, as
-`CODEVEIL_REF` set alike would), on a real server on loopback. Each round both edit
+(told to by `CODEVEIL_REF` set alike: each checkout otherwise has a ref of its own),
+on a real server on loopback. Each round both edit
 and index at once; after the round, and after a last index by each, the rows the
 server's tree holds are those of a clean index of the tree it holds: no file of the
 tree lacks a row of one of its chunks, and `doctor` finds nothing. The race is also
@@ -63,10 +63,11 @@ def servers(request: pytest.FixtureRequest, tmp_path: Path
 
 
 @pytest.fixture
-def clones(tmp_path: Path, servers: tuple[ServerProcess, ServerProcess]
-           ) -> Iterator[tuple[Index, Index]]:
+def clones(tmp_path: Path, servers: tuple[ServerProcess, ServerProcess],
+           monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Index, Index]]:
     """Two clones indexed into one workspace (the second joined with the first's
     token), on one ref."""
+    monkeypatch.setenv("CODEVEIL_REF", "ci:shared")
     a = Index(write_repo(tmp_path / "a", FILES), embedder=HashingEmbedder())
     b = Index(write_repo(tmp_path / "b", FILES), embedder=HashingEmbedder())
     try:

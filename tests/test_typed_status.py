@@ -108,9 +108,11 @@ def test_workspace_status_is_typed_and_prints_the_json_it_always_did(
     del new["builder"]
     # Every key it always had, in its order, with its type; then the ref this checkout
     # syncs, added since (a string in a sealed workspace with a blob pool), and when it
-    # last synced with a server and whether it could not reach it (None here: embedded).
-    assert list(new) == [*old, "ref", "last_sync", "offline"]
-    assert isinstance(new["ref"], str) and new["last_sync"] is new["offline"] is None
+    # last synced with a server and whether it could not reach it (None here: embedded),
+    # and the check of the store's tree that `--server` asks for (None: not asked).
+    assert list(new) == [*old, "ref", "last_sync", "offline", "server_tree"]
+    assert isinstance(new["ref"], str)
+    assert new["last_sync"] is new["offline"] is new["server_tree"] is None
     assert {k: type(new[k]) for k in old} == {k: type(v) for k, v in old.items()}
     text = run_in_process(["status"], repo)
     assert text.stdout.splitlines()[5] == f"{'files':>14}: 2"

@@ -22,7 +22,6 @@ from indexer.embed_cache import CachedEmbedder
 from indexer.embedder import Embedder
 from indexer.errors import CodeveilError
 from indexer.local_chunks import LocalChunks, open_state_db
-from retrieval.faces.server_probe import ServerProbe
 from retrieval.indexes.filters import HitFilter
 from retrieval.search.coverage import Coverage
 from retrieval.search.hits import Hit
@@ -196,7 +195,7 @@ class Index:
         if load_config(find_root(self._ws.root)).server is None:
             return ""
         try:
-            self._ws.open_for_read()
+            self._ws.open_or_last_known()
         except ServerUnavailable as exc:  # a workspace still to be created there
             return str(exc)
         return "" if self._ws.offline is None else self._ws.offline.summary()
@@ -244,13 +243,11 @@ class Index:
         keep, level = _search_arguments(query, k, path, language, kind, group)
         from retrieval.search.fusion import group_ranking
 
-        root, config, key, client = self._ws.open_for_read()
+        # A sealed workspace on a server is not asked (its client is None): the search
+        # runs on this machine's copy. A server-search one ranks on its server.
+        root, config, key, client = self._ws.open_for_read(ranks=True)
         if self._ws.offline is not None and not config.sealed:
             raise ServerSearchOffline(server_search_offline_message(self._ws.offline.error))
-        # A workspace checked earlier was not asked just now: whether its server answers
-        # is asked beside the search (a sealed search never needs it).
-        probe = (ServerProbe(root) if config.server is not None and config.sealed
-                 and not self._ws.asked_server else None)
         db = self._state_db(root)  # kept: opening one costs more than a query
         self._check_state(root, db, None if self._ws.offline else client)
         searcher = self._reader.searcher(root, db, config, key, client)
@@ -264,10 +261,7 @@ class Index:
             raise ServerSearchOffline(server_search_offline_message(str(exc))) from exc
         # Past k, a few more in their exact place stand in for hits of deleted files.
         groups = group_ranking(ranking, level, limit=k + READ_SPARE)
-        hits = self._read_hits(root, LocalChunks(db), groups, k)
-        if probe is not None:
-            self._ws.offline = probe.result()
-        return hits
+        return self._read_hits(root, LocalChunks(db), groups, k)
 
     @property
     def offline(self) -> Unreachable | None:
@@ -409,10 +403,12 @@ class Index:
             with_vectors = min(with_vectors, vectors.count)
         return Coverage.of(total, with_vectors)
 
-    def status(self) -> WorkspaceStatus:
+    def status(self, *, server: bool = False) -> WorkspaceStatus:
         """Where the index is, what it holds, and where its store lives: read as
-        attributes, or as the dict it used to be."""
-        return self._ws.status()
+        attributes, or as the dict it used to be. A workspace on a server is asked only
+        with `server` (its counts, and whether its tree of this checkout's ref is the
+        one this checkout synced: `server_tree`)."""
+        return self._ws.status(server=server)
 
     def close(self) -> None:
         self._reader.close()

@@ -374,12 +374,16 @@ def doctor(repair: bool, repo: Path, data: Path | None) -> None:
 
 
 @main.command()
+@click.option("--server", "ask_server", is_flag=True,
+              help="Also ask the server: its counts, and whether its tree of this"
+                   " checkout's ref is the one this checkout synced (exit 1 if not).")
 @json_option()
 @repo_option()
-def status(as_json: bool, repo: Path) -> None:
-    """Show where the index is and what it holds."""
+def status(ask_server: bool, as_json: bool, repo: Path) -> None:
+    """Show where the index is and what it holds (from this machine alone; --server
+    asks the server too)."""
     with _index(repo) as idx:
-        info = idx.status()
+        info = idx.status(server=ask_server)
         offline = idx.offline
         builder = idx.builder()
     if offline is not None:
@@ -390,6 +394,8 @@ def status(as_json: bool, repo: Path) -> None:
         for name, value in info.items():
             if name == "offline":
                 continue  # said on stderr
+            if name == "server_tree" and value is not None:
+                value = value["summary"]
             if value is None and offline is not None and name.startswith("server_"):
                 value = "unknown (server unreachable)"
             if value is not None:  # `ref` of a store of one tree
@@ -409,6 +415,10 @@ def status(as_json: bool, repo: Path) -> None:
         from retrieval.faces.api import lost_state_message
 
         _fail(lost_state_message(Path(info.root), held))
+    if info.server_tree is not None and not info.server_tree["in_step"]:
+        _fail(f"{info.server_tree['summary']}; `codeveil index` sends this checkout's"
+              " files again (`codeveil doctor` for more)")
+
 
 
 def _was_indexed(root: Path) -> bool:

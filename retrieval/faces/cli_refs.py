@@ -1,5 +1,5 @@
 """`codeveil refs`: the refs (branch trees) of this repo's sealed workspace, and removing
-one by its name (`user@host:branch`): sync.ref_list."""
+one by its name (`user@host/ID:branch`): sync.ref_list."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _age(seconds: float) -> str:
 
 @click.command()
 @click.option("--remove", "remove", metavar="NAME",
-              help="Remove the ref of this name (e.g. alice@laptop:old-branch).")
+              help="Remove the ref of this name (e.g. alice@laptop/3f9c0a1b2d4e:old-branch).")
 @repo_option()
 def refs(remove: str | None, repo: Path) -> None:
     """List the workspace's refs (age; leaves: its files, and in a sealed workspace the

@@ -3,38 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 from retrieval.faces.cli_base import _JSON_OPTION, _REPO_OPTION, _echo_json, operation_params
 from retrieval.faces.operations import DEFINITION_OP, GREP_OP, OUTLINE_OP, REFERENCES_OP
-from retrieval.faces.server_probe import ServerProbe
 
 if TYPE_CHECKING:
     from retrieval.agent.agent_tools import AgentTools
 
 # -- agent tools: def, outline, uses, grep ------------------------------------------
 # Answered from the client state and the grep index alone (retrieval.agent.agent_tools): no
-# model or store is loaded. Beside the lookup, a workspace on a server is asked whether
-# it answers (retrieval.faces.server_probe): when it does not, one line on stderr and the
-# `offline` field of --json say so.
+# model or store is loaded, and no server is asked.
 
 def _tools(repo: Path) -> AgentTools:
     from retrieval.agent.agent_tools import AgentTools
 
     return AgentTools(repo, watch=False)  # one call: watches would never be read
-
-
-def _offline(probe: ServerProbe, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Say on stderr that the server did not answer, if so; `payload` with the
-    `offline` field added then."""
-    payload = {} if payload is None else payload
-    unreachable = probe.result()
-    if unreachable is not None:
-        click.echo(unreachable.note(), err=True)
-        payload["offline"] = unreachable.to_dict()
-    return payload
 
 
 @click.command(name=DEFINITION_OP.command)
@@ -47,9 +33,8 @@ def definition(name: str, limit: int, as_json: bool, repo: Path) -> None:
     From the syntax trees read at index time; best candidate first (the whole name
     over a tail of it, source over tests and docs).
     """
-    probe = ServerProbe(repo)
     hits = _tools(repo).definition(name, limit=limit)
-    out = _offline(probe, {"name": name, "definitions": [h.to_dict() for h in hits]})
+    out = {"name": name, "definitions": [h.to_dict() for h in hits]}
     if as_json:
         _echo_json(out)
         return
@@ -68,9 +53,8 @@ def definition(name: str, limit: int, as_json: bool, repo: Path) -> None:
 @_REPO_OPTION
 def outline(path: Path, as_json: bool, repo: Path) -> None:
     """The symbols of the file at PATH, with their lines and signatures."""
-    probe = ServerProbe(repo)
     result = _tools(repo).outline(path.absolute())
-    out = _offline(probe, result.to_dict())
+    out = result.to_dict()
     if as_json:
         _echo_json(out)
         return
@@ -92,9 +76,8 @@ def uses(name: str, path: str | None, limit: int, as_json: bool, repo: Path) -> 
     In languages with a grammar only identifiers count (not comments or strings);
     elsewhere whole words, marked approximate. The definition itself is left out.
     """
-    probe = ServerProbe(repo)
     hits = _tools(repo).references(name, path=path, limit=limit)
-    out = _offline(probe, {"name": name, "references": [h.to_dict() for h in hits]})
+    out = {"name": name, "references": [h.to_dict() for h in hits]}
     if as_json:
         _echo_json(out)
         return
@@ -123,9 +106,8 @@ def grep(pattern: str, path: str | None, ignore_case: bool, limit: int | None,
     Python regex syntax, matched line by line; files are read as they are on disk now,
     and only those the index cannot rule out are read. Prints path:line:text.
     """
-    probe = ServerProbe(repo)
     result = _tools(repo).grep(pattern, path=path, ignore_case=ignore_case, limit=limit)
-    out = _offline(probe, result.to_dict())
+    out = result.to_dict()
     if as_json:
         _echo_json(out)
         return

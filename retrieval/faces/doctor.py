@@ -122,6 +122,7 @@ class _Plan:
     reupload: list[Finding] = field(default_factory=list)
     embed: list[Finding] = field(default_factory=list)
     index: list[Finding] = field(default_factory=list)
+    resync: list[Finding] = field(default_factory=list)  # a tree the index puts back
     retry: list[tuple[Path, Finding]] = field(default_factory=list)  # a record to clear
 
 
@@ -520,25 +521,38 @@ def _check_server(idx: Index, config: RepoConfig, key: WorkspaceKey, report: Doc
     f = Finding(f"{config.server} (workspace {config.workspace_id})")
     report.findings.append(f)
     try:
-        idx.status()
-        gaps = _server_gaps(idx, config, key) if config.sealed else {}
+        status = idx.status(server=True)
+        gaps = (_server_gaps(idx, config, key)
+                if config.sealed and idx.offline is None else {})
     except CodeveilError as exc:
         # The server's files are its operator's to repair (`codeveil doctor --data DIR`
         # on the server); a client can only re-send once it answers again.
         f.problem = str(exc)
         return
+    if idx.offline is not None:
+        f.problem = f"{idx.offline.summary()}: its tree of this checkout is not checked"
+        return
+    tree = status.server_tree
+    problems = []
+    if tree is not None and not tree["in_step"]:
+        # Another checkout syncing the same ref (CODEVEIL_REF), or an interrupted sync:
+        # a sync puts this checkout's files back.
+        problems.append(str(tree["summary"]))
+        plan.resync.append(f)
     if gaps:
         path = min(gaps)
-        f.problem = (f"the server's tree holds {len(gaps)} files of this checkout without"
-                     f" all their rows ({sum(gaps.values())} chunks; e.g. {path})")
+        problems.append(f"the server's tree holds {len(gaps)} files of this checkout"
+                        f" without all their rows ({sum(gaps.values())} chunks; e.g. {path})")
         plan.reupload.append(f)
+    if problems:
+        f.problem = "; ".join(problems)
 
 
 def _server_gaps(idx: Index, config: RepoConfig, key: WorkspaceKey) -> dict[str, int]:
     """path -> its chunks without a row, for each file whose leaf in the server's tree
     of this checkout's ref is this checkout's version (sync.tree_rows): asked of the
     server, whatever this machine's page index believes."""
-    root, _, _, client = idx.workspace.open_for_read()
+    root, _, _, client = idx.workspace.open_or_last_known()
     if idx.workspace.offline is not None or not _state_readable(root):
         return {}
     ref = client.ref
@@ -691,6 +705,8 @@ def _repair(root: Path, plan: _Plan, embedder: Embedder | None, report: DoctorRe
         f.repaired = "embedded the missing chunks"
     for f in plan.index:
         f.repaired = "rebuilt from the working tree"
+    for f in plan.resync:
+        f.repaired = "synced this checkout's files to its ref's tree again"
 
 
 def _all_chunks(root: Path) -> list:

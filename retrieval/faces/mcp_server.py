@@ -23,9 +23,10 @@ schemas, are built from the table of operations (`retrieval.faces.operations`) t
 `codeveil` command's options are built from too; a result count out of range is brought
 into it rather than refused.
 
-When the workspace's server cannot be reached, every answer comes from this machine's
-copy and carries `offline`: {server, reachable: false, last_sync, error} (a
-server-search workspace's search, which ranks on the server, is refused instead).
+Every answer comes from this machine's copy: a sealed workspace's server is never asked
+by a read. A server-search workspace's search ranks on its server; when that cannot be
+reached its search is refused, and `index_status` and that search carry `offline`:
+{server, reachable: false, last_sync, error}.
 
 Every result of the four lookups carries `tokens`: an estimate of the tokens it costs an
 agent to read, len(JSON text) / 4 rounded up (`estimate_tokens`), so a caller can weigh
@@ -71,7 +72,6 @@ from retrieval.faces.operations import (
     Arg,
     Operation,
 )
-from retrieval.faces.server_probe import ServerProbe
 
 INSTRUCTIONS = """\
 codeveil searches this repository's code by meaning and by name (hybrid: embeddings,
@@ -92,15 +92,6 @@ def estimate_tokens(payload: dict[str, Any]) -> int:
     """Tokens an agent reads for `payload`: its JSON text's length / 4, rounded up (the
     usual rule of thumb for code and English under BPE tokenizers)."""
     return math.ceil(len(json.dumps(payload, ensure_ascii=False)) / 4)
-
-
-def _offline(probe: ServerProbe, payload: dict[str, Any]) -> dict[str, Any]:
-    """`payload`, with `offline` when the server did not answer (the lookup answered from
-    this machine's copy alone)."""
-    unreachable = probe.result()
-    if unreachable is not None:
-        payload["offline"] = unreachable.to_dict()
-    return payload
 
 
 def _with_tokens(payload: dict[str, Any]) -> dict[str, Any]:
@@ -247,7 +238,6 @@ def _definition(state: _State, name: str, limit: int) -> dict[str, Any]:
     lines as on disk now), truncated (the definition goes on to end_line), and tokens
     (what this result costs to read).
     """
-    probe = ServerProbe(state.repo)
     with state.use() as idx:
         hits = idx.definition(name, limit=limit)
         root = idx.root
@@ -255,7 +245,7 @@ def _definition(state: _State, name: str, limit: int) -> dict[str, Any]:
     for hit in hits:
         text, cut = _excerpt(root, hit.path, hit.start_line, hit.end_line)
         out.append({**hit.to_dict(), "text": text, "truncated": cut})
-    return _offline(probe, {"name": name, "definitions": out})
+    return {"name": name, "definitions": out}
 
 
 def _outline(state: _State, path: str) -> dict[str, Any]:
@@ -264,10 +254,9 @@ def _outline(state: _State, path: str) -> dict[str, Any]:
     changed since it was indexed and was read as it is now). Cheaper than reading the
     file to see what is in it.
     """
-    probe = ServerProbe(state.repo)
     with state.use() as idx:
         result = idx.outline(path).to_dict()
-    return _offline(probe, result)
+    return result
 
 
 def _references(state: _State, name: str, path: str | None, limit: int) -> dict[str, Any]:
@@ -279,10 +268,9 @@ def _references(state: _State, name: str, path: str | None, limit: int) -> dict[
     resolved (true where the file imports the name from a file defining it, or defines
     it: Python, JavaScript/TypeScript relative imports, Go packages; those rank first).
     """
-    probe = ServerProbe(state.repo)
     with state.use() as idx:
         hits = idx.references(name, path=path, limit=limit)
-    return _offline(probe, {"name": name, "references": [h.to_dict() for h in hits]})
+    return {"name": name, "references": [h.to_dict() for h in hits]}
 
 
 def _grep(state: _State, pattern: str, path: str | None, ignore_case: bool,
@@ -292,10 +280,9 @@ def _grep(state: _State, pattern: str, path: str | None, ignore_case: bool,
     and fast (a trigram index rules files out). truncated says there were more than
     `limit`. Each match: path, line, column, text.
     """
-    probe = ServerProbe(state.repo)
     with state.use() as idx:
         result = idx.grep(pattern, path=path, ignore_case=ignore_case, limit=limit)
-    return _offline(probe, result.to_dict())
+    return result.to_dict()
 
 
 class _State:

@@ -127,13 +127,16 @@ class SearchReader:
         self._rerank_db: sqlite3.Connection | None = None
 
     def searcher(self, root: Path, db: sqlite3.Connection, config: RepoConfig,
-                 key: WorkspaceKey, client: StoreClient) -> Searcher:
-        """A view of the indexes as the chunk table `db` has them now."""
+                 key: WorkspaceKey, client: StoreClient | None) -> Searcher:
+        """A view of the indexes as the chunk table `db` has them now. `client`: the
+        store a server-search workspace ranks on (None for a sealed one, which asks
+        none)."""
         lexical = self.lexical(root).current(db)
         side: VectorSearch
         if config.sealed:
             self.vectors = side = self.vector_index(root, db, config)
         else:
+            assert client is not None, "a server-search workspace ranks on its store"
             side = self._server_vectors(config, key, client)
         total, with_vectors = LocalChunks(db).coverage()
         if config.sealed and self.vectors is not None:
