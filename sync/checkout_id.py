@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - Windows
 
 log = logging.getLogger(__name__)
 
-__all__ = ["checkout_id"]
+__all__ = ["checkout_id", "kept_id_problem"]
 
 FILE = "checkout.json"
 ID_BYTES = 6
@@ -65,6 +65,30 @@ def checkout_id(root: Path) -> str:
         # names its ref gets an id of this process alone.
         log.warning("cannot keep this checkout's id in %s: %s", folder / FILE, exc)
         return secrets.token_hex(ID_BYTES)
+
+
+def kept_id_problem(root: Path) -> str | None:
+    """What is wrong with the id kept for the checkout at `root`, or None: unreadable,
+    not an id, or naming another folder (the next sync makes a new id, and this
+    checkout's tree moves to the ref it names). Reads only; `checkout_id` repairs."""
+    path = codeveil_dir(root) / FILE
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        # The lock is left by the id's making: without it no id was ever made here (a
+        # store without refs, or a checkout not synced since ids came), nothing lost.
+        if (codeveil_dir(root) / "checkout.lock").exists():
+            return "missing: this checkout's id is lost, its tree on no ref of its own"
+        return None
+    except (OSError, ValueError) as exc:
+        return f"unreadable ({exc})"
+    if not (isinstance(raw, dict) and isinstance(raw.get("id"), str)
+            and len(raw["id"]) == 2 * ID_BYTES
+            and all(c in "0123456789abcdef" for c in raw["id"])):
+        return "not a checkout id"
+    if not _same_checkout(raw, _identity(root)):
+        return f"names another checkout's folder ({raw.get('root')})"
+    return None
 
 
 def _identity(root: Path) -> dict[str, object]:

@@ -44,6 +44,7 @@ from retrieval.indexes.lexical import LexicalStore
 from retrieval.indexes.local_vectors import LocalVectorStore
 from retrieval.indexes.trigram_index import TrigramStore
 from sync import crypto
+from sync.checkout_id import kept_id_problem
 from sync.checkouts import find_recorded
 from sync.config import (
     ConfigError,
@@ -244,6 +245,21 @@ class Part:
     owns: tuple[str, ...]
     check: Callable[[_Checking], None] | None
     store: type | None = None
+
+
+def _check_checkout_id(c: _Checking) -> None:
+    """The id that names this checkout's ref (sync.checkout_id): checked before any
+    other part, since opening the tree would make a new one in its place."""
+    if not state_path(c.root).exists():
+        return  # never indexed: its first index makes the id
+    path = codeveil_dir(c.root) / "checkout.json"
+    f = Finding(str(path))
+    c.report.findings.append(f)
+    bad = kept_id_problem(c.root)
+    if bad is not None:
+        f.problem = (f"{bad}; `codeveil index` (or `doctor --repair`) gives this checkout an "
+                     "id of its own and moves its tree to it")
+        c.plan.resync.append(f)
 
 
 def _check_state(c: _Checking) -> None:
@@ -574,6 +590,7 @@ PARTS: tuple[Part, ...] = (
     # Checked first, in `_check`: nothing else can be checked without them.
     Part("config", ("config.json",), None),
     Part("workspace key", ("config:keys/*.key",), None),
+    Part("checkout id", ("checkout.json", "checkout.lock"), _check_checkout_id),
     Part("client state", ("state.sqlite", "state.sqlite-wal", "state.sqlite-shm"),
          _check_state),
     Part("embedding cache", ("cache:embeddings.sqlite", "cache:embeddings.sqlite-wal",
