@@ -293,16 +293,24 @@ class Workspace:
         if config.server is None or (ranks and not config.sealed):
             return OpenedForRead(*self.open_or_last_known())
         key = load_key(config.workspace_id)
-        record = load_record(root, config.workspace_id, config.server)
-        if record is not None:
-            self._compare(config, key, key_check=bytes.fromhex(record.key_check),
-                          dim=record.dim, model_id=record.model_id, mode=record.mode)
-            self._pool = record.pool
-        else:  # never checked (the server was unreachable at init)
+        if not self._as_last_confirmed(root, config, key):
+            # never checked (the server was unreachable at init)
             self._compare_model(config)
             self._pool = config.sealed  # a sealed workspace on a server keeps refs
         self.offline = None
         return OpenedForRead(root, config, key, None)
+
+    def _as_last_confirmed(self, root: Path, config: RepoConfig, key: WorkspaceKey) -> bool:
+        """Refuse a key, model or mode other than what the server last confirmed
+        (`sync.server_contact`), and take its pool from it; False where it never did."""
+        assert config.server is not None
+        record = load_record(root, config.workspace_id, config.server)
+        if record is None:
+            return False
+        self._compare(config, key, key_check=bytes.fromhex(record.key_check),
+                      dim=record.dim, model_id=record.model_id, mode=record.mode)
+        self._pool = record.pool
+        return True
 
     def open_or_last_known(self) -> Opened:
         """`open`, and when the server cannot be reached, the workspace as the last
@@ -321,11 +329,7 @@ class Workspace:
             if config.server is None or self._client is None or not _unreachable(exc):
                 raise
             key = load_key(config.workspace_id)
-            record = load_record(root, config.workspace_id, config.server)
-            if record is not None:
-                self._compare(config, key, key_check=bytes.fromhex(record.key_check),
-                              dim=record.dim, model_id=record.model_id, mode=record.mode)
-                self._pool = record.pool
+            self._as_last_confirmed(root, config, key)
             self.offline = unreachable(root, config.workspace_id, config.server, exc)
             return Opened(root, config, key, self._client)
 

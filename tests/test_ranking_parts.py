@@ -25,6 +25,20 @@ from retrieval.search.signals import is_secondary
 from tests.conftest import write_repo
 
 
+def _ranker(chunks: list[Chunk]) -> HybridRanker:
+    model = HashingEmbedder()
+    lexical = LexicalIndex.from_chunks(chunks)
+    vectors = model.embed([c.embed_text for c in chunks])
+    docs = [ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language)
+            for c in chunks]
+
+    def nearest(v: np.ndarray, n: int, *, keep=None) -> list[tuple[ChunkLocation, float]]:
+        s = vectors @ v
+        return [(docs[i], float(s[i])) for i in np.argsort(-s)[:n]]
+
+    return HybridRanker(lexical, model.embed, nearest, default_counter().count, 200)
+
+
 def _worker(i: int, j: int) -> str:
     return (f"export function schedule{i}_{j}(pool, job) {{\n"
             f"  // take a worker from the pool and run the job on it\n"
@@ -37,17 +51,7 @@ def test_the_small_file_a_question_names_gets_the_path_vote() -> None:
     # The module's face: it only re-exports; its lines match none of the words.
     face = Chunk("src/workers/pool.ts", 1, 1, "typescript", "", 'export * from "./impl";\n')
     chunks.append(face)
-    model = HashingEmbedder()
-    lexical = LexicalIndex.from_chunks(chunks)
-    vectors = model.embed([c.embed_text for c in chunks])
-    docs = [ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language)
-            for c in chunks]
-
-    def nearest(v: np.ndarray, n: int, *, keep=None) -> list[tuple[ChunkLocation, float]]:
-        s = vectors @ v
-        return [(docs[i], float(s[i])) for i in np.argsort(-s)[:n]]
-
-    ranker = HybridRanker(lexical, model.embed, nearest, default_counter().count, 200)
+    ranker = _ranker(chunks)
     query = "how does the worker pool work"
     on = ranker.rank(query, SearchOptions())
     off = ranker.rank(query, SearchOptions(w_path=0.0))
@@ -105,20 +109,6 @@ def test_a_ranker_is_composed_of_named_parts() -> None:
     assert [v.name for v in VOTES] == ["vector", "header_vector", "lexical", "path",
                                        "file", "evidence"]
     assert [r.name for r in RESCORING] == ["prefer_code", "prefer_primary"]
-
-
-def _ranker(chunks: list[Chunk]) -> HybridRanker:
-    model = HashingEmbedder()
-    lexical = LexicalIndex.from_chunks(chunks)
-    vectors = model.embed([c.embed_text for c in chunks])
-    docs = [ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language)
-            for c in chunks]
-
-    def nearest(v: np.ndarray, n: int, *, keep=None) -> list[tuple[ChunkLocation, float]]:
-        s = vectors @ v
-        return [(docs[i], float(s[i])) for i in np.argsort(-s)[:n]]
-
-    return HybridRanker(lexical, model.embed, nearest, default_counter().count, 200)
 
 
 def test_a_questions_frame_words_are_not_searched() -> None:
