@@ -199,7 +199,7 @@ class HybridRanker:
             files = self.lexical.file_top(q.lex_query, o.depth, mask=mask, dedupe=q.dedupe,
                                           max_terms=o.max_query_terms)
             result.file_lists.append(([p for p, _ in files], w_file))
-            result.file_best = self._file_best([p for p, _ in files], q.bm25)
+            result.file_best = self.file_best([p for p, _ in files], q.bm25)
             ballots.sources["file_lexical"] = len(files)
         return result
 
@@ -247,9 +247,10 @@ class HybridRanker:
             return (terms, False) if terms else (query, o.dedupe_terms)
         return query, o.dedupe_terms
 
-    def _file_best(self, paths: list[str], bm25: list[tuple[int, float]]
-                   ) -> dict[str, ChunkLocation]:
-        """A chunk to show for each file: its best BM25 chunk, else its first."""
+    def file_best(self, paths: list[str], bm25: list[tuple[int, float]]
+                  ) -> dict[str, ChunkLocation]:
+        """A chunk to show (or to vote with) for each file: its best BM25 chunk, else its
+        first."""
         best: dict[str, ChunkLocation] = {}
         for i, _ in bm25:
             d = self.lexical.doc(i)

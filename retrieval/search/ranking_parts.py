@@ -61,6 +61,9 @@ class Ranker(Protocol):
 
     def path_words(self) -> PathWords: ...
 
+    def file_best(self, paths: list[str], bm25: list[tuple[int, float]]
+                  ) -> dict[str, ChunkLocation]: ...
+
     def vector_ranking(self, vectors: np.ndarray, o: SearchOptions, keep: Keep | None,
                        nearest: Nearest,
                        each: NearestEach | None) -> list[tuple[ChunkLocation, float]]: ...
@@ -221,23 +224,11 @@ class FileVote:
         weight = o.w_file_vote + (o.w_file_vote_meaning - o.w_file_vote) * o.meaning_share
         if not o.hybrid or not weight or not q.prose or not q.short or not len(ranker.lexical):
             return
-        files = ranker.lexical.file_top(q.lex_query, o.depth, mask=q.mask, dedupe=q.dedupe,
-                                        max_terms=o.max_query_terms)
-        doc_path = ranker.names().doc_path
-        best: dict[str, int] = {}
-        for i, _ in q.bm25:
-            best.setdefault(doc_path[i], i)
-        docs: list[int] = []
-        for path, _ in files:
-            chosen = best.get(path)
-            if chosen is None:
-                own = ranker.lexical.docs_of(path)
-                if not len(own):
-                    continue
-                chosen = int(own[0])
-            docs.append(chosen)
-        if docs:
-            ballots.cast(self.name, (ranker.lexical.doc(i) for i in docs), weight)
+        files = [path for path, _ in ranker.lexical.file_top(
+            q.lex_query, o.depth, mask=q.mask, dedupe=q.dedupe, max_terms=o.max_query_terms)]
+        best = ranker.file_best(files, q.bm25)
+        if best:
+            ballots.cast(self.name, (best[p] for p in files if p in best), weight)
 
 
 class EvidenceVote:
