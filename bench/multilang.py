@@ -35,6 +35,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -247,6 +248,32 @@ def prepare_repo(pin: Pin, data: Path, queries: Sequence[Query], enc, memo,
                 chunk_tokens, file_tokens)
 
 
+def set_up_run(data: Path) -> None:
+    """Log lines with their time, bm25s quiet, the embedding cache under `data`."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
+                        datefmt="%H:%M:%S")
+    import bm25s  # noqa: F401  (it sets its logger to DEBUG on import; quiet it after)
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    os.environ.setdefault("CODEVEIL_CACHE_DIR", str(data / "cache"))
+
+
+def prepare_repos(pins: Sequence[Pin], queries: Sequence[Query], data: Path,
+                  threads: int | None, *, embed: bool) -> tuple[Any, dict[str, Repo]]:
+    """The embedder and each pinned repository ready to rank (`prepare_repo`), its
+    chunks (and, with `embed`, their vectors) read through the caches under `data`."""
+    from bench.quality import Memo, _embedders
+
+    enc, _plain = _embedders(None, threads)
+    memo = Memo()
+    repos: dict[str, Repo] = {}
+    for pin in pins:
+        mine = [q for q in queries if q.repo == pin.repo]
+        repos[pin.repo] = r = prepare_repo(pin, data, mine, enc, memo, embed=embed)
+        log.info("%s: %d files, %d chunks", pin.repo, r.files, r.chunks)
+    return enc, repos
+
+
 def evaluate(repos: dict[str, Repo], queries: Sequence[Query], chosen: list[System],
              *, vectors: bool) -> list[dict]:
     """Per query, each system's NDCG@10 and top files; and for the first system (the
@@ -383,12 +410,7 @@ def main() -> None:
             print(label, {k: round(v, 2) for k, v in got[label].items()})
         write_json("multilang_latency", got)
         return
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
-                        datefmt="%H:%M:%S")
-    import bm25s  # noqa: F401  (it sets its logger to DEBUG on import; quiet it after)
-
-    logging.getLogger("bm25s").setLevel(logging.WARNING)
-    os.environ.setdefault("CODEVEIL_CACHE_DIR", str(args.data / "cache"))
+    set_up_run(args.data)
     pins = read_pins()
     if not is_built(args.data, pins):
         build(args.data, args.mirrors, pins)
@@ -397,18 +419,9 @@ def main() -> None:
     wanted = set(filter(None, args.repos.split(",")))
     pins = [p for p in pins if p.half in halves and (not wanted or p.repo in wanted)]
 
-    from bench.quality import Memo, _embedders
-
-    enc, _plain = _embedders(None, args.threads)
-    memo = Memo()
     started = time.perf_counter()
-    repos: dict[str, Repo] = {}
     vectors = args.stage in ("warm", "eval")
-    for pin in pins:
-        mine = [q for q in queries if q.repo == pin.repo]
-        repos[pin.repo] = prepare_repo(pin, args.data, mine, enc, memo, embed=vectors)
-        r = repos[pin.repo]
-        log.info("%s: %d files, %d chunks", pin.repo, r.files, r.chunks)
+    enc, repos = prepare_repos(pins, queries, args.data, args.threads, embed=vectors)
     if args.stage == "plan":
         print(table(["repo", "half", "files", "chunks"],
                     [[r.pin.repo, r.pin.half, r.files, r.chunks] for r in repos.values()]))

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -52,8 +51,9 @@ from bench.multilang import (
     System,
     evaluate,
     mean_by,
-    prepare_repo,
+    prepare_repos,
     print_tables,
+    set_up_run,
 )
 from bench.multilang_build import Pin, Query, half_of, tree_path
 
@@ -179,30 +179,16 @@ def main() -> None:
                     help="Also rank with each words-tier setting tried on the tune half.")
     ap.add_argument("--out", default="questions")
     args = ap.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
-                        datefmt="%H:%M:%S")
-    import bm25s  # noqa: F401  (it sets its logger to DEBUG on import; quiet it after)
-
-    logging.getLogger("bm25s").setLevel(logging.WARNING)
-    os.environ.setdefault("CODEVEIL_CACHE_DIR", str(args.data / "cache"))
+    set_up_run(args.data)
     pins, queries, _written = load_questions()
     halves = set(args.halves.split(","))
     wanted = set(filter(None, args.repos.split(",")))
     pins = [p for p in pins if p.half in halves and (not wanted or p.repo in wanted)]
     ensure_trees(args.data, args.mirrors, pins)
 
-    from bench.quality import Memo, _embedders
-
-    enc, _plain = _embedders(None, args.threads)
-    memo = Memo()
     started = time.perf_counter()
     vectors = args.stage in ("warm", "eval")
-    repos = {}
-    for pin in pins:
-        mine = [q for q in queries if q.repo == pin.repo]
-        repos[pin.repo] = prepare_repo(pin, args.data, mine, enc, memo, embed=vectors)
-        r = repos[pin.repo]
-        log.info("%s: %d files, %d chunks", pin.repo, r.files, r.chunks)
+    enc, repos = prepare_repos(pins, queries, args.data, args.threads, embed=vectors)
     if args.stage == "warm":
         return
     chosen = systems(vectors, args.grid)
