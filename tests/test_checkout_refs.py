@@ -31,6 +31,18 @@ def _clone(repo: Path, to: Path, url: str) -> Index:
     return idx
 
 
+def _two_clones(tmp_path: Path, url: str) -> tuple[Path, Index, Index]:
+    """A repo of 30 files indexed on the server at `url`, and a second clone of it by the
+    same user, indexed too: (the first's folder, the first, the second)."""
+    a_repo = many_files(tmp_path / "a", 30)
+    a = Index(a_repo, embedder=HashingEmbedder())
+    a.init(server=url)
+    a.index()
+    b = _clone(a_repo, tmp_path / "b", url)
+    b.index()
+    return a_repo, a, b
+
+
 def _in_step(idx: Index) -> bool:
     """Whether the server's tree of the checkout's ref is the one it synced."""
     tree = idx.status(server=True).server_tree
@@ -45,12 +57,7 @@ def _edit(path: Path) -> None:
 def test_two_clones_of_one_user_sync_trees_of_their_own(
         tmp_path: Path, live_server: ServerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CODEVEIL_REF", raising=False)
-    a_repo = many_files(tmp_path / "a", 30)
-    a = Index(a_repo, embedder=HashingEmbedder())
-    a.init(server=live_server.url)
-    a.index()
-    b = _clone(a_repo, tmp_path / "b", live_server.url)
-    b.index()
+    a_repo, a, b = _two_clones(tmp_path, live_server.url)
 
     _edit(sorted(a_repo.glob("pkg*/*.py"))[0])
     assert a.index().files_changed == 1
@@ -120,12 +127,7 @@ def test_a_tree_another_checkout_rewrote_is_named_by_status_and_doctor(
     """Two checkouts told to share one ref (CODEVEIL_REF) revert each other's files: the
     one whose file was put back hears it from `status --server` and `doctor`."""
     monkeypatch.setenv("CODEVEIL_REF", "ci:shared")
-    a_repo = many_files(tmp_path / "a", 30)
-    a = Index(a_repo, embedder=HashingEmbedder())
-    a.init(server=live_server.url)
-    a.index()
-    b = _clone(a_repo, tmp_path / "b", live_server.url)
-    b.index()
+    a_repo, a, b = _two_clones(tmp_path, live_server.url)
     target = sorted(a_repo.glob("pkg*/*.py"))[0]
     _edit(target)
     a.index()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,11 +24,11 @@ from retrieval import Index
 from retrieval.faces.doctor import doctor
 from sync.config import load_config, load_token, state_path
 from sync.http_client import HttpClient
-from sync.keys import load_key
+from sync.keys import WorkspaceKey, load_key
 from sync.refs import ref_id, ref_name
 from sync.sealed_rows import RowSealer
 from sync.syncer import Syncer
-from sync.tree_rows import read_tree_rows
+from sync.tree_rows import TreeRows, read_tree_rows
 from tests.conftest import write_repo
 from tests.server_fixtures import ServerProcess
 
@@ -83,29 +84,36 @@ def clones(tmp_path: Path, servers: tuple[ServerProcess, ServerProcess],
         b.close()
 
 
-def gaps(idx: Index) -> dict[str, int]:
-    """path -> chunks without a row, for every file of the server's tree of the ref
-    (whichever clone's version it holds: each clone's chunk table has its own)."""
+@contextmanager
+def ref_tree(idx: Index) -> Iterator[tuple[HttpClient, WorkspaceKey, TreeRows]]:
+    """A client of the server on the clone's ref, the workspace key, and the ref's tree
+    with its pages' rows, as the server holds them."""
     config = load_config(idx.root)
     key = load_key(config.workspace_id)
     client = HttpClient(config.server or "", config.workspace_id,
                         load_token(config.workspace_id))
     client.ref = ref_id(key, ref_name(idx.root))
     try:
-        tree = read_tree_rows(client, key, RowSealer(key, config.workspace_id,
-                                                     HashingEmbedder().dim))
+        yield client, key, read_tree_rows(client, key, RowSealer(key, config.workspace_id,
+                                                                 HashingEmbedder().dim))
     finally:
         client.close()
+
+
+def gaps(idx: Index) -> dict[str, int]:
+    """path -> chunks without a row, for every file of the server's tree of the ref
+    (whichever clone's version it holds: each clone's chunk table has its own)."""
     out: dict[str, int] = {}
-    for repo in (idx.root, idx.root.parent / ("b" if idx.root.name == "a" else "a")):
-        db = open_state_db(state_path(repo))
-        try:
-            local = LocalChunks(db)
-            digests, places = local.file_digests(), local.places()
-        finally:
-            db.close()
-        for path, n in tree.gaps(key, digests, places).items():
-            out[f"{repo.name}:{path}"] = n
+    with ref_tree(idx) as (_client, key, tree):
+        for repo in (idx.root, idx.root.parent / ("b" if idx.root.name == "a" else "a")):
+            db = open_state_db(state_path(repo))
+            try:
+                local = LocalChunks(db)
+                digests, places = local.file_digests(), local.places()
+            finally:
+                db.close()
+            for path, n in tree.gaps(key, digests, places).items():
+                out[f"{repo.name}:{path}"] = n
     in_tree = sum(1 for _ in tree.leaves)
     assert in_tree == len(FILES)  # every file's leaf, in one clone's version or the other's
     return out
@@ -224,14 +232,5 @@ def test_doctor_names_a_gap_and_the_next_index_sends_it(
 def drop_a_page(idx: Index) -> None:
     """Delete a page of the ref's tree behind the clone's back, as another checkout of
     the ref does that holds other versions of the files whose rows it held."""
-    config = load_config(idx.root)
-    key = load_key(config.workspace_id)
-    client = HttpClient(config.server or "", config.workspace_id,
-                        load_token(config.workspace_id))
-    client.ref = ref_id(key, ref_name(idx.root))
-    try:
-        tree = read_tree_rows(client, key, RowSealer(key, config.workspace_id,
-                                                     HashingEmbedder().dim))
+    with ref_tree(idx) as (client, _key, tree):
         client.apply([], [tree.pages[0]])
-    finally:
-        client.close()
