@@ -58,6 +58,19 @@ def _first_rows(data_dir: Path, workspace_id: str, files: dict[str, str]) -> lis
     return sorted(first, key=first.__getitem__)
 
 
+def _by_mean_row(data_dir: Path, workspace_id: str, files: dict[str, str]) -> list[str]:
+    """The files whose rows the server's data dir holds, by the mean place of their rows.
+    Not by their first row: a file of six rows, shuffled among the others, has its first
+    one early far more often than a file of one row, so that order favours source files
+    even when the rows arrive at random."""
+    places: dict[str, list[int]] = {}
+    rows = opened_rows(data_dir, workspace_id, HashingEmbedder().dim)
+    for place, (_, _, row) in enumerate(rows):
+        if row.meta.path in files:
+            places.setdefault(row.meta.path, []).append(place)
+    return sorted(places, key=lambda p: sum(places[p]) / len(places[p]))
+
+
 def test_a_teammate_pulls_the_rows_sent_while_the_first_machine_still_embeds(
         tmp_path: Path, server_factory, monkeypatch: pytest.MonkeyPatch) -> None:
     server: ServerProcess = server_factory(tmp_path / "data")
@@ -107,8 +120,9 @@ def test_the_server_sees_files_in_a_random_order_not_by_category(
     idx.init(server=server.url)
     idx.index()
     idx.close()
-    order = [category(p) for p in _first_rows(server.data_dir,
-                                              load_config(repo).workspace_id, files)]
+    order = [category(p) for p in _by_mean_row(server.data_dir,
+                                               load_config(repo).workspace_id, files)]
     assert len(order) == len(files)
-    # In priority order the 20 source files would take the first 20 places.
+    # In priority order the 20 source files would take the first 20 places; shuffled,
+    # about 8 of them do (12 at most in 20,000 simulated runs).
     assert sum(1 for c in order[:20] if c == category("lib/mod_0.py")) < 15
