@@ -62,7 +62,8 @@ DAMAGES = ("flip", "truncate", "swap", "delete", "other")
 INERT = re.compile(r"(\.lock|\.gitignore)$")
 #: Files whose absence is a state like any other: a derived index not built yet (the next
 #: read builds it), an embedding cache not filled yet. The doctor need not name their loss.
-ABSENT_IS_NORMAL = re.compile(r"(trigrams/state\.npz|vectors/delta\.npz|embeddings\.sqlite)$")
+ABSENT_IS_NORMAL = re.compile(
+    r"(trigrams/state\.npz|(vectors|static)/delta\.npz|embeddings\.sqlite)$")
 #: Files nothing on this machine derives from: the workspace key. Its damage must be
 #: refused and named, with the remedy (import it again); no repair can make it anew.
 IRREPLACEABLE = re.compile(r"^config/keys/")

@@ -191,6 +191,18 @@ class Repo:
         return None
 
 
+def static_embedder():
+    """The static model the static tier ranks by, None where it cannot be read."""
+    from indexer.errors import EmbedderError
+    from indexer.static_embedder import StaticEmbedder
+
+    try:
+        return StaticEmbedder()
+    except EmbedderError as exc:
+        log.warning("no static tier: %s", exc)
+        return None
+
+
 def prepare_repo(pin: Pin, data: Path, queries: Sequence[Query], enc, memo,
                  *, embed: bool = True) -> Repo:
     from bench.quality import VectorIndex, bm25_file_ranker, embed_all, lexical_index, load_tree
@@ -231,6 +243,13 @@ def prepare_repo(pin: Pin, data: Path, queries: Sequence[Query], enc, memo,
     ranker = HybridRanker(lex, embed_parts, VectorIndex(vdocs, vectors).nearest, counter.count,
                           enc.embedder.max_tokens, count_many=counter.count_batch,
                           nearest_header=VectorIndex(vdocs, hvec).nearest)
+    static = static_embedder()
+    if static is not None:
+        # The static tier: every chunk's static vector (no cache: they cost ~0.2 ms).
+        svec = np.concatenate([static.embed_batch([c.embed_text for c in chunks[i:i + 2048]])
+                               for i in range(0, len(chunks), 2048)] or
+                              [np.zeros((0, static.dim), dtype=np.float32)])
+        ranker.use_static(VectorIndex(docs, svec), lambda parts: static.embed_batch(list(parts)))
     agg = DEFAULT_AGG["file"]
 
     def rank(q: str, system: System) -> tuple[list[ChunkLocation], list[str]]:

@@ -361,6 +361,11 @@ class VectorIndex:
         self.docs = list(docs)
         self.m = vectors
 
+    headers = False  # one plane: the ranker casts no header vote from it
+
+    def nearest_each(self, vs: np.ndarray, n: int, *, keep=None, header: bool = False):
+        return [self.nearest(v, n, keep=keep) for v in vs]
+
     def nearest(self, v: np.ndarray, n: int, *, keep=None):
         s = self.m @ v.astype(np.float32)
         if keep is not None:  # not used by the benchmark's queries

@@ -62,7 +62,9 @@ log = logging.getLogger("bench.questions")
 QUESTIONS = ROOT / "bench" / "questions"
 KINDS = ("how", "what", "symbol")
 MODEL_ALONE = {"hybrid": False, "evidence": False, "w_path": 0.0, "w_header_vector": 0.0,
-               "w_header_vector_prose": 0.0, "w_meaning_identifier": 1.0}
+               "w_header_vector_prose": 0.0, "w_meaning_identifier": 1.0, "w_static_meaning": 0.0}
+# The static model's vectors alone (indexer.static_embedder): no words, names or MiniLM.
+STATIC_ALONE = {**MODEL_ALONE, "w_vector": 0.0, "w_static_meaning": 1.0}
 
 
 def load_questions(folder: Path = QUESTIONS) -> tuple[list[Pin], list[Query], list[dict]]:
@@ -137,6 +139,11 @@ def grid_rows() -> list[System]:
              for w in (0.25, 0.5)]
     rows += [System(f"vectors: vector weight {w}", {"w_vector": w}) for w in (0.5, 2.0)]
     rows += [System("vectors: question words kept", {"question_words_out": False})]
+    # The static tier's vote: alone (the words tier's first answer) and beside the vectors.
+    rows += [System(f"words: static vote {w}", {**nv, "w_static": w}, vectors=False)
+             for w in (0.25, 0.5, 1.0, 1.5)]
+    rows += [System(f"vectors: static vote {w}", {"w_static_meaning": w})
+             for w in (0.0, 0.1, 0.5)]
     return rows
 
 
@@ -146,9 +153,11 @@ def systems(vectors: bool, grid: bool = False) -> list[System]:
     rows = []
     if vectors:
         rows += [System("codeveil (shipped defaults)", {}),
-                 System("the model alone", MODEL_ALONE)]
+                 System("the model alone", MODEL_ALONE),
+                 System("the static model alone", STATIC_ALONE, vectors=False)]
     rows += [
         System("codeveil, no vectors (words tier)", NO_VECTORS, vectors=False),
+        System("words tier, no static vote", {**NO_VECTORS, "w_static": 0.0}, vectors=False),
         System("words tier, no path vote", {**NO_VECTORS, "w_path": 0.0}, vectors=False),
         System("words tier, no evidence", {**NO_VECTORS, "evidence": False}, vectors=False),
         System("words tier, question words kept", {**NO_VECTORS, "question_words_out": False},

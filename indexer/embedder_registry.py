@@ -77,8 +77,15 @@ EMBEDDERS: dict[str, Callable[[], Embedder]] = {
     "minilm-onnx": _onnx_minilm("fp32"),
     "minilm-onnx-int8": _onnx_minilm("int8"),
     "hashing": HashingEmbedder,
+    "static": lambda: _static(),
 }
 EMBEDDERS["minilm"] = EMBEDDERS[DEFAULT_MINILM]
+
+
+def _static() -> Embedder:
+    from indexer.static_embedder import StaticEmbedder
+
+    return StaticEmbedder()
 
 
 def embedder_name(model_id: str) -> str | None:
@@ -97,6 +104,9 @@ def embedder_for_model_id(model_id: str) -> Embedder | None:
     with), with no fallback to another backend; None if none here does."""
     if model_id.startswith("codeveil/hashing-"):
         return HashingEmbedder(int(model_id.rsplit("-", 1)[1]))
+    if model_id.startswith("codeveil/static-"):
+        static = _static()
+        return static if static.model_id == model_id else None
     model, _, backend = model_id.rpartition(":")
     if model != "sentence-transformers/all-MiniLM-L6-v2":
         return None

@@ -106,8 +106,8 @@ def test_path_words() -> None:
 
 
 def test_a_ranker_is_composed_of_named_parts() -> None:
-    assert [v.name for v in VOTES] == ["vector", "header_vector", "lexical", "path",
-                                       "file", "evidence"]
+    assert [v.name for v in VOTES] == ["vector", "header_vector", "static", "lexical",
+                                       "path", "file", "evidence"]
     assert [r.name for r in RESCORING] == ["prefer_code", "prefer_primary"]
 
 
@@ -162,3 +162,38 @@ def test_a_file_whose_words_are_spread_over_its_chunks_gets_the_file_vote() -> N
     assert "file" not in ranker.rank("token expiry", replace(words, w_file_vote=0.0)).sources
     # Once every vector votes, the file vote has yielded to meaning.
     assert "file" not in ranker.rank("token expiry", SearchOptions(w_path=0.0)).sources
+
+
+def test_the_static_vote_yields_to_the_vectors_as_they_land() -> None:
+    from retrieval.indexes.local_vectors import LocalVectorIndex
+    from retrieval.indexes.local_vectors.docs import VectorDocs
+    from retrieval.indexes.local_vectors.index import no_vectors
+
+    chunks = [Chunk(f"m{i}.py", 1, 2, "python", f"compute_total_{i}",
+                    f"def compute_total_{i}():\n    return {i}\n") for i in range(8)]
+    ranker = _ranker(chunks)
+    model = HashingEmbedder()
+    planes = np.stack([model.embed([c.embed_text for c in chunks]),
+                       model.embed([c.header for c in chunks])])
+    docs = VectorDocs.of([ChunkLocation(c.path, c.start_line, c.end_line, c.symbol,
+                                        c.language) for c in chunks], [True] * len(chunks))
+    static = LocalVectorIndex(planes, docs, np.zeros(len(chunks), dtype=bool),
+                              no_vectors(model.dim), VectorDocs.empty(), 0)
+    o = SearchOptions(w_static=0.75, w_static_meaning=0.25)
+
+    def voted(options: SearchOptions) -> bool:
+        return "static" in ranker.rank("return a number", options).sources
+
+    assert not voted(o)  # no static side given: no vote
+    ranker.use_static(static, model.embed)
+    assert voted(o)
+    assert ranker.view("return a number", replace(o, meaning_share=0.0), None, None).w_static \
+        == pytest.approx(0.75)
+    assert ranker.view("return a number", o, None, None).w_static == pytest.approx(0.25)
+    assert ranker.view("return a number", replace(o, meaning_share=0.5), None, None).w_static \
+        == pytest.approx(0.5)
+    # A bare name the repo defines is found by name: no vote by meaning, static or not.
+    name = ranker.view("compute_total_3", replace(o, meaning_share=0.0), None, None)
+    assert name.evidence is not None and name.w_static == 0.0
+    ranker.use_static(None, model.embed)
+    assert not voted(o)

@@ -46,7 +46,7 @@ def test_index_returns_with_the_words_and_the_builder_brings_the_vectors(
     out = _json(["index", "--json"], sample_repo)
     assert out["files_changed"] == 5 and out["chunks_total"] > 0
     assert out["chunks_embedded"] == 0  # the model's work was left to the builder
-    assert out["searchable_now"] == ["words", "names", "structure"]
+    assert out["searchable_now"] == ["words", "names", "structure", "static meaning"]
     assert out["vectors"]["chunks_with_vectors"] == 0
     assert out["vectors"]["builder"]["pid"] > 0
 

@@ -173,7 +173,7 @@ def index(path: Path, as_json: bool, quiet: bool, wait: bool, embed_on: str | No
     if as_json:
         out = {**report.to_dict(), "mode": mode}
         if coverage is not None and builder is not None:
-            out["searchable_now"] = ["words", "names", "structure"] + (
+            out["searchable_now"] = ["words", "names", "structure", "static meaning"] + (
                 [] if coverage.partial else ["vectors"])
             out["vectors"] = {**coverage.to_dict(), "builder": builder}
         click.echo(json.dumps(out, indent=2))
@@ -193,8 +193,8 @@ def _builder_line(chunks: int, with_vectors: int, builder: dict[str, object]) ->
     """What `codeveil index` leaves to the builder, in one line."""
     if with_vectors >= chunks:
         return "searchable now by words, names, structure and meaning"
-    now = (f"searchable now by words, names and structure; by meaning for {with_vectors}"
-           f" of {chunks} chunks")
+    now = (f"searchable now by words, names, structure and a quick model of meaning; by"
+           f" the full model for {with_vectors} of {chunks} chunks")
     if builder.get("running"):
         return (f"{now}; vectors are being built in the background (process"
                 f" {builder.get('pid')}): `codeveil status` shows how far, `codeveil index"
@@ -311,8 +311,9 @@ def _repo_names(roots: list[Path]) -> dict[str, str]:
 
 def _partial_note(coverage: Coverage) -> str:
     return (f"index is partial: {coverage.chunks_with_vectors} of {coverage.chunks}"
-            " chunks have vectors so far (all are searched by name and words); results"
-            " improve as the vectors are built (`codeveil status` shows how far)")
+            " chunks have the full model's vectors so far (all are searched by name, words"
+            " and a quick model of meaning); results improve as the vectors are built"
+            " (`codeveil status` shows how far)")
 
 
 def _print_hits(hits: list[Hit], query: str, *, names: dict[str, str] | None = None) -> None:

@@ -9,7 +9,8 @@ config and key, then each of `PARTS`, the parts of an index and the files each k
 - `.codeveil/state.sqlite`: SQLite integrity, and that it holds the chunks;
 - the embedding cache: SQLite integrity, its vectors of this model finite and of unit
   length, and one for every local chunk (else exact scores silently fall back);
-- `.codeveil/lexical/`, `vectors/`, `trigrams/`: readable, their checksums right;
+- `.codeveil/lexical/`, `vectors/`, `static/`, `trigrams/`: readable, their checksums
+  right;
 - the store: for the embedded one, its registry and tree (integrity), its chunk table
   (read in full), the search snapshot (the table's rows), and that it holds exactly the
   chunks of the local state, file by file; for a server, that it answers.
@@ -42,6 +43,7 @@ from indexer.sqlite_files import integrity_problem
 from retrieval.faces.api import Index
 from retrieval.indexes.lexical import LexicalStore
 from retrieval.indexes.local_vectors import LocalVectorStore
+from retrieval.indexes.static_vectors import StaticVectorStore
 from retrieval.indexes.trigram_index import TrigramStore
 from sync import crypto
 from sync.checkout_id import kept_id_problem
@@ -381,6 +383,22 @@ def _check_vectors(c: _Checking) -> None:
         plan.retry.append((record, g))
 
 
+def _check_static(c: _Checking) -> None:
+    from indexer.errors import EmbedderError
+
+    folder = codeveil_dir(c.root) / "static"
+    f = Finding(str(folder))
+    c.report.findings.append(f)
+    try:
+        bad = StaticVectorStore(folder).problem()
+    except EmbedderError as exc:  # the model, not the index: a search answers by words
+        f.problem = str(exc)
+        return
+    if bad is not None:
+        f.problem = f"damaged ({bad}; the next search rebuilds it)"
+        c.plan.aside.append((folder, f))
+
+
 def _check_trigrams(c: _Checking) -> None:
     folder = codeveil_dir(c.root) / "trigrams"
     f = Finding(str(folder))
@@ -597,6 +615,7 @@ PARTS: tuple[Part, ...] = (
                              "cache:embeddings.sqlite-shm"), _check_cache),
     Part("lexical index", ("lexical/*",), _check_lexical, LexicalStore),
     Part("vector index", ("vectors/*",), _check_vectors, LocalVectorStore),
+    Part("static vector index", ("static/*",), _check_static, StaticVectorStore),
     Part("grep index", ("trigrams/*",), _check_trigrams, TrigramStore),
     # Its state and log are read defensively (a damaged one is ignored and rewritten);
     # a build given up is what is worth reporting.

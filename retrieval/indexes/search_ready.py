@@ -37,6 +37,7 @@ from sync.progress import Progress
 if TYPE_CHECKING:
     from retrieval.indexes.lexical import LexicalStore
     from retrieval.indexes.local_vectors import LocalVectorStore
+    from retrieval.indexes.static_vectors import StaticVectorStore
     from retrieval.indexes.trigram_index import TrigramStore
     from sync.workspace import Workspace
 
@@ -69,6 +70,7 @@ class SearchReady:
         self._lexical: LexicalStore | None = None  # used by one thread at a time
         self._vector_store: LocalVectorStore | None = None
         self._trigrams: TrigramStore | None = None
+        self._static: StaticVectorStore | None = None
 
     def watch(self, progress: Progress | None) -> Progress:
         """`progress`, starting the refreshes once the sync plans `FOLLOW_FILES` files."""
@@ -94,14 +96,14 @@ class SearchReady:
         if not completed:
             return 0.0
         started = time.perf_counter()
-        self._refresh(with_vectors=True)
+        self._refresh(with_vectors=True, static=True)
         return time.perf_counter() - started
 
     def words(self) -> None:
-        """Bring the lexical and trigram indexes in step with the chunk table once: what
-        `codeveil index` does before it returns, so that the first search by words,
-        and grep, find them built."""
-        self._refresh(with_vectors=False, trigrams=True)
+        """Bring the lexical, static vector and trigram indexes in step with the chunk
+        table once: what `codeveil index` does before it returns, so that the first
+        search by words and by the static tier's meaning, and grep, find them built."""
+        self._refresh(with_vectors=False, trigrams=True, static=True)
 
     def _own_vectors(self, root: Path, db: sqlite3.Connection, config: RepoConfig) -> None:
         from retrieval.indexes.local_vectors import LocalVectorStore
@@ -122,7 +124,19 @@ class SearchReady:
         while not self._stop.wait(self.interval):
             self._refresh(with_vectors=False)
 
-    def _refresh(self, *, with_vectors: bool, trigrams: bool = False) -> None:
+    def _static_index(self, root: Path, db: sqlite3.Connection) -> None:
+        from indexer.errors import EmbedderError
+        from retrieval.indexes.static_vectors import StaticVectorStore
+
+        if self._static is None:
+            self._static = StaticVectorStore(codeveil_dir(root) / "static")
+        try:
+            self._static.index(db)
+        except EmbedderError as exc:  # the search says so too, and answers by words
+            log.warning("no static tier: %s", exc)
+
+    def _refresh(self, *, with_vectors: bool, trigrams: bool = False,
+                 static: bool = False) -> None:
         from retrieval.indexes.lexical import LexicalStore
 
         root = self.workspace.root  # the sync created the workspace before it planned
@@ -137,6 +151,8 @@ class SearchReady:
                 config = load_config(root)
                 if with_vectors and config.sealed:
                     self.vectors(root, db, config)
+                if static:
+                    self._static_index(root, db)
                 if with_vectors or trigrams:
                     self._grep_index(root, db)
             finally:

@@ -116,6 +116,9 @@ class HybridRanker:
         self.nearest_header = nearest_header
         self.nearest_each = nearest_each
         self.nearest_header_each = nearest_header_each
+        # The static tier (`use_static`): every chunk's static vector, and the query's.
+        self.static: VectorSearch | None = None
+        self.embed_static: Embed | None = None
         self.count_tokens = count_tokens
         self.count_many = count_many
         self.max_tokens = max_tokens
@@ -146,6 +149,12 @@ class HybridRanker:
             self.nearest_header_each = partial(vectors.nearest_each, header=True)
         else:
             self.nearest_header = self.nearest_header_each = None
+
+    def use_static(self, static: VectorSearch | None, embed: Embed | None) -> None:
+        """Rank by the static model's vectors (`static`, the query's by `embed`) as well,
+        or no longer (None)."""
+        self.static = static
+        self.embed_static = embed if static is not None else None
 
     def use(self, lexical: LexicalIndex) -> None:
         """Rank over another (refreshed) lexical index from now on."""
@@ -223,13 +232,15 @@ class HybridRanker:
             evidence = self._evidence_ranking(refs, bm25, mask, o.depth, stems=o.stem_evidence)
         w_header = o.w_header_vector_prose if prose else o.w_header_vector
         w_vector = o.w_vector
+        w_static = o.w_static + (o.w_static_meaning - o.w_static) * o.meaning_share
         if refs.identifier and evidence is not None:
             # A bare name the repo defines: its definition is found by name, and the
             # vectors only add look-alikes. A name nothing defines keeps them.
             w_vector *= o.w_meaning_identifier
             w_header *= o.w_meaning_identifier
+            w_static *= o.w_meaning_identifier
         return QueryView(query, o, parts, refs, prose, lex_query, dedupe, bm25, evidence, mask,
-                         keep, w_vector, w_header)
+                         keep, w_vector, w_header, w_static)
 
     @staticmethod
     def _lexical_query(query: str, prose: bool, o: SearchOptions

@@ -134,6 +134,12 @@ class SearchOptions:
     # (retrieval.search.ranking_parts.LexicalVote; question set, words tier, tune half:
     # 0.775 -> 0.792).
     w_lexical_prose: float | None = 0.25
+    # The static model's vote (retrieval.indexes.static_vectors: every chunk has a static
+    # vector from the moment `index` returns): `w_static` while no MiniLM vector is
+    # built, `w_static_meaning` once every one votes, in between as they land
+    # (`meaning_share`). Chosen on the question set's tune half (docs/benchmarks.md).
+    w_static: float = 0.75
+    w_static_meaning: float = 0.25
     # The share of the chunks that have vectors (the searcher sets it while they are
     # being built; 0: none yet): how far BM25's prose weight has yielded to meaning.
     meaning_share: float = 1.0

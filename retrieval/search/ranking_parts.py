@@ -31,6 +31,7 @@ from retrieval.search.options import (
     Nearest,
     NearestEach,
     SearchOptions,
+    VectorSearch,
     peaked,
     rrf,
 )
@@ -56,6 +57,8 @@ class Ranker(Protocol):
     nearest_header: Nearest | None
     nearest_each: NearestEach | None
     nearest_header_each: NearestEach | None
+    static: VectorSearch | None
+    embed_static: Embed | None
 
     def names(self) -> RepoNames: ...
 
@@ -86,7 +89,9 @@ class QueryView:
     keep: Keep | None
     w_vector: float  # the vectors' weights for this query (a bare name's: none)
     w_header: float
+    w_static: float = 0.0
     _vectors: np.ndarray | None = None
+    _static: np.ndarray | None = None
 
     @property
     def short(self) -> bool:
@@ -100,6 +105,14 @@ class QueryView:
         if self._vectors is None:
             self._vectors = ranker.embed(self.parts)
         return self._vectors
+
+
+    def static_vectors(self, ranker: Ranker) -> np.ndarray:
+        """The parts' static vectors (`indexer.static_embedder`), on first use."""
+        if self._static is None:
+            assert ranker.embed_static is not None
+            self._static = ranker.embed_static(self.parts)
+        return self._static
 
 
 @dataclass
@@ -163,6 +176,22 @@ class VectorVote:
             return
         hits = ranker.vector_ranking(q.vectors(ranker), q.options, q.keep, nearest, each)
         ballots.cast(self.name, (d for d, _ in hits), weight)
+
+
+class StaticVote:
+    """The chunks nearest by the static model's vectors, which every chunk has from the
+    moment `index` returns: meaning while MiniLM's vectors are still being built. Its
+    weight yields to theirs as they land (`QueryView.w_static`)."""
+
+    name = "static"
+
+    def cast(self, ranker: Ranker, q: QueryView, ballots: Ballots) -> None:
+        static = ranker.static
+        if not q.w_static or static is None or ranker.embed_static is None:
+            return
+        hits = ranker.vector_ranking(q.static_vectors(ranker), q.options, q.keep,
+                                     static.nearest, static.nearest_each)
+        ballots.cast(self.name, (d for d, _ in hits), q.w_static)
 
 
 class LexicalVote:
@@ -271,6 +300,7 @@ class PreferPrimary:
         return prefer_primary(fused, ballots.docs, q.text, q.options.w_secondary)
 
 
-VOTES: Final[tuple[Vote, ...]] = (VectorVote(), VectorVote(header=True), LexicalVote(),
+VOTES: Final[tuple[Vote, ...]] = (VectorVote(), VectorVote(header=True), StaticVote(),
+                                  LexicalVote(),
                                   PathVote(), FileVote(), EvidenceVote())
 RESCORING: Final[tuple[Rescoring, ...]] = (PreferCode(), PreferPrimary())

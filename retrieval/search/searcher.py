@@ -14,6 +14,7 @@ ranks.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -26,10 +27,13 @@ import numpy as np
 from indexer.local_chunks import LocalChunks, open_state_db
 from sync.config import RepoConfig, codeveil_dir, find_root, state_path
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from retrieval.indexes.filters import HitFilter
     from retrieval.indexes.lexical import LexicalIndex, LexicalStore
     from retrieval.indexes.local_vectors import LocalVectorIndex, LocalVectorStore
+    from retrieval.indexes.static_vectors import StaticVectorStore
     from retrieval.search.fusion import HybridRanker, Ranking
     from retrieval.search.options import SearchOptions, VectorSearch
     from retrieval.search.server_vectors import ServerVectors
@@ -120,6 +124,7 @@ class SearchReader:
         self.queries = QueryVectors(lambda texts: workspace.embedder.embedder.embed(texts))
         self.lexical_store: LexicalStore | None = None
         self.vector_store: LocalVectorStore | None = None
+        self.static_store: StaticVectorStore | None = None
         #: This machine's vector index as the last search saw it (sealed workspaces).
         self.vectors: LocalVectorIndex | None = None
         self._server: ServerVectors | None = None
@@ -143,8 +148,33 @@ class SearchReader:
             # Chunks whose vector this machine lacks (an emptied cache) are not
             # searched by meaning either, pending or not.
             with_vectors = min(with_vectors, self.vectors.count)
-        return Searcher(lexical, side, self._ranker_over(lexical, side), total, with_vectors,
+        ranker = self._ranker_over(lexical, side)
+        # Every chunk is ranked by meaning through its static vector too: the whole vote
+        # while MiniLM's vectors are still being built, a smaller one beside them
+        # (`SearchOptions.w_static`, `w_static_meaning`).
+        static = self.static_index(root, db)
+        ranker.use_static(static, None if static is None else self._embed_static)
+        return Searcher(lexical, side, ranker, total, with_vectors,
                         self.vectors if config.sealed else None)
+
+    def static_index(self, root: Path, db: sqlite3.Connection) -> LocalVectorIndex | None:
+        """The static vectors of every chunk, brought in step; None (logged) where the
+        static model cannot be read, so that a search still answers by words."""
+        from indexer.errors import EmbedderError
+        from retrieval.indexes.static_vectors import StaticVectorStore
+
+        folder = codeveil_dir(root) / "static"
+        try:
+            if self.static_store is None or self.static_store.directory != folder:
+                self.static_store = StaticVectorStore(folder)
+            return self.static_store.index(db)
+        except EmbedderError as exc:
+            log.warning("no static tier: %s", exc)
+            return None
+
+    def _embed_static(self, texts: Sequence[str]) -> np.ndarray:
+        assert self.static_store is not None
+        return self.static_store.embedder.embed_batch(texts)
 
     def lexical(self, root: Path) -> LexicalStore:
         from retrieval.indexes.lexical import LexicalStore
