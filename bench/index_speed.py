@@ -30,7 +30,7 @@ from indexer.embedder import HashingEmbedder
 from indexer.embedder_registry import EMBEDDERS, default_embedder
 from indexer.local_chunks import LocalChunks, open_state_db
 from retrieval import Index
-from sync.config import state_path
+from sync.checkout.config import state_path
 
 
 def default_repo() -> Path:

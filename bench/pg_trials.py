@@ -316,7 +316,7 @@ def trial_join(work: Path, trial: Trial, args: argparse.Namespace, source: Path 
         faults.run(["index", "--wait", "-q"], alice, env, timeout=1800)
         ws = faults.workspace_of(alice)
         key = faults.export_key(ws)
-        from sync.config import load_token
+        from sync.checkout.config import load_token
 
         bob = work / "bob"
         shutil.copytree(alice, bob, ignore=shutil.ignore_patterns(".codeveil"))
@@ -515,7 +515,7 @@ def load_run(args: argparse.Namespace, base: Path, source: Path | None,
             faults.run(["init", ".", "--server", urls[n % 2]], repo, env)
             faults.run(["index", "--wait", "-q"], repo, env, timeout=1800)
             sync_repos.append(str(repo))
-        from sync.config import load_token
+        from sync.checkout.config import load_token
 
         ws = faults.workspace_of(origin)
         setup_s = time.perf_counter() - setup_started

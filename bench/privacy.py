@@ -24,7 +24,7 @@ alone it runs:
                     (naming the edited chunk), and bytes of superseded rows still
                     anywhere in the data dir, read while the store is still open (as a
                     running server's) and again once it has closed; rows in pages
-                    (sync.pages): also the superseded rows a kept page still holds, and
+                    (sync.crypto.pages): also the superseded rows a kept page still holds, and
                     the pages the sync wrote and deleted, whose rows are all a server
                     can take for the file's (how many are, opened with the key)
 
@@ -46,7 +46,7 @@ the plain top-10).
                     files and chunks labelled, private files flagged, file category read
                     from the order; sealed, the store's cost (bytes held, requests and
                     bytes of a no-change and a one-file sync); a store whose rows are
-                    in pages (sync.pages) is attacked as bench/privacy_pages.py says
+                    in pages (sync.crypto.pages) is attacked as bench/privacy_pages.py says
     co-change       (--structure) an observer of many syncs: `--edits` times a random
                     file is edited and synced, the rows the store holds are listed after
                     each, and rows are grouped into files by the sync that added them
@@ -164,7 +164,7 @@ class Setup:
     repo: Path
     store_dir: Path
     workspace_id: str
-    key: object  # sync.keys.WorkspaceKey
+    key: object  # sync.crypto.keys.WorkspaceKey
     canaries: list[str]
     public_prefix: str
     duplicate: tuple[str, str]  # (public file, its private copy)
@@ -187,8 +187,8 @@ def build_repo(tree: Path, work: Path, *, server_search: bool,
     given mode; with `private_test` also a private file in the copied file's public
     directory."""
     from retrieval import Index
-    from sync.config import load_config, store_path
-    from sync.keys import load_key
+    from sync.checkout.config import load_config, store_path
+    from sync.crypto.keys import load_key
 
     repo = work / ("repo-server-search" if server_search else "repo-sealed")
     prefix = tree.name
@@ -235,7 +235,7 @@ def edit_and_reindex(setup: Setup, before: ServerView) -> dict[str, int]:
 
     if setup.sealed and is_paged(setup.store_dir):
         return _edit_paged(setup, before)
-    from sync.crypto import node_key
+    from sync.crypto.ciphers import node_key
     from sync.store import fid_of
 
     fid = fid_of(node_key(setup.key, setup.private))
@@ -265,13 +265,13 @@ def _edit_the_private_module(setup: Setup) -> None:
 
 
 def _edit_paged(setup: Setup, before: ServerView) -> dict[str, int]:
-    """`edit_and_reindex` on a store whose rows are in pages (sync.pages). No leaf names
+    """`edit_and_reindex` on a store whose rows are in pages (sync.crypto.pages). No leaf names
     the file's rows, so the truth opens every page row with the key (its file and
     version are inside); the server sees the file's leaf change and the pages the sync
     wrote and deleted, and takes the rows of the written pages for the file's."""
     from bench.privacy_pages import _opened, page_keys
     from retrieval import Index
-    from sync.crypto import node_key
+    from sync.crypto.ciphers import node_key
 
     def file_rows(view: ServerView, value: bytes | None) -> list[tuple[bytes, bytes]]:
         """(row id, envelope) of the stored rows holding the private module's chunks
@@ -386,7 +386,7 @@ def ground_truth(setup: Setup, view: ServerView) -> Truth:
     from indexer.chunker import chunk_file
     from indexer.embed_cache import CachedEmbedder, EmbeddingCache
     from indexer.embedder_registry import default_embedder
-    from sync.crypto import open_meta
+    from sync.crypto.ciphers import open_meta
 
     embedder = CachedEmbedder(default_embedder(), EmbeddingCache())
     # A sealed row opens under the leaf it is stored with: its file's, or (rows in
@@ -543,7 +543,7 @@ def attack_equal_leaves(setup: Setup, view: ServerView) -> tuple[int, int, bool]
     """(groups of identical files, of them with identical leaf values, planted copy named)."""
     import xxhash
 
-    from sync.crypto import node_key
+    from sync.crypto.ciphers import node_key
 
     groups: dict[bytes, list[str]] = defaultdict(list)
     for path in setup.repo.rglob("*"):
@@ -676,9 +676,9 @@ def public_files(repo: Path, private: set[str], dim: int, *,
     server-search row's metadata envelope."""
     from indexer.definitions import chunk_and_define
     from indexer.walk import SourceFile, read_source, walk_repo
-    from sync.crypto import ChunkMeta, seal_meta
-    from sync.keys import WorkspaceKey
-    from sync.sealed_rows import RowSealer
+    from sync.crypto.ciphers import ChunkMeta, seal_meta
+    from sync.crypto.keys import WorkspaceKey
+    from sync.crypto.sealed_rows import RowSealer
 
     own = WorkspaceKey(os.urandom(32))
     sealer = RowSealer(own, "attacker", dim)
@@ -708,8 +708,7 @@ def public_files(repo: Path, private: set[str], dim: int, *,
 
 def _rows_for(n: int) -> int:
     """How many rows the store holds for a file of n chunks (its padding, if any)."""
-    from sync import sealed_rows
-
+    from sync.crypto import sealed_rows
     pad = getattr(sealed_rows, "padded_row_count", None)
     return n if pad is None else int(pad(n))
 
@@ -897,8 +896,8 @@ def structure_truth(setup: Setup, public: dict[str, PublicFile]
     """With the key: each stored file's path, and the public chunk index each of its rows
     holds in rid order (-1 for a private chunk or a padding row)."""
     from indexer.walk import walk_repo
-    from sync.crypto import node_key, open_meta
-    from sync.sealed_rows import RowSealer
+    from sync.crypto.ciphers import node_key, open_meta
+    from sync.crypto.sealed_rows import RowSealer
     from sync.store import fid_of
 
     paths = {node_key(setup.key, e.path): e.path for e in walk_repo(setup.repo).files}
@@ -931,8 +930,7 @@ def padding_schemes(public: dict[str, PublicFile]) -> list[dict[str, object]]:
     from the row count alone (a file among k of the same count: 1/k)."""
     from collections import Counter
 
-    from sync import sealed_rows
-
+    from sync.crypto import sealed_rows
     counts = [len(f.lengths) for f in public.values()]
     top = max(counts)
 
@@ -996,7 +994,7 @@ def attack_cochange(setup: Setup, editable: list[str], edits: int, seed: int, *,
     file's pairs, the share put together), beside chance (a pair of rows picked at
     random is one file's). Also the same scores for grouping by the columns a row
     carries (its fid, and in a sealed store its blob value): what the observer needs no
-    sync for. `paged` (sync.pages): the truth is each row's file version opened with the
+    sync for. `paged` (sync.crypto.pages): the truth is each row's file version opened with the
     key; padding rows and rows of superseded versions a kept page still holds belong to
     no file and are left out of the scores (the observer cannot tell them, so this
     favours it); the pages each sync writes and deletes are counted."""
@@ -1011,7 +1009,7 @@ def attack_cochange(setup: Setup, editable: list[str], edits: int, seed: int, *,
         row_versions,
     )
     from retrieval import Index
-    from sync.pages import PAGE_ROWS
+    from sync.crypto.pages import PAGE_ROWS
 
     def observe() -> dict[int, tuple[int, bytes]]:
         return row_columns(setup.store_dir) if paged else stored_rows(setup)
@@ -1245,7 +1243,7 @@ def server_search_edit(tree: Path, work: Path) -> dict[str, object]:
     read while the store is open (the first edit's apply may write the snapshot; the
     second's is within the minute, when none is due)."""
     from retrieval import Index
-    from sync.crypto import node_key
+    from sync.crypto.ciphers import node_key
     from sync.store import fid_of
 
     setup = build_repo(tree, work, server_search=True)
@@ -1297,7 +1295,7 @@ def fresh_noise_edit(before: str, after: str, path: str, key: object) -> dict[st
     a chunk, against one version's: the beta the attacker faces after k syncs."""
     from indexer.definitions import chunk_and_define
     from indexer.embedder import SentenceTransformerEmbedder
-    from sync.crypto import DEFAULT_BETA, VectorCipher
+    from sync.crypto.ciphers import DEFAULT_BETA, VectorCipher
 
     model = SentenceTransformerEmbedder()
     old_chunks, _ = chunk_and_define(path, before)
@@ -1434,7 +1432,7 @@ def main(argv: list[str] | None = None) -> int:
     betas = [float(b) for b in args.betas.split(",") if b]
 
     from indexer.embedder_registry import default_embedder
-    from sync.crypto import DEFAULT_BETA, VectorCipher
+    from sync.crypto.ciphers import DEFAULT_BETA, VectorCipher
 
     base = isolate()
     structural: dict[str, dict[str, object]] = {}

@@ -1,6 +1,6 @@
 """The structure attack of bench/privacy.py on a sealed store whose rows are in pages.
 
-In pages (sync.pages) a file's leaf holds no row; rows travel in leaves of their own,
+In pages (sync.crypto.pages) a file's leaf holds no row; rows travel in leaves of their own,
 PAGE_ROWS each, under random keys, and name their file only inside the envelope. The
 server tells a page from a file by its rows (a page holds PAGE_ROWS, a file none) and a
 page row by its envelope's version byte. An attacker who knows this and the public code:
@@ -32,7 +32,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from bench.privacy import PublicFile, Setup, StoredShape
-    from sync.sealed_rows import OpenRow
+    from sync.crypto.sealed_rows import OpenRow
 
 #: A file version as the truth names it: (fid of the file's key, its leaf value).
 Version = tuple[int, bytes]
@@ -49,7 +49,7 @@ def _tree_db(store_dir: Path) -> Iterator[sqlite3.Connection]:
 def is_paged(store_dir: Path) -> bool:
     """Whether the store's rows are page rows: read off the version byte in front of
     every envelope, as the server sees it."""
-    from sync.sealed_rows import PAGE_ROW_VERSION
+    from sync.crypto.sealed_rows import PAGE_ROW_VERSION
 
     with _tree_db(store_dir) as conn:
         if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table'"
@@ -74,7 +74,7 @@ def _opened(setup: Setup) -> Iterator[tuple[int, bytes, bytes, OpenRow | None]]:
     """(rid, page key, page value, the row opened or None for padding) of every row the
     store holds, in rid order."""
     from bench.privacy import _node
-    from sync.sealed_rows import RowSealer
+    from sync.crypto.sealed_rows import RowSealer
     from sync.store import fid_of
 
     sealer = RowSealer(setup.key, setup.workspace_id, setup.dim)  # type: ignore[arg-type]
@@ -99,7 +99,7 @@ class PagedTruth:
 
 def paged_truth(setup: Setup, public: dict[str, PublicFile]) -> PagedTruth:
     from indexer.walk import walk_repo
-    from sync.crypto import node_key
+    from sync.crypto.ciphers import node_key
 
     paths = {node_key(setup.key, e.path): e.path  # type: ignore[arg-type]
              for e in walk_repo(setup.repo).files}
@@ -116,7 +116,7 @@ def row_versions(setup: Setup) -> dict[int, Version | None]:
     """rid -> the file version the row holds a chunk of, opened with the key (the truth
     the co-change attack is scored against); None for a padding row and for a row of a
     version no leaf names any more (a page is kept while any of its rows is live)."""
-    from sync.crypto import node_key
+    from sync.crypto.ciphers import node_key
     from sync.store import fid_of
 
     current = current_file_versions(setup)
@@ -254,7 +254,7 @@ def attack_paged_structure(shape: StoredShape, public: dict[str, PublicFile],
     # A sync that changes one file writes ceil(rows / PAGE_ROWS) pages (the rows it
     # moves only fill its last page's free slots): a file seen edited alone is one of
     # the public files of its page count.
-    from sync.pages import PAGE_ROWS
+    from sync.crypto.pages import PAGE_ROWS
 
     def pages_of(f: PublicFile) -> int:
         return -(-len(f.lengths) // PAGE_ROWS)

@@ -50,7 +50,7 @@ import json, sys, time
 from pathlib import Path
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from sync.keys import import_key
+from sync.crypto.keys import import_key
 root, url, ws, key_text, token = sys.argv[1:6]
 import_key(ws, key_text)
 t0 = time.perf_counter()
@@ -99,8 +99,8 @@ def run_size(base: Path, chunks: int, per_file: int, *, reuse: bool = False
     from indexer.embedder import HashingEmbedder
     from indexer.local_chunks import open_state_db
     from retrieval import Index
-    from sync.config import load_config, load_token
-    from sync.keys import export_key, load_key
+    from sync.checkout.config import load_config, load_token
+    from sync.crypto.keys import export_key, load_key
 
     if not reuse:
         base.mkdir(parents=True)

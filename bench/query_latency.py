@@ -18,7 +18,7 @@ machine:
   a realistic query (`embed`) and the client
   encrypts it (`encrypt`); then, in a loop of their own (torch's threads keep spinning
   after a call and would slow whatever runs next), the store searches for k=100 as
-  `retrieval` asks (`local`: in-process; `http`: `python -m sync.server` on loopback,
+  `retrieval` asks (`local`: in-process; `http`: `python -m sync.server.app` on loopback,
   keep-alive; the two alternate which goes first). `total` = embed + encrypt + http
   query by query: what a user of a server waits for. `sealed`: the same plain vectors
   in the client's own index (`retrieval.indexes.local_vectors`, what a sealed workspace
@@ -51,12 +51,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import Server, Timer, isolate, save_figure, table, write_json
-from sync.crypto import VectorCipher
-from sync.http_client import HttpClient
-from sync.keys import WorkspaceKey
-from sync.local_client import LocalClient
+from sync.crypto.ciphers import VectorCipher
+from sync.crypto.keys import WorkspaceKey
 from sync.records import ChunkRecord, FileUpdate
 from sync.store import SNAPSHOT, IndexPolicy, Store
+from sync.store.local_client import LocalClient
+from sync.transport.http_client import HttpClient
 
 DIM = 384
 PER_FILE = 10
@@ -183,10 +183,10 @@ def fill(client: LocalClient, cipher: VectorCipher, corpus: np.ndarray) -> np.nd
 
 
 class SyncServer(Server):
-    """`python -m sync.server` rather than the CLI, so RSS counts the server alone."""
+    """`python -m sync.server.app` rather than the CLI, so RSS counts the server alone."""
 
     def arguments(self) -> list[str]:
-        return ["-m", "sync.server", "--data", str(self.data_dir), "--port", str(self.port),
+        return ["-m", "sync.server.app", "--data", str(self.data_dir), "--port", str(self.port),
                 "--log-level", "warning"]
 
 

@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         args.tree = [Path(requests.__file__).resolve().parent]
 
     from retrieval import Index
-    from sync.config import load_token
-    from sync.keys import export_key, import_key, load_key
+    from sync.checkout.config import load_token
+    from sync.crypto.keys import export_key, import_key, load_key
 
     base = isolate()
     (base / "data").mkdir()

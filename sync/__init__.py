@@ -9,12 +9,12 @@ from indexer.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from sync.client import StoreClient
+    from sync.crypto.keys import WorkspaceKey, create_key, load_key
     from sync.errors import SyncError
-    from sync.http_client import HttpClient
-    from sync.keys import WorkspaceKey, create_key, load_key
-    from sync.local_client import LocalClient
     from sync.store.embedded.registry import Store
-    from sync.syncer import Syncer, SyncReport
+    from sync.store.local_client import LocalClient
+    from sync.syncer.syncer import Syncer, SyncReport
+    from sync.transport.http_client import HttpClient
     from sync.wire import StoreError
 
 __all__ = [
@@ -32,17 +32,17 @@ __all__ = [
 ]
 
 _HOMES = {
-    "HttpClient": "sync.http_client",
-    "LocalClient": "sync.local_client",
+    "HttpClient": "sync.transport.http_client",
+    "LocalClient": "sync.store.local_client",
     "Store": "sync.store.embedded.registry",
     "StoreClient": "sync.client",
     "StoreError": "sync.wire",
     "SyncError": "sync.errors",
-    "SyncReport": "sync.syncer",
-    "Syncer": "sync.syncer",
-    "WorkspaceKey": "sync.keys",
-    "create_key": "sync.keys",
-    "load_key": "sync.keys",
+    "SyncReport": "sync.syncer.syncer",
+    "Syncer": "sync.syncer.syncer",
+    "WorkspaceKey": "sync.crypto.keys",
+    "create_key": "sync.crypto.keys",
+    "load_key": "sync.crypto.keys",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _HOMES, globals())

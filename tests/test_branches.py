@@ -14,12 +14,12 @@ import pytest
 
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from sync.config import load_config, load_token
-from sync.http_client import HttpClient
-from sync.keys import export_key, import_key, load_key
-from sync.pages import PAGE_ROWS
-from sync.refs import git_branch, ref_name
-from sync.workspace import Workspace
+from sync.checkout.config import load_config, load_token
+from sync.checkout.refs import git_branch, ref_name
+from sync.crypto.keys import export_key, import_key, load_key
+from sync.crypto.pages import PAGE_ROWS
+from sync.transport.http_client import HttpClient
+from sync.workspace.workspace import Workspace
 from tests.conftest import SAMPLE_FILES, write_repo
 from tests.test_sibling_chunks import git
 from tests.test_sync import SERVERS, Backend, _server, many_files
@@ -69,7 +69,7 @@ def test_two_branches_share_the_pool(tmp_path: Path, kind: str, request: pytest.
     # Every file alice sent is linked but the three bob changed; his own are sent.
     assert joined.files_linked == joined.files_changed - 3 and joined.files_changed >= n
     assert joined.chunks_embedded <= 6  # only what no ref holds
-    # One page of rows (the 3 files' chunks: sync.pages), 62 leaves and the links to
+    # One page of rows (the 3 files' chunks: sync.crypto.pages), 62 leaves and the links to
     # alice's pages (keys only), against her 60 files' rows
     assert joined.bytes_sent < PAGE_ROWS * 1_500 + 62 * 300 < first.bytes_sent
     assert mate_idx.search("branch_change_1", k=1)[0].path == "pkg1/mod_1.py"

@@ -14,8 +14,8 @@ import pytest
 
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from sync.config import load_config
-from sync.refs import ref_name
+from sync.checkout.config import load_config
+from sync.checkout.refs import ref_name
 from tests.cli_in_process import run_in_process
 from tests.server_fixtures import ServerProcess
 from tests.test_sibling_chunks import git
@@ -73,7 +73,7 @@ def test_two_clones_of_one_user_sync_trees_of_their_own(
 
 def test_a_copied_codeveil_folder_gets_its_own_id_and_a_moved_one_keeps_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sync.refs import legacy_ref_name
+    from sync.checkout.refs import legacy_ref_name
 
     monkeypatch.delenv("CODEVEIL_REF", raising=False)
     repo = tmp_path / "repo"
@@ -94,7 +94,7 @@ def test_an_existing_checkout_keeps_its_server_state(
         tmp_path: Path, live_server: ServerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     """A checkout that synced its ref under the name of before (`user@host`) moves to its
     own ref by links: no chunk embedded, no row sent."""
-    from sync.refs import legacy_ref_name
+    from sync.checkout.refs import legacy_ref_name
 
     repo = many_files(tmp_path / "repo", 60)
     git(repo, "init", "-q", "-b", "main")

@@ -141,7 +141,7 @@ def test_every_command_has_help(name: str) -> None:
 
 
 def test_two_processes_initialising_one_folder_end_with_one_workspace(tmp_path: Path) -> None:
-    from sync.config import load_config, store_path
+    from sync.checkout.config import load_config, store_path
     from sync.store import Store
     from tests.conftest import write_repo
 
@@ -174,7 +174,7 @@ def test_hand_edited_config_values_are_named(sample_repo: Path, field: str, bad:
                                              needle: str) -> None:
     from indexer.embedder import HashingEmbedder
     from retrieval import Index
-    from sync.config import ConfigError
+    from sync.checkout.config import ConfigError
 
     with Index(sample_repo, embedder=HashingEmbedder()) as idx:  # as CODEVEIL_EMBEDDER does
         idx.index()

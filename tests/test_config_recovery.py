@@ -16,8 +16,8 @@ import pytest
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
 from retrieval.faces.doctor import doctor
-from sync.config import load_config
-from sync.keys import key_path
+from sync.checkout.config import load_config
+from sync.crypto.keys import key_path
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
 from tests.conftest import write_repo
 

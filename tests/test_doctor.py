@@ -20,7 +20,7 @@ from indexer.embed_cache import cache_key
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
 from retrieval.faces.doctor import doctor
-from sync.config import load_config, store_path
+from sync.checkout.config import load_config, store_path
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
 from sync.wire import StoreCorrupt
 from tests.conftest import write_repo
@@ -318,8 +318,8 @@ def test_doctor_command_prints_findings_and_exit_status(repo: Path) -> None:
 
 def test_doctor_checks_a_server_data_dir(tmp_path: Path) -> None:
     from retrieval.faces.doctor import check_data_dir
-    from sync.local_client import LocalClient
     from sync.records import ChunkRecord, FileUpdate
+    from sync.store.local_client import LocalClient
 
     data = tmp_path / "data"
     for name, mode in (("good", MODE_SERVER_SEARCH), ("bad", MODE_SERVER_SEARCH),
@@ -362,7 +362,7 @@ def test_a_clean_index_with_repeated_chunks_gives_a_clean_doctor(
     with Index(root, embedder=HashingEmbedder()) as idx:
         idx.index()
     from indexer.local_chunks import LocalChunks, open_state_db
-    from sync.config import state_path
+    from sync.checkout.config import state_path
 
     db = open_state_db(state_path(root))
     try:

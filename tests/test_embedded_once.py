@@ -15,8 +15,8 @@ import pytest
 
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from sync.config import load_config, load_token
-from sync.keys import export_key, import_key, load_key
+from sync.checkout.config import load_config, load_token
+from sync.crypto.keys import export_key, import_key, load_key
 from sync.store.core.rows import fid_of
 from tests.server_fixtures import ServerProcess
 from tests.server_rows import leaf_rows
@@ -138,7 +138,7 @@ def test_a_page_that_does_not_open_is_skipped_and_never_used(
         _edit(a_repo, "pkg4/mod_4.py", body)
         a.index()
     assert _spoil_new_pages(server.data_dir, before) > 0
-    with bob.active(), caplog.at_level(logging.WARNING, logger="sync.paged_sync"):
+    with bob.active(), caplog.at_level(logging.WARNING, logger="sync.syncer.paged_sync"):
         monkeypatch.setenv("CODEVEIL_REF", "bob@desktop:main")
         _edit(b_repo, "pkg4/mod_4.py", body)
         got = b.index()

@@ -13,7 +13,7 @@ from indexer.embed_cache import cache_key
 from indexer.local_chunks import LocalChunks, open_state_db
 from retrieval import Index
 from retrieval.search.options import SearchOptions
-from sync.config import state_path
+from sync.checkout.config import state_path
 
 # Only the header vectors vote: what a search ranks then comes from them alone.
 HEADERS_ONLY = replace(SearchOptions(), w_vector=0.0, hybrid=False, evidence=False,

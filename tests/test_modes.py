@@ -13,7 +13,7 @@ import pytest
 
 from indexer.embedder import SentenceTransformerEmbedder
 from retrieval import Index
-from sync.config import load_config
+from sync.checkout.config import load_config
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
 from tests.cli_in_process import run_in_process
 from tests.conftest import codeveil_env
@@ -88,7 +88,7 @@ def test_a_config_written_before_modes_reads_as_server_search(sample_repo: Path)
 def test_a_config_with_an_unknown_mode_is_named(sample_repo: Path, bad: object) -> None:
     import json
 
-    from sync.config import ConfigError
+    from sync.checkout.config import ConfigError
 
     with Index(sample_repo) as idx:
         idx.init()

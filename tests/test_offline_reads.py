@@ -149,8 +149,8 @@ def test_offline_still_refuses_a_key_other_than_the_one_last_confirmed(
     server = server_factory(tmp_path / "data")
     repo = _indexed(tmp_path, server)
     server.stop()
-    from sync.config import find_root, load_config
-    from sync.keys import create_key, key_path
+    from sync.checkout.config import find_root, load_config
+    from sync.crypto.keys import create_key, key_path
 
     workspace = load_config(find_root(repo)).workspace_id
     key_path(workspace).unlink()

@@ -1,5 +1,5 @@
 """What a sealed store holds is padded: every envelope in a few length buckets, rows in
-pages of PAGE_ROWS rows whatever their files' sizes (sync.pages), rows in random order
+pages of PAGE_ROWS rows whatever their files' sizes (sync.crypto.pages), rows in random order
 (a server-search store's rows too, though they are not padded). The padding rows never
 reach a search hit, a pull, doctor or the status counts."""
 
@@ -15,10 +15,10 @@ from indexer.chunker import chunk_file
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
 from retrieval.faces.doctor import doctor
-from sync.config import load_config, state_path, store_path
-from sync.keys import load_key
-from sync.pages import PAGE_ROWS
-from sync.sealed_rows import META_BUCKETS
+from sync.checkout.config import load_config, state_path, store_path
+from sync.crypto.keys import load_key
+from sync.crypto.pages import PAGE_ROWS
+from sync.crypto.sealed_rows import META_BUCKETS
 from tests.conftest import write_repo
 from tests.server_rows import opened_rows
 
@@ -82,7 +82,7 @@ def test_server_search_rows_are_stored_out_of_chunk_order(tmp_path: Path) -> Non
     # of a file is which chunk (server-search rows are not padded, their count is exact).
     import lancedb
 
-    from sync.crypto import open_meta
+    from sync.crypto.ciphers import open_meta
 
     repo = _repo(tmp_path / "repo")
     with Index(repo, embedder=HashingEmbedder()) as idx:

@@ -22,8 +22,8 @@ from indexer.embedder import HashingEmbedder
 from indexer.local_chunks import LocalChunks, open_state_db
 from indexer.priority import OTHER, SOURCE, TESTS, category, embed_order
 from retrieval.faces.api import Index
-from sync.config import state_path
-from sync.progress import Progress
+from sync.checkout.config import state_path
+from sync.syncer.progress import Progress
 from tests.conftest import write_repo
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -58,7 +58,7 @@ def test_the_daemons_large_sync_leaves_the_search_side_built(
     """The daemon's target (a branch switch is one large sync) with the follower the CLI
     gives it, which keeps vectors of its own rather than an Index's."""
     from sync.daemon import WorkspaceSync
-    from sync.workspace import Workspace
+    from sync.workspace.workspace import Workspace
 
     monkeypatch.setenv("CODEVEIL_CACHE_DIR", str(tmp_path / "cache"))
     repo = _repo(tmp_path / "repo", FOLLOW_FILES + 20)

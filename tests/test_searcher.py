@@ -16,7 +16,7 @@ from retrieval import Coverage, Index
 from retrieval.indexes.filters import HitFilter
 from retrieval.indexes.local_vectors import LocalVectorIndex
 from retrieval.search.fusion import group_ranking
-from sync.config import state_path
+from sync.checkout.config import state_path
 from tests.conftest import write_repo
 
 

@@ -13,9 +13,9 @@ import pytest
 from indexer.embedder import HashingEmbedder
 from indexer.priority import category
 from retrieval import Index
-from sync.config import load_config, load_token
-from sync.keys import export_key, import_key, load_key
-from sync.progress import Progress
+from sync.checkout.config import load_config, load_token
+from sync.crypto.keys import export_key, import_key, load_key
+from sync.syncer.progress import Progress
 from tests.conftest import write_repo
 from tests.server_fixtures import ServerProcess
 from tests.server_rows import opened_rows

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.store_contents import Contents, pg_workspace_contents, workspace_contents
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from sync.config import load_config, load_token, store_path
-from sync.keys import WorkspaceKey, export_key, import_key, load_key
-from sync.pages import PAGE_ROWS
-from sync.store_contents import Contents, pg_workspace_contents, workspace_contents
+from sync.checkout.config import load_config, load_token, store_path
+from sync.crypto.keys import WorkspaceKey, export_key, import_key, load_key
+from sync.crypto.pages import PAGE_ROWS
 from tests.conftest import write_repo
 from tests.pg_fixtures import kill_mid_write, other_database
 from tests.server_fixtures import ServerProcess
@@ -132,10 +132,10 @@ def test_one_change_costs_its_depth_not_the_repo(tmp_path: Path, backend: Backen
     report = idx.index()
     assert report.files_changed == 1 and report.files_deleted == 0
     # root + one children request per bucket level (root, level 1, level 2) + apply + dirs,
-    # and the list of refs, asked before a new version is embedded (sync.ref_watch).
+    # and the list of refs, asked before a new version is embedded (sync.syncer.ref_watch).
     assert report.requests <= 7
     if backend.server is not None:
-        # One page of rows (the file's, and the emptiest pages' live ones: sync.pages)
+        # One page of rows (the file's, and the emptiest pages' live ones: sync.crypto.pages)
         # and the tree path, not the repo's 200 files: ~1.4 KB a row on the wire.
         assert report.bytes_sent < PAGE_ROWS * 1_500 + 5_000
     hits = idx.search("freshly_added_helper", k=3)

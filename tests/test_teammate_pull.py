@@ -18,9 +18,9 @@ from indexer.embedder import SentenceTransformerEmbedder
 from indexer.local_chunks import LocalChunks, open_state_db
 from retrieval import Index
 from retrieval.faces.api import WrongKeyError
-from sync.config import RepoConfig, load_config, load_token, state_path
-from sync.keys import WorkspaceKey, export_key, import_key, load_key
-from sync.syncer import SyncReport
+from sync.checkout.config import RepoConfig, load_config, load_token, state_path
+from sync.crypto.keys import WorkspaceKey, export_key, import_key, load_key
+from sync.syncer.syncer import SyncReport
 from tests.conftest import write_repo
 
 QUERIES = [

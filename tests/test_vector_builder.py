@@ -1,6 +1,6 @@
 """`codeveil index` returns with the words indexed and leaves the vectors to one
-background builder per index (sync.builder, retrieval.indexes.vector_builder): real processes,
-real files, the hashing embedder (the model is not what is under test)."""
+background builder per index (sync.daemon.builder, retrieval.indexes.vector_builder): real
+processes, real files, the hashing embedder (the model is not what is under test)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import pytest
 from indexer.embed_cache import EmbeddingCache, cache_key
 from indexer.embedder import HashingEmbedder
 from indexer.local_chunks import LocalChunks, open_state_db
-from sync.builder import MAX_ATTEMPTS, Builder
-from sync.config import load_config, state_path
+from sync.checkout.config import load_config, state_path
+from sync.daemon.builder import MAX_ATTEMPTS, Builder
 from sync.daemon.target import WorkspaceSync
-from sync.workspace import Workspace
+from sync.workspace.workspace import Workspace
 from tests.conftest import write_repo
 from tests.test_cli import run
 

@@ -33,24 +33,24 @@ from retrieval.search.searcher import (
     SearchReader,
     ranking_depth,
 )
-from sync.client import StoreClient
-from sync.config import (
+from sync.checkout.config import (
     RepoConfig,
     find_root,
     load_config,
     state_path,
 )
-from sync.errors import KeyMismatchError, SyncError
-from sync.index_state import (
+from sync.checkout.index_state import (
     IndexNotBuilt,
     never_completed_message,
     other_workspace,
     was_completed,
 )
-from sync.server_contact import Unreachable
-from sync.syncer import Progress, SyncReport
-from sync.workspace import Workspace
-from sync.workspace_status import WorkspaceStatus
+from sync.checkout.server_contact import Unreachable
+from sync.client import StoreClient
+from sync.errors import KeyMismatchError, SyncError
+from sync.syncer.syncer import Progress, SyncReport
+from sync.workspace.status import WorkspaceStatus
+from sync.workspace.workspace import Workspace
 
 if TYPE_CHECKING:
     # The ranking stack is imported on the first search: `codeveil index` never ranks.
@@ -134,14 +134,15 @@ class Index:
 
     @property
     def workspace(self) -> Workspace:
-        """The workspace underneath (sync.workspace): creating, opening, checking, syncing."""
+        """The workspace underneath (sync.workspace.workspace): creating, opening,
+        checking, syncing."""
         return self._ws
 
     def init(self, *, server: str | None = None, workspace_id: str | None = None,
              token: str | None = None, server_search: bool = False) -> RepoConfig:
         """Create `.codeveil/` here and its workspace (in-process, or on `server`); with
         `workspace_id`, join that workspace on `server` instead. Sealed unless
-        `server_search`. See `sync.workspace.Workspace.init`."""
+        `server_search`. See `sync.workspace.workspace.Workspace.init`."""
         return self._ws.init(server=server, workspace_id=workspace_id, token=token,
                              server_search=server_search)
 
@@ -154,17 +155,17 @@ class Index:
         With `wait` (the default here) it returns once every chunk has its vectors and
         the store holds them. Without, it returns once the words, names and structure
         are indexed (`Workspace.index_words`: seconds) and leaves the model's work and
-        the sync to the index's background builder (`sync.builder`), started here;
+        the sync to the index's background builder (`sync.daemon.builder`), started here;
         `builder()` tells how it goes.
 
         `reupload` (send every file again) and `embed_on` (a Ray cluster,
         `ray://HOST:PORT[?actors=N]`, which sees the chunks' plain text: one you trust)
-        as `sync.workspace.Workspace.sync`, and only with `wait`. An index that sends
+        as `sync.workspace.workspace.Workspace.sync`, and only with `wait`. An index that sends
         many files also leaves the search side built (retrieval.indexes.search_ready), so the
         first search does not build it.
         """
         from retrieval.indexes.search_ready import SearchReady
-        from sync.builder import Builder
+        from sync.daemon.builder import Builder
 
         if not wait:
             report = self._ws.index_words(progress=progress)
@@ -190,7 +191,7 @@ class Index:
         it does not hold) says so now, in one line, rather than in the builder's log; one
         that does not answer leaves the builder to index offline, and the reason is
         returned ("" when the server answered or there is none) for the command to say."""
-        from sync.http_client import ServerUnavailable
+        from sync.transport.http_client import ServerUnavailable
 
         if load_config(find_root(self._ws.root)).server is None:
             return ""
@@ -201,10 +202,10 @@ class Index:
         return "" if self._ws.offline is None else self._ws.offline.summary()
 
     def builder(self) -> dict[str, object]:
-        """The background vector builder of this index (`sync.builder`): `running`,
+        """The background vector builder of this index (`sync.daemon.builder`): `running`,
         `given_up` (why, or None) and its last state and progress (`state`, `chunks_todo`,
         `chunks_done`, `chunks_per_s`, `seconds_left`, ...), empty when none ran."""
-        from sync.builder import Builder
+        from sync.daemon.builder import Builder
 
         builder = Builder(self._ws.root)
         st = builder.state()
@@ -254,7 +255,7 @@ class Index:
         try:
             ranking = searcher.rank(query, self.search_options, k, keep)
         except SyncError as exc:  # a server-search workspace's ranking
-            from sync.http_client import ServerUnavailable  # imported only by a client
+            from sync.transport.http_client import ServerUnavailable  # imported only by a client
 
             if not isinstance(exc, ServerUnavailable):
                 raise
@@ -266,7 +267,7 @@ class Index:
     @property
     def offline(self) -> Unreachable | None:
         """Set when the last search or status answered from this machine's copy alone
-        because the server did not answer (`sync.server_contact.Unreachable`)."""
+        because the server did not answer (`sync.checkout.server_contact.Unreachable`)."""
         return self._ws.offline
 
     def _state_db(self, root: Path) -> sqlite3.Connection:

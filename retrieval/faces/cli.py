@@ -35,7 +35,7 @@ from retrieval.faces.cli_refs import refs
 from retrieval.faces.cli_team import invite, join
 from retrieval.faces.cli_tools import definition, grep, outline, uses
 from retrieval.faces.operations import SEARCH_OP
-from sync.progress import Progress
+from sync.syncer.progress import Progress
 
 if TYPE_CHECKING:
     from retrieval.search.coverage import Coverage
@@ -260,7 +260,7 @@ def _no_results(repo: Path, path: str | None) -> str:
         return "no results"
     from indexer.local_chunks import open_state_db
     from retrieval.indexes.filters import HitFilter
-    from sync.config import find_root, state_path
+    from sync.checkout.config import find_root, state_path
 
     keeps = HitFilter(path, None, None).keeps_path
     db = open_state_db(state_path(find_root(repo)))
@@ -406,7 +406,7 @@ def status(ask_server: bool, as_json: bool, repo: Path) -> None:
     # with the state lost, the store's own row count says it holds something.
     held = info.server_chunks or info.server_rows
     if not info.files and not held and not _was_indexed(Path(info.root)):
-        from sync.index_state import never_completed_message
+        from sync.checkout.index_state import never_completed_message
 
         _fail(never_completed_message(Path(info.root)))
     if not info.files and held:
@@ -423,8 +423,8 @@ def status(ask_server: bool, as_json: bool, repo: Path) -> None:
 
 def _was_indexed(root: Path) -> bool:
     from indexer.local_chunks import open_state_db
-    from sync.config import state_path
-    from sync.index_state import was_completed
+    from sync.checkout.config import state_path
+    from sync.checkout.index_state import was_completed
 
     db = open_state_db(state_path(root))
     try:
@@ -487,8 +487,8 @@ def key() -> None:
 @repo_option()
 def key_show(repo: Path) -> None:
     """Show the workspace id and the key's fingerprint (never the key)."""
-    from sync.config import find_root, load_config
-    from sync.keys import key_path, load_key
+    from sync.checkout.config import find_root, load_config
+    from sync.crypto.keys import key_path, load_key
 
     config = load_config(find_root(repo))
     k = load_key(config.workspace_id)
@@ -501,8 +501,8 @@ def key_show(repo: Path) -> None:
 @repo_option()
 def key_export(repo: Path) -> None:
     """Print the key to share with a teammate (treat it like a password)."""
-    from sync.config import find_root, load_config
-    from sync.keys import export_key, load_key
+    from sync.checkout.config import find_root, load_config
+    from sync.crypto.keys import export_key, load_key
 
     config = load_config(find_root(repo))
     click.echo(f"# workspace {config.workspace_id}", err=True)
@@ -515,8 +515,8 @@ def key_export(repo: Path) -> None:
 @repo_option()
 def key_import(text: str, workspace: str | None, repo: Path) -> None:
     """Store a key exported by `codeveil key export` (TEXT, or - for stdin)."""
-    from sync.config import find_root, load_config
-    from sync.keys import import_key
+    from sync.checkout.config import find_root, load_config
+    from sync.crypto.keys import import_key
 
     if text == "-":
         text = sys.stdin.read()
@@ -551,7 +551,7 @@ def serve(data: Path | None, store: str | None, host: str, port: int,
     on their side) can create workspaces. A server on a host other than loopback refuses
     to start without that token, unless given --open.
     """
-    from sync.server import serve as run_server
+    from sync.server.app import serve as run_server
 
     given = click.get_current_context().get_parameter_source("store")
     if data is not None and store and given == click.core.ParameterSource.COMMANDLINE:

@@ -31,7 +31,7 @@ _REPO_OPTION = repo_option("The repository the agent searches (default: here).")
 
 def _repo_root(repo: Path) -> Path:
     from indexer.errors import CodeveilError
-    from sync.config import find_root
+    from sync.checkout.config import find_root
 
     try:
         return find_root(repo)

@@ -18,7 +18,7 @@ from retrieval.faces.operations import CLI, Arg, Operation
 
 if TYPE_CHECKING:
     from retrieval.faces.api import Index
-    from sync.sync_report import SyncReport
+    from sync.syncer.sync_report import SyncReport
 
 EXIT_ERROR = 1
 F = TypeVar("F", bound=Callable[..., Any])

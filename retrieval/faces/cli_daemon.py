@@ -44,7 +44,7 @@ def _daemon_root(path: Path) -> Path:
     """The folder a daemon serves: the indexed folder around PATH, else PATH itself."""
     if not path.is_dir():
         raise CodeveilError(f"no such folder: {path}")
-    from sync.workspace import Workspace
+    from sync.workspace.workspace import Workspace
 
     return Workspace(path).root
 
@@ -98,7 +98,7 @@ def daemon_run(path: Path, interval: float, debounce: float, max_backoff: float,
     """
     from retrieval.indexes.search_ready import SearchReady
     from sync.daemon import Daemon, DaemonFiles, DaemonLock, WorkspaceSync, setup_logging
-    from sync.workspace import Workspace
+    from sync.workspace.workspace import Workspace
 
     root = _daemon_root(path)
     files = DaemonFiles.for_root(root)
@@ -126,9 +126,9 @@ def daemon_run(path: Path, interval: float, debounce: float, max_backoff: float,
               type=click.FloatRange(min=0.1), help="How long to wait for it to exit.")
 def daemon_stop(path: Path, timeout: float) -> None:
     """Stop the daemon for PATH (SIGTERM, then wait for it to exit)."""
-    from sync.builder import Builder
     from sync.daemon import DaemonFiles, read_status
     from sync.daemon import stop as stop_daemon
+    from sync.daemon.builder import Builder
 
     root = _daemon_root(path)
     pid = stop_daemon(root, timeout=timeout)

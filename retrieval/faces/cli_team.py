@@ -1,5 +1,5 @@
 """`codeveil invite` and `codeveil join`: a teammate joins a workspace with one string
-(sync.invite, sync.join)."""
+(sync.workspace.invite, sync.workspace.join)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def invite(expires: str | None, show: bool, revoke: str | None, repo: Path) -> N
     the owner). Revoking a token stops that teammate's access to the server, not what
     they already pulled, nor the key they hold.
     """
-    from sync.invite import list_invitees, make_invite, parse_duration, revoke_invitee
+    from sync.workspace.invite import list_invitees, make_invite, parse_duration, revoke_invitee
 
     if sum((bool(expires), show, revoke is not None)) > 1:
         raise click.UsageError("give one of --expires, --list and --revoke")
@@ -97,8 +97,8 @@ def join(string: str, path: Path, as_json: bool, no_index: bool) -> None:
     made instead of embedding them. STRING may be - to read it from stdin (which keeps
     it out of your shell history).
     """
-    from sync.invite import decode_invite
-    from sync.join import join_workspace
+    from sync.workspace.invite import decode_invite
+    from sync.workspace.join import join_workspace
 
     if string == "-":
         string = sys.stdin.read()

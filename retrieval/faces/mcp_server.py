@@ -16,7 +16,7 @@ Tools (the official `mcp` SDK's `MCPServer`, stdio transport):
   progress.
 - `sync_index()`: bring the index up to date with the working tree (incremental: only
   changed files are read and chunked); returns once words and names are indexed, and
-  the vectors follow from the background builder (`sync.builder`).
+  the vectors follow from the background builder (`sync.daemon.builder`).
 
 The five lookups' arguments, their defaults, limits and help texts, and so their JSON
 schemas, are built from the table of operations (`retrieval.faces.operations`) that the
@@ -320,8 +320,8 @@ class _State:
 
 @contextmanager
 def _tool_errors() -> Iterator[None]:
-    from sync.config import NoIndexError
-    from sync.index_state import IndexNotBuilt
+    from sync.checkout.config import NoIndexError
+    from sync.checkout.index_state import IndexNotBuilt
 
     try:
         yield

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from indexer.local_chunks import LocalChunks, open_state_db
-from sync.config import RepoConfig, codeveil_dir, find_root, state_path
+from sync.checkout.config import RepoConfig, codeveil_dir, find_root, state_path
 
 if TYPE_CHECKING:
     from retrieval.indexes.filters import HitFilter
@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from retrieval.search.options import SearchOptions, VectorSearch
     from retrieval.search.server_vectors import ServerVectors
     from sync.client import StoreClient
-    from sync.keys import WorkspaceKey
-    from sync.workspace import Workspace
+    from sync.crypto.keys import WorkspaceKey
+    from sync.workspace.workspace import Workspace
 
 # Ask the server for more neighbours than shown: filters and stale hits drop some.
 OVERFETCH = 4
@@ -171,7 +171,7 @@ class SearchReader:
         if self._server is None:
             from retrieval.search.rerank import PlainReranker
             from retrieval.search.server_vectors import ServerVectors
-            from sync.server_search import ServerSearch
+            from sync.syncer.server_search import ServerSearch
 
             if self._rerank_db is None:
                 self._rerank_db = open_state_db(state_path(find_root(self._ws.root)))
