@@ -337,3 +337,30 @@ def test_retrievals_four_jobs_import_one_way() -> None:
             if RETRIEVAL_JOBS[target[1]] >= RETRIEVAL_JOBS[job]:
                 upward.append((module, name))
     assert not upward, upward
+
+
+# A branch of one sync on the workspace's mode: its test names the mode, a flag of it,
+# one of the members that only one mode had (the sealer, the cipher, the pages), or what
+# the rows member tells of its mode (`searched_here`, `streams`).
+SYNC_MODE_TEST = re.compile(r"\bsealed\b|paged|\bpages\b|\bpool\b|\bshared\b|streamed"
+                            r"|\bmode\b|sealer|cipher|searched_here|\bstreams\b")
+ONE_SYNC_MODE_BRANCHES = 3
+
+
+def test_one_sync_asks_its_rows_member_and_not_the_mode() -> None:
+    # The rows of a sync are one member chosen when the workspace opens
+    # (sync.syncer.rows_out.RowsOut: sealed in pages, or searched by the server): the
+    # Syncer calls its hooks at each step, and tests what it is told at most these times.
+    tree = ast.parse((ROOT / "sync" / "syncer" / "syncer.py").read_text())
+    (syncer,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Syncer"]
+    found = []
+    for node in ast.walk(syncer):
+        if isinstance(node, ast.If | ast.IfExp | ast.While):
+            tests = [node.test]
+        elif isinstance(node, ast.comprehension):
+            tests = node.ifs
+        else:
+            continue
+        found += [f"syncer.py:{t.lineno}: {ast.unparse(t)}" for t in tests
+                  if SYNC_MODE_TEST.search(ast.unparse(t))]
+    assert len(found) <= ONE_SYNC_MODE_BRANCHES, found

@@ -1,22 +1,31 @@
-"""One sync's part of pages (sync.crypto.pages), for a sealed workspace: what the tree holds,
-the pages read and linked before anything is sent, the pages each apply writes and
-empties, and the tree the sync leaves. `sync.syncer.syncer.Syncer` makes one `PagedSync` per
-sync and calls it at each step; everything else of the sync is the same in every
-layout."""
+"""A sealed workspace's rows in a sync (sync.syncer.rows_out.RowsOut): in pages
+(sync.crypto.pages) that name no file. Search runs on this machine, so every chunk read
+here waits for its vectors here, and a file the store holds but this machine has no
+vectors for (a teammate's clone, a new laptop) is *pulled*: the pages it does not know
+are read and opened, and their vectors fill the embedding cache, so only what the
+workspace lacks is embedded. What the tree holds, the pages read and linked before
+anything is sent, the pages each apply writes and empties, and the tree the sync leaves
+are this member's; `sync.syncer.syncer.Syncer` calls it at each step."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
+import sqlite3
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 
 from indexer.chunk import Chunk
+from indexer.local_chunks import LocalChunks
+from indexer.priority import embed_order
 from sync.client import StoreClient
 from sync.crypto import ciphers
 from sync.crypto.keys import WorkspaceKey
 from sync.crypto.merkle import (
+    ROOT,
     LocalTree,
     bucket_path,
     deepest_first,
@@ -34,21 +43,17 @@ from sync.crypto.pages import (
 )
 from sync.crypto.sealed_rows import RowSealer
 from sync.errors import MetadataAuthError, MetadataFormatError
-from sync.records import FileUpdate
+from sync.records import FileUpdate, NodeInfo
 from sync.syncer.diff import Diff, diff
-from sync.syncer.pool_sync import leaf_update
+from sync.syncer.pool_sync import leaf_update, pull_rows
 from sync.syncer.ref_watch import RefWatch
+from sync.syncer.rows_out import CachedVectors, Lacking, SyncPlan, chunk_meta
 
 log = logging.getLogger(__name__)
 _random = random.SystemRandom()
 
 PULL_PAGES = 512  # pages per request when reading them
-
-
-def chunk_meta(path: str, c: Chunk) -> ciphers.ChunkMeta:
-    """What a sealed row says of where chunk `c` of `path` lives."""
-    return ciphers.ChunkMeta(path=path, start_line=c.start_line, end_line=c.end_line,
-                            symbol=c.symbol, language=c.language, chunk_hash=c.chunk_hash)
+PULL_FILES = 512  # files per request when pulling the rows no page holds
 
 
 def matched(vectors: dict[tuple[bytes, str], np.ndarray],
@@ -60,20 +65,26 @@ def matched(vectors: dict[tuple[bytes, str], np.ndarray],
 
 
 class PagedSync:
-    """The pages of one sync of a sealed workspace."""
+    """The rows of a sync of a sealed workspace: its pages."""
 
-    def __init__(self, client: StoreClient, key: WorkspaceKey, sealer: RowSealer,
-                 index: PageIndex, *, pool: bool,
-                 vectors: Callable[[list[PageRow]], list[np.ndarray | None]] | None = None
-                 ) -> None:
-        """`vectors`: the vectors of rows the page index keeps none of (this machine's
-        embedding cache holds them), for the rows a write moves."""
-        self.vectors = vectors
-        self.client = client
+    searched_here = True
+
+    def __init__(self, key: WorkspaceKey, workspace_id: str, dim: int, *, pool: bool,
+                 shared: bool) -> None:
+        """`pool`: the store keeps a blob pool (sync.store.embedded.pool), so files any
+        ref sent are linked, not sent, and pulled by content. `shared`: the store is a
+        server teammates pull from, so rows are sent as each batch is embedded: a
+        teammate pulls what the first machine has embedded so far instead of waiting
+        for all of it."""
         self.key = key
-        self.sealer = sealer
-        self.index = index
+        self.sealer = RowSealer(key, workspace_id, dim)
         self.pool = pool
+        self.streams = shared
+        self._client: StoreClient | None = None
+        self._index: PageIndex | None = None
+        #: The vectors of rows the page index keeps none of (this machine's embedding
+        #: cache holds them), for the rows a write moves.
+        self.vectors: CachedVectors | None = None
         self._writer: PageWriter | None = None
         self._load: BucketLoad | None = None
         self._pending: PagedWrite | None = None
@@ -82,6 +93,80 @@ class PagedSync:
         self._upload: set[str] = set()
         self._keys: dict[str, bytes] = {}  # path -> file key, of the files diffed
         self._owners: dict[bytes, bytes] = {}  # file key -> the value this sync leaves
+
+    def attach(self, db: sqlite3.Connection, vectors: CachedVectors) -> None:
+        self._index = PageIndex(db)
+        self.vectors = vectors
+
+    @property
+    def index(self) -> PageIndex:
+        assert self._index is not None, "attach first"
+        return self._index
+
+    @property
+    def client(self) -> StoreClient:
+        assert self._client is not None, "plan first"
+        return self._client
+
+    # -- what this machine keeps: every chunk's vectors and headers -------------------
+
+    def waits(self, uploaded: bool) -> bool:
+        return True  # "pending" means "no vectors on this machine yet"
+
+    def pulls(self, uploaded: bool, relayout: bool) -> bool:
+        # In a relayout every file is pulled before it is sent: its rows in the old
+        # layout fill the cache of a machine that lacks its vectors, instead of the model.
+        return relayout or not uploaded
+
+    def headers(self, chunks: Iterable[Chunk]) -> list[str]:
+        # The second vector of every chunk searched here: a few word pieces each, so
+        # about a tenth of a chunk's cost, and shared along a file.
+        return list(dict.fromkeys(c.header for c in chunks))
+
+    def order(self, todo: set[str], upload: set[str], root: Path, *,
+              relayout: bool) -> list[str]:
+        """On this machine's own store: the files to pull first in a random order (their
+        rows are asked for in it) and the rest in priority order (`embed_order`), whose
+        rows are sent in a random one once all are embedded. On a shared server
+        (`streams`: a teammate pulls the rows sent so far while this machine still
+        embeds) and in a relayout every file goes in a random order: the vectors here
+        then land in that order too, and the words and names answer meanwhile. Only
+        what is embedded here is put in priority order: ordering a joining teammate's
+        169k files to pull, then shuffling them, took 2 s of the time before the first
+        answer."""
+        if relayout or self.streams:
+            return _random.sample(sorted(todo), len(todo))
+        pulls = sorted(todo - upload)
+        return _random.sample(pulls, len(pulls)) + embed_order(todo & upload, root)
+
+    def left_pending(self, pending: set[str], upload: set[str]) -> tuple[set[str], set[str]]:
+        # Search runs here: a pending file (its vectors not yet here, say a crash cut a
+        # pull short) is done again; the cache makes that cheap.
+        return pending, set()
+
+    def embedded_here(self, paths: list[str]) -> list[str]:
+        return paths
+
+    # -- the plan ---------------------------------------------------------------------
+
+    def plan(self, client: StoreClient, files: dict[str, bytes], local: LocalChunks,
+             local_digests: dict[str, bytes], *, fresh: bool, keep: bool,
+             meanwhile: Callable[[], contextlib.AbstractContextManager[None]]) -> SyncPlan:
+        """The diff reads every page the store holds that this machine does not know
+        before anything is sent: a machine that has not chunked the tree yet (a
+        teammate's join) chunks it `meanwhile`, so its words answer at once."""
+        self._client = client
+        self._pending, self._touched = None, set()
+        with meanwhile():
+            tree, plan, covered = self.diff(files, fresh=fresh, keep=keep)
+        local_digests = local.file_digests()
+        places = local.places()
+        # Rows count per chunk: a file some of whose rows went (another checkout of
+        # this ref moved their page without them) is sent, not linked.
+        incomplete = self.incomplete(files, local_digests, places)
+        covered -= incomplete
+        resend = self.resend(files, local_digests, places, incomplete)
+        return SyncPlan(tree, plan, covered, resend, local_digests)
 
     # -- before anything is sent --------------------------------------------------------
 
@@ -256,6 +341,49 @@ class PagedSync:
             self.index.forget_copies(write.copied)
             self._touched |= set(write.written) | set(write.deletes)
 
+    def pull(self, wanted: Lacking, digests: dict[bytes, tuple[str, bytes]]
+             ) -> list[tuple[bytes, np.ndarray]]:
+        """The rows of the pages this machine knows, read in the diff (`fill`); only a
+        file no page holds (a workspace written before pages) is asked for, with a
+        pool by content: whichever ref sent this version of the file."""
+        filled = self.fill(wanted, digests)
+        got = {k for k, _ in filled}
+        wanted = {fk: (path, [(k, c) for k, c in kc if k not in got])
+                  for fk, (path, kc) in wanted.items()}
+        if not any(lacking for _, lacking in wanted.values()):
+            return filled  # the cache and the pages have it all: no request
+        file_keys = list(wanted)
+        for start in range(0, len(file_keys), PULL_FILES):
+            part = file_keys[start : start + PULL_FILES]
+            answer = (pull_rows(self.client, self.key, {k: digests[k] for k in part})
+                      if self.pool else self.client.file_rows(part))
+            for file_key, rows in answer.items():
+                if file_key in wanted:
+                    filled.extend(self._open_rows(file_key, rows, *wanted[file_key]))
+        return filled
+
+    def _open_rows(self, file_key: bytes, rows: list[tuple[bytes, bytes]], path: str,
+                   chunks: list[tuple[bytes, Chunk]]) -> list[tuple[bytes, np.ndarray]]:
+        """(cache key, vector) for each local chunk a row of `path` holds the vector of.
+
+        A row that does not open, or opens to another file's chunk, is a store that
+        returned something it was not given: it is reported and its chunk embedded here."""
+        by_chunk: dict[tuple[bytes, str], np.ndarray] = {}
+        for row_id, blob in rows:
+            try:
+                opened = self.sealer.open(row_id, file_key, blob)
+            except (MetadataAuthError, MetadataFormatError) as exc:
+                log.warning("ignoring a row of %s the store returned: %s", path, exc)
+                continue
+            if opened is None:
+                continue  # a padding row
+            if opened.meta.path != path:
+                log.warning("ignoring a row the store returned for %s: it belongs to %s",
+                            path, opened.meta.path)
+                continue
+            by_chunk[(opened.meta.chunk_hash, opened.meta.symbol)] = opened.vector
+        return matched(by_chunk, chunks)
+
     def fill(self, wanted: dict[bytes, tuple[str, list[tuple[bytes, Chunk]]]],
              digests: dict[bytes, tuple[str, bytes]]) -> list[tuple[bytes, np.ndarray]]:
         """(cache key, vector) of each lacking chunk of `wanted` (file key -> (path,
@@ -280,7 +408,7 @@ class PagedSync:
 
     # -- after ------------------------------------------------------------------------
 
-    def final_tree(self, files: dict[str, bytes], dirs: list[str]
+    def final_tree(self, tree: LocalTree, files: dict[str, bytes], dirs: list[str]
                    ) -> tuple[LocalTree, list[str]]:
         """The tree as the sync left it (the pages it wrote in, those it emptied out),
         and the directories to set: the diff's, and those above the pages it touched."""
@@ -289,3 +417,8 @@ class PagedSync:
         tree = LocalTree.build(files | {page_name(p): p for p in live}, self.key)
         above = {b for p in self._touched for b in bucket_path(self.key, page_name(p))}
         return tree, deepest_first((set(dirs) | above) & tree.children.keys())
+
+    def settled(self, root: NodeInfo | None, tree: LocalTree) -> bool:
+        # An older server names no root, and a tree of no files has none.
+        return (root is None or not tree.files
+                or root.value == ciphers.node_value(self.key, ROOT, tree.dirs[ROOT]))

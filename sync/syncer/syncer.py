@@ -4,15 +4,12 @@ Steps: walk (stat only) -> hash files whose stat changed -> local Merkle tree ->
 diff against the store's tree -> for each changed file: chunk, embed (cache), encrypt,
 send in batches -> set directory values. Deleted files go in the first batch.
 
-Two workspace modes (sync.records). Sealed: each row is one envelope holding vector and
-metadata (sync.crypto.sealed_rows), travelling in pages that name no file
-(sync.crypto.pages; a sync's part of them is sync.syncer.paged_sync.PagedSync), search
-runs on this machine, and a file the store already holds but this machine has no vectors
-for (a teammate's clone, a new laptop) is *pulled*: the pages it does not know are read
-and opened, and their vectors fill the embedding cache, so only what the workspace lacks
-is embedded. Server-search:
-rows also carry a distance-preserving encrypted vector the server ranks
-(sync.crypto.ciphers.VectorCipher). In both, row ids are random and fresh on every send.
+The workspace's mode (sync.records) is one member, its rows (sync.syncer.rows_out): in
+a sealed workspace pages that name no file, search on this machine and the pull of what
+the store holds (sync.syncer.paged_sync.PagedSync); in a server-search one rows whose
+encrypted vectors the server ranks (sync.syncer.search_rows.SearchRows). The Syncer
+calls its hooks at each step and asks nothing of the mode. In both, row ids are random
+and fresh on every send.
 
 Searchable while it builds: a thread chunks every changed file ahead of the model and
 writes its chunks to the local chunk table at once, marked pending (the lexical index
@@ -51,21 +48,12 @@ from indexer.walk import Skipped, SourceFile, read_source, walk_repo
 from sync.client import StoreClient
 from sync.crypto import ciphers
 from sync.crypto.keys import WorkspaceKey
-from sync.crypto.merkle import (
-    ROOT,
-    LocalTree,
-    bucket_path,
-    deepest_first,
-    dir_values,
-)
-from sync.crypto.pages import PageIndex, PageRow
-from sync.crypto.sealed_rows import RowSealer, new_row_id, padded_row_count
-from sync.errors import MetadataAuthError, MetadataFormatError
-from sync.records import ChunkRecord, FileUpdate
-from sync.syncer.diff import Diff, diff
-from sync.syncer.paged_sync import PagedSync, chunk_meta, matched
-from sync.syncer.pool_sync import link_update, pooled, pull_rows
+from sync.crypto.merkle import deepest_first, dir_values
+from sync.crypto.pages import PageRow
+from sync.records import FileUpdate
+from sync.syncer.diff import Diff
 from sync.syncer.progress import Progress
+from sync.syncer.rows_out import RowsOut
 from sync.syncer.sync_report import SyncReport
 from sync.wire import LIMITS
 
@@ -85,8 +73,6 @@ DIRS_BATCH = 50_000  # directory values per request (the server accepts 100,000)
 PASSES = 4
 PASS_PAUSE_S = 0.05
 WRITE_FILES = 64  # files per local write while chunking ahead of the model
-PULL_FILES = 512  # files per request when pulling rows
-POOL_LOOKUP_MIN = 8  # changed files from which a sync asks the pool which it holds
 WORDS_FIRST_FILES = 256  # files not chunked here from which a paged sync chunks first
 
 
@@ -106,12 +92,12 @@ class _Pending:
     digest: bytes
     chunks: int  # how many; the chunks themselves wait in the local chunk table
     upload: bool
-    # Sealed mode: the store holds this file but this machine needs its vectors.
+    # The store holds this file but this machine needs its vectors (`RowsOut.pulls`).
     pull: bool = False
-    # The pool holds this version (another ref sent it): the tree links to it.
+    # The store holds this version's rows (another ref sent it): the tree links to it.
     link: bool = False
-    # Paged: the store's leaf matches but no page holds its rows (a workspace written
-    # before pages, or a page lost): pulled, then sent again in pages.
+    # The store's leaf matches but none of its rows is there (a workspace written
+    # before pages, or a page lost): pulled, then sent again.
     resend: bool = False
 
 
@@ -126,38 +112,21 @@ class Syncer:
         key: WorkspaceKey,
         workspace_id: str,
         embedder: CachedEmbedder,
-        cipher: ciphers.VectorCipher | None,
+        rows: RowsOut,
         *,
-        sealed: bool = False,
-        pool: bool = False,
-        shared: bool = False,
-        paged: bool = False,
         progress: Progress | None = None,
         max_file_bytes: int = 1_000_000,
     ) -> None:
-        """`cipher` encrypts vectors for server-search; a `sealed` workspace needs none.
-        `client` may be None for `run_local`, which never reaches the store. `shared`: the
-        store is a server that teammates pull from, so a sealed workspace's rows are sent
-        as each batch is embedded (see `_order`)."""
-        if cipher is None and not sealed:
-            raise ValueError("a server-search workspace needs a VectorCipher")
+        """`rows`: the workspace's rows, as its mode sends them (sync.syncer.rows_out).
+        `client` may be None for `run_local`, which never reaches the store."""
         self.root = root
         self._client = client
         self.key = key
         self.workspace_id = workspace_id
         self.embedder = embedder
-        self.cipher = cipher
-        self.sealer = RowSealer(key, workspace_id, embedder.dim) if sealed else None
-        # Sealed, on a store with a blob pool (sync.store.embedded.pool): files any ref sent are
-        # linked, not sent, and pulled by content.
-        self.pool = sealed and pool
-        # Sealed rows sent batch by batch, as they are embedded: a teammate pulls what
-        # the first machine has embedded so far instead of waiting for all of it.
-        self.streamed = sealed and shared
+        self.rows = rows
         self._db = open_state_db(state_path)
-        # Sealed rows in pages (sync.crypto.pages): leaves of files carry no rows.
-        self.pages = PageIndex(self._db) if sealed and paged else None
-        self._paged: PagedSync | None = None  # the pages of the sync running
+        rows.attach(self._db, self._cached_vectors)
         self.progress = progress or Progress()
         self.max_file_bytes = max_file_bytes
         self._state_path = state_path
@@ -167,10 +136,6 @@ class Syncer:
     def close(self) -> None:
         self.stat_cache.close()
         self._db.close()
-
-    @property
-    def sealed(self) -> bool:
-        return self.sealer is not None
 
     @property
     def client(self) -> StoreClient:
@@ -208,9 +173,9 @@ class Syncer:
         marked pending, and deleted files leave it: the words, names and structure are
         searchable at once. `codeveil index` returns after this (`embed=False`) and
         leaves the model's work to the builder. With `embed` (the server is unreachable)
-        the pending files are also embedded into the cache; in a sealed workspace they
-        then stop being pending, since there "pending" means "no vectors on this
-        machine" and search runs here. What the store lacks is not recorded apart: the
+        the pending files are also embedded into the cache; where search runs here they
+        then stop being pending (`RowsOut.embedded_here`), since there "pending" means
+        "no vectors on this machine". What the store lacks is not recorded apart: the
         next sync's Merkle diff finds exactly that and sends it."""
         started = time.perf_counter()
         report = SyncReport()
@@ -273,10 +238,10 @@ class Syncer:
                                      progress=self.progress.chunks_done)
         report.chunks_embedded += result.embedded
         report.chunks_from_cache += result.from_cache
-        if self.sealed:
-            headers = list(dict.fromkeys(c.header for _, cs in chunks for c in cs))
+        headers = self.rows.headers(c for _, cs in chunks for c in cs)
+        if headers:
             report.headers_embedded += self.embedder.embed(headers).embedded
-            self.local.mark_stored([p.path for p in batch])
+        self.local.mark_stored(self.rows.embedded_here([p.path for p in batch]))
         report.seconds_embed += time.perf_counter() - t0
         report._rate()
         self.progress.files_done(len(batch))
@@ -320,32 +285,15 @@ class Syncer:
 
     def _pass(self, files: dict[str, bytes], report: SyncReport, *, reupload: bool,
               keep: bool = False) -> bool:
-        """Diff, send, set the directory values. False where the tree is paged and the
-        store's root, as the directory values left it, is not this tree's. `keep`: see
-        `PagedSync.diff`."""
+        """Diff, send, set the directory values. False where another writer of this ref
+        synced meanwhile (`RowsOut.settled`). `keep`: see `RowsOut.plan`."""
         local_digests = self.local.file_digests()
         t0 = time.perf_counter()
-        resend: set[str] = set()
-        covered: set[str] = set()
-        if self.pages is not None:
-            assert self.sealer is not None
-            self._paged = PagedSync(self.client, self.key, self.sealer, self.pages,
-                                    pool=self.pool, vectors=self._cached_vectors)
-            # The diff reads every page the store holds that this machine does not know
-            # before anything is sent: a machine that has not chunked the tree yet (a
-            # teammate's join) chunks it meanwhile, so its words answer at once.
-            with self._words_first(files, local_digests, report):
-                tree, plan, covered = self._paged.diff(files, fresh=reupload, keep=keep)
-            local_digests = self.local.file_digests()
-            places = self.local.places()
-            # Rows count per chunk: a file some of whose rows went (another checkout of
-            # this ref moved their page without them) is sent, not linked.
-            incomplete = self._paged.incomplete(files, local_digests, places)
-            covered -= incomplete
-            resend = self._paged.resend(files, local_digests, places, incomplete)
-        else:
-            tree = LocalTree.build(files, self.key)
-            plan = diff(tree, self.client, self.key)
+        planned = self.rows.plan(
+            self.client, files, self.local, local_digests, fresh=reupload, keep=keep,
+            meanwhile=lambda: self._words_first(files, local_digests, report))
+        tree, plan, resend = planned.tree, planned.diff, planned.resend
+        local_digests = planned.local_digests
         if reupload:
             plan.upload = sorted(files)
             plan.dirs = deepest_first(tree.children)
@@ -356,46 +304,32 @@ class Syncer:
         gone_local = [p for p in local_digests if p not in files]
         upload = set(plan.upload)
         report.files_changed = len(upload)
-        # A few changed files (an edit) are sent without asking the pool: the request it
-        # would cost is most of such a sync's, and the pool rarely holds a fresh edit.
-        # Paged: a changed file whose rows a page of the tree holds (another ref wrote
-        # it) gets its leaf and no row.
-        linked = (covered if self._paged is not None
-                  else pooled(self.client, self.key, files, sorted(upload))
-                  if self.pool and len(upload) >= POOL_LOOKUP_MIN and not reupload
-                  and not plan.relayout else set())
+        # A changed file whose rows the store holds (another ref wrote them) gets its
+        # leaf and no row.
+        linked = planned.linked
         report.files_linked = len(linked)
         report.files_deleted = len(gone_local)
         self.local.remove_files(gone_local)
-        pending = self.local.pending_files()
-        if self.sealed:
-            # Search runs here: a pending file (its vectors not yet here, say a crash cut a
-            # pull short) is done again; the cache makes that cheap.
-            stale_local.extend(sorted(pending & files.keys()))
-        else:
-            # Pending files the store holds all the same: a crash hit between its commit
-            # and ours. (Those it lacks are in `upload` and are sent again.)
-            self.local.mark_stored(pending - upload)
+        redo, stored = self.rows.left_pending(self.local.pending_files(), upload)
+        stale_local.extend(sorted(redo & files.keys()))
+        self.local.mark_stored(stored)
         # Linked files this machine has as they are need no reading: only their links.
         links_only = sorted(linked - set(stale_local))
         upload -= linked
-        todo = self._order(upload | (linked - set(links_only)) | set(stale_local) | resend,
-                           upload, relayout=plan.relayout)
+        todo = self.rows.order(upload | (linked - set(links_only)) | set(stale_local) | resend,
+                               upload, self.root, relayout=plan.relayout)
         self.progress.planned(len(todo), 0)
 
         complete = self._send(todo, upload, files, plan, report, linked, resend)
         for start in range(0, len(links_only), BATCH_FILES):
             self._apply([self._link(p, files[p])
                          for p in links_only[start : start + BATCH_FILES]], [])
-        if complete and self.sealed:
+        if complete and self.rows.searched_here:
             self._embed_missing_headers(report)
-        if complete and self._paged is not None:
-            compacted = self._paged.compact()
-            if compacted:
-                self._apply(compacted, [])
-        dirs = plan.dirs
-        if self._paged is not None:
-            tree, dirs = self._paged.final_tree(files, dirs)
+        compacted = self.rows.compact() if complete else []
+        if compacted:
+            self._apply(compacted, [])
+        tree, dirs = self.rows.final_tree(tree, files, plan.dirs)
         if not (complete and (dirs or plan.delete)):
             return True
         t0 = time.perf_counter()
@@ -404,10 +338,7 @@ class Syncer:
         for start in range(0, len(values), DIRS_BATCH):
             root = self.client.set_dir_values(values[start : start + DIRS_BATCH])
         report.seconds_sync += time.perf_counter() - t0
-        # The root the last request left, against this tree's: an older server says
-        # none, and a tree of no files has no root.
-        return (self._paged is None or root is None or not tree.files
-                or root.value == ciphers.node_value(self.key, ROOT, tree.dirs[ROOT]))
+        return self.rows.settled(root, tree)
 
     def _send(
         self,
@@ -455,10 +386,10 @@ class Syncer:
         # Deletes go with the first batch; in a relayout after the last, so that the old
         # directories hold no file of ours any more when they go (sync.crypto.merkle).
         deletes = [] if plan.relayout else list(plan.delete)
-        # Sealed on this machine's own store: files are embedded in `todo` order (the
-        # priority), and sent afterwards in a random one. Streamed (and server-search):
-        # `todo` is random already, and each batch is sent as it is embedded.
-        deferred: list[_Pending] | None = [] if self.sealed and not self.streamed else None
+        # Rows that do not stream: files are embedded in `todo` order (the priority),
+        # and sent afterwards in a random one. Streamed: `todo` is random already, and
+        # each batch is sent as it is embedded.
+        deferred: list[_Pending] | None = None if self.rows.streams else []
         try:
             while True:
                 item = batches.get()
@@ -477,24 +408,6 @@ class Syncer:
         if deletes:
             self._flush([], deletes, report)
         return not moved.is_set()
-
-    def _order(self, todo: set[str], upload: set[str], *, relayout: bool) -> list[str]:
-        """The order files are read, pulled and embedded in. What the store sees of it
-        never follows the priority (the order rows arrive in would tell a server which
-        files are source, tests or docs). Sealed on this machine's own store: the files
-        to pull come first in a random order (their rows are asked for in it) and the
-        rest in priority order (`embed_order`), whose rows `_send_shuffled` sends in a
-        random one once all are embedded. Server-search (its rows are searched as they
-        land) and sealed on a shared server (`streamed`: a teammate pulls the rows sent
-        so far while this machine still embeds) cannot wait for the last vector, so
-        every file goes in a random order: the vectors here then land in that order
-        too, and the words and names answer meanwhile. Only what is embedded here is
-        put in priority order: ordering a joining teammate's 169k files to pull, then
-        shuffling them, took 2 s of the time before the first answer."""
-        if not self.sealed or relayout or self.streamed:
-            return _random.sample(sorted(todo), len(todo))
-        pulls = sorted(todo - upload)
-        return _random.sample(pulls, len(pulls)) + embed_order(todo & upload, self.root)
 
     def _send_shuffled(self, files: list[_Pending], deletes: list[bytes],
                        report: SyncReport) -> list[bytes]:
@@ -536,9 +449,7 @@ class Syncer:
         resend: set[str] | None = None,
     ) -> Iterator[list[_Pending]]:
         """Read and chunk `todo` into the local chunk table (files to upload marked
-        pending), in batches of about BATCH_CHUNKS chunks to send. In a sealed `relayout`
-        every file is also pulled before it is sent: its rows in the old layout fill the
-        cache of a machine that lacks its vectors, instead of the model."""
+        pending, `RowsOut.waits`), in batches of about BATCH_CHUNKS chunks to send."""
         if not todo:
             return  # nothing to read: no connection, no parsers
         # Imported here: the parsers cost ~30 ms that a sync with nothing to send skips.
@@ -558,10 +469,8 @@ class Syncer:
             defined: dict[str, list[Definition]] = {}
             last_write = time.perf_counter()
 
-            # Sealed: every file read here waits for vectors on this machine (embedded,
-            # or pulled from the store); otherwise only the ones the store lacks.
             def waits(path: str) -> bool:
-                return self.sealed or path in upload
+                return self.rows.waits(path in upload)
 
             def write() -> None:
                 nonlocal last_write
@@ -601,7 +510,7 @@ class Syncer:
                     write()
                 report.seconds_chunk += time.perf_counter() - t0
                 batch.append(_Pending(path, source.digest, len(chunks), path in upload,
-                                      pull=self.sealed and (relayout or path not in upload),
+                                      pull=self.rows.pulls(path in upload, relayout),
                                       link=path in (linked or ()),
                                       resend=path in (resend or ())))
                 batch_chunks += len(chunks) if waits(path) else 0
@@ -620,11 +529,10 @@ class Syncer:
                deferred: list[_Pending] | None = None) -> None:
         """Pull, embed and send one batch; with `deferred`, the files to send are added to
         it instead (sent later by `_send_shuffled`) and marked as having their vectors."""
-        if self._paged is not None:
-            for p in batch:  # linked before it was chunked here: its rows checked now
-                if p.link and not self._paged.complete(p.path, p.digest,
-                                                       self.local.for_file(p.path)):
-                    p.link, p.upload = False, True
+        for p in batch:  # linked before it was chunked here: its rows checked now
+            if p.link and not self.rows.complete(p.path, p.digest,
+                                                 self.local.for_file(p.path)):
+                p.link, p.upload = False, True
         sending = [(p, self.local.for_file(p.path)) for p in batch
                    if p.upload or (p.resend and p.chunks)]
         pulling = [(p, self.local.for_file(p.path)) for p in batch if p.pull]
@@ -642,17 +550,14 @@ class Syncer:
         result = self.embedder.embed(texts, progress=self.progress.chunks_done)
         report.chunks_embedded += result.embedded
         report.chunks_from_cache += result.from_cache
-        if self.sealed:
-            # The second vector of every chunk this machine searches: a few word pieces
-            # each, so about a tenth of a chunk's cost, and shared along a file.
-            headers = list(dict.fromkeys(c.header for _, chunks in sending + pulling
-                                         for c in chunks))
+        headers = self.rows.headers(c for _, chunks in sending + pulling for c in chunks)
+        if headers:
             report.headers_embedded += self.embedder.embed(headers).embedded
         report.seconds_embed += time.perf_counter() - t0
 
         if deferred is not None:
-            # Sealed: "pending" means "no vectors here yet"; a crash before the rows are
-            # sent leaves the store's tree short, and the next diff sends them.
+            # Held back: "pending" means "no vectors here yet"; a crash before the rows
+            # are sent leaves the store's tree short, and the next diff sends them.
             deferred.extend(p for p, _ in sending)
             deferred.extend(p for p in batch if p.link)
             self.local.mark_stored([p.path for p, _ in sending + pulling])
@@ -679,18 +584,13 @@ class Syncer:
         self.progress.stages(report.stages(), report.embed_chunks_per_s)
 
     def _link(self, path: str, digest: bytes) -> FileUpdate:
-        """The leaf of a file whose rows the store holds already: a link to its blob in
-        the pool; paged, its leaf (which holds no row: its rows are in pages)."""
-        if self._paged is None:
-            return link_update(self.key, path, digest)
-        return self._paged.leaf(path, digest)
+        """The leaf of a file whose rows the store holds already."""
+        return self.rows.leaf(path, digest)
 
     def _apply(self, updates: list[FileUpdate], deletes: list[bytes]) -> None:
-        if self._paged is not None:  # the pages this apply empties go with it
-            deletes = self._paged.deletes(deletes)
+        deletes = self.rows.deletes(deletes)  # what this apply empties goes with it
         missing = self.client.apply(updates, deletes)
-        if self._paged is not None:
-            self._paged.applied()
+        self.rows.applied()
         if missing:  # the GC took their blobs since the look-up: the next sync sends them
             log.info("%d linked files were no longer in the pool; left pending",
                      len(missing))
@@ -716,9 +616,8 @@ class Syncer:
         self.local.mark_headers_embedded(model_id)
 
     def _pull(self, pulling: list[tuple[_Pending, list[Chunk]]]) -> _Pulled:
-        """Fill the embedding cache from the store's sealed rows of files it already
-        holds, for the chunks the cache lacks."""
-        assert self.sealer is not None
+        """Fill the embedding cache from the store's rows of files it already holds,
+        for the chunks the cache lacks."""
         cache, model_id = self.embedder.cache, self.embedder.model_id
         keyed = [(p, [(cache_key(model_id, c.embed_text), c) for c in chunks])
                  for p, chunks in pulling]
@@ -732,28 +631,9 @@ class Syncer:
                                                          if k not in have])
             for p, kc in keyed}
         digests = {ciphers.node_key(self.key, p.path): (p.path, p.digest) for p, _ in pulling}
-        filled: list[tuple[bytes, np.ndarray]] = []
-        if self._paged is not None:
-            # Paged: the rows of the pages this machine knows, read in the diff; only a
-            # file no page holds (a workspace written before pages) is asked for.
-            filled = self._paged.fill(wanted, digests)
-            got = {k for k, _ in filled}
-            wanted = {fk: (path, [(k, c) for k, c in kc if k not in got])
-                      for fk, (path, kc) in wanted.items()}
-        if not any(lacking for _, lacking in wanted.values()):
-            wanted = {}  # the cache has it all: no request
-        file_keys = list(wanted)
-        for start in range(0, len(file_keys), PULL_FILES):
-            part = file_keys[start : start + PULL_FILES]
-            # With a pool, by content: whichever ref sent this version of the file.
-            answer = (pull_rows(self.client, self.key, {k: digests[k] for k in part})
-                      if self.pool else self.client.file_rows(part))
-            for file_key, rows in answer.items():
-                if file_key in wanted:
-                    filled.extend(self._open_rows(file_key, rows, *wanted[file_key]))
+        filled = self.rows.pull(wanted, digests)
         cache.put_many(filled)
-        if self._paged is not None:
-            self._paged.consumed((p.path, p.digest) for p, _ in pulling)
+        self.rows.consumed((p.path, p.digest) for p, _ in pulling)
         got = {k for k, _ in filled}
         unfilled = [c.embed_text for _, kc in wanted.values() for k, c in kc if k not in got]
         cached = sum(len(kc) for _, kc in keyed) - len(unfilled) - len(filled)
@@ -775,85 +655,6 @@ class Syncer:
         found = cache.get_many([k for k in keys if k is not None], self.embedder.dim)
         return [None if k is None else found.get(k) for k in keys]
 
-    def _open_rows(self, file_key: bytes, rows: list[tuple[bytes, bytes]], path: str,
-                   chunks: list[tuple[bytes, Chunk]]) -> list[tuple[bytes, np.ndarray]]:
-        """(cache key, vector) for each local chunk a row of `path` holds the vector of.
-
-        A row that does not open, or opens to another file's chunk, is a store that
-        returned something it was not given: it is reported and its chunk embedded here."""
-        assert self.sealer is not None
-        by_chunk: dict[tuple[bytes, str], np.ndarray] = {}
-        for row_id, blob in rows:
-            try:
-                opened = self.sealer.open(row_id, file_key, blob)
-            except (MetadataAuthError, MetadataFormatError) as exc:
-                log.warning("ignoring a row of %s the store returned: %s", path, exc)
-                continue
-            if opened is None:
-                continue  # a padding row
-            if opened.meta.path != path:
-                log.warning("ignoring a row the store returned for %s: it belongs to %s",
-                            path, opened.meta.path)
-                continue
-            by_chunk[(opened.meta.chunk_hash, opened.meta.symbol)] = opened.vector
-        return matched(by_chunk, chunks)
-
     def _updates(self, sending: list[tuple[_Pending, list[Chunk]]],
                  vectors: np.ndarray) -> list[FileUpdate]:
-        if self._paged is not None:
-            return self._paged.updates([(p.path, p.digest, c) for p, c in sending], vectors)
-        row_ids: list[bytes] = []
-        noise_ids: list[bytes] = []
-        metas: list[ciphers.ChunkMeta] = []
-        for p, chunks in sending:
-            seen: dict[bytes, int] = {}
-            for c in chunks:
-                h = c.chunk_hash
-                ordinal = seen.get(h, 0)
-                seen[h] = ordinal + 1
-                row_ids.append(new_row_id())
-                # A server-search vector's noise stays a function of the chunk: a re-sent
-                # chunk under fresh noise would let the server average the noise away.
-                noise_ids.append(ciphers.chunk_id(self.key, p.path, h, ordinal))
-                metas.append(chunk_meta(p.path, c))
-        updates: list[FileUpdate] = []
-        row = 0
-        for p, chunks in sending:
-            n = len(chunks)
-            file_key = ciphers.node_key(self.key, p.path)
-            rows = range(row, row + n)
-            row += n
-            updates.append(FileUpdate(
-                file_key=file_key,
-                ancestors=tuple(ciphers.node_key(self.key, a)
-                                for a in bucket_path(self.key, p.path)),
-                value=ciphers.node_value(self.key, p.path, p.digest),
-                chunks=self._records(file_key, [row_ids[i] for i in rows],
-                                     [noise_ids[i] for i in rows], [metas[i] for i in rows],
-                                     vectors[row - n : row]),
-            ))
-        return updates
-
-    def _records(self, file_key: bytes, row_ids: list[bytes], noise_ids: list[bytes],
-                 metas: list[ciphers.ChunkMeta], vectors: np.ndarray) -> tuple[ChunkRecord, ...]:
-        if self.sealer is not None:
-            # Padding rows up to the file's row bucket, and every row in a random place:
-            # the store learns the bucket, not the chunk count, and not which row is which.
-            records = [ChunkRecord(rid, None, self.sealer.seal(rid, file_key, meta, vec))
-                       for rid, meta, vec in zip(row_ids, metas, vectors, strict=True)]
-            for _ in range(padded_row_count(len(records)) - len(records)):
-                rid = new_row_id()
-                records.append(ChunkRecord(rid, None, self.sealer.seal_padding(rid, file_key)))
-            _random.shuffle(records)
-            return tuple(records)
-        if not row_ids:
-            return ()
-        assert self.cipher is not None
-        enc = self.cipher.encrypt(vectors, noise_ids)
-        records = [ChunkRecord(rid, enc[i], ciphers.seal_meta(self.key, self.workspace_id,
-                                                               rid, meta))
-                   for i, (rid, meta) in enumerate(zip(row_ids, metas, strict=True))]
-        # In a random order: the store numbers rows as they come, and rows in chunk order
-        # would tell it which row is which chunk of the file.
-        _random.shuffle(records)
-        return tuple(records)
+        return self.rows.updates([(p.path, p.digest, c) for p, c in sending], vectors)

@@ -68,7 +68,10 @@ from sync.crypto.keys import ENV_KEY, WorkspaceKey, create_key, key_path, load_k
 from sync.crypto.pages import PageIndex
 from sync.errors import KeyMismatchError, SyncError
 from sync.records import DEFAULT_REF, MODE_SEALED, MODE_SERVER_SEARCH
+from sync.syncer.paged_sync import PagedSync
 from sync.syncer.progress import Progress, SyncFollower
+from sync.syncer.rows_out import RowsOut
+from sync.syncer.search_rows import SearchRows
 from sync.syncer.syncer import Syncer, SyncReport
 from sync.syncer.tree_check import check_tree
 from sync.workspace.status import WorkspaceStatus
@@ -494,12 +497,13 @@ class Workspace:
     def _syncer(self, root: Path, config: RepoConfig, key: WorkspaceKey,
                 client: StoreClient | None, embedder: CachedEmbedder,
                 progress: Progress | None) -> Syncer:
-        return Syncer(
-            root, state_path(root), client, key, config.workspace_id, embedder,
-            None if config.sealed else ciphers.VectorCipher(key, embedder.dim),
-            sealed=config.sealed, pool=self._pool, shared=config.server is not None,
-            paged=config.sealed, progress=progress,
-        )
+        # The mode's rows, chosen here once: the Syncer asks nothing of the mode.
+        rows: RowsOut = (
+            PagedSync(key, config.workspace_id, embedder.dim, pool=self._pool,
+                      shared=config.server is not None) if config.sealed
+            else SearchRows(key, config.workspace_id, ciphers.VectorCipher(key, embedder.dim)))
+        return Syncer(root, state_path(root), client, key, config.workspace_id, embedder,
+                      rows, progress=progress)
 
     def _follow_ref(self, root: Path, key: WorkspaceKey, client: StoreClient) -> None:
         """Point `client` at the tree of the branch checked out now (a store with a
