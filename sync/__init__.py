@@ -1,5 +1,8 @@
-"""The Merkle tree, keys and encryption, the client<->server protocol, the server, the
-store and the daemon. The names below are imported on first use (see indexer.lazy)."""
+"""Keys and encryption, the client<->server protocol, one sync, the server, the store and
+the daemon, a folder a job (docs/architecture.md, "Layout"): crypto/, checkout/,
+transport/, syncer/, workspace/, server/, store/, daemon/, and the vocabulary both sides
+speak at the top (records, wire, errors, client). The names below are imported on first
+use (see indexer.lazy)."""
 
 from __future__ import annotations
 
