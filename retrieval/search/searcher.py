@@ -171,7 +171,7 @@ class SearchReader:
         if self._server is None:
             from retrieval.search.rerank import PlainReranker
             from retrieval.search.server_vectors import ServerVectors
-            from sync.syncer.server_search import ServerSearch
+            from sync.transport.server_search import ServerSearch
 
             if self._rerank_db is None:
                 self._rerank_db = open_state_db(state_path(find_root(self._ws.root)))
