@@ -183,6 +183,12 @@ class Index:
             report = self._ws.sync(progress=progress, reupload=reupload, embed_on=embed_on,
                                    follower=SearchReady(self._ws, self._vector_index))
         builder.clear_failure()
+        st = builder.state()
+        if st is not None and st.state == "stopped":
+            # This sync stopped the builder and did its work: what is left is "done"
+            # (or offline), not a builder someone stopped halfway.
+            st.state, st.offline = ("offline" if report.offline else "done"), report.offline
+            builder.write(st)
         return report
 
     def _ask_server(self) -> str:

@@ -439,9 +439,16 @@ def _builder_progress(b: dict[str, object]) -> str:
         return f"given up: {b['given_up']} (run `codeveil index --wait`)"
     state = "running" if b.get("running") else str(b.get("state"))
     if state == "running":
+        running = f"running (process {b.get('pid')})"
+        done, todo, rate = b.get("chunks_done"), b.get("chunks_todo"), b.get("chunks_per_s")
+        if not done and not rate:
+            # Loading the model and reading the files: no chunk is embedded yet, so a
+            # rate of 0.0/s would read as a builder that is stuck.
+            return f"{running}: preparing (loading the model); {todo} chunks to build"
+        if not rate:
+            return f"{running}: {done} of {todo} chunks, no rate yet"
         left = b.get("seconds_left")
-        return (f"running (process {b.get('pid')}): {b.get('chunks_done')} of"
-                f" {b.get('chunks_todo')} chunks, {b.get('chunks_per_s')}/s"
+        return (f"{running}: {done} of {todo} chunks, {rate}/s"
                 + (f", about {int(left) // 60}m{int(left) % 60:02d}s left"  # type: ignore[call-overload]
                    if left is not None else ""))
     if state == "offline":

@@ -146,10 +146,18 @@ def _echo_json(value: Any) -> None:
 
 
 def print_report(r: SyncReport) -> None:
-    """One line of what an index did, for a person."""
+    """One line of what an index did, for a person.
+
+    "changed" counts the files whose content was new to this machine (read and chunked
+    here or taken from another worktree). A sync's `files_changed` counts the files it
+    sent to the store, which after the words pass of `codeveil index` are files that did
+    not change at all: those are said apart, as sent."""
+    changed = r.files_parsed + r.files_reused
+    sent = (f"; {r.files_changed} sent to the store" if r.files_changed != changed
+            else "")
     click.echo(
-        f"{r.files_scanned} files scanned, {r.files_changed} changed, {r.files_deleted} deleted,"
-        f" {r.files_skipped} skipped; {r.chunks_total} chunks in the index"
+        f"{r.files_scanned} files scanned, {changed} changed, {r.files_deleted} deleted,"
+        f" {r.files_skipped} skipped{sent}; {r.chunks_total} chunks in the index"
         f" ({r.chunks_embedded} embedded, {r.chunks_from_cache} from cache"
         + (f", {r.chunks_pulled} pulled from the workspace" if r.chunks_pulled else "")
         + f") in {r.seconds:.1f}s"
