@@ -20,8 +20,9 @@ Tools (the official `mcp` SDK's `MCPServer`, stdio transport):
 
 The five lookups' arguments, their defaults, limits and help texts, and so their JSON
 schemas, are built from the table of operations (`retrieval.faces.operations`) that the
-`codeveil` command's options are built from too; a result count out of range is brought
-into it rather than refused.
+`codeveil` command's options are built from too. A result count under 1 is refused by
+its schema's bound; one over its most is taken as the most, as its description says.
+An unknown or missing argument, or one its schema refuses, is one line naming it.
 
 Every answer comes from this machine's copy: a sealed workspace's server is never asked
 by a read. A server-search workspace's search ranks on its server; when that cannot be
@@ -56,7 +57,7 @@ from typing import Annotated, Any, Literal
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from indexer.errors import CodeveilError
 from retrieval.faces.api import Index
@@ -125,12 +126,64 @@ def _version() -> str:
         return "0+unknown"
 
 
+class _Server(MCPServer):
+    """The SDK's server with codeveil's argument checks: an unknown or missing argument,
+    or one outside its schema's bounds, is refused in one line that names it (the SDK
+    would drop an unknown one silently, and explain the others in pydantic's words with
+    a link)."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Any = None) -> Any:
+        tool = self._tool_manager.get_tool(name)
+        if tool is not None:
+            _check_names(name, tool.parameters, arguments)
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if isinstance(exc.__cause__, ValidationError):
+                raise ToolError(_one_line(name, exc.__cause__)) from None
+            raise
+
+
+def _check_names(tool: str, schema: dict[str, Any], given: dict[str, Any]) -> None:
+    known = schema.get("properties", {})
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        takes = ", ".join(known) or "no arguments"
+        raise ToolError(f"{tool}: unknown argument {unknown[0]!r}; it takes {takes}")
+    missing = [n for n in schema.get("required", []) if n not in given]
+    if missing:
+        about = known[missing[0]].get("description", "")
+        raise ToolError(f"{tool}: missing argument {missing[0]!r}"
+                        + (f" ({about.rstrip('.')})" if about else ""))
+
+
+def _one_line(tool: str, exc: ValidationError) -> str:
+    """The first of pydantic's complaints, in one line without its codes and link."""
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    bound = (err.get("ctx") or {}).get("ge")
+    if err["type"] == "greater_than_equal" and bound is not None:
+        return f"{tool}: argument {where!r} must be at least {bound}"
+    msg = err["msg"].removeprefix("Input should be ")
+    return f"{tool}: argument {where!r} should be {msg}"
+
+
+#: Request kinds the SDK serves whether or not there is anything behind them: codeveil
+#: has no prompts and no resources, so it does not advertise them.
+_UNUSED = ("prompts/list", "prompts/get", "resources/list", "resources/read",
+           "resources/templates/list")
+
+
 def build_server(repo: Path) -> MCPServer:
     """The MCP server of the repo at (or above) `repo`."""
     # WARNING: at INFO the SDK logs a boxed block to stderr for every failed call, which
     # the tool's error already tells the agent.
-    server: MCPServer = MCPServer(name="codeveil", instructions=INSTRUCTIONS,
-                                  version=_version(), log_level="WARNING")
+    server: MCPServer = _Server(name="codeveil", instructions=INSTRUCTIONS,
+                                version=_version(), log_level="WARNING")
+    handlers = getattr(server._lowlevel_server, "_request_handlers", {})
+    for method in _UNUSED:  # the capabilities are derived from what is served
+        handlers.pop(method, None)
     state = _State(repo)
     for op, answer in ((SEARCH_OP, _search), (DEFINITION_OP, _definition),
                        (OUTLINE_OP, _outline), (REFERENCES_OP, _references),
@@ -166,7 +219,7 @@ def build_server(repo: Path) -> MCPServer:
 def _add_tool(server: MCPServer, state: _State, op: Operation,
               answer: Callable[..., dict[str, Any]]) -> None:
     """The tool `op.tool`: its arguments and their JSON schema from the table, its
-    description `answer`'s docstring. A result count out of range is brought into it."""
+    description `answer`'s docstring. A result count over its most is taken as the most."""
     args = op.face_args(MCP)
 
     def tool(**given: Any) -> dict[str, Any]:
@@ -190,8 +243,12 @@ def _parameter(arg: Arg) -> inspect.Parameter:
     if arg.for_agent is None:
         kind = kind | None
     default = inspect.Parameter.empty if arg.for_agent is REQUIRED else arg.for_agent
+    # A count's least is a bound of the schema (0 is refused); its most is not: more is
+    # taken as the most, as the description says.
+    bounds = {"ge": 1} if arg.count is not None else {}
     return inspect.Parameter(arg.name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                             annotation=Annotated[kind, Field(description=arg.agent_help())])
+                             annotation=Annotated[kind, Field(description=arg.agent_help(),
+                                                              **bounds)])
 
 
 def _search(state: _State, query: str, k: int, group: str, path: str | None,

@@ -49,9 +49,10 @@ class Arg:
     where the command runs, repo-relative for an agent) or `list[str]`.
 
     A result count (`count`) is spelt `-k/--limit` by the command, which takes a number in
-    1..count.most; an agent's number out of that range is brought into it
-    (`ResultCount.clamp`). A count whose `default` is None means "all" to a person, without
-    a most; an agent gets `agent_default` then, at most count.most (grep: retrieval.search.limits).
+    1..count.most; an agent's number under 1 is refused by its schema's bound, and one
+    over the most is taken as the most (`ResultCount.clamp`). A count whose `default` is
+    None means "all" to a person, without a most; an agent gets `agent_default` then, at
+    most count.most (grep: retrieval.search.limits).
     """
 
     name: str
