@@ -245,10 +245,10 @@ def _parameter(arg: Arg) -> inspect.Parameter:
     default = inspect.Parameter.empty if arg.for_agent is REQUIRED else arg.for_agent
     # A count's least is a bound of the schema (0 is refused); its most is not: more is
     # taken as the most, as the description says.
-    bounds = {"ge": 1} if arg.count is not None else {}
+    least = 1 if arg.count is not None else None
     return inspect.Parameter(arg.name, inspect.Parameter.KEYWORD_ONLY, default=default,
                              annotation=Annotated[kind, Field(description=arg.agent_help(),
-                                                              **bounds)])
+                                                              ge=least)])
 
 
 def _search(state: _State, query: str, k: int, group: str, path: str | None,
