@@ -172,3 +172,27 @@ def test_a_changed_table_entry_changes_both_built_faces(tmp_path: Path) -> None:
     assert tool.input_schema["properties"]["limit"]["default"] == 3
     result = asyncio.run(server.call_tool("probe", {"word": "w", "limit": 50}))
     assert '"limit": 9' in str(result)  # brought into 1..9
+
+
+def test_the_daemon_tuning_and_the_port_are_written_once_in_the_library() -> None:
+    from sync.daemon import loop
+    from sync.server import DEFAULT_PORT
+
+    daemon = main.commands["daemon"]
+    assert isinstance(daemon, click.Group)
+    expected = {("serve", "port"): DEFAULT_PORT}
+    for command in ("start", "run"):
+        expected |= {(f"daemon {command}", "interval"): loop.DEFAULT_FULL_INTERVAL,
+                     (f"daemon {command}", "debounce"): loop.DEFAULT_DEBOUNCE,
+                     (f"daemon {command}", "max_backoff"): loop.DEFAULT_BACKOFF_MAX}
+    commands = _commands(main)
+    for (command, name), value in expected.items():
+        cmd = commands[command]
+        (param,) = [p for p in cmd.params if p.name == name]
+        assert param.get_default(click.Context(cmd)) == value, (command, name)
+        assert f"default: {value}" in cmd.get_help(click.Context(cmd)), (command, name)
+    faces = Path(__file__).resolve().parents[1] / "retrieval" / "faces"
+    for source in faces.glob("cli*.py"):
+        text = source.read_text()
+        for literal in ("7400", "300.0", "default=0.5", "60.0"):
+            assert literal not in text, (source.name, literal)

@@ -21,6 +21,7 @@ from indexer.errors import CodeveilError
 from retrieval.faces.cli_agent import agent
 from retrieval.faces.cli_base import (
     EXIT_ERROR,
+    LibraryDefault,
     _fail,
     _Group,
     _index,
@@ -544,7 +545,8 @@ def key_import(text: str, workspace: str | None, repo: Path) -> None:
                    " share, or a data dir; read from CODEVEIL_STORE if not given (which"
                    " keeps a password out of `ps`).")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=7400, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--port", cls=LibraryDefault, default_from="sync.server:DEFAULT_PORT",
+              type=click.IntRange(0, 65535))
 @click.option("--max-workspaces", type=click.IntRange(0), default=None,
               help="Refuse to create workspaces beyond this many.")
 @click.option("--open", "allow_open", is_flag=True,

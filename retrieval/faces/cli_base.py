@@ -111,6 +111,24 @@ class _AliasedOption(click.Option):
             self.opts = shown
 
 
+class LibraryDefault(click.Option):
+    """An option whose default is a constant of the library (`default_from`,
+    "module:NAME"), read when the default is first needed: the value is written once,
+    there, --help still shows it, and a command that never needs it (`codeveil search`
+    beside `daemon run`'s options) does not import that module."""
+
+    def __init__(self, param_decls: Sequence[str], *, default_from: str,
+                 **attrs: Any) -> None:
+        super().__init__(param_decls, show_default=True, **attrs)
+        self.default_from = default_from
+
+    def get_default(self, ctx: click.Context, call: bool = True) -> Any:
+        import importlib
+
+        module, name = self.default_from.split(":")
+        return getattr(importlib.import_module(module), name)
+
+
 def operation_params(op: Operation) -> Callable[[F], F]:
     """The command's arguments and options of `op`, built from its table entry
     (retrieval.faces.operations): each reaches the command's function by the library's name."""

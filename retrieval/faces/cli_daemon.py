@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from indexer.errors import CodeveilError
-from retrieval.faces.cli_base import json_option
+from retrieval.faces.cli_base import LibraryDefault, json_option
 
 # -- daemon -------------------------------------------------------------------------
 # `codeveil daemon start|stop|status|run`. The machinery lives in sync.daemon (what it
@@ -22,19 +22,21 @@ if TYPE_CHECKING:
 
 
 def _daemon_options(func: Callable[..., None]) -> Callable[..., None]:
-    """The tuning options shared by `daemon start` and `daemon run`."""
+    """The tuning options shared by `daemon start` and `daemon run`; their defaults are
+    the daemon's own (sync.daemon.loop)."""
     func = click.option(
-        "--max-backoff", "max_backoff", default=60.0, show_default=True, metavar="SECONDS",
+        "--max-backoff", "max_backoff", metavar="SECONDS", cls=LibraryDefault,
+        default_from="sync.daemon.loop:DEFAULT_BACKOFF_MAX",
         type=click.FloatRange(min=0.1), help="Longest wait between retries of a failed sync.",
     )(func)
     func = click.option(
-        "--debounce", default=0.5, show_default=True, metavar="SECONDS",
-        type=click.FloatRange(min=0.0),
+        "--debounce", metavar="SECONDS", cls=LibraryDefault,
+        default_from="sync.daemon.loop:DEFAULT_DEBOUNCE", type=click.FloatRange(min=0.0),
         help="Sync once the tree has been quiet this long after a change.",
     )(func)
     func = click.option(
-        "--interval", default=300.0, show_default=True, metavar="SECONDS",
-        type=click.FloatRange(min=0.0),
+        "--interval", metavar="SECONDS", cls=LibraryDefault,
+        default_from="sync.daemon.loop:DEFAULT_FULL_INTERVAL", type=click.FloatRange(min=0.0),
         help="Also sync this often without any event (0: only on events).",
     )(func)
     return func
