@@ -196,3 +196,28 @@ def test_the_daemon_tuning_and_the_port_are_written_once_in_the_library() -> Non
         text = source.read_text()
         for literal in ("7400", "300.0", "default=0.5", "60.0"):
             assert literal not in text, (source.name, literal)
+
+
+def test_every_command_that_takes_a_folder_takes_it_as_C(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    commands = _commands(main)
+    for name, cmd in commands.items():
+        folders = [p for p in cmd.params if isinstance(p, click.Argument)
+                   and isinstance(p.type, click.Path) and not p.type.file_okay]
+        if folders:  # the older positional PATH, kept as another spelling of -C
+            assert [(p.name, p.required) for p in folders] == [("path", False)], name
+            assert any(isinstance(p, click.Option) and p.opts == ["-C", "--repo"]
+                       for p in cmd.params), name
+    for name in ("index", "init", "join", "status", "doctor", "mcp", "daemon start",
+                 "daemon run", "daemon stop", "daemon status"):
+        assert any(p.opts == ["-C", "--repo"] for p in commands[name].params
+                   if isinstance(p, click.Option)), name
+
+    runner = CliRunner()
+    by_option = runner.invoke(main, ["daemon", "status", "-C", str(tmp_path)])
+    by_path = runner.invoke(main, ["daemon", "status", str(tmp_path)])
+    assert by_option.exit_code == by_path.exit_code == 3
+    assert by_option.output == by_path.output and str(tmp_path) in by_option.output
+    both = runner.invoke(main, ["daemon", "status", "-C", str(tmp_path), "/"])
+    assert both.exit_code == 2 and "two folders given" in both.output

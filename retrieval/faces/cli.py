@@ -26,6 +26,7 @@ from retrieval.faces.cli_base import (
     _Group,
     _index,
     _pipe_closed,
+    folder_params,
     json_option,
     operation_params,
     print_report,
@@ -134,7 +135,7 @@ class _RichProgress(Progress):
 
 
 @main.command()
-@click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
+@folder_params("Index this folder (default: here).")
 @json_option("Print a machine-readable summary.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--wait", is_flag=True,
@@ -144,21 +145,22 @@ class _RichProgress(Progress):
               envvar="CODEVEIL_EMBED_ON",
               help="Embed on a Ray cluster you trust (it sees the code; ?actors=N)."
                    " Implies --wait.")
-def index(path: Path, as_json: bool, quiet: bool, wait: bool, embed_on: str | None) -> None:
-    """Index PATH (default: here), or bring its index up to date.
+def index(repo: Path, as_json: bool, quiet: bool, wait: bool, embed_on: str | None) -> None:
+    """Index the folder (-C, or PATH; default: here), or bring its index up to date.
 
     Returns once the words, names and structure are indexed (seconds): search answers
     by them at once, and by meaning as the vectors land. The model's work and the sync
     run in a background builder (`codeveil status` shows it; `codeveil daemon stop`
     stops it); --wait blocks until they are done.
 
-    The first run creates PATH/.codeveil/ and a workspace key in your config dir.
-    Later runs read only files whose size or mtime changed, and send only what differs.
+    The first run creates .codeveil/ in the folder and a workspace key in your config
+    dir. Later runs read only files whose size or mtime changed, and send only what
+    differs.
     """
-    if not path.exists():
-        raise CodeveilError(f"no such folder: {path}")
+    if not repo.exists():
+        raise CodeveilError(f"no such folder: {repo}")
     wait = wait or bool(embed_on)
-    idx = _index(path)
+    idx = _index(repo)
     show_bar = wait and not (quiet or as_json) and sys.stderr.isatty()
     if show_bar:
         with _RichProgress() as bar:
@@ -460,18 +462,20 @@ def _builder_progress(b: dict[str, object]) -> str:
 
 
 @main.command()
-@click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
+@folder_params("Set up this folder (default: here).")
 @click.option("--server", metavar="URL",
-              help="A `codeveil serve` URL (default: a store inside PATH/.codeveil/).")
+              help="A `codeveil serve` URL (default: a store inside the folder's"
+                   " .codeveil/).")
 @click.option("--workspace", metavar="ID", help="Join this existing workspace (key imported).")
 @click.option("--token", metavar="TOKEN", help="Bearer token of the workspace to join.")
 @click.option("--server-search", is_flag=True,
               help="Let the server rank encrypted vectors (for repos too big for this"
                    " machine's memory). It leaks distance structure: see"
                    " docs/threat-model.md. Default: sealed, search runs here.")
-def init(path: Path, server: str | None, workspace: str | None, token: str | None,
+def init(repo: Path, server: str | None, workspace: str | None, token: str | None,
          server_search: bool) -> None:
-    """Set up PATH's index: create its workspace (on a server, or embedded), or join one.
+    """Set up the folder's index (-C, or PATH; default: here): create its workspace (on
+    a server, or embedded), or join one.
 
     A new workspace is sealed: the server stores one encrypted envelope per chunk, which
     it cannot compare or rank, and every search runs on this machine. A teammate who
@@ -481,7 +485,7 @@ def init(path: Path, server: str | None, workspace: str | None, token: str | Non
     if workspace and server_search:
         raise click.UsageError("--server-search applies to a new workspace; a joined one"
                                " keeps its own mode")
-    config = _index(path).init(server=server, workspace_id=workspace, token=token,
+    config = _index(repo).init(server=server, workspace_id=workspace, token=token,
                                server_search=server_search)
     click.echo(f"workspace {config.workspace_id} ({config.mode}) on {server or 'this machine'}")
 

@@ -3,13 +3,14 @@ one line, the failure exit, the shared options and JSON output."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 import click
 
@@ -82,6 +83,25 @@ def repo_option(help: str = "Use the index of this folder (default: the one arou
     return click.option("-C", "--repo", "repos" if multiple else "repo",
                         default=None if multiple else ".", multiple=multiple,
                         type=click.Path(file_okay=False, path_type=Path), help=help)
+
+
+def folder_params(help: str = "Use the index of this folder (default: the one around"
+                               " here).") -> Callable[[F], F]:
+    """`-C/--repo`, with a positional PATH still taken for it: the spelling of the
+    commands that took PATH first (`codeveil index .`). The command's function gets
+    `repo`; both given, they must name one folder."""
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def given(*args: Any, repo: Path | None, path: Path | None, **kwargs: Any) -> Any:
+            if repo is not None and path is not None and repo.resolve() != path.resolve():
+                raise click.UsageError(f"two folders given: -C {repo} and {path}")
+            return func(*args, repo=repo or path or Path("."), **kwargs)
+
+        folder = click.Path(file_okay=False, path_type=Path)
+        given = click.argument("path", required=False, metavar="[PATH]", type=folder)(given)
+        return cast(F, click.option("-C", "--repo", "repo", default=None, help=help,
+                                    type=folder)(given))
+    return decorate
 
 
 def json_option(help: str = "Print JSON.") -> Callable[[F], F]:
