@@ -39,10 +39,16 @@ def _tools(tmp_path: Path) -> dict[str, Any]:
     return {t.name: t for t in asyncio.run(build_server(tmp_path).list_tools())}
 
 
+def _folder_alias(param: click.Parameter) -> bool:
+    """The positional PATH some commands still take for -C (cli_base.folder_params)."""
+    return (isinstance(param, click.Argument) and isinstance(param.type, click.Path)
+            and not param.type.file_okay)
+
+
 @pytest.mark.parametrize("op", OPERATIONS, ids=lambda op: op.method)
 def test_the_command_takes_the_table_arguments(op: Operation) -> None:
     cmd = main.commands[op.command]
-    params = [p for p in cmd.params if p.name not in SHARED]
+    params = [p for p in cmd.params if p.name not in SHARED and not _folder_alias(p)]
     assert [p.name for p in params] == [a.name for a in op.face_args(CLI)]
     ctx = click.Context(cmd)
     for param, arg in zip(params, op.face_args(CLI), strict=True):
@@ -110,8 +116,7 @@ def test_every_face_of_every_operation_is_in_the_table() -> None:
     assert {a.name for op in OPERATIONS for a in op.args if not a.faces} == set()
     assert {op.command for op in OPERATIONS} <= set(main.commands)
     tools = asyncio.run(build_server(Path(".")).list_tools())
-    lookups = {t.name for t in tools} - {"index_status", "sync_index"}
-    assert lookups == {op.tool for op in OPERATIONS}
+    assert {t.name for t in tools} == {op.tool for op in OPERATIONS}
 
 
 def test_repo_json_and_result_counts_are_spelt_one_way_in_every_command() -> None:
@@ -221,3 +226,15 @@ def test_every_command_that_takes_a_folder_takes_it_as_C(tmp_path: Path) -> None
     assert by_option.output == by_path.output and str(tmp_path) in by_option.output
     both = runner.invoke(main, ["daemon", "status", "-C", str(tmp_path), "/"])
     assert both.exit_code == 2 and "two folders given" in both.output
+
+
+def test_index_waits_or_not_by_one_default_in_every_face(tmp_path: Path) -> None:
+    # The API waited by default while the command and the tool did not.
+    from retrieval.faces.operations import INDEX_OP
+
+    (wait,) = [a for a in INDEX_OP.args if a.name == "wait"]
+    assert wait.faces == {API, CLI, MCP}
+    cli = {p.name: p for p in main.commands["index"].params}["wait"]
+    mcp = _tools(tmp_path)["sync_index"].input_schema["properties"]["wait"]
+    api = inspect.signature(Index.index).parameters["wait"]
+    assert cli.default is mcp["default"] is api.default is wait.default is False

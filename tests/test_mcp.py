@@ -284,3 +284,26 @@ def test_bad_arguments_are_one_plain_line_naming_the_argument(tmp_path: Path) ->
                 await steps(session)
 
     anyio.run(run)
+
+
+def test_status_is_one_json_shape_in_the_command_and_the_tool(tmp_path: Path) -> None:
+    import subprocess
+
+    repo = write_repo(tmp_path / "repo")
+    env = _params(repo, tmp_path).env
+    subprocess.run([sys.executable, "-m", "retrieval", "index", "--wait", "-q"], cwd=repo,
+                   env=env, check=True, timeout=120)
+    shown = subprocess.run([sys.executable, "-m", "retrieval", "status", "--json"],
+                           cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    command = json.loads(shown.stdout)
+    answers: list[dict[str, Any]] = []
+
+    async def steps(session: ClientSession) -> None:
+        status = await session.call_tool("index_status", {})
+        answers.append(status.structured_content or {})
+
+    anyio.run(_session_run, repo, tmp_path, steps)
+    (tool,) = answers
+    assert set(tool) == set(command)
+    assert {"index", "builder", "files", "chunks"} <= set(command)
+    assert tool["index"] == command["index"] and tool["files"] == command["files"]

@@ -36,7 +36,7 @@ from retrieval.faces.cli_daemon import daemon
 from retrieval.faces.cli_refs import refs
 from retrieval.faces.cli_team import invite, join
 from retrieval.faces.cli_tools import definition, grep, outline, uses
-from retrieval.faces.operations import SEARCH_OP
+from retrieval.faces.operations import INDEX_OP, SEARCH_OP, STATUS_OP
 from sync.progress import Progress
 
 if TYPE_CHECKING:
@@ -134,18 +134,11 @@ class _RichProgress(Progress):
         self.bar.update(self.task, detail=detail)
 
 
-@main.command()
+@main.command(name=INDEX_OP.command)
 @folder_params("Index this folder (default: here).")
+@operation_params(INDEX_OP)
 @json_option("Print a machine-readable summary.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@click.option("--wait", is_flag=True,
-              help="Block until every chunk has its vectors and the store holds them"
-                   " (progress bar), instead of leaving that to the background builder.")
-@click.option("--embed-on", "embed_on", metavar="ray://HOST:PORT",
-              envvar="CODEVEIL_EMBED_ON",
-              help="Embed on a Ray cluster you trust (it sees the code; ?actors=N)."
-                   " Implies --wait.")
-def index(repo: Path, as_json: bool, quiet: bool, wait: bool, embed_on: str | None) -> None:
+def index(repo: Path, embed_on: str | None, wait: bool, quiet: bool, as_json: bool) -> None:
     """Index the folder (-C, or PATH; default: here), or bring its index up to date.
 
     Returns once the words, names and structure are indexed (seconds): search answers
@@ -164,7 +157,7 @@ def index(repo: Path, as_json: bool, quiet: bool, wait: bool, embed_on: str | No
     show_bar = wait and not (quiet or as_json) and sys.stderr.isatty()
     if show_bar:
         with _RichProgress() as bar:
-            report = idx.index(progress=bar, embed_on=embed_on)
+            report = idx.index(wait=True, progress=bar, embed_on=embed_on)
     else:
         report = idx.index(embed_on=embed_on, wait=wait)
     from sync.records import MODE_SEALED
@@ -376,23 +369,25 @@ def doctor(repair: bool, repo: Path, data: Path | None) -> None:
 # -- status, init, key --------------------------------------------------------------
 
 
-@main.command()
-@click.option("--server", "ask_server", is_flag=True,
-              help="Also ask the server: its counts, and whether its tree of this"
-                   " checkout's ref is the one this checkout synced (exit 1 if not).")
-@json_option()
+@main.command(name=STATUS_OP.command)
+@operation_params(STATUS_OP)
+@json_option("Print JSON: what the MCP tool index_status answers.")
 @repo_option()
-def status(ask_server: bool, as_json: bool, repo: Path) -> None:
+def status(server: bool, as_json: bool, repo: Path) -> None:
     """Show where the index is and what it holds (from this machine alone; --server
-    asks the server too)."""
+    asks the server too, and exits 1 when its tree is not this checkout's)."""
+    from retrieval.faces.api import status_json
+
     with _index(repo) as idx:
-        info = idx.status(server=ask_server)
+        info = idx.status(server=server)
         offline = idx.offline
-        builder = idx.builder()
+        out = status_json(idx, info)
+    builder = out["builder"]
+    assert isinstance(builder, dict)
     if offline is not None:
         click.echo(offline.note(), err=True)
     if as_json:
-        click.echo(json.dumps({**info.to_dict(), "builder": builder}, indent=2))
+        click.echo(json.dumps(out, indent=2))
     else:
         for name, value in info.items():
             if name == "offline":

@@ -166,7 +166,8 @@ def _param(arg: Arg) -> Callable[[F], F]:
     if arg.type is bool:
         return click.option(*arg.flags, arg.name, is_flag=True, default=arg.default,
                             help=arg.help)
-    attrs: dict[str, Any] = {"default": arg.default, "help": arg.help, "metavar": arg.metavar}
+    attrs: dict[str, Any] = {"default": arg.default, "help": arg.help, "metavar": arg.metavar,
+                             "envvar": arg.envvar}
     if arg.count is not None:
         # A count that defaults to everything has no most for a person (grep).
         most = None if arg.default is None else arg.count.most

@@ -110,7 +110,7 @@ def join(string: str, repo: Path, as_json: bool, no_index: bool) -> None:
         return
     idx = _index(repo)
     try:
-        report = idx.index()
+        report = idx.index(wait=True)
     finally:
         idx.close()
     if as_json:

@@ -12,13 +12,14 @@ Tools (the official `mcp` SDK's `MCPServer`, stdio transport):
 - `references(name, path, limit)`: the chunks that use a name, with the lines it is on.
 - `grep(pattern, path, ignore_case, limit)`: regex lines of the indexed files, narrowed by
   the grep index (exact: the lines a full scan finds).
-- `index_status()`: where the index is and what it holds, with the vector builder's
-  progress.
-- `sync_index()`: bring the index up to date with the working tree (incremental: only
-  changed files are read and chunked); returns once words and names are indexed, and
-  the vectors follow from the background builder (`sync.builder`).
+- `index_status(server)`: where the index is and what it holds, with the vector
+  builder's progress (the JSON of `codeveil status --json`).
+- `sync_index(wait)`: bring the index up to date with the working tree (incremental:
+  only changed files are read and chunked); returns once words and names are indexed,
+  and the vectors follow from the background builder (`sync.builder`); with `wait`,
+  once they are built.
 
-The five lookups' arguments, their defaults, limits and help texts, and so their JSON
+The seven tools' arguments, their defaults, limits and help texts, and so their JSON
 schemas, are built from the table of operations (`retrieval.faces.operations`) that the
 `codeveil` command's options are built from too. A result count under 1 is refused by
 its schema's bound; one over its most is taken as the most, as its description says.
@@ -60,16 +61,18 @@ from mcp.types import ToolAnnotations
 from pydantic import Field, ValidationError
 
 from indexer.errors import CodeveilError
-from retrieval.faces.api import Index
+from retrieval.faces.api import Index, status_json
 from retrieval.faces.multi import MultiIndex
 from retrieval.faces.operations import (
     DEFINITION_OP,
     GREP_OP,
+    INDEX_OP,
     MCP,
     OUTLINE_OP,
     REFERENCES_OP,
     REQUIRED,
     SEARCH_OP,
+    STATUS_OP,
     Arg,
     Operation,
 )
@@ -189,27 +192,9 @@ def build_server(repo: Path) -> MCPServer:
                        (OUTLINE_OP, _outline), (REFERENCES_OP, _references),
                        (GREP_OP, _grep)):
         _add_tool(server, state, op, answer)
-
-    @server.tool(annotations=READ_ONLY)
-    def index_status() -> dict[str, Any]:
-        """Where the index is and what it holds: root folder, workspace, server (or
-        embedded), model, number of files and chunks."""
-        with state.use() as idx:
-            return {**idx.status().to_dict(), "index": idx.coverage().to_dict(),
-                    "builder": idx.builder()}
-
-    @server.tool(annotations=WRITES_INDEX)
-    def sync_index() -> dict[str, Any]:
-        """Bring the index up to date with the files on disk (only changed files are
-        read). Returns in seconds, once every file is searchable by words, names and
-        structure; the vectors are built in the background (index_status shows how far:
-        builder.chunks_done of builder.chunks_todo, seconds_left), and search uses them
-        as they land. Returns what changed, and index/builder as index_status."""
-        with state.use() as idx:
-            report = idx.index(wait=False)
-            return {**report.to_dict(), "index": idx.coverage().to_dict(),
-                    "builder": idx.builder()}
-
+    # What the index holds, and bringing it up to date: no cost in tokens is told.
+    _add_tool(server, state, STATUS_OP, _index_status, tokens=False)
+    _add_tool(server, state, INDEX_OP, _sync_index, annotations=WRITES_INDEX, tokens=False)
     return server
 
 
@@ -217,22 +202,48 @@ def build_server(repo: Path) -> MCPServer:
 
 
 def _add_tool(server: MCPServer, state: _State, op: Operation,
-              answer: Callable[..., dict[str, Any]]) -> None:
+              answer: Callable[..., dict[str, Any]], *,
+              annotations: ToolAnnotations = READ_ONLY, tokens: bool = True) -> None:
     """The tool `op.tool`: its arguments and their JSON schema from the table, its
-    description `answer`'s docstring. A result count over its most is taken as the most."""
+    description `answer`'s docstring. A result count over its most is taken as the most;
+    with `tokens`, the answer says what it costs to read."""
     args = op.face_args(MCP)
 
     def tool(**given: Any) -> dict[str, Any]:
         for arg in args:
             if arg.count is not None and given.get(arg.name) is not None:
                 given[arg.name] = arg.count.clamp(given[arg.name])
-        return _with_tokens(answer(state, **given))
+        out = answer(state, **given)
+        return _with_tokens(out) if tokens else out
 
     tool.__name__ = op.tool
     # The SDK reads the arguments from the signature (inspect.signature honours this).
     tool.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [_parameter(arg) for arg in args], return_annotation=dict[str, Any])
-    server.add_tool(tool, name=op.tool, description=answer.__doc__, annotations=READ_ONLY)
+    server.add_tool(tool, name=op.tool, description=answer.__doc__, annotations=annotations)
+
+
+def _index_status(state: _State, server: bool) -> dict[str, Any]:
+    """Where the index is and what it holds: root folder, workspace, server (or
+    embedded), model, number of files and chunks; index: {partial, chunks,
+    chunks_with_vectors}; builder: the background vector builder (running, state,
+    chunks_done of chunks_todo, seconds_left). The same JSON as `codeveil status --json`.
+    """
+    with state.use() as idx:
+        return status_json(idx, idx.status(server=server))
+
+
+def _sync_index(state: _State, wait: bool) -> dict[str, Any]:
+    """Bring the index up to date with the files on disk (only changed files are read).
+    Returns in seconds, once every file is searchable by words, names and structure;
+    the vectors are built in the background (index_status shows how far), and search
+    uses them as they land; with wait, it returns once they are all built. Returns
+    what changed, and index/builder as index_status.
+    """
+    with state.use() as idx:
+        report = idx.index(wait=wait)
+        return {**report.to_dict(), "index": idx.coverage().to_dict(),
+                "builder": idx.builder()}
 
 
 def _parameter(arg: Arg) -> inspect.Parameter:
