@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from retrieval.agent.agent_clients import CLIENTS, Client
+from retrieval.faces.agent_setup.clients import CLIENTS, Client
 from tests.cli_in_process import run_in_process
 
 CASES = [(c, scope) for c in CLIENTS
@@ -165,7 +165,7 @@ def test_a_json_file_with_comments_keeps_them_through_install_and_uninstall(
     for comment in ("// the team's servers", "/* a linter */", "// keep me"):
         assert comment in text
     assert text.startswith(JSONC[:JSONC.index("}, // keep me")])
-    from retrieval.agent.jsonc import loads
+    from retrieval.faces.agent_setup.jsonc import loads
 
     ours = loads(text)["servers"]["codeveil"]
     assert ours == {"type": "stdio", "command": "codeveil",
@@ -267,3 +267,12 @@ def test_no_secret_is_written_and_uninstall_finds_either_scope(
     gone = agent(["uninstall"], repo, home)
     assert gone.returncode == 0 and gone.stdout.count("removed from") == 2
     assert not codex.exists() and not gemini.exists()
+
+
+def test_the_installer_sits_beside_the_command_that_alone_uses_it() -> None:
+    root = Path(__file__).resolve().parents[1]
+    users = sorted(str(p.relative_to(root)) for p in (root / "retrieval").rglob("*.py")
+                   if "agent_setup" in p.read_text() and "agent_setup" not in p.parts)
+    assert users == ["retrieval/faces/cli_agent.py"]
+    assert not [p.name for p in (root / "retrieval" / "agent").glob("*.py")
+                if "mcpServers" in p.read_text()]

@@ -1,5 +1,5 @@
 """`codeveil agent install | uninstall`: codeveil's MCP server in coding agents' own config
-files (retrieval.agent.agent_install does the edits; this module parses and prints)."""
+files (retrieval.faces.agent_setup does the edits; this module parses and prints)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 
 import click
 
-from retrieval.agent.agent_clients import CLIENTS, Client, client_named
-from retrieval.agent.agent_install import Change
+from retrieval.faces.agent_setup.clients import CLIENTS, Client, client_named
+from retrieval.faces.agent_setup.install import Change
 from retrieval.faces.cli_base import _fail, repo_option
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -40,7 +40,7 @@ def _repo_root(repo: Path) -> Path:
 
 
 def _chosen(names: tuple[str, ...], root: Path, home: Path) -> list[Client]:
-    from retrieval.agent.agent_install import detect_clients
+    from retrieval.faces.agent_setup.install import detect_clients
 
     if names:
         return [client_named(n) for n in dict.fromkeys(names)]
@@ -109,9 +109,9 @@ def install(names: tuple[str, ...], scope: str, dry_run: bool, instructions: boo
     is copied to FILE.bak before its first change; installing again leaves one entry.
     Every file is checked before any is changed.
     """
-    from retrieval.agent.agent_clients import mcp_command, mcp_env
-    from retrieval.agent.agent_install import install as run_install
-    from retrieval.agent.agent_install import (
+    from retrieval.faces.agent_setup.clients import mcp_command, mcp_env
+    from retrieval.faces.agent_setup.install import install as run_install
+    from retrieval.faces.agent_setup.install import (
         install_instructions,
         instruction_files,
         writes_portable,
@@ -164,8 +164,8 @@ def uninstall(names: tuple[str, ...], scope: str | None, dry_run: bool, repo: Pa
     nothing else uses is removed. Every file is checked first: when one cannot be
     edited, none is changed.
     """
-    from retrieval.agent.agent_install import uninstall as run_uninstall
-    from retrieval.agent.agent_install import uninstall_instructions
+    from retrieval.faces.agent_setup.install import uninstall as run_uninstall
+    from retrieval.faces.agent_setup.install import uninstall_instructions
 
     root, home = _repo_root(repo), Path.home()
     clients = [client_named(n) for n in dict.fromkeys(names)] if names else list(CLIENTS)

@@ -1,12 +1,12 @@
 """`codeveil agent install` and `uninstall`: codeveil's MCP entry in each agent client's
-own config file (retrieval.agent.agent_clients), and an optional instruction section in
+own config file (retrieval.faces.agent_setup.clients), and an optional instruction section in
 AGENTS.md / CLAUDE.md.
 
 Edits are surgical: only the `codeveil` entry of the client's server map is set or
 removed; other entries, keys and their order stay. A JSON file keeps its indent; a
 TOML file (Codex) is edited as text, one table appended or cut, and re-read with
 tomllib to prove that nothing else changed. JSON with comments and trailing commas
-(JSONC: VS Code, Cursor) is edited as text too (retrieval.agent.jsonc), so its comments
+(JSONC: VS Code, Cursor) is edited as text too (retrieval.faces.agent_setup.jsonc), so its comments
 stay, and re-read the same way. A file that cannot be read as its format, or whose
 edit would not read back as meant, is left alone with an error. Before the first
 change to an existing file a copy is kept beside it (`<file>.bak`, once); a file that
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from indexer.private_files import write_atomic
-from retrieval.agent import jsonc
-from retrieval.agent.agent_clients import CLIENTS, SERVER_NAME, AgentSetupError, Client
+from retrieval.faces.agent_setup import jsonc
+from retrieval.faces.agent_setup.clients import CLIENTS, SERVER_NAME, AgentSetupError, Client
 
 __all__ = [
     "INSTRUCTIONS",

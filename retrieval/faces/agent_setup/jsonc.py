@@ -4,7 +4,7 @@ that every comment, blank line and the file's layout stay as the user wrote them
 
 The edit is made on the text: the members' places come from a small parser that skips
 `//` and `/* */` comments and knows strings. A caller re-reads the result with `loads`
-and compares it with what it meant to write (`agent_install` does), so an edit this
+and compares it with what it meant to write (`install` does), so an edit this
 module got wrong is refused rather than written.
 """
 
@@ -15,10 +15,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from indexer.errors import CodeveilError
+
 __all__ = ["JsoncError", "loads", "remove_member", "set_member"]
 
 
-class JsoncError(ValueError):
+class JsoncError(CodeveilError):
     """The text is not JSON even with comments and trailing commas allowed."""
 
 
