@@ -442,7 +442,8 @@ def _builder_progress(b: dict[str, object]) -> str:
         if not done and not rate:
             # Loading the model and reading the files: no chunk is embedded yet, so a
             # rate of 0.0/s would read as a builder that is stuck.
-            return f"{running}: preparing (loading the model); {todo} chunks to build"
+            todo_line = f"; {todo} chunks to build" if todo else ""
+            return f"{running}: preparing (loading the model){todo_line}"
         if not rate:
             return f"{running}: {done} of {todo} chunks, no rate yet"
         left = b.get("seconds_left")
