@@ -102,7 +102,7 @@ class Machine:
         else:  # a new ref (branch) is read when the client is opened
             self.index.close()
             self.index = Index(self.root, embedder=HashingEmbedder())
-        return self.index.index()
+        return self.index.index(wait=True)
 
 
 def data_bytes(data: Path) -> int:

@@ -447,7 +447,7 @@ def _syncs(number: int, job: dict[str, Any], rng: random.Random, spent: list[flo
                 f.write(f"\n\ndef {name}(value):\n    return value + {edit}\n")
             started = time.perf_counter()
             try:
-                report = idx.index()
+                report = idx.index(wait=True)
                 spent.append(time.perf_counter() - started)
                 extra["chunks_embedded"] += report.chunks_embedded
                 # Searchable at once: the edit's file among the first hits for its name
@@ -480,7 +480,7 @@ def _pulls(number: int, job: dict[str, Any], rng: random.Random, spent: list[flo
             with Index(clone) as idx:
                 idx.init(server=job["urls"][n % 2], workspace_id=job["pull_workspace"],
                          token=job["pull_token"])
-                report = idx.index()
+                report = idx.index(wait=True)
             spent.append(time.perf_counter() - started)
             extra["chunks_pulled"] += report.chunks_pulled
             if report.chunks_embedded or not report.chunks_pulled:

@@ -209,7 +209,7 @@ def build_repo(tree: Path, work: Path, *, server_search: bool,
 
     with Index(repo) as idx:
         idx.init(server_search=server_search, server=None if server is None else server[0])
-        idx.index()
+        idx.index(wait=True)
     config = load_config(repo)
     return Setup(repo=repo, store_dir=store_path(repo) if server is None else server[1],
                  workspace_id=config.workspace_id,
@@ -238,7 +238,7 @@ def edit_and_reindex(setup: Setup, before: ServerView) -> dict[str, int]:
            if f == fid]
     _edit_the_private_module(setup)
     with Index(setup.repo) as idx:
-        idx.index()
+        idx.index(wait=True)
         after = read_server(setup.store_dir)  # the store is still open here
         new = {(c, m) for c, m, f in zip(after.chunk_ids, after.metas, after.fids,
                                          strict=True) if f == fid}
@@ -282,7 +282,7 @@ def _edit_paged(setup: Setup, before: ServerView) -> dict[str, int]:
     pages_before = page_keys(setup.store_dir)
     _edit_the_private_module(setup)
     with Index(setup.repo) as idx:
-        idx.index()
+        idx.index(wait=True)
         after = read_server(setup.store_dir)  # the store is still open here
         new = file_rows(after, after.leaves[leaf])
         pages_after = page_keys(setup.store_dir)
@@ -938,7 +938,7 @@ def attack_cochange(setup: Setup, editable: list[str], edits: int, seed: int, *,
             path = rng.choice(editable)
             target = setup.repo / path
             target.write_text(target.read_text() + f"\n# edit {n}\n")
-            idx.index()
+            idx.index(wait=True)
             edited.add(path)
             now = observe()
             added_in.update(dict.fromkeys(now.keys() - seen.keys(), n))
@@ -1175,7 +1175,7 @@ def server_search_edit(tree: Path, work: Path) -> dict[str, object]:
             lines[middle] = lines[middle].rstrip("\n") + f"  # edited {n}\n"
             path.write_text("".join(lines))
             texts.append(path.read_text())
-            idx.index()
+            idx.index(wait=True)
             versions.append(rows())
         held = snapshot.read_bytes() if snapshot.exists() else b""
     first, second = {v for v, _ in versions[1]}, {m for _, m in versions[2]}
@@ -1259,10 +1259,10 @@ def sync_cost(setup: Setup, index_cls: type, first_seconds: float, *,
     tree_bytes = sum(f.stat().st_size for f in ws_dir.iterdir() if f.is_file())
     pages = page_keys(setup.store_dir) if paged else set()
     with index_cls(setup.repo) as idx:
-        same = idx.index()
+        same = idx.index(wait=True)
         path = setup.repo / setup.duplicate[0]
         path.write_text(path.read_text() + "\n# one more line\n")
-        edit = idx.index()
+        edit = idx.index(wait=True)
     after = page_keys(setup.store_dir) if paged else set()
     paging = {"pages stored": len(pages),
               "one-file sync: pages written": len(after - pages),

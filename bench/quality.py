@@ -1057,7 +1057,7 @@ def run_e2e(args, n: int) -> dict:
                 shutil.copytree(src, root, ignore=skip)
                 with Index(root) as idx:
                     idx.init(server_search=mode == "server-search")
-                    idx.index()
+                    idx.index(wait=True)
                     hits = idx.search(inst["query"], k=DEPTH_FILES, group="file")
                 mode_ranks.append(first_gold([h.path for h in hits], set(inst["gold_files"])))
                 shutil.rmtree(root)

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def index(c: Checkout) -> SyncReport:
         c.use(base)
-        report = c.index.index()
+        report = c.index.index(wait=True)
         totals["embedded"] += report.chunks_embedded
         totals["pulled"] += report.chunks_pulled
         totals["bytes_sent"] += report.bytes_sent

@@ -46,7 +46,8 @@ hangs under another parent than drawn::
     │       └── ServerError                       a 5xx or an unreadable answer
     ├── SearchError         (retrieval.faces.api)   bad search options (k, group, ...)
     ├── ServerSearchOffline (retrieval.faces.api)   a server-search workspace's server is down
-    ├── AgentSetupError     (retrieval.agent.agent_clients)  an agent's config file left unedited
+    ├── AgentSetupError     (retrieval.faces.agent_setup)  an agent's config file left unedited
+    ├── JsoncError          (retrieval.faces.agent_setup)  not JSON, even with comments
     ├── ToolInputError      (retrieval.agent.symbols)  a name, file or pattern a lookup cannot use
     └── ModelMismatchError  (sync.workspace.workspace)  the workspace holds another model's vectors
 

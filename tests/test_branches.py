@@ -49,7 +49,7 @@ def test_two_branches_share_the_pool(tmp_path: Path, kind: str, request: pytest.
     monkeypatch.setenv("CODEVEIL_REF", "alice:main")
     repo = many_files(tmp_path / "repo", 60)
     idx = served.open_index(repo)
-    first = idx.index()
+    first = idx.index(wait=True)
     ws = load_config(repo).workspace_id
     shared_key, token = export_key(load_key(ws)), load_token(ws)
     alice_config = os.environ.get("CODEVEIL_CONFIG_DIR")
@@ -64,7 +64,7 @@ def test_two_branches_share_the_pool(tmp_path: Path, kind: str, request: pytest.
     import_key(ws, shared_key)
     mate_idx = Index(mate, embedder=HashingEmbedder())
     mate_idx.init(server=served.server.url, workspace_id=ws, token=token)
-    joined = mate_idx.index()
+    joined = mate_idx.index(wait=True)
     n = first.files_changed
     # Every file alice sent is linked but the three bob changed; his own are sent.
     assert joined.files_linked == joined.files_changed - 3 and joined.files_changed >= n
@@ -76,13 +76,13 @@ def test_two_branches_share_the_pool(tmp_path: Path, kind: str, request: pytest.
 
     # Alternate syncs: neither flips the other's tree, so nothing is sent again.
     (mate / "pkg0/mod_0.py").write_text("def branch_change_0():\n    return 'again'\n")
-    assert mate_idx.index().files_changed == 1
+    assert mate_idx.index(wait=True).files_changed == 1
     monkeypatch.setenv("CODEVEIL_REF", "alice:main")
     if alice_config is None:
         monkeypatch.delenv("CODEVEIL_CONFIG_DIR")
     else:
         monkeypatch.setenv("CODEVEIL_CONFIG_DIR", alice_config)
-    back = idx.index()
+    back = idx.index(wait=True)
     assert (back.files_changed, back.chunks_embedded, back.requests) == (0, 0, 1)
     with HttpClient(served.server.url, ws, token) as client:
         refs = client.refs()

@@ -51,7 +51,7 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.Fixtur
     with Index(root, embedder=HashingEmbedder()) as idx:
         if getattr(request, "param", MODE_SEALED) == MODE_SERVER_SEARCH:
             idx.init(server_search=True)
-        idx.index()
+        idx.index(wait=True)
     return root
 
 
@@ -267,7 +267,7 @@ def test_doctor_names_the_damaged_file_and_repair_restores_search(
     assert not [f for f in again.findings if f.problem], again.lines()  # not even a note
     assert results(repo) == before
     with Index(repo, embedder=HashingEmbedder()) as idx:
-        assert idx.index().files_changed == 0  # the repaired store agrees with the tree
+        assert idx.index(wait=True).files_changed == 0  # the repaired store agrees with the tree
 
 
 @pytest.mark.parametrize(
@@ -284,7 +284,7 @@ def test_index_does_not_report_success_over_a_store_it_cannot_read(
     with Index(repo, embedder=HashingEmbedder()) as idx, pytest.raises(
         StoreCorrupt, match=f"{named}.*codeveil doctor --repair"
     ):
-        idx.index()
+        idx.index(wait=True)
 
 
 def test_a_lost_state_is_refused_by_search_not_silently_used(repo: Path) -> None:
@@ -360,7 +360,7 @@ def test_a_clean_index_with_repeated_chunks_gives_a_clean_doctor(
         "other.py": "def other():\n    return 2\n",
     })
     with Index(root, embedder=HashingEmbedder()) as idx:
-        idx.index()
+        idx.index(wait=True)
     from indexer.local_chunks import LocalChunks, open_state_db
     from sync.checkout.config import state_path
 

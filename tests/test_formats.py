@@ -28,7 +28,7 @@ def _stamp(path: Path, version: int) -> None:
 
 @pytest.fixture
 def indexed(sample_repo: Path) -> Path:
-    Index(sample_repo, embedder=HashingEmbedder()).index()
+    Index(sample_repo, embedder=HashingEmbedder()).index(wait=True)
     return sample_repo
 
 

@@ -22,7 +22,7 @@ def _indexed(tmp_path: Path, url: str) -> tuple[Path, dict]:
     repo = write_repo(tmp_path / "repo", {"a.py": "def alpha():\n    return 1\n"})
     with Index(repo, embedder=HashingEmbedder()) as idx:
         idx.init(server=url)
-        idx.index()
+        idx.index(wait=True)
     return repo, json.loads((repo / ".codeveil" / "config.json").read_text())
 
 

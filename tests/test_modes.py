@@ -34,9 +34,9 @@ def test_both_modes_rank_alike(sample_repo: Path, tmp_path: Path,
     shutil.copytree(sample_repo, other)
     with Index(sample_repo, embedder=real_embedder) as sealed, \
             Index(other, embedder=real_embedder) as ranked:
-        sealed.index()
+        sealed.index(wait=True)
         ranked.init(server_search=True)
-        ranked.index()
+        ranked.index(wait=True)
         assert sealed.mode == MODE_SEALED and ranked.mode == MODE_SERVER_SEARCH
         assert sealed.status()["mode"] == MODE_SEALED
         with_headers = {q: _hits(sealed, q) for q in QUERIES}

@@ -72,7 +72,7 @@ def _indexed(tmp_path: Path, server: ServerProcess, *, server_search: bool = Fal
     repo = write_repo(tmp_path / "repo", FILES)
     with Index(repo, embedder=HashingEmbedder()) as idx:
         idx.init(server=server.url, server_search=server_search)
-        idx.index()
+        idx.index(wait=True)
     return repo
 
 

@@ -40,7 +40,7 @@ def test_the_words_tier_answers_in_the_top_three(tmp_path: Path) -> None:
         else:
             shutil.copy(src, repo / part)
     with Index(repo, embedder=HashingEmbedder()) as idx:
-        idx.index()
+        idx.index(wait=True)
         idx.search_options = replace(idx.search_options, w_vector=0.0, w_header_vector=0.0,
                                      meaning_share=0.0)
         missed = {}

@@ -46,7 +46,7 @@ def test_envelopes_fall_in_buckets_and_every_page_holds_as_many_rows(
         tmp_path: Path) -> None:
     repo = _repo(tmp_path / "repo")
     with Index(repo, embedder=HashingEmbedder()) as idx:
-        idx.index()
+        idx.index(wait=True)
         status = idx.status()
     config = load_config(repo)
     rows = _stored(repo)
@@ -66,7 +66,7 @@ def test_envelopes_fall_in_buckets_and_every_page_holds_as_many_rows(
 def test_rows_are_stored_out_of_chunk_order(tmp_path: Path) -> None:
     repo = _repo(tmp_path / "repo")
     with Index(repo, embedder=HashingEmbedder()) as idx:
-        idx.index()
+        idx.index(wait=True)
     config = load_config(repo)
     lines: dict[str, list[int]] = {}
     for _, _, row in opened_rows(store_path(repo), config.workspace_id, config.dim):
@@ -87,7 +87,7 @@ def test_server_search_rows_are_stored_out_of_chunk_order(tmp_path: Path) -> Non
     repo = _repo(tmp_path / "repo")
     with Index(repo, embedder=HashingEmbedder()) as idx:
         idx.init(server_search=True)
-        idx.index()
+        idx.index(wait=True)
     config = load_config(repo)
     key = load_key(config.workspace_id)
     (ws,) = (store_path(repo) / "workspaces").iterdir()
@@ -112,12 +112,12 @@ def test_padding_rows_never_reach_a_pull_a_hit_or_doctor(
     with Index(repo, embedder=HashingEmbedder()) as idx:
         if url:
             idx.init(server=url)
-        first = idx.index()
+        first = idx.index(wait=True)
     # Another machine: no vectors, no local state; its vectors come from the rows.
     monkeypatch.setenv("CODEVEIL_CACHE_DIR", str(tmp_path / "empty-cache"))
     state_path(repo).unlink()
     with Index(repo, embedder=HashingEmbedder()) as idx:
-        report = idx.index()
+        report = idx.index(wait=True)
         assert report.chunks_embedded == 0
         assert report.chunks_pulled == report.chunks_total == first.chunks_total
         hits = idx.search("step of x", k=200)
@@ -140,7 +140,7 @@ def test_the_store_sees_files_in_a_random_order_not_by_category(tmp_path: Path) 
         files[f"docs/page_{i}.md"] = f"# Page {i}\n\nHow to call source_{i}.\n"
     repo = write_repo(tmp_path / "repo", files)
     with Index(repo, embedder=HashingEmbedder()) as idx:
-        idx.index()
+        idx.index(wait=True)
     config = load_config(repo)
     first_row: dict[str, int] = {}
     for rid, _, row in opened_rows(store_path(repo), config.workspace_id, config.dim):

@@ -223,7 +223,7 @@ def test_two_replicas_serve_one_database_and_it_holds_no_plaintext(
     repo = planted_repo(tmp_path / "repo")
     idx = Index(repo, embedder=hashing_embedder)
     idx.init(server=one.url, server_search=True)
-    report = idx.index()
+    report = idx.index(wait=True)
     assert report.chunks_total >= 3
     assert any(CANARIES["ident"] in h.text for h in idx.search("class that holds a secret"))
     idx.close()

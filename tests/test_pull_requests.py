@@ -110,7 +110,7 @@ def test_a_pull_asks_for_empty_files_like_the_others(
     with _machine(monkeypatch, tmp_path / "alice-home"):
         with Index(repo, embedder=hashing_embedder) as a:
             config = a.init(server=server_url)
-            a.index()
+            a.index(wait=True)
         assert config.sealed
         key = load_key(config.workspace_id)
         key_text, token = export_key(key), load_token(config.workspace_id)
@@ -122,7 +122,7 @@ def test_a_pull_asks_for_empty_files_like_the_others(
         with Index(clone, embedder=hashing_embedder) as b:
             b.init(server=relay.url, workspace_id=config.workspace_id, token=token)
             relay.requests.clear()  # the pull only, not the join's checks
-            report = b.index()
+            report = b.index(wait=True)
         assert report.chunks_embedded == 0 and report.chunks_pulled > 0
 
     asked = relay.asked_rows()

@@ -91,7 +91,7 @@ def test_index_survives_an_actor_dying_mid_index(ray_cluster, sample_repo: Path,
     pool = RayEmbedder(model="minilm-torch", actors=2, batch_size=2)
     progress = _KillAfterFirstBatch(pool)
     with Index(sample_repo, embedder=pool) as idx:
-        report = idx.index(progress=progress)
+        report = idx.index(wait=True, progress=progress)
         status = idx.status()
         hits = idx.search("hash a password with a salt", k=3)
     pool.close()

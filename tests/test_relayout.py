@@ -116,7 +116,7 @@ def test_a_directory_layout_store_is_relaid_without_losing_rows(
     with Index(repo, embedder=HashingEmbedder()) as idx:
         if server is not None:
             idx.init(server=server.url)
-        idx.index()
+        idx.index(wait=True)
     ws = load_config(repo).workspace_id
     key = load_key(ws)
     paths = sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*.py"))
@@ -132,12 +132,12 @@ def test_a_directory_layout_store_is_relaid_without_losing_rows(
         monkeypatch.setenv("CODEVEIL_CACHE_DIR", str(tmp_path / "empty-cache"))
         state_path(repo).unlink()
     with Index(repo, embedder=HashingEmbedder()) as idx:
-        report = idx.index()
+        report = idx.index(wait=True)
         assert report.files_changed == len(paths)
         assert report.chunks_embedded == 0  # from the cache, or pulled from the old rows
         if fresh_machine:
             assert report.chunks_pulled == report.chunks_total > 0
-        assert idx.index().requests == 1
+        assert idx.index(wait=True).requests == 1
         assert idx.search("handler_17", k=1)[0].path == "pkg1/sub2/mod_17.py"
 
     new = _contents(repo, ws, key, server)

@@ -26,7 +26,7 @@ def _indexed(path: Path, url: str) -> tuple[Path, str]:
     repo = write_repo(path, {"a.py": "def alpha():\n    return 1\n"})
     with Index(repo, embedder=HashingEmbedder()) as idx:
         idx.init(server=url)
-        idx.index()
+        idx.index(wait=True)
     return repo, load_config(find_root(repo)).workspace_id
 
 

@@ -87,7 +87,7 @@ def _share(machine: Machine, repo: Path, server_url: str,
     with machine.active():
         idx = Index(repo, embedder=embedder)
         config = idx.init(server=server_url)
-        report = idx.index()
+        report = idx.index(wait=True)
         return idx, config, report, load_token(config.workspace_id)
 
 
@@ -111,7 +111,7 @@ def test_a_teammate_pulls_vectors_and_gets_the_same_answers(
         b = Index(bob_repo, embedder=real_embedder)
         joined = b.init(server=server_url, workspace_id=config.workspace_id, token=token)
         assert joined.sealed  # the workspace's mode, recorded on the server
-        report = b.index()
+        report = b.index(wait=True)
         # Every chunk came from the workspace; the model ran for none of them.
         assert report.chunks_embedded == 0
         assert report.chunks_pulled == first.chunks_total
@@ -134,7 +134,7 @@ def test_a_teammate_pulls_vectors_and_gets_the_same_answers(
     (bob_repo / "auth" / "password.py").unlink()
     with bob.active():
         b = Index(bob_repo, embedder=real_embedder)
-        again = b.index()
+        again = b.index(wait=True)
         db = open_state_db(state_path(bob_repo))
         bobs = len(LocalChunks(db).for_file("tools/bob_notes.py"))
         db.close()

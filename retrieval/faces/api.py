@@ -2,7 +2,8 @@
 
     from retrieval import Index
     idx = Index("path/to/repo")
-    idx.index()                       # first run creates .codeveil/ and the workspace
+    idx.index(wait=True)   # first run creates .codeveil/ and the workspace; without
+                           # wait, as `codeveil index`: words now, vectors in the background
     for hit in idx.search("where do we retry failed uploads", k=5):
         print(hit.path, hit.start_line, hit.end_line, hit.symbol, hit.score)
 """
@@ -149,14 +150,15 @@ class Index:
     # -- indexing -------------------------------------------------------------------
 
     def index(self, *, progress: Progress | None = None, reupload: bool = False,
-              embed_on: str | None = None, wait: bool = True) -> SyncReport:
+              embed_on: str | None = None, wait: bool = False) -> SyncReport:
         """Bring the index up to date with the folder; creates it on first use.
 
-        With `wait` (the default here) it returns once every chunk has its vectors and
-        the store holds them. Without, it returns once the words, names and structure
-        are indexed (`Workspace.index_words`: seconds) and leaves the model's work and
-        the sync to the index's background builder (`sync.daemon.builder`), started here;
-        `builder()` tells how it goes.
+        It returns once the words, names and structure are indexed
+        (`Workspace.index_words`: seconds) and leaves the model's work and the sync to
+        the index's background builder (`sync.daemon.builder`), started here; `builder()` tells
+        how it goes. With `wait` it returns once every chunk has its vectors and the
+        store holds them. The default is the command's and the MCP tool's
+        (retrieval.faces.operations).
 
         `reupload` (send every file again) and `embed_on` (a Ray cluster,
         `ray://HOST:PORT[?actors=N]`, which sees the chunks' plain text: one you trust)
@@ -184,6 +186,12 @@ class Index:
             report = self._ws.sync(progress=progress, reupload=reupload, embed_on=embed_on,
                                    follower=SearchReady(self._ws, self._vector_index))
         builder.clear_failure()
+        st = builder.state()
+        if st is not None and st.state == "stopped":
+            # This sync stopped the builder and did its work: what is left is "done"
+            # (or offline), not a builder someone stopped halfway.
+            st.state, st.offline = ("offline" if report.offline else "done"), report.offline
+            builder.write(st)
         return report
 
     def _ask_server(self) -> str:
@@ -459,6 +467,13 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
+
+
+def status_json(idx: Index, info: WorkspaceStatus) -> dict[str, object]:
+    """The status as `codeveil status --json` prints it and the MCP tool `index_status`
+    answers it, one shape: `info` (`Index.status`), `index` (the coverage: how many
+    chunks have vectors) and `builder` (`Index.builder`)."""
+    return {**info.to_dict(), "index": idx.coverage().to_dict(), "builder": idx.builder()}
 
 
 def lost_state_message(root: Path, held_chunks: int) -> str:

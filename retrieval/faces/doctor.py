@@ -696,7 +696,7 @@ def _repair(root: Path, plan: _Plan, embedder: Embedder | None, report: DoctorRe
     # The index rebuilds a missing or moved state (and re-embeds from the cache), a
     # moved cache (by embedding), and sends every file again if the store lost rows.
     with Index(root, embedder=embedder) as idx:
-        report.index = idx.index(reupload=reupload)
+        report.index = idx.index(wait=True, reupload=reupload)
         chunks = _all_chunks(root)
         config = load_config(root)
         sealed = config.sealed

@@ -10,6 +10,10 @@ servers, in which format and under which key, and how codeveil's entry looks the
     codex           .codex/config.toml        ~/.codex/config.toml (CODEX_HOME)   [mcp_servers]
     gemini          .gemini/settings.json     ~/.gemini/settings.json             mcpServers
 
+A project file is committed and read by every teammate: codeveil's entry there is the
+portable form (`Client.portable_command`), a user's file gets this machine's absolute
+one (`mcp_command`, `mcp_env`).
+
 <app config> is ~/Library/Application Support on macOS, %APPDATA% on Windows, and
 $XDG_CONFIG_HOME or ~/.config elsewhere. The home dir is $HOME's, so tests (and a user
 setting up another account) can point it elsewhere.
@@ -69,6 +73,10 @@ class Client:
     user: Callable[[Path], Path]
     present: Callable[[Path], Path]
     stdio_type: bool = False  # VS Code's format wants "type": "stdio" on the entry
+    #: The variable the client replaces by the folder it has open, in a project file's
+    #: arguments (None: it starts its servers in that folder, so `codeveil mcp` finds
+    #: the repo from its working folder).
+    workspace_var: str | None = None
 
     def path(self, scope: str, repo: Path, home: Path) -> Path:
         """The file this client reads for `scope` ("project" or "user")."""
@@ -90,10 +98,17 @@ class Client:
         project = repo / self.project
         return (project.parent if project.parent != repo else project).exists()
 
+    def portable_command(self) -> list[str]:
+        """`codeveil mcp` as a project file committed to the repo wants it: `codeveil`
+        from each teammate's PATH, the repo the client has open, no path of this
+        machine's."""
+        return ["codeveil", "mcp", *(["-C", self.workspace_var] if self.workspace_var
+                                     else [])]
+
     def entry(self, command: list[str], env: dict[str, str] | None = None
               ) -> dict[str, object]:
         """codeveil's entry in this client's format."""
-        entry: dict[str, object] = {"command": command[0], "args": command[1:]}
+        entry: dict[str, object] = {"command": command[0], "args": list(command[1:])}
         if self.stdio_type:
             entry = {"type": "stdio", **entry}
         if env:
@@ -108,10 +123,12 @@ CLIENTS: tuple[Client, ...] = (
            user=lambda h: _app_config(h) / "Claude" / "claude_desktop_config.json",
            present=lambda h: _app_config(h) / "Claude"),
     Client("cursor", "Cursor", "json", "mcpServers", ".cursor/mcp.json",
-           user=lambda h: h / ".cursor" / "mcp.json", present=lambda h: h / ".cursor"),
+           user=lambda h: h / ".cursor" / "mcp.json", present=lambda h: h / ".cursor",
+           workspace_var="${workspaceFolder}"),
     Client("vscode", "VS Code", "json", "servers", ".vscode/mcp.json",
            user=lambda h: _app_config(h) / "Code" / "User" / "mcp.json",
-           present=lambda h: _app_config(h) / "Code", stdio_type=True),
+           present=lambda h: _app_config(h) / "Code", stdio_type=True,
+           workspace_var="${workspaceFolder}"),
     Client("windsurf", "Windsurf", "json", "mcpServers", None,
            user=lambda h: h / ".codeium" / "windsurf" / "mcp_config.json",
            present=lambda h: h / ".codeium" / "windsurf"),
@@ -144,9 +161,10 @@ def mcp_env() -> dict[str, str]:
 
 
 def mcp_command(repo: Path) -> list[str]:
-    """The command that runs this installation's `codeveil mcp` on `repo`: the
-    `codeveil` script beside this Python (a venv's), else this Python with `-m`. Never
-    one found on PATH: that may be another installation, of another version."""
+    """The command that runs this installation's `codeveil mcp` on `repo` (the absolute
+    form: a user's own config, or `agent install --absolute`): the `codeveil` script
+    beside this Python (a venv's), else this Python with `-m`. Never one found on PATH:
+    that may be another installation, of another version."""
     python = Path(sys.executable).absolute()  # not resolved: a venv's python is a link
     script = python.parent / ("codeveil.exe" if sys.platform == "win32" else "codeveil")
     head = [str(script)] if script.is_file() else [str(python), "-m", "retrieval"]

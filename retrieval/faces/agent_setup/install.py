@@ -1,15 +1,17 @@
 """`codeveil agent install` and `uninstall`: codeveil's MCP entry in each agent client's
-own config file (retrieval.agent.agent_clients), and an optional instruction section in
+own config file (retrieval.faces.agent_setup.clients), and an optional instruction section in
 AGENTS.md / CLAUDE.md.
 
 Edits are surgical: only the `codeveil` entry of the client's server map is set or
 removed; other entries, keys and their order stay. A JSON file keeps its indent; a
 TOML file (Codex) is edited as text, one table appended or cut, and re-read with
-tomllib to prove that nothing else changed. A file that cannot be read as its format
-(JSON with comments, say) is left alone with an error. Before the first change to an
-existing file a copy is kept beside it (`<file>.bak`, once); a file that did not exist
-is not backed up, and uninstall removes it again when nothing else was put in it.
-Installing twice leaves one entry.
+tomllib to prove that nothing else changed. JSON with comments and trailing commas
+(JSONC: VS Code, Cursor) is edited as text too (retrieval.faces.agent_setup.jsonc), so its comments
+stay, and re-read the same way. A file that cannot be read as its format, or whose
+edit would not read back as meant, is left alone with an error. Before the first
+change to an existing file a copy is kept beside it (`<file>.bak`, once); a file that
+did not exist is not backed up, and uninstall removes it again when nothing else was
+put in it. Installing twice leaves one entry.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import os
 import re
 import shutil
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from indexer.private_files import write_atomic
-from retrieval.agent.agent_clients import CLIENTS, SERVER_NAME, AgentSetupError, Client
+from retrieval.faces.agent_setup import jsonc
+from retrieval.faces.agent_setup.clients import CLIENTS, SERVER_NAME, AgentSetupError, Client
 
 __all__ = [
     "INSTRUCTIONS",
@@ -37,6 +41,7 @@ __all__ = [
     "instruction_files",
     "uninstall",
     "uninstall_instructions",
+    "writes_portable",
 ]
 
 
@@ -57,16 +62,25 @@ def detect_clients(repo: Path, home: Path) -> list[Client]:
 
 
 def install(clients: list[Client], command: list[str], *, scope: str, repo: Path,
-            home: Path, env: dict[str, str] | None = None,
+            home: Path, env: dict[str, str] | None = None, portable: bool = True,
             write: bool = True) -> list[Change]:
     """Set codeveil's entry, running `command` (with `env`), in each client's file for
-    `scope`."""
+    `scope`; with `portable`, a project file gets the client's portable command instead
+    (and no `env`: the paths are this machine's)."""
     changes = []
     for client in clients:
-        path = client.path(client.scope_for(scope), repo, home)
+        chosen = client.scope_for(scope)
+        path = client.path(chosen, repo, home)
+        entry = (client.entry(client.portable_command())
+                 if portable and chosen == "project" else client.entry(command, env))
         edit = _toml_install if client.format == "toml" else _json_install
-        changes.append(edit(client, path, client.entry(command, env), write))
+        changes.append(edit(client, path, entry, write))
     return changes
+
+
+def writes_portable(clients: list[Client], scope: str) -> bool:
+    """Whether any of `clients` gets a project file for `scope`."""
+    return any(c.scope_for(scope) == "project" for c in clients)
 
 
 def uninstall(clients: list[Client], *, scopes: tuple[str, ...], repo: Path, home: Path,
@@ -120,19 +134,29 @@ def _created_by_us(path: Path) -> bool:
 
 
 def _json_load(path: Path, key: str) -> tuple[dict[str, Any], str | None]:
+    """The file's object and its text; JSON with comments and trailing commas (JSONC,
+    which VS Code and Cursor read) is read too."""
     text = _read(path)
     if text is None or not text.strip():
         return {}, text
     try:
-        data = json.loads(text)
-    except ValueError as exc:
+        data = jsonc.loads(text)
+    except jsonc.JsoncError as exc:
         raise AgentSetupError(
-            f"{path} is not plain JSON ({exc}); it is left as it is: add codeveil's entry"
-            " by hand (docs/mcp.md)") from None
+            f"{path} is not JSON, even with comments allowed ({exc}); it is left as it is:"
+            " add codeveil's entry by hand (docs/mcp.md)") from None
     if not isinstance(data, dict) or not isinstance(data.get(key, {}), dict):
         raise AgentSetupError(f"{path}: expected an object with {key!r} an object; it is"
                               " left as it is")
     return data, text
+
+
+def _is_plain(text: str | None) -> bool:
+    try:
+        json.loads(text or "")
+    except ValueError:
+        return False
+    return True
 
 
 def _indent(text: str | None) -> int | str:
@@ -144,8 +168,24 @@ def _indent(text: str | None) -> int | str:
     return "\t" if "\t" in lead else len(lead)
 
 
-def _dump(data: dict[str, Any], text: str | None) -> str:
-    return json.dumps(data, indent=_indent(text), ensure_ascii=False) + "\n"
+def _dump(path: Path, data: dict[str, Any], text: str | None,
+          edit: Callable[[str, str], str]) -> str:
+    """The file's new text, holding `data`. Plain JSON is written again whole (in its
+    own indent); a file with comments gets `edit` (text, indent unit) on its text, so
+    that they stay, and is re-read to prove it holds `data` and nothing else."""
+    if text is None or not text.strip() or _is_plain(text):
+        return json.dumps(data, indent=_indent(text), ensure_ascii=False) + "\n"
+    unit = _indent(text)
+    try:
+        new = edit(text, unit if isinstance(unit, str) else " " * unit)
+        same = jsonc.loads(new) == data
+    except jsonc.JsoncError:
+        same = False
+    if not same:
+        raise AgentSetupError(f"{path} has comments and a layout this command cannot edit"
+                              " safely; it is left as it is: change codeveil's entry by"
+                              " hand (docs/mcp.md)")
+    return new
 
 
 def _json_snippet(client: Client, entry: dict[str, object]) -> str:
@@ -155,13 +195,21 @@ def _json_snippet(client: Client, entry: dict[str, object]) -> str:
 def _json_install(client: Client, path: Path, entry: dict[str, object],
                   write: bool) -> Change:
     data, text = _json_load(path, client.key)
+    had_map = client.key in data
     servers = data.setdefault(client.key, {})
     snippet = _json_snippet(client, entry)
     if servers.get(SERVER_NAME) == entry:
         return Change(client.name, path, "unchanged", snippet, _existing_backup(path))
     action = "updated" if SERVER_NAME in servers else "added"
     servers[SERVER_NAME] = entry
-    backup = _write(path, _dump(data, text)) if write else None
+
+    def edit(old: str, unit: str) -> str:
+        if had_map:
+            return jsonc.set_member(old, (client.key,), SERVER_NAME, entry, unit)
+        return jsonc.set_member(old, (), client.key, {SERVER_NAME: entry}, unit)
+
+    new = _dump(path, data, text, edit)  # refused here, before any file is written
+    backup = _write(path, new) if write else None
     return Change(client.name, path, action, snippet, backup)
 
 
@@ -171,13 +219,20 @@ def _json_uninstall(client: Client, path: Path, write: bool) -> Change:
     if SERVER_NAME not in servers:
         return Change(client.name, path, "absent", "")
     del servers[SERVER_NAME]
-    if not servers and not _had_key(path, client.key):
+    drop_map = not servers and not _had_key(path, client.key)
+    if drop_map:
         del data[client.key]
+
+    def edit(old: str, unit: str) -> str:
+        new = jsonc.remove_member(old, (client.key,), SERVER_NAME)
+        return jsonc.remove_member(new, (), client.key) if drop_map else new
+
+    new = "" if not data and _created_by_us(path) else _dump(path, data, text, edit)
     if write:
-        if not data and _created_by_us(path):
+        if not new:
             path.unlink()
         else:
-            _write(path, _dump(data, text))
+            _write(path, new)
     return Change(client.name, path, "removed", "", _existing_backup(path))
 
 
