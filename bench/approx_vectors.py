@@ -6,7 +6,7 @@ search process's memory, disk per chunk, build time, and a one-file edit.
 
 For each size, a real `.codeveil/state.sqlite` with that many chunks (files of 10
 chunks, written through `LocalChunks.replace_files`) and the saved vector index of
-synthetic vectors (`bench.query_latency.synthetic`, dim 384; the header plane is the
+synthetic vectors (`bench.synthetic_vectors.synthetic`, dim 384; the header plane is the
 corpus shifted by 7 rows, as in `bench/local_vectors.py`), written by the store's own
 writer with the chunk table's stamp and file list, so that the store finds it current.
 (Filling the embedding cache with 2M vectors and reading them back costs ~20 min at 1M;
@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import Timer, isolate, proc_status_kb, table, write_json
 from bench.local_vectors import FILES_PER_WRITE, MODEL, _file_chunks, pct
-from bench.query_latency import DIM, PER_FILE, synthetic
+from bench.synthetic_vectors import DIM, PER_FILE, synthetic
 from indexer.local_chunks import LocalChunks, open_state_db
 from indexer.location import ChunkLocation
 from retrieval.indexes.derived.store import Saved, chunk_rows, read_files

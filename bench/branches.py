@@ -82,8 +82,8 @@ class Machine:
     def sync(self, ref: str, files: dict[str, str]) -> object:
         from indexer.embedder import HashingEmbedder
         from retrieval import Index
-        from sync.config import load_config, load_token
-        from sync.keys import export_key, import_key, load_key
+        from sync.checkout.config import load_config, load_token
+        from sync.crypto.keys import export_key, import_key, load_key
 
         self._enter(ref)
         write(self.root, files)
@@ -102,7 +102,7 @@ class Machine:
         else:  # a new ref (branch) is read when the client is opened
             self.index.close()
             self.index = Index(self.root, embedder=HashingEmbedder())
-        return self.index.index()
+        return self.index.index(wait=True)
 
 
 def data_bytes(data: Path) -> int:
@@ -289,7 +289,7 @@ def main() -> None:
 
 
 def ref_counts(server: Server, m: Machine) -> list:
-    from sync.http_client import HttpClient
+    from sync.transport.http_client import HttpClient
 
     assert m.workspace is not None and m.token is not None
     with HttpClient(server.url, m.workspace, m.token) as client:

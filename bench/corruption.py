@@ -154,13 +154,13 @@ def build(base: Path) -> Built:
     _write(other, {**FILES, "pkg0/mod_0.py": _module(99), "extra.py": _module(50)})
     for checkout in (other, repo):
         with Index(checkout, embedder=HashingEmbedder()) as idx:
-            idx.index()
+            idx.index(wait=True)
         answers(checkout)  # builds the lexical, vector and grep indexes
         # An edit and a new file: the derived indexes now have a delta beside the base.
         _write(checkout, {"pkg1/mod_4.py": _module(4) + "\ndef added():\n    return 4\n",
                           "late.py": _module(77)})
         with Index(checkout, embedder=HashingEmbedder()) as idx:
-            idx.index()
+            idx.index(wait=True)
         answers(checkout)
     fresh = answers(repo)
     for db in [*repo.rglob("*.sqlite"), *Path(os.environ["CODEVEIL_CACHE_DIR"]).rglob("*.sqlite")]:

@@ -108,8 +108,8 @@ def mutate(root: Path, rng: random.Random, tag: str) -> None:
 
 def snapshot(data_dir: Path, workspace_id: str, key: str) -> tuple:
     """What the workspace of a data dir holds, opened with its (exported) key."""
-    from sync.keys import parse_key
-    from sync.store_contents import workspace_contents
+    from bench.store_contents import workspace_contents
+    from sync.crypto.keys import parse_key
 
     return workspace_contents(data_dir, workspace_id, parse_key(key))
 
@@ -119,8 +119,8 @@ def contents(repo: Path, workspace_id: str, key: str, server: Server | None) -> 
     if server is None:
         return snapshot(repo / ".codeveil" / "store", workspace_id, key)
     if server.database is not None:
-        from sync.keys import parse_key
-        from sync.store_contents import pg_workspace_contents
+        from bench.store_contents import pg_workspace_contents
+        from sync.crypto.keys import parse_key
 
         return pg_workspace_contents(server.database, workspace_id, parse_key(key))
     return snapshot(server.data, workspace_id, key)
@@ -154,8 +154,8 @@ def clean_state(repo: Path, work: Path, key: str, server: Server | None) -> tupl
 
 
 def export_key(workspace_id: str) -> str:
-    from sync.keys import export_key as export
-    from sync.keys import load_key
+    from sync.crypto.keys import export_key as export
+    from sync.crypto.keys import load_key
 
     return export(load_key(workspace_id))
 
@@ -208,7 +208,7 @@ class Server:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sync.server",
+            [sys.executable, "-m", "sync.server.app",
              *(("--store", self.database) if self.database else ("--data", str(self.data))),
              "--port", str(self.port), "--log-level", "warning"],
             env=_env(), stdout=self.log, stderr=self.log)
@@ -293,13 +293,13 @@ def trial_teammates(work: Path, rng: random.Random, files: int, kills: int,
         one, two = work / "one", work / "two"
         write_files(one, files, rng)
         # Two checkouts told to sync one tree (each would otherwise have a ref of its
-        # own, sync.refs): the compare-and-set between them is what is tried.
+        # own, sync.checkout.refs): the compare-and-set between them is what is tried.
         env = _env(CODEVEIL_REF=SHARED_REF)
         run(["init", ".", "--server", server.url], one, env)
         run(["index", "--wait", "-q"], one, env)
         ws = workspace_of(one)
         key = export_key(ws)
-        from sync.config import load_token
+        from sync.checkout.config import load_token
 
         mate = _env(CODEVEIL_KEY=key, CODEVEIL_TOKEN=load_token(ws), CODEVEIL_REF=SHARED_REF)
         shutil.copytree(one, two, ignore=shutil.ignore_patterns(".codeveil"))

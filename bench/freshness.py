@@ -159,7 +159,7 @@ def main() -> None:
     paths = make_repo(repo, args.files, rng)
 
     t0 = time.perf_counter()
-    report = Index(repo, embedder=embedder).index()
+    report = Index(repo, embedder=embedder).index(wait=True)
     cold = time.perf_counter() - t0
     print(f"cold index: {report.files_changed} files, {report.chunks_total} chunks in"
           f" {cold:.1f} s", file=sys.stderr)

@@ -30,7 +30,7 @@ from indexer.embedder import HashingEmbedder
 from indexer.embedder_registry import EMBEDDERS, default_embedder
 from indexer.local_chunks import LocalChunks, open_state_db
 from retrieval import Index
-from sync.config import state_path
+from sync.checkout.config import state_path
 
 
 def default_repo() -> Path:
@@ -90,27 +90,27 @@ def main() -> None:
 
     idx = Index(repo, embedder=model)
     with Timer() as cold:
-        report = idx.index()
+        report = idx.index(wait=True)
     db = open_state_db(state_path(repo))
     texts = [c.embed_text for _, c in LocalChunks(db).iter_all()]
     db.close()
     raw = raw_encodes(texts, args.rounds)
 
     with Timer() as warm:
-        warm_report = idx.index()
+        warm_report = idx.index(wait=True)
     victim = sorted(repo.rglob("*.py"))[len(texts) % 7]
     victim.write_text(victim.read_text() + "\n\ndef added_for_bench():\n    return 42\n")
     with Timer() as one:
-        one_report = idx.index()
+        one_report = idx.index(wait=True)
     idx.close()
 
     syn = work / "synthetic"
     make_synthetic(syn, args.files)
     syn_idx = Index(syn, embedder=HashingEmbedder())
     with Timer() as syn_cold:
-        syn_idx.index()
+        syn_idx.index(wait=True)
     with Timer() as syn_warm:
-        syn_report = syn_idx.index()
+        syn_report = syn_idx.index(wait=True)
     syn_idx.close()
 
     cold_rate = report.chunks_embedded / cold.seconds

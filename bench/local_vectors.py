@@ -6,7 +6,7 @@ keeping it current, side by side at several sizes.
 For each size, a real `.codeveil/state.sqlite` with that many chunks (files of 10
 chunks, written through `LocalChunks.replace_files`) and a real embedding cache holding
 two vectors per chunk (its body's and its header's). The vectors are synthetic
-(`bench.query_latency.synthetic`: clustered unit vectors of dim 384 shaped like
+(`bench.synthetic_vectors.synthetic`: clustered unit vectors of dim 384 shaped like
 all-MiniLM-L6-v2 embeddings of code): the latency of exact search depends on the count
 and the dim, not on what the vectors mean.
 Then, all in one run:
@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import Timer, isolate, table, write_json
-from bench.query_latency import DIM, PER_FILE, synthetic
+from bench.synthetic_vectors import DIM, PER_FILE, synthetic
 from indexer.chunk import Chunk
 from indexer.embed_cache import EmbeddingCache, cache_key
 from indexer.local_chunks import LocalChunks, open_state_db

@@ -82,7 +82,7 @@ def main() -> None:
             root, commits[name] = unpack(name, work)
             with Index(root) as idx:
                 t0 = time.perf_counter()
-                chunks[name] = idx.index().chunks_total
+                chunks[name] = idx.index(wait=True).chunks_total
                 print(f"{name}: {chunks[name]} chunks in {time.perf_counter() - t0:.0f} s",
                       flush=True)
             repos.append((name, root))

@@ -19,13 +19,17 @@ Systems, over the files `codeveil index` keeps (code and docs; assets skipped):
 - each ranking signal switched off in turn (the ablation).
 
 Prints per-kind, per-language and per-repo tables for each half; writes
-bench/results/multilang.json. The embedding cache lives in `--data/cache`, so a rerun
-embeds nothing it embedded before; `--stage warm` only fills it.
+bench/results/multilang.json (the summaries and the repos) and, with `--per-query FILE`,
+each query's row (its scores and files) to FILE as JSON lines: per-query detail is
+thousands of lines a run, so it stays out of the committed results. The embedding cache
+lives in `--data/cache`, so a rerun embeds nothing it embedded before; `--stage warm`
+only fills it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -413,6 +417,9 @@ def main() -> None:
                          "these signals (bench/quality.py run_latency); writes "
                          "multilang_latency.json.")
     ap.add_argument("--out", default="multilang")
+    ap.add_argument("--per-query", type=Path, default=None, metavar="FILE",
+                    help="Also write each query's row (scores, files ranked) to FILE, one"
+                         " JSON object a line; not a result file: keep it out of git.")
     ap.add_argument("--vector-kinds", default=None,
                     help="comma-separated file kinds (code, tests, docs, examples, config)"
                          " whose chunks keep their vectors; the others get none, as if"
@@ -458,9 +465,13 @@ def main() -> None:
         "repos": [{"repo": r.pin.repo, "commit": r.pin.commit, "language": r.pin.language,
                    "half": r.pin.half, "files": r.files, "chunks": r.chunks}
                   for r in repos.values()],
-        "systems": names, "report": report, "queries": rows,
+        "systems": names, "report": report, "queries": len(rows),
         "seconds": round(time.perf_counter() - started, 1),
     })
+    if args.per_query is not None:
+        with args.per_query.open("w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

@@ -316,7 +316,7 @@ def trial_join(work: Path, trial: Trial, args: argparse.Namespace, source: Path 
         faults.run(["index", "--wait", "-q"], alice, env, timeout=1800)
         ws = faults.workspace_of(alice)
         key = faults.export_key(ws)
-        from sync.config import load_token
+        from sync.checkout.config import load_token
 
         bob = work / "bob"
         shutil.copytree(alice, bob, ignore=shutil.ignore_patterns(".codeveil"))
@@ -447,7 +447,7 @@ def _syncs(number: int, job: dict[str, Any], rng: random.Random, spent: list[flo
                 f.write(f"\n\ndef {name}(value):\n    return value + {edit}\n")
             started = time.perf_counter()
             try:
-                report = idx.index()
+                report = idx.index(wait=True)
                 spent.append(time.perf_counter() - started)
                 extra["chunks_embedded"] += report.chunks_embedded
                 # Searchable at once: the edit's file among the first hits for its name
@@ -480,7 +480,7 @@ def _pulls(number: int, job: dict[str, Any], rng: random.Random, spent: list[flo
             with Index(clone) as idx:
                 idx.init(server=job["urls"][n % 2], workspace_id=job["pull_workspace"],
                          token=job["pull_token"])
-                report = idx.index()
+                report = idx.index(wait=True)
             spent.append(time.perf_counter() - started)
             extra["chunks_pulled"] += report.chunks_pulled
             if report.chunks_embedded or not report.chunks_pulled:
@@ -515,7 +515,7 @@ def load_run(args: argparse.Namespace, base: Path, source: Path | None,
             faults.run(["init", ".", "--server", urls[n % 2]], repo, env)
             faults.run(["index", "--wait", "-q"], repo, env, timeout=1800)
             sync_repos.append(str(repo))
-        from sync.config import load_token
+        from sync.checkout.config import load_token
 
         ws = faults.workspace_of(origin)
         setup_s = time.perf_counter() - setup_started

@@ -24,7 +24,7 @@ alone it runs:
                     (naming the edited chunk), and bytes of superseded rows still
                     anywhere in the data dir, read while the store is still open (as a
                     running server's) and again once it has closed; rows in pages
-                    (sync.pages): also the superseded rows a kept page still holds, and
+                    (sync.crypto.pages): also the superseded rows a kept page still holds, and
                     the pages the sync wrote and deleted, whose rows are all a server
                     can take for the file's (how many are, opened with the key)
 
@@ -46,7 +46,7 @@ the plain top-10).
                     files and chunks labelled, private files flagged, file category read
                     from the order; sealed, the store's cost (bytes held, requests and
                     bytes of a no-change and a one-file sync); a store whose rows are
-                    in pages (sync.pages) is attacked as bench/privacy_pages.py says
+                    in pages (sync.crypto.pages) is attacked as bench/privacy_pages.py says
     co-change       (--structure) an observer of many syncs: `--edits` times a random
                     file is edited and synced, the rows the store holds are listed after
                     each, and rows are grouped into files by the sync that added them
@@ -77,6 +77,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import Server, Timer, isolate, table, unpack_mirror, write_json
+from bench.privacy_shapes import (
+    PublicFile,
+    Setup,
+    StoredShape,
+    ancestor_shapes,
+    depths,
+    narrow_one_to_one,
+    public_shape,
+    stored_node,
+)
 
 KNOWN_PAIRS = (10, 50, 100, 384)
 BETAS = (0.5, 1.0, 2.0, 4.0, 8.0)
@@ -159,21 +169,6 @@ def settle_quarter(accounts, rate):
 # -- the set-up (the client's side) ----------------------------------------------------
 
 
-@dataclass
-class Setup:
-    repo: Path
-    store_dir: Path
-    workspace_id: str
-    key: object  # sync.keys.WorkspaceKey
-    canaries: list[str]
-    public_prefix: str
-    duplicate: tuple[str, str]  # (public file, its private copy)
-    private: str  # the private module's path
-    sealed: bool
-    dim: int
-    private_test: str = ""  # a private test beside the copied file's original, if any
-
-
 def default_tree() -> Path:
     import requests
 
@@ -187,8 +182,8 @@ def build_repo(tree: Path, work: Path, *, server_search: bool,
     given mode; with `private_test` also a private file in the copied file's public
     directory."""
     from retrieval import Index
-    from sync.config import load_config, store_path
-    from sync.keys import load_key
+    from sync.checkout.config import load_config, store_path
+    from sync.crypto.keys import load_key
 
     repo = work / ("repo-server-search" if server_search else "repo-sealed")
     prefix = tree.name
@@ -214,7 +209,7 @@ def build_repo(tree: Path, work: Path, *, server_search: bool,
 
     with Index(repo) as idx:
         idx.init(server_search=server_search, server=None if server is None else server[0])
-        idx.index()
+        idx.index(wait=True)
     config = load_config(repo)
     return Setup(repo=repo, store_dir=store_path(repo) if server is None else server[1],
                  workspace_id=config.workspace_id,
@@ -235,7 +230,7 @@ def edit_and_reindex(setup: Setup, before: ServerView) -> dict[str, int]:
 
     if setup.sealed and is_paged(setup.store_dir):
         return _edit_paged(setup, before)
-    from sync.crypto import node_key
+    from sync.crypto.ciphers import node_key
     from sync.store import fid_of
 
     fid = fid_of(node_key(setup.key, setup.private))
@@ -243,7 +238,7 @@ def edit_and_reindex(setup: Setup, before: ServerView) -> dict[str, int]:
            if f == fid]
     _edit_the_private_module(setup)
     with Index(setup.repo) as idx:
-        idx.index()
+        idx.index(wait=True)
         after = read_server(setup.store_dir)  # the store is still open here
         new = {(c, m) for c, m, f in zip(after.chunk_ids, after.metas, after.fids,
                                          strict=True) if f == fid}
@@ -265,13 +260,13 @@ def _edit_the_private_module(setup: Setup) -> None:
 
 
 def _edit_paged(setup: Setup, before: ServerView) -> dict[str, int]:
-    """`edit_and_reindex` on a store whose rows are in pages (sync.pages). No leaf names
+    """`edit_and_reindex` on a store whose rows are in pages (sync.crypto.pages). No leaf names
     the file's rows, so the truth opens every page row with the key (its file and
     version are inside); the server sees the file's leaf change and the pages the sync
     wrote and deleted, and takes the rows of the written pages for the file's."""
     from bench.privacy_pages import _opened, page_keys
     from retrieval import Index
-    from sync.crypto import node_key
+    from sync.crypto.ciphers import node_key
 
     def file_rows(view: ServerView, value: bytes | None) -> list[tuple[bytes, bytes]]:
         """(row id, envelope) of the stored rows holding the private module's chunks
@@ -287,7 +282,7 @@ def _edit_paged(setup: Setup, before: ServerView) -> dict[str, int]:
     pages_before = page_keys(setup.store_dir)
     _edit_the_private_module(setup)
     with Index(setup.repo) as idx:
-        idx.index()
+        idx.index(wait=True)
         after = read_server(setup.store_dir)  # the store is still open here
         new = file_rows(after, after.leaves[leaf])
         pages_after = page_keys(setup.store_dir)
@@ -340,7 +335,7 @@ def read_server(store_dir: Path) -> ServerView:
     (ws_dir,) = [p for p in (store_dir / "workspaces").iterdir() if p.is_dir()]
     conn = sqlite3.connect(f"file:{ws_dir / 'tree.sqlite'}?mode=ro", uri=True)
     try:
-        leaves = {_node(k): bytes(v) for k, v in conn.execute(
+        leaves = {stored_node(k): bytes(v) for k, v in conn.execute(
             "SELECT key, value FROM nodes WHERE is_dir = 0 AND value IS NOT NULL")}
         sealed = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table'"
                               " AND name = 'rows'").fetchone() is not None
@@ -386,7 +381,7 @@ def ground_truth(setup: Setup, view: ServerView) -> Truth:
     from indexer.chunker import chunk_file
     from indexer.embed_cache import CachedEmbedder, EmbeddingCache
     from indexer.embedder_registry import default_embedder
-    from sync.crypto import open_meta
+    from sync.crypto.ciphers import open_meta
 
     embedder = CachedEmbedder(default_embedder(), EmbeddingCache())
     # A sealed row opens under the leaf it is stored with: its file's, or (rows in
@@ -543,7 +538,7 @@ def attack_equal_leaves(setup: Setup, view: ServerView) -> tuple[int, int, bool]
     """(groups of identical files, of them with identical leaf values, planted copy named)."""
     import xxhash
 
-    from sync.crypto import node_key
+    from sync.crypto.ciphers import node_key
 
     groups: dict[bytes, list[str]] = defaultdict(list)
     for path in setup.repo.rglob("*"):
@@ -609,16 +604,6 @@ def scan_canaries(store_dir: Path, canaries: list[str]) -> int:
 # -- the structure attack: no key, no vector, only the shape of what is stored ----------
 
 
-@dataclass
-class StoredShape:
-    """What a sealed store's data dir shows without a key: the tree's nodes (key, parent,
-    is_dir), each file's rows as (rid, envelope length), and every node's depth."""
-
-    parent: dict[bytes, bytes | None]
-    is_dir: dict[bytes, bool]
-    rows: dict[bytes, list[tuple[int, int]]]  # file key -> [(rid, length)], rid order
-
-
 def read_shape(store_dir: Path, *, sealed: bool = True) -> StoredShape:
     """The tree from tree.sqlite; the rows from it too (sealed) or from the LanceDB
     table (server-search), in rid order: the order the server took them in."""
@@ -627,7 +612,7 @@ def read_shape(store_dir: Path, *, sealed: bool = True) -> StoredShape:
     (ws_dir,) = [p for p in (store_dir / "workspaces").iterdir() if p.is_dir()]
     conn = sqlite3.connect(f"file:{ws_dir / 'tree.sqlite'}?mode=ro", uri=True)
     try:
-        nodes = [(_node(k), None if p is None else _node(p), bool(d))
+        nodes = [(stored_node(k), None if p is None else stored_node(p), bool(d))
                  for k, p, d in conn.execute("SELECT key, parent, is_dir FROM nodes")]
         stored = (conn.execute("SELECT rid, fid, length(meta) FROM rows ORDER BY rid")
                   .fetchall() if sealed else [])
@@ -643,14 +628,6 @@ def read_shape(store_dir: Path, *, sealed: bool = True) -> StoredShape:
                        rows=rows)
 
 
-def _node(stored: bytes) -> bytes:
-    """A node key as stored, less the ref id in front of it (sync.store.embedded.pool:
-    every ref's tree shares the table; these stores hold one ref)."""
-    from sync.records import KEY_BYTES
-
-    return bytes(stored[-KEY_BYTES:])
-
-
 def _lance_rows(ws_dir: Path) -> list[tuple[int, int, bytes, bytes]]:
     """A server-search workspace's rows as stored: (rid, fid, chunk id, meta)."""
     import lancedb
@@ -661,13 +638,6 @@ def _lance_rows(ws_dir: Path) -> list[tuple[int, int, bytes, bytes]]:
                     [bytes(m) for m in rows.column("meta").to_pylist()], strict=True))
 
 
-@dataclass
-class PublicFile:
-    path: str
-    lengths: list[int]  # the envelope length of each chunk, in chunk order
-    chunks: list[tuple[bytes, int]]  # (chunk hash, start line) of each, for the truth
-
-
 def public_files(repo: Path, private: set[str], dim: int, *,
                  sealed: bool = True, paged: bool = False) -> dict[str, PublicFile]:
     """The attacker's side: the public files as our walker and chunker see them, each
@@ -676,9 +646,9 @@ def public_files(repo: Path, private: set[str], dim: int, *,
     server-search row's metadata envelope."""
     from indexer.definitions import chunk_and_define
     from indexer.walk import SourceFile, read_source, walk_repo
-    from sync.crypto import ChunkMeta, seal_meta
-    from sync.keys import WorkspaceKey
-    from sync.sealed_rows import RowSealer
+    from sync.crypto.ciphers import ChunkMeta, seal_meta
+    from sync.crypto.keys import WorkspaceKey
+    from sync.crypto.sealed_rows import RowSealer
 
     own = WorkspaceKey(os.urandom(32))
     sealer = RowSealer(own, "attacker", dim)
@@ -708,70 +678,9 @@ def public_files(repo: Path, private: set[str], dim: int, *,
 
 def _rows_for(n: int) -> int:
     """How many rows the store holds for a file of n chunks (its padding, if any)."""
-    from sync import sealed_rows
-
+    from sync.crypto import sealed_rows
     pad = getattr(sealed_rows, "padded_row_count", None)
     return n if pad is None else int(pad(n))
-
-
-def _public_shape(paths: list[str]) -> tuple[dict[str, str | None], dict[str, bool]]:
-    parent: dict[str, str | None] = {"": None}
-    is_dir: dict[str, bool] = {"": True}
-    for path in paths:
-        is_dir[path] = False
-        child = path
-        while child:
-            up = child.rpartition("/")[0]
-            parent[child] = up
-            if up in is_dir:
-                break
-            is_dir[up] = True
-            child = up
-    return parent, is_dir
-
-
-def _depths(parent: dict) -> dict:
-    out: dict = {}
-
-    def depth(node: object) -> int:
-        if node not in out:
-            up = parent[node]
-            out[node] = 0 if up is None else depth(up) + 1
-        return out[node]
-
-    for node in parent:
-        depth(node)
-    return out
-
-
-def _ancestor_shapes(parent: dict, is_dir: dict) -> dict:
-    """node -> the (files, directories) counts of each directory above it, root first:
-    what a directory listing of the public tree and of the store both give."""
-    counts: dict = defaultdict(lambda: [0, 0])
-    for node, up in parent.items():
-        if up is not None:
-            counts[up][0 if not is_dir[node] else 1] += 1
-    out: dict = {}
-    for node in parent:
-        chain, up = [], parent[node]
-        while up is not None:
-            chain.append(tuple(counts[up]))
-            up = parent[up]
-        out[node] = tuple(reversed(chain))
-    return out
-
-
-def narrow_one_to_one(cands: dict[bytes, set[str]]) -> None:
-    """Take a file that is the only candidate left for some stored file off the other
-    stored files' lists, until nothing changes (in place)."""
-    changed = True
-    while changed:
-        changed = False
-        taken = {next(iter(c)): s for s, c in cands.items() if len(c) == 1}
-        for s, c in cands.items():
-            if len(c) > 1 and c & taken.keys():
-                c -= {p for p in c if taken[p] != s}
-                changed = True
 
 
 def attack_structure(shape: StoredShape, public: dict[str, PublicFile],
@@ -798,9 +707,9 @@ def attack_structure(shape: StoredShape, public: dict[str, PublicFile],
     from indexer.priority import category
 
     s_parent, s_dir = shape.parent, shape.is_dir
-    p_parent, p_dir = _public_shape(sorted(public))
-    s_depth, p_depth = _depths(s_parent), _depths(p_parent)
-    s_anc, p_anc = _ancestor_shapes(s_parent, s_dir), _ancestor_shapes(p_parent, p_dir)
+    p_parent, p_dir = public_shape(sorted(public))
+    s_depth, p_depth = depths(s_parent), depths(p_parent)
+    s_anc, p_anc = ancestor_shapes(s_parent, s_dir), ancestor_shapes(p_parent, p_dir)
     stored_files = [k for k, d in s_dir.items() if not d]
     p_counts = {p: Counter(f.lengths) for p, f in public.items()}
     by_rows: dict[int, list[str]] = defaultdict(list)
@@ -891,14 +800,13 @@ def attack_structure(shape: StoredShape, public: dict[str, PublicFile],
     }
 
 
-
 def structure_truth(setup: Setup, public: dict[str, PublicFile]
                     ) -> tuple[dict[bytes, str], dict[bytes, list[int]]]:
     """With the key: each stored file's path, and the public chunk index each of its rows
     holds in rid order (-1 for a private chunk or a padding row)."""
     from indexer.walk import walk_repo
-    from sync.crypto import node_key, open_meta
-    from sync.sealed_rows import RowSealer
+    from sync.crypto.ciphers import node_key, open_meta
+    from sync.crypto.sealed_rows import RowSealer
     from sync.store import fid_of
 
     paths = {node_key(setup.key, e.path): e.path for e in walk_repo(setup.repo).files}
@@ -931,8 +839,7 @@ def padding_schemes(public: dict[str, PublicFile]) -> list[dict[str, object]]:
     from the row count alone (a file among k of the same count: 1/k)."""
     from collections import Counter
 
-    from sync import sealed_rows
-
+    from sync.crypto import sealed_rows
     counts = [len(f.lengths) for f in public.values()]
     top = max(counts)
 
@@ -996,7 +903,7 @@ def attack_cochange(setup: Setup, editable: list[str], edits: int, seed: int, *,
     file's pairs, the share put together), beside chance (a pair of rows picked at
     random is one file's). Also the same scores for grouping by the columns a row
     carries (its fid, and in a sealed store its blob value): what the observer needs no
-    sync for. `paged` (sync.pages): the truth is each row's file version opened with the
+    sync for. `paged` (sync.crypto.pages): the truth is each row's file version opened with the
     key; padding rows and rows of superseded versions a kept page still holds belong to
     no file and are left out of the scores (the observer cannot tell them, so this
     favours it); the pages each sync writes and deletes are counted."""
@@ -1011,7 +918,7 @@ def attack_cochange(setup: Setup, editable: list[str], edits: int, seed: int, *,
         row_versions,
     )
     from retrieval import Index
-    from sync.pages import PAGE_ROWS
+    from sync.crypto.pages import PAGE_ROWS
 
     def observe() -> dict[int, tuple[int, bytes]]:
         return row_columns(setup.store_dir) if paged else stored_rows(setup)
@@ -1031,7 +938,7 @@ def attack_cochange(setup: Setup, editable: list[str], edits: int, seed: int, *,
             path = rng.choice(editable)
             target = setup.repo / path
             target.write_text(target.read_text() + f"\n# edit {n}\n")
-            idx.index()
+            idx.index(wait=True)
             edited.add(path)
             now = observe()
             added_in.update(dict.fromkeys(now.keys() - seen.keys(), n))
@@ -1245,7 +1152,7 @@ def server_search_edit(tree: Path, work: Path) -> dict[str, object]:
     read while the store is open (the first edit's apply may write the snapshot; the
     second's is within the minute, when none is due)."""
     from retrieval import Index
-    from sync.crypto import node_key
+    from sync.crypto.ciphers import node_key
     from sync.store import fid_of
 
     setup = build_repo(tree, work, server_search=True)
@@ -1268,7 +1175,7 @@ def server_search_edit(tree: Path, work: Path) -> dict[str, object]:
             lines[middle] = lines[middle].rstrip("\n") + f"  # edited {n}\n"
             path.write_text("".join(lines))
             texts.append(path.read_text())
-            idx.index()
+            idx.index(wait=True)
             versions.append(rows())
         held = snapshot.read_bytes() if snapshot.exists() else b""
     first, second = {v for v, _ in versions[1]}, {m for _, m in versions[2]}
@@ -1297,7 +1204,7 @@ def fresh_noise_edit(before: str, after: str, path: str, key: object) -> dict[st
     a chunk, against one version's: the beta the attacker faces after k syncs."""
     from indexer.definitions import chunk_and_define
     from indexer.embedder import SentenceTransformerEmbedder
-    from sync.crypto import DEFAULT_BETA, VectorCipher
+    from sync.crypto.ciphers import DEFAULT_BETA, VectorCipher
 
     model = SentenceTransformerEmbedder()
     old_chunks, _ = chunk_and_define(path, before)
@@ -1352,10 +1259,10 @@ def sync_cost(setup: Setup, index_cls: type, first_seconds: float, *,
     tree_bytes = sum(f.stat().st_size for f in ws_dir.iterdir() if f.is_file())
     pages = page_keys(setup.store_dir) if paged else set()
     with index_cls(setup.repo) as idx:
-        same = idx.index()
+        same = idx.index(wait=True)
         path = setup.repo / setup.duplicate[0]
         path.write_text(path.read_text() + "\n# one more line\n")
-        edit = idx.index()
+        edit = idx.index(wait=True)
     after = page_keys(setup.store_dir) if paged else set()
     paging = {"pages stored": len(pages),
               "one-file sync: pages written": len(after - pages),
@@ -1434,7 +1341,7 @@ def main(argv: list[str] | None = None) -> int:
     betas = [float(b) for b in args.betas.split(",") if b]
 
     from indexer.embedder_registry import default_embedder
-    from sync.crypto import DEFAULT_BETA, VectorCipher
+    from sync.crypto.ciphers import DEFAULT_BETA, VectorCipher
 
     base = isolate()
     structural: dict[str, dict[str, object]] = {}

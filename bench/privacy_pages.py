@@ -1,6 +1,6 @@
 """The structure attack of bench/privacy.py on a sealed store whose rows are in pages.
 
-In pages (sync.pages) a file's leaf holds no row; rows travel in leaves of their own,
+In pages (sync.crypto.pages) a file's leaf holds no row; rows travel in leaves of their own,
 PAGE_ROWS each, under random keys, and name their file only inside the envelope. The
 server tells a page from a file by its rows (a page holds PAGE_ROWS, a file none) and a
 page row by its envelope's version byte. An attacker who knows this and the public code:
@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from bench.privacy import PublicFile, Setup, StoredShape
-    from sync.sealed_rows import OpenRow
+    from bench.privacy_shapes import PublicFile, Setup, StoredShape
+    from sync.crypto.sealed_rows import OpenRow
 
 #: A file version as the truth names it: (fid of the file's key, its leaf value).
 Version = tuple[int, bytes]
@@ -49,7 +49,7 @@ def _tree_db(store_dir: Path) -> Iterator[sqlite3.Connection]:
 def is_paged(store_dir: Path) -> bool:
     """Whether the store's rows are page rows: read off the version byte in front of
     every envelope, as the server sees it."""
-    from sync.sealed_rows import PAGE_ROW_VERSION
+    from sync.crypto.sealed_rows import PAGE_ROW_VERSION
 
     with _tree_db(store_dir) as conn:
         if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table'"
@@ -61,25 +61,25 @@ def is_paged(store_dir: Path) -> bool:
 
 def page_keys(store_dir: Path) -> set[bytes]:
     """The leaves that hold rows (the pages, as the server tells them)."""
-    from bench.privacy import _node
+    from bench.privacy_shapes import stored_node
     from sync.store import fid_of
 
     with _tree_db(store_dir) as conn:
         fids = {int(f) for (f,) in conn.execute("SELECT DISTINCT fid FROM rows")}
-        return {_node(k) for (k,) in conn.execute("SELECT key FROM nodes WHERE is_dir = 0")
-                if fid_of(_node(k)) in fids}
+        return {stored_node(k) for (k,) in conn.execute("SELECT key FROM nodes WHERE is_dir = 0")
+                if fid_of(stored_node(k)) in fids}
 
 
 def _opened(setup: Setup) -> Iterator[tuple[int, bytes, bytes, OpenRow | None]]:
     """(rid, page key, page value, the row opened or None for padding) of every row the
     store holds, in rid order."""
-    from bench.privacy import _node
-    from sync.sealed_rows import RowSealer
+    from bench.privacy_shapes import stored_node
+    from sync.crypto.sealed_rows import RowSealer
     from sync.store import fid_of
 
     sealer = RowSealer(setup.key, setup.workspace_id, setup.dim)  # type: ignore[arg-type]
     with _tree_db(setup.store_dir) as conn:
-        leaf_of = {fid_of(_node(k)): _node(k) for (k,) in conn.execute(
+        leaf_of = {fid_of(stored_node(k)): stored_node(k) for (k,) in conn.execute(
             "SELECT key FROM nodes WHERE is_dir = 0")}
         stored = conn.execute("SELECT rid, fid, chunk_id, meta, value FROM rows"
                               " ORDER BY rid").fetchall()
@@ -99,7 +99,7 @@ class PagedTruth:
 
 def paged_truth(setup: Setup, public: dict[str, PublicFile]) -> PagedTruth:
     from indexer.walk import walk_repo
-    from sync.crypto import node_key
+    from sync.crypto.ciphers import node_key
 
     paths = {node_key(setup.key, e.path): e.path  # type: ignore[arg-type]
              for e in walk_repo(setup.repo).files}
@@ -116,7 +116,7 @@ def row_versions(setup: Setup) -> dict[int, Version | None]:
     """rid -> the file version the row holds a chunk of, opened with the key (the truth
     the co-change attack is scored against); None for a padding row and for a row of a
     version no leaf names any more (a page is kept while any of its rows is live)."""
-    from sync.crypto import node_key
+    from sync.crypto.ciphers import node_key
     from sync.store import fid_of
 
     current = current_file_versions(setup)
@@ -155,14 +155,14 @@ def row_columns(store_dir: Path) -> dict[int, Version]:
 
 def current_file_versions(setup: Setup) -> set[Version]:
     """The file versions the leaves name now (leaves holding no row: files)."""
-    from bench.privacy import _node
+    from bench.privacy_shapes import stored_node
     from sync.store import fid_of
 
     pages = page_keys(setup.store_dir)
     with _tree_db(setup.store_dir) as conn:
-        return {(fid_of(_node(k)), bytes(v)) for k, v in conn.execute(
+        return {(fid_of(stored_node(k)), bytes(v)) for k, v in conn.execute(
                     "SELECT key, value FROM nodes WHERE is_dir = 0 AND value IS NOT NULL")
-                if _node(k) not in pages}
+                if stored_node(k) not in pages}
 
 
 def _category_spread(public: dict[str, PublicFile], guess: list[int], n_rows: int,
@@ -190,7 +190,7 @@ def attack_paged_structure(shape: StoredShape, public: dict[str, PublicFile],
                            truth: PagedTruth) -> dict[str, object]:
     """Label the stored files and page rows with public ones from structure alone (the
     module docstring); rates are expected values, a guess among k counting 1/k."""
-    from bench.privacy import _ancestor_shapes, _depths, _public_shape, narrow_one_to_one
+    from bench.privacy_shapes import ancestor_shapes, depths, narrow_one_to_one, public_shape
     from indexer.priority import category
 
     leaves = [k for k, d in shape.is_dir.items() if not d]
@@ -200,9 +200,9 @@ def attack_paged_structure(shape: StoredShape, public: dict[str, PublicFile],
     paged = set(pages)
     s_parent = {k: p for k, p in shape.parent.items() if k not in paged}
     s_dir = {k: shape.is_dir[k] for k in s_parent}
-    p_parent, p_dir = _public_shape(sorted(public))
-    s_depth, p_depth = _depths(s_parent), _depths(p_parent)
-    s_anc, p_anc = _ancestor_shapes(s_parent, s_dir), _ancestor_shapes(p_parent, p_dir)
+    p_parent, p_dir = public_shape(sorted(public))
+    s_depth, p_depth = depths(s_parent), depths(p_parent)
+    s_anc, p_anc = ancestor_shapes(s_parent, s_dir), ancestor_shapes(p_parent, p_dir)
     by_depth = len({s_depth[s] for s in files}) > 1
     cands: dict[bytes, set[str]] = {}
     for s in files:
@@ -254,7 +254,7 @@ def attack_paged_structure(shape: StoredShape, public: dict[str, PublicFile],
     # A sync that changes one file writes ceil(rows / PAGE_ROWS) pages (the rows it
     # moves only fill its last page's free slots): a file seen edited alone is one of
     # the public files of its page count.
-    from sync.pages import PAGE_ROWS
+    from sync.crypto.pages import PAGE_ROWS
 
     def pages_of(f: PublicFile) -> int:
         return -(-len(f.lengths) // PAGE_ROWS)

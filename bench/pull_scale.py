@@ -50,13 +50,13 @@ import json, sys, time
 from pathlib import Path
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from sync.keys import import_key
+from sync.crypto.keys import import_key
 root, url, ws, key_text, token = sys.argv[1:6]
 import_key(ws, key_text)
 t0 = time.perf_counter()
 idx = Index(Path(root), embedder=HashingEmbedder())
 idx.init(server=url, workspace_id=ws, token=token)
-r = idx.index()
+r = idx.index(wait=True)
 print(json.dumps({"seconds": time.perf_counter() - t0, "pulled": r.chunks_pulled,
                   "embedded": r.chunks_embedded, "files": r.files_changed}))
 """
@@ -99,8 +99,8 @@ def run_size(base: Path, chunks: int, per_file: int, *, reuse: bool = False
     from indexer.embedder import HashingEmbedder
     from indexer.local_chunks import open_state_db
     from retrieval import Index
-    from sync.config import load_config, load_token
-    from sync.keys import export_key, load_key
+    from sync.checkout.config import load_config, load_token
+    from sync.crypto.keys import export_key, load_key
 
     if not reuse:
         base.mkdir(parents=True)
@@ -123,7 +123,7 @@ def run_size(base: Path, chunks: int, per_file: int, *, reuse: bool = False
             t0 = time.perf_counter()
             with Index(first, embedder=HashingEmbedder()) as idx:
                 idx.init(server=server.url)
-                sent_chunks = idx.index().chunks_embedded
+                sent_chunks = idx.index(wait=True).chunks_embedded
             first_s = time.perf_counter() - t0
         ws = load_config(first).workspace_id
         key_text, token = export_key(load_key(ws)), load_token(ws)

@@ -1062,7 +1062,7 @@ def run_e2e(args, n: int) -> dict:
                 shutil.copytree(src, root, ignore=skip)
                 with Index(root) as idx:
                     idx.init(server_search=mode == "server-search")
-                    idx.index()
+                    idx.index(wait=True)
                     hits = idx.search(inst["query"], k=DEPTH_FILES, group="file")
                 mode_ranks.append(first_gold([h.path for h in hits], set(inst["gold_files"])))
                 shutil.rmtree(root)
@@ -1293,6 +1293,10 @@ def main() -> None:
                              " vectors; half of them, in priority or random order)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--out", default="quality")
+    parser.add_argument("--per-query", type=Path, default=None, metavar="FILE",
+                        help="Also write each SWE-bench instance's row (the gold's rank in"
+                             " every system) to FILE, one JSON object a line; not a result"
+                             " file: keep it out of git.")
     args = parser.parse_args()
     args.repos = [r for r in args.repos.split(",") if r]
     args.ids = Path(args.ids) if args.ids else None
@@ -1387,6 +1391,14 @@ def main() -> None:
                     [[q, *(lat[q][p] for p in parts)] for q in ("short", "issue")]))
     results["seconds"] = time.perf_counter() - started
     print(f"\nwhole run: {results['seconds']:.0f} s")
+    # Per-instance rows only on request (`--per-query`): thousands of lines a run.
+    details = (results.get("swebench") or {}).get("details", [])
+    if details:
+        results["swebench"] = {k: v for k, v in results["swebench"].items() if k != "details"}
+    if args.per_query is not None:
+        with args.per_query.open("w") as f:
+            for row in details:
+                f.write(json.dumps(row) + "\n")
     path = write_json(args.out, results)
     print(f"\nwrote {path}")
     if not args.no_plot:

@@ -18,7 +18,7 @@ machine:
   a realistic query (`embed`) and the client
   encrypts it (`encrypt`); then, in a loop of their own (torch's threads keep spinning
   after a call and would slow whatever runs next), the store searches for k=100 as
-  `retrieval` asks (`local`: in-process; `http`: `python -m sync.server` on loopback,
+  `retrieval` asks (`local`: in-process; `http`: `python -m sync.server.app` on loopback,
   keep-alive; the two alternate which goes first). `total` = embed + encrypt + http
   query by query: what a user of a server waits for. `sealed`: the same plain vectors
   in the client's own index (`retrieval.indexes.local_vectors`, what a sealed workspace
@@ -51,15 +51,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import Server, Timer, isolate, save_figure, table, write_json
-from sync.crypto import VectorCipher
-from sync.http_client import HttpClient
-from sync.keys import WorkspaceKey
-from sync.local_client import LocalClient
+from bench.synthetic_vectors import DIM, PER_FILE, synthetic
+from sync.crypto.ciphers import VectorCipher
+from sync.crypto.keys import WorkspaceKey
 from sync.records import ChunkRecord, FileUpdate
 from sync.store import SNAPSHOT, IndexPolicy, Store
+from sync.store.local_client import LocalClient
+from sync.transport.http_client import HttpClient
 
-DIM = 384
-PER_FILE = 10
 BATCH = 20_000  # chunks per apply: the store's limit
 MODEL = "sentence-transformers/all-MiniLM-L6-v2:torch-fp32"
 
@@ -101,54 +100,6 @@ QUERIES = [
 # -- data -------------------------------------------------------------------------------
 
 
-def synthetic(n: int, queries: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """`n` corpus vectors and `queries` query vectors, unit norm, float32.
-
-    Code embeddings are anisotropic (a common direction, a spectrum that falls off) and
-    nested: a package's chunks are closer to each other than to the rest, a file's closer
-    still. So: a covariance with a power-law spectrum in a random basis, a common mean,
-    and three levels of centres (areas of ~20k chunks, packages of ~500, files of
-    PER_FILE) each drawn around its parent; a chunk is its file's centre plus noise.
-    A query is a chunk plus more noise (a question is phrased unlike the code it finds).
-    The constants were fitted to 12k real chunks of Python packages embedded with
-    all-MiniLM-L6-v2 and to 60 real queries: nearest-neighbour similarities, the
-    spectrum, and IVF recall against nprobe (docs/benchmarks.md, "Query latency").
-    """
-    rng = np.random.default_rng(seed)
-    basis, _ = np.linalg.qr(rng.standard_normal((DIM, DIM)))
-    spectrum = np.arange(1, DIM + 1, dtype=np.float64) ** -SPECTRUM
-    spectrum /= np.sqrt((spectrum**2).sum())
-    shape = (basis * spectrum).T.astype(np.float32)  # z @ shape: the spectrum, E|.|^2 = 1
-    mean = rng.standard_normal(DIM).astype(np.float32)
-    centres = (MEAN_NORM * mean / np.linalg.norm(mean))[None, :]
-    owner = np.zeros(n, np.int64)
-    for size, scale in LEVELS:
-        groups = max(1, n // size)
-        point_group = np.arange(n) * groups // n  # contiguous blocks nest level by level
-        first_point = np.searchsorted(point_group, np.arange(groups))
-        noise = rng.standard_normal((groups, DIM)).astype(np.float32) @ shape
-        centres = centres[owner[first_point]] + scale * noise
-        owner = point_group
-    corpus = np.empty((n, DIM), np.float32)
-    for start in range(0, n, 100_000):
-        stop = min(n, start + 100_000)
-        noise = rng.standard_normal((stop - start, DIM)).astype(np.float32) @ shape
-        corpus[start:stop] = centres[owner[start:stop]] + LEAF * noise
-    picked = corpus[rng.integers(0, n, queries)]
-    noise = rng.standard_normal((queries, DIM)).astype(np.float32) @ shape
-    query = picked / np.linalg.norm(picked, axis=1, keepdims=True) + QUERY_NOISE * noise
-    corpus /= np.linalg.norm(corpus, axis=1, keepdims=True)
-    query /= np.linalg.norm(query, axis=1, keepdims=True)
-    return corpus, query.astype(np.float32)
-
-
-SPECTRUM = 0.4
-MEAN_NORM = 0.5
-LEVELS = ((20_000, 0.5), (500, 0.5), (PER_FILE, 0.6))
-LEAF = 0.6
-QUERY_NOISE = 2.5
-
-
 def chunk_ids(first: int, n: int) -> list[bytes]:
     return [i.to_bytes(16, "big") for i in range(first, first + n)]
 
@@ -183,10 +134,10 @@ def fill(client: LocalClient, cipher: VectorCipher, corpus: np.ndarray) -> np.nd
 
 
 class SyncServer(Server):
-    """`python -m sync.server` rather than the CLI, so RSS counts the server alone."""
+    """`python -m sync.server.app` rather than the CLI, so RSS counts the server alone."""
 
     def arguments(self) -> list[str]:
-        return ["-m", "sync.server", "--data", str(self.data_dir), "--port", str(self.port),
+        return ["-m", "sync.server.app", "--data", str(self.data_dir), "--port", str(self.port),
                 "--log-level", "warning"]
 
 

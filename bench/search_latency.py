@@ -91,7 +91,7 @@ def main() -> None:
 
         with Index(repo) as idx:
             t0 = time.perf_counter()
-            report = idx.index()
+            report = idx.index(wait=True)
             index_s = time.perf_counter() - t0
             import sqlite3
 

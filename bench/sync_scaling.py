@@ -42,7 +42,7 @@ def touch(paths: list[Path], tag: str) -> None:
 
 def measure(idx: Index) -> dict:
     with Timer() as t:
-        r = idx.index()
+        r = idx.index(wait=True)
     return {"seconds": t.seconds, "requests": r.requests, "bytes_sent": r.bytes_sent,
             "bytes_received": r.bytes_received, "files_changed": r.files_changed}
 
@@ -63,8 +63,8 @@ def main() -> None:
             idx = Index(repo, embedder=HashingEmbedder())
             idx.init(server=server.url)
             with Timer() as cold:
-                idx.index()
-            idx.index()  # settle: files written within the racy window are re-read once
+                idx.index(wait=True)
+            idx.index(wait=True)  # settle: files written within the racy window are re-read once
             row = {"files": n, "cold_s": cold.seconds}
             row["no_change"] = measure(idx)
             touch([rng.choice(paths)], "one")

@@ -80,9 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     from indexer.embedder import HashingEmbedder
     from indexer.local_chunks import LocalChunks, open_state_db
     from retrieval import Index
-    from sync.config import load_token, state_path
-    from sync.keys import export_key, import_key, load_key
-    from sync.sync_report import SyncReport
+    from sync.checkout.config import load_token, state_path
+    from sync.crypto.keys import export_key, import_key, load_key
+    from sync.syncer.sync_report import SyncReport
 
     rng = random.Random(56)
     base = isolate()
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def index(c: Checkout) -> SyncReport:
         c.use(base)
-        report = c.index.index()
+        report = c.index.index(wait=True)
         totals["embedded"] += report.chunks_embedded
         totals["pulled"] += report.chunks_pulled
         totals["bytes_sent"] += report.bytes_sent

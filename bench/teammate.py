@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         args.tree = [Path(requests.__file__).resolve().parent]
 
     from retrieval import Index
-    from sync.config import load_token
-    from sync.keys import export_key, import_key, load_key
+    from sync.checkout.config import load_token
+    from sync.crypto.keys import export_key, import_key, load_key
 
     base = isolate()
     (base / "data").mkdir()
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         alice = Index(repo)
         config = alice.init(server=server.url)
         t0 = time.perf_counter()
-        cold = alice.index()
+        cold = alice.index(wait=True)
         cold_s = time.perf_counter() - t0
         want = {q: _top(alice, q) for q in QUERIES}
         key_text, token = export_key(load_key(config.workspace_id)), load_token(
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             mate = Index(clone)
             mate.init(server=server.url, workspace_id=config.workspace_id, token=token)
-            pulled = mate.index()
+            pulled = mate.index(wait=True)
             pull_s = time.perf_counter() - t0
             got = _top(mate, QUERIES[0])
             first_s = time.perf_counter() - t0

@@ -10,8 +10,8 @@ hangs under another parent than drawn::
     │   └── NotebookError   (indexer.notebook)  a .ipynb that is not a notebook's JSON
     ├── FormatError         (indexer.formats) a file of a format this version does not read
     ├── CorruptFileError    (indexer.sqlite_files)  a damaged SQLite file: which, what to do
-    ├── NoIndexError        (sync.config)  no `.codeveil/` here or above
-    ├── IndexNotBuilt       (sync.index_state)  set up, but its first index never finished
+    ├── NoIndexError        (sync.checkout.config)  no `.codeveil/` here or above
+    ├── IndexNotBuilt       (sync.checkout.index_state)  set up, but its first index never finished
     ├── SyncError           (sync.errors)     keys, crypto, store, server, network
     │   ├── WorkspaceKeyError   (sync.errors)     the workspace key cannot be used
     │   │   ├── KeyMissingError                   no key file and no CODEVEIL_KEY
@@ -23,7 +23,7 @@ hangs under another parent than drawn::
     │   ├── CryptoError         (sync.errors)     a sealed record failed to open
     │   │   ├── MetadataAuthError                 wrong key, or altered, cut or moved blob
     │   │   └── MetadataFormatError               unknown envelope version or bad plaintext
-    │   ├── ConfigError         (sync.config)  `.codeveil/config.json` is unusable
+    │   ├── ConfigError         (sync.checkout.config)  `.codeveil/config.json` is unusable
     │   ├── StoreError          (sync.wire)       the store refused a request or is unusable
     │   │   ├── BadRequest                        malformed or over-limit input (400/413/422)
     │   │   ├── StoreCorrupt                      a damaged store file: which, what to do (503)
@@ -36,19 +36,20 @@ hangs under another parent than drawn::
     │   │   └── AuthError                         no or wrong token (401)
     │   │       └── PermissionDenied              a token of another workspace (403)
     │   ├── SnapshotError       (sync.store.embedded.vector_index)  an unusable search snapshot
-    │   ├── ServeRefused        (sync.exposure)   a server beyond loopback with no admin token
-    │   ├── InviteError         (sync.invite)     an invite string cut, altered or expired
-    │   ├── OneTree             (sync.ref_list)   refs asked of a workspace that keeps one tree
+    │   ├── ServeRefused        (sync.server.exposure)  a server beyond loopback with no admin token
+    │   ├── InviteError         (sync.workspace.invite)  an invite string cut, altered or expired
+    │   ├── OneTree             (sync.workspace.ref_list)  refs asked of a one-tree workspace
     │   ├── DaemonError         (sync.daemon)     the daemon cannot start or be reached
     │   │   └── AlreadyRunningError               another daemon holds the repo's lock
-    │   └── ClientError         (sync.http_client)  the server could not answer
+    │   └── ClientError         (sync.transport.http_client)  the server could not answer
     │       ├── ServerUnavailable                 unreachable or overloaded: retry later
     │       └── ServerError                       a 5xx or an unreadable answer
     ├── SearchError         (retrieval.faces.api)   bad search options (k, group, ...)
     ├── ServerSearchOffline (retrieval.faces.api)   a server-search workspace's server is down
-    ├── AgentSetupError     (retrieval.agent.agent_clients)  an agent's config file left unedited
+    ├── AgentSetupError     (retrieval.faces.agent_setup)  an agent's config file left unedited
+    ├── JsoncError          (retrieval.faces.agent_setup)  not JSON, even with comments
     ├── ToolInputError      (retrieval.agent.symbols)  a name, file or pattern a lookup cannot use
-    └── ModelMismatchError  (sync.workspace)       the workspace holds another model's vectors
+    └── ModelMismatchError  (sync.workspace.workspace)  the workspace holds another model's vectors
 
 `retrieval.WrongKeyError` is another name of KeyMismatchError. The CLI turns any
 CodeveilError into one line on stderr and a non-zero exit.

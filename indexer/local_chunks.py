@@ -341,7 +341,7 @@ class LocalChunks:
 
     def places(self) -> dict[str, set[tuple[int, int, bytes]]]:
         """path -> (start line, end line, chunk hash) of each of its chunks: what a
-        sealed row names of the chunk it holds (sync.pages)."""
+        sealed row names of the chunk it holds (sync.crypto.pages)."""
         out: dict[str, set[tuple[int, int, bytes]]] = {}
         for path, start, end, chunk_hash in self._db.execute(
                 "SELECT path, start_line, end_line, chunk_hash FROM chunks"):

@@ -1,6 +1,7 @@
 """Where one chunk sits in a repo: the record the lexical index's documents
-(`retrieval.indexes.lexical.ChunkLocation`), the sealed metadata (`sync.crypto.ChunkMeta`) and the
-fusion of both share, so that a hit from either side is the same value, not a copy."""
+(`retrieval.indexes.lexical.ChunkLocation`), the sealed metadata
+(`sync.crypto.ciphers.ChunkMeta`) and the fusion of both share, so that a hit from
+either side is the same value, not a copy."""
 
 from __future__ import annotations
 

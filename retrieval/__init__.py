@@ -17,12 +17,12 @@ if TYPE_CHECKING:
     from retrieval.faces.multi import MultiIndex
     from retrieval.search.coverage import Coverage
     from retrieval.search.hits import Hit
-    from sync.config import NoIndexError
+    from sync.checkout.config import NoIndexError
     from sync.errors import KeyMissingError
-    from sync.http_client import ServerUnavailable
-    from sync.syncer import SyncReport
-    from sync.workspace import ModelMismatchError
-    from sync.workspace_status import WorkspaceStatus
+    from sync.syncer.syncer import SyncReport
+    from sync.transport.http_client import ServerUnavailable
+    from sync.workspace.status import WorkspaceStatus
+    from sync.workspace.workspace import ModelMismatchError
 
 # CodeveilError is the base of every error codeveil raises on purpose (indexer.errors
 # draws the tree): one `except` catches them all. The others here are the ones worth
@@ -36,17 +36,17 @@ _HOMES = {
     "CodeveilError": "indexer.errors",
     "CorruptFileError": "indexer.sqlite_files",
     "KeyMissingError": "sync.errors",
-    "NoIndexError": "sync.config",
-    "ServerUnavailable": "sync.http_client",
-    "WorkspaceStatus": "sync.workspace_status",
+    "NoIndexError": "sync.checkout.config",
+    "ServerUnavailable": "sync.transport.http_client",
+    "WorkspaceStatus": "sync.workspace.status",
     "Coverage": "retrieval.search.coverage",
     "Index": "retrieval.faces.api",
-    "ModelMismatchError": "sync.workspace",
+    "ModelMismatchError": "sync.workspace.workspace",
     "SearchError": "retrieval.faces.api",
     "WrongKeyError": "retrieval.faces.api",
     "Hit": "retrieval.search.hits",
     "MultiIndex": "retrieval.faces.multi",
-    "SyncReport": "sync.syncer",
+    "SyncReport": "sync.syncer.syncer",
 }
 
 

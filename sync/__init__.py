@@ -1,5 +1,8 @@
-"""The Merkle tree, keys and encryption, the client<->server protocol, the server, the
-store and the daemon. The names below are imported on first use (see indexer.lazy)."""
+"""Keys and encryption, the client<->server protocol, one sync, the server, the store and
+the daemon, a folder a job (docs/architecture.md, "Layout"): crypto/, checkout/,
+transport/, syncer/, workspace/, server/, store/, daemon/, and the vocabulary both sides
+speak at the top (records, wire, errors, client). The names below are imported on first
+use (see indexer.lazy)."""
 
 from __future__ import annotations
 
@@ -9,12 +12,12 @@ from indexer.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from sync.client import StoreClient
+    from sync.crypto.keys import WorkspaceKey, create_key, load_key
     from sync.errors import SyncError
-    from sync.http_client import HttpClient
-    from sync.keys import WorkspaceKey, create_key, load_key
-    from sync.local_client import LocalClient
     from sync.store.embedded.registry import Store
-    from sync.syncer import Syncer, SyncReport
+    from sync.store.local_client import LocalClient
+    from sync.syncer.syncer import Syncer, SyncReport
+    from sync.transport.http_client import HttpClient
     from sync.wire import StoreError
 
 __all__ = [
@@ -32,17 +35,17 @@ __all__ = [
 ]
 
 _HOMES = {
-    "HttpClient": "sync.http_client",
-    "LocalClient": "sync.local_client",
+    "HttpClient": "sync.transport.http_client",
+    "LocalClient": "sync.store.local_client",
     "Store": "sync.store.embedded.registry",
     "StoreClient": "sync.client",
     "StoreError": "sync.wire",
     "SyncError": "sync.errors",
-    "SyncReport": "sync.syncer",
-    "Syncer": "sync.syncer",
-    "WorkspaceKey": "sync.keys",
-    "create_key": "sync.keys",
-    "load_key": "sync.keys",
+    "SyncReport": "sync.syncer.syncer",
+    "Syncer": "sync.syncer.syncer",
+    "WorkspaceKey": "sync.crypto.keys",
+    "create_key": "sync.crypto.keys",
+    "load_key": "sync.crypto.keys",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _HOMES, globals())

@@ -1,4 +1,4 @@
-"""Key and crypto errors of the sync layer, raised by sync.keys and sync.crypto.
+"""Key and crypto errors of the sync layer, raised by sync.crypto.keys and sync.crypto.ciphers.
 
 The whole error tree, with the classes that live beside the code raising them, is drawn
 once in indexer/errors.py.

@@ -35,7 +35,7 @@ class ChunkRecord:
     chunk_id: bytes  # 16 bytes
     # float32, shape (dim,): distance-comparison-preserving ciphertext; None when sealed
     vector: np.ndarray | None
-    meta: bytes  # AES-256-GCM envelope (see sync.crypto)
+    meta: bytes  # AES-256-GCM envelope (see sync.crypto.ciphers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,3 +135,26 @@ class RefInfo:
     synced_at: float
     files: int
     rows: int
+
+
+# Invitee tokens (sync.store.core.invitees keeps their rules): what a client reads of
+# them and the limits it is told.
+#: The longest an invitee token may be made for, in seconds (one year): a longer-lived
+#: credential is the workspace's own token.
+MAX_EXPIRES_IN = 366 * 86_400
+
+OWNER_ONLY = ("only the token the workspace was created with manages invitee tokens; ask"
+              " the workspace's owner (who ran `codeveil init --server`)")
+
+
+@dataclass(frozen=True, slots=True)
+class Invitee:
+    """One invitee token as a store lists it (never the token)."""
+
+    token_id: str
+    created_at: float
+    expires_at: float | None
+
+    def to_json(self) -> dict[str, object]:
+        return {"token_id": self.token_id, "created_at": self.created_at,
+                "expires_at": self.expires_at}

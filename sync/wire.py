@@ -60,7 +60,7 @@ class Limits:
     max_meta_bytes: int = 64 * 1024  # one sealed metadata blob
     max_model_id: int = 256  # characters
     max_key_check: int = 64  # bytes
-    # L2 norm of a stored or query vector. Encrypted vectors are under 1e5 (sync.crypto);
+    # L2 norm of a stored or query vector. Encrypted vectors are under 1e5 (sync.crypto.ciphers);
     # far larger finite ones make faiss's squared distances overflow float32 to inf,
     # which silently drops neighbours.
     max_vector_norm: int = 10**9
@@ -225,7 +225,7 @@ def _json_type(value: object) -> str:
 
 
 # -- records <-> JSON ---------------------------------------------------------------------
-# Requests are parsed by the server's pydantic models (sync.server); these functions build
+# Requests are parsed by the server's pydantic models (sync.server.app); these functions build
 # requests on the client side and convert the server's answers both ways.
 
 

@@ -6,7 +6,7 @@ Fixtures:
                     of their own); skips, saying why, where the bundled server is not
                     installed
     pg_store        a `PgStore` on it, closed at teardown
-    pg_live_server  one `python -m sync.server --store URL` for the whole run, on a
+    pg_live_server  one `python -m sync.server.app --store URL` for the whole run, on a
                     database of its own (`.store` is its URL); tests isolate themselves
                     by creating workspaces of their own
 

@@ -1,4 +1,4 @@
-"""A real codeveil server for tests: `python -m sync.server` in a subprocess on loopback,
+"""A real codeveil server for tests: `python -m sync.server.app` in a subprocess on loopback,
 exactly what a user runs. Loaded by conftest.py (`pytest_plugins`).
 
 Fixtures:
@@ -36,7 +36,7 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """One `python -m sync.server` subprocess; its output goes to `log_path`."""
+    """One `python -m sync.server.app` subprocess; its output goes to `log_path`."""
 
     def __init__(self, data_dir: Path, *, port: int | None = None, args: tuple[str, ...] = (),
                  store: str | None = None):
@@ -63,7 +63,7 @@ class ServerProcess:
         )
         env["PYTHONUNBUFFERED"] = "1"
         cmd = [
-            sys.executable, "-m", "sync.server",
+            sys.executable, "-m", "sync.server.app",
             *(("--store", self.store) if self.store else ("--data", str(self.data_dir))),
             "--host", "127.0.0.1",
             "--port", str(self.port),

@@ -6,8 +6,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from sync.keys import load_key
-from sync.sealed_rows import OpenRow, RowSealer
+from sync.crypto.keys import load_key
+from sync.crypto.sealed_rows import OpenRow, RowSealer
 from sync.store.core.rows import fid_of
 from sync.store.embedded.pool import unscoped
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from retrieval.agent.agent_clients import CLIENTS, Client
+from retrieval.faces.agent_setup.clients import CLIENTS, Client
 from tests.cli_in_process import run_in_process
 
 CASES = [(c, scope) for c in CLIENTS
@@ -74,10 +74,14 @@ def test_install_merges_is_idempotent_and_uninstall_removes_only_ours(
     assert done.returncode == 0, done.stderr
     data = _read(client, path)
     ours = data[client.key]["codeveil"]
-    assert Path(ours["command"]).is_absolute() and os.access(ours["command"], os.X_OK)
-    assert ours["args"][-3:] == ["mcp", "-C", str(repo)]
-    # The server the agent starts finds the keys where this codeveil does.
-    assert ours["env"]["CODEVEIL_CONFIG_DIR"] == os.environ["CODEVEIL_CONFIG_DIR"]
+    if scope == "project":  # committed, read by every teammate: no path of this machine
+        assert ours["command"] == "codeveil" and ours["args"][0] == "mcp"
+        assert str(repo) not in json.dumps(ours) and "env" not in ours
+    else:
+        assert Path(ours["command"]).is_absolute() and os.access(ours["command"], os.X_OK)
+        assert ours["args"][-3:] == ["mcp", "-C", str(repo)]
+        # The server the agent starts finds the keys where this codeveil does.
+        assert ours["env"]["CODEVEIL_CONFIG_DIR"] == os.environ["CODEVEIL_CONFIG_DIR"]
     assert data[client.key]["other"] == before[client.key]["other"]
     assert {k: v for k, v in data.items() if k != client.key} == {
         k: v for k, v in before.items() if k != client.key}
@@ -139,14 +143,69 @@ def test_print_writes_nothing(repo: Path, home: Path) -> None:
     assert sorted(p.name for p in repo.iterdir()) == ["app.py"]
 
 
-def test_a_json_file_with_comments_is_left_alone(repo: Path, home: Path) -> None:
+JSONC = """{
+  // the team's servers
+  "servers": {
+    /* a linter */
+    "other": {"command": "other-mcp", "args": ["--flag"]}, // keep me
+  },
+  "inputs": [],
+}
+"""
+
+
+def test_a_json_file_with_comments_keeps_them_through_install_and_uninstall(
+        repo: Path, home: Path) -> None:
     path = repo / ".vscode" / "mcp.json"
     path.parent.mkdir()
-    path.write_text('{\n  // mine\n  "servers": {}\n}\n')
-    refused = agent(["install", "--client", "vscode"], repo, home)
-    assert refused.returncode == 1 and "not plain JSON" in refused.stderr
-    assert path.read_text() == '{\n  // mine\n  "servers": {}\n}\n'
-    assert not path.with_name("mcp.json.bak").exists()
+    path.write_text(JSONC)
+    done = agent(["install", "--client", "vscode"], repo, home)
+    assert done.returncode == 0, done.stderr
+    text = path.read_text()
+    for comment in ("// the team's servers", "/* a linter */", "// keep me"):
+        assert comment in text
+    assert text.startswith(JSONC[:JSONC.index("}, // keep me")])
+    from retrieval.faces.agent_setup.jsonc import loads
+
+    ours = loads(text)["servers"]["codeveil"]
+    assert ours == {"type": "stdio", "command": "codeveil",
+                    "args": ["mcp", "-C", "${workspaceFolder}"]}
+    again = agent(["install", "--client", "vscode"], repo, home)
+    assert again.returncode == 0 and path.read_text() == text
+
+    gone = agent(["uninstall", "--client", "vscode"], repo, home)
+    assert gone.returncode == 0, gone.stderr
+    assert path.read_text() == JSONC
+
+
+def test_a_file_that_cannot_be_edited_stops_uninstall_before_any_change(
+        repo: Path, home: Path) -> None:
+    assert agent(["install", "--client", "claude-code", "--client", "cursor",
+                  "--with-instructions"], repo, home).returncode == 0
+    claude, cursor = repo / ".mcp.json", repo / ".cursor" / "mcp.json"
+    cursor.write_text(cursor.read_text().replace("{", "{ oops", 1))  # not even JSONC
+    before = {p: p.read_text() for p in (claude, cursor, repo / "AGENTS.md",
+                                         repo / "CLAUDE.md")}
+    refused = agent(["uninstall"], repo, home)
+    assert refused.returncode == 1 and str(cursor) in refused.stderr
+    assert refused.stderr.count("\n") == 1
+    assert {p: p.read_text() for p in before} == before  # nothing removed, none halfway
+
+    cursor.write_text(before[cursor].replace("{ oops", "{", 1))
+    gone = agent(["uninstall"], repo, home)
+    assert gone.returncode == 0, gone.stderr
+    assert not claude.exists() and not cursor.exists()
+    assert not (repo / "AGENTS.md").exists() and not (repo / "CLAUDE.md").exists()
+
+
+def test_the_absolute_form_in_a_project_file_is_asked_for(repo: Path, home: Path) -> None:
+    done = agent(["install", "--client", "cursor", "--absolute"], repo, home)
+    assert done.returncode == 0, done.stderr
+    ours = json.loads((repo / ".cursor" / "mcp.json").read_text())["mcpServers"]["codeveil"]
+    assert Path(ours["command"]).is_absolute()
+    assert ours["args"][-3:] == ["mcp", "-C", str(repo)] and "CODEVEIL_CONFIG_DIR" in ours["env"]
+    helped = agent(["install", "--help"], repo, home)
+    assert "--absolute" in helped.stdout and "portable" in helped.stdout
 
 
 def test_an_inline_codex_entry_is_not_edited(repo: Path, home: Path) -> None:
@@ -185,7 +244,7 @@ def test_instructions_are_one_versioned_section_replaced_and_removed(
 def test_the_command_it_writes_starts_codeveil(repo: Path, home: Path) -> None:
     import subprocess
 
-    assert agent(["install", "--client", "cursor"], repo, home).returncode == 0
+    assert agent(["install", "--client", "cursor", "--absolute"], repo, home).returncode == 0
     entry = json.loads((repo / ".cursor" / "mcp.json").read_text())["mcpServers"]["codeveil"]
     helped = subprocess.run([entry["command"], *entry["args"][:-3], "mcp", "--help"],
                             capture_output=True, text=True, timeout=120, check=False)
@@ -208,3 +267,12 @@ def test_no_secret_is_written_and_uninstall_finds_either_scope(
     gone = agent(["uninstall"], repo, home)
     assert gone.returncode == 0 and gone.stdout.count("removed from") == 2
     assert not codex.exists() and not gemini.exists()
+
+
+def test_the_installer_sits_beside_the_command_that_alone_uses_it() -> None:
+    root = Path(__file__).resolve().parents[1]
+    users = sorted(str(p.relative_to(root)) for p in (root / "retrieval").rglob("*.py")
+                   if "agent_setup" in p.read_text() and "agent_setup" not in p.parts)
+    assert users == ["retrieval/faces/cli_agent.py"]
+    assert not [p.name for p in (root / "retrieval" / "agent").glob("*.py")
+                if "mcpServers" in p.read_text()]

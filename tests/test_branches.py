@@ -14,12 +14,12 @@ import pytest
 
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from sync.config import load_config, load_token
-from sync.http_client import HttpClient
-from sync.keys import export_key, import_key, load_key
-from sync.pages import PAGE_ROWS
-from sync.refs import git_branch, ref_name
-from sync.workspace import Workspace
+from sync.checkout.config import load_config, load_token
+from sync.checkout.refs import git_branch, ref_name
+from sync.crypto.keys import export_key, import_key, load_key
+from sync.crypto.pages import PAGE_ROWS
+from sync.transport.http_client import HttpClient
+from sync.workspace.workspace import Workspace
 from tests.conftest import SAMPLE_FILES, write_repo
 from tests.test_sibling_chunks import git
 from tests.test_sync import SERVERS, Backend, _server, many_files
@@ -49,7 +49,7 @@ def test_two_branches_share_the_pool(tmp_path: Path, kind: str, request: pytest.
     monkeypatch.setenv("CODEVEIL_REF", "alice:main")
     repo = many_files(tmp_path / "repo", 60)
     idx = served.open_index(repo)
-    first = idx.index()
+    first = idx.index(wait=True)
     ws = load_config(repo).workspace_id
     shared_key, token = export_key(load_key(ws)), load_token(ws)
     alice_config = os.environ.get("CODEVEIL_CONFIG_DIR")
@@ -64,25 +64,25 @@ def test_two_branches_share_the_pool(tmp_path: Path, kind: str, request: pytest.
     import_key(ws, shared_key)
     mate_idx = Index(mate, embedder=HashingEmbedder())
     mate_idx.init(server=served.server.url, workspace_id=ws, token=token)
-    joined = mate_idx.index()
+    joined = mate_idx.index(wait=True)
     n = first.files_changed
     # Every file alice sent is linked but the three bob changed; his own are sent.
     assert joined.files_linked == joined.files_changed - 3 and joined.files_changed >= n
     assert joined.chunks_embedded <= 6  # only what no ref holds
-    # One page of rows (the 3 files' chunks: sync.pages), 62 leaves and the links to
+    # One page of rows (the 3 files' chunks: sync.crypto.pages), 62 leaves and the links to
     # alice's pages (keys only), against her 60 files' rows
     assert joined.bytes_sent < PAGE_ROWS * 1_500 + 62 * 300 < first.bytes_sent
     assert mate_idx.search("branch_change_1", k=1)[0].path == "pkg1/mod_1.py"
 
     # Alternate syncs: neither flips the other's tree, so nothing is sent again.
     (mate / "pkg0/mod_0.py").write_text("def branch_change_0():\n    return 'again'\n")
-    assert mate_idx.index().files_changed == 1
+    assert mate_idx.index(wait=True).files_changed == 1
     monkeypatch.setenv("CODEVEIL_REF", "alice:main")
     if alice_config is None:
         monkeypatch.delenv("CODEVEIL_CONFIG_DIR")
     else:
         monkeypatch.setenv("CODEVEIL_CONFIG_DIR", alice_config)
-    back = idx.index()
+    back = idx.index(wait=True)
     assert (back.files_changed, back.chunks_embedded, back.requests) == (0, 0, 1)
     with HttpClient(served.server.url, ws, token) as client:
         refs = client.refs()

@@ -93,7 +93,7 @@ def assert_no_plaintext(data_dir: Path, repo: Path) -> int:
 def test_embedded_store_holds_no_plaintext(tmp_path: Path, real_embedder) -> None:
     repo = planted_repo(tmp_path / "repo")
     idx = Index(repo, embedder=real_embedder)
-    report = idx.index()
+    report = idx.index(wait=True)
     assert report.chunks_total >= 3
     # The index works: the planted class is found...
     assert any(CANARIES["ident"] in h.text for h in idx.search("class that holds a secret"))
@@ -107,7 +107,7 @@ def test_server_data_dir_holds_no_plaintext(tmp_path: Path, real_embedder, live_
     repo = planted_repo(tmp_path / "repo")
     idx = Index(repo, embedder=real_embedder)
     idx.init(server=live_server.url)
-    report = idx.index()
+    report = idx.index(wait=True)
     assert report.chunks_total >= 3
     assert any(CANARIES["ident"] in h.text for h in idx.search("class that holds a secret"))
     idx.close()

@@ -14,8 +14,8 @@ import pytest
 
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from sync.config import load_config
-from sync.refs import ref_name
+from sync.checkout.config import load_config
+from sync.checkout.refs import ref_name
 from tests.cli_in_process import run_in_process
 from tests.server_fixtures import ServerProcess
 from tests.test_sibling_chunks import git
@@ -37,9 +37,9 @@ def _two_clones(tmp_path: Path, url: str) -> tuple[Path, Index, Index]:
     a_repo = many_files(tmp_path / "a", 30)
     a = Index(a_repo, embedder=HashingEmbedder())
     a.init(server=url)
-    a.index()
+    a.index(wait=True)
     b = _clone(a_repo, tmp_path / "b", url)
-    b.index()
+    b.index(wait=True)
     return a_repo, a, b
 
 
@@ -60,10 +60,10 @@ def test_two_clones_of_one_user_sync_trees_of_their_own(
     a_repo, a, b = _two_clones(tmp_path, live_server.url)
 
     _edit(sorted(a_repo.glob("pkg*/*.py"))[0])
-    assert a.index().files_changed == 1
-    b_again = b.index()  # b, unchanged, must not put its old version back on a's tree
+    assert a.index(wait=True).files_changed == 1
+    b_again = b.index(wait=True)  # b, unchanged, must not put its old version back on a's tree
     assert b_again.files_changed == 0
-    again = a.index()
+    again = a.index(wait=True)
     assert (again.files_changed, again.bytes_sent) == (0, 0)
     assert _in_step(a) and _in_step(b)
     assert a.status().ref != b.status().ref
@@ -73,7 +73,7 @@ def test_two_clones_of_one_user_sync_trees_of_their_own(
 
 def test_a_copied_codeveil_folder_gets_its_own_id_and_a_moved_one_keeps_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sync.refs import legacy_ref_name
+    from sync.checkout.refs import legacy_ref_name
 
     monkeypatch.delenv("CODEVEIL_REF", raising=False)
     repo = tmp_path / "repo"
@@ -94,7 +94,7 @@ def test_an_existing_checkout_keeps_its_server_state(
         tmp_path: Path, live_server: ServerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     """A checkout that synced its ref under the name of before (`user@host`) moves to its
     own ref by links: no chunk embedded, no row sent."""
-    from sync.refs import legacy_ref_name
+    from sync.checkout.refs import legacy_ref_name
 
     repo = many_files(tmp_path / "repo", 60)
     git(repo, "init", "-q", "-b", "main")
@@ -105,15 +105,15 @@ def test_an_existing_checkout_keeps_its_server_state(
     assert legacy_ref_name(repo).endswith(":main")
     idx = Index(repo, embedder=HashingEmbedder())
     idx.init(server=live_server.url)
-    first = idx.index()
+    first = idx.index(wait=True)
     rows = idx.workspace.open().client.info().chunks
     idx.close()
     monkeypatch.delenv("CODEVEIL_REF")
     idx = Index(repo, embedder=HashingEmbedder())
-    moved = idx.index()
+    moved = idx.index(wait=True)
     assert moved.chunks_embedded == 0 and idx.workspace.open().client.info().chunks == rows
     assert moved.bytes_sent < first.bytes_sent / 4, (moved.bytes_sent, first.bytes_sent)
-    assert (idx.index().files_changed, _in_step(idx)) == (0, True)
+    assert (idx.index(wait=True).files_changed, _in_step(idx)) == (0, True)
     idx.close()
     # `codeveil refs` names both: this checkout's, current, and the one of before.
     listed = run_in_process(["refs"], repo).stdout.splitlines()
@@ -130,8 +130,8 @@ def test_a_tree_another_checkout_rewrote_is_named_by_status_and_doctor(
     a_repo, a, b = _two_clones(tmp_path, live_server.url)
     target = sorted(a_repo.glob("pkg*/*.py"))[0]
     _edit(target)
-    a.index()
-    b.index()  # b's old version replaces a's on the shared tree
+    a.index(wait=True)
+    b.index(wait=True)  # b's old version replaces a's on the shared tree
     a.close()
     b.close()
     rel = target.relative_to(a_repo).as_posix()

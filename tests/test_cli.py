@@ -141,7 +141,7 @@ def test_every_command_has_help(name: str) -> None:
 
 
 def test_two_processes_initialising_one_folder_end_with_one_workspace(tmp_path: Path) -> None:
-    from sync.config import load_config, store_path
+    from sync.checkout.config import load_config, store_path
     from sync.store import Store
     from tests.conftest import write_repo
 
@@ -174,10 +174,10 @@ def test_hand_edited_config_values_are_named(sample_repo: Path, field: str, bad:
                                              needle: str) -> None:
     from indexer.embedder import HashingEmbedder
     from retrieval import Index
-    from sync.config import ConfigError
+    from sync.checkout.config import ConfigError
 
     with Index(sample_repo, embedder=HashingEmbedder()) as idx:  # as CODEVEIL_EMBEDDER does
-        idx.index()
+        idx.index(wait=True)
     path = sample_repo / ".codeveil/config.json"
     config = json.loads(path.read_text())
     config[field] = bad
@@ -188,7 +188,7 @@ def test_hand_edited_config_values_are_named(sample_repo: Path, field: str, bad:
     with Index(sample_repo, embedder=HashingEmbedder()) as idx, pytest.raises(
         ConfigError, match=r"config\.json"
     ):
-        idx.index()
+        idx.index(wait=True)
 
 
 def test_progress_bar_shows_stages_and_embed_rate(sample_repo: Path, tmp_path: Path,
@@ -201,7 +201,7 @@ def test_progress_bar_shows_stages_and_embed_rate(sample_repo: Path, tmp_path: P
     from retrieval.faces.cli import _RichProgress
 
     with _RichProgress() as bar, Index(sample_repo, embedder=hashing_embedder) as idx:
-        report = idx.index(progress=bar)
+        report = idx.index(wait=True, progress=bar)
     assert report.chunks_embedded > 0
     for stage in ("walk", "chunk", "embed", "encrypt", "sync"):
         assert f"{stage} " in bar.where, bar.where

@@ -16,7 +16,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from retrieval.faces.cli import main as cli_main
-from sync.config import init_lock, load_config
+from sync.checkout.config import init_lock, load_config
 from sync.store import Store
 from tests.conftest import write_repo
 from tests.server_fixtures import ServerProcess

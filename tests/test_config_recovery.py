@@ -16,8 +16,8 @@ import pytest
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
 from retrieval.faces.doctor import doctor
-from sync.config import load_config
-from sync.keys import key_path
+from sync.checkout.config import load_config
+from sync.crypto.keys import key_path
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
 from tests.conftest import write_repo
 
@@ -27,7 +27,7 @@ def indexed(tmp_path: Path, *, server_search: bool = False) -> Path:
     with Index(root, embedder=HashingEmbedder()) as idx:
         if server_search:
             idx.init(server_search=True)
-        idx.index()
+        idx.index(wait=True)
     return root
 
 
@@ -66,7 +66,7 @@ def test_a_garbled_config_is_rebuilt_with_the_same_workspace(tmp_path: Path,
     assert load_config(root) == before  # same workspace, model, dim and mode
     assert top_hits(root) == hits
     with Index(root, embedder=HashingEmbedder()) as idx:
-        assert idx.index().files_changed == 0  # nothing sent again: the same workspace
+        assert idx.index(wait=True).files_changed == 0  # nothing sent again: the same workspace
 
 
 def test_a_deleted_config_is_rebuilt_by_the_command(tmp_path: Path) -> None:

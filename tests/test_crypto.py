@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sync.crypto import (
+from sync.crypto.ciphers import (
     DEFAULT_BETA,
     ENVELOPE_VERSION,
     ChunkMeta,
@@ -23,8 +23,8 @@ from sync.crypto import (
     open_meta,
     seal_meta,
 )
+from sync.crypto.keys import ENV_KEY, WorkspaceKey
 from sync.errors import CryptoError, MetadataAuthError, MetadataFormatError
-from sync.keys import ENV_KEY, WorkspaceKey
 
 KEY = WorkspaceKey(bytes(range(32)))
 OTHER = WorkspaceKey(bytes(32))

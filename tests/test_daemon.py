@@ -24,8 +24,8 @@ import pytest
 
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from sync.builder import Builder
 from sync.daemon import DaemonFiles, EventFilter, probe, read_status
+from sync.daemon.builder import Builder
 from sync.daemon.loop import _backoff
 from tests.conftest import write_repo
 from tests.test_sibling_chunks import git
@@ -382,7 +382,7 @@ SLOW_DAEMON = """
 import sys, time
 from pathlib import Path
 from sync.daemon import NETWORK_ERRORS, Daemon
-from sync.syncer import SyncReport
+from sync.syncer.syncer import SyncReport
 
 class SlowTarget:  # a stand-in sync whose slowness the test controls
     server = "embedded"

@@ -20,7 +20,7 @@ from indexer.embed_cache import cache_key
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
 from retrieval.faces.doctor import doctor
-from sync.config import load_config, store_path
+from sync.checkout.config import load_config, store_path
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
 from sync.wire import StoreCorrupt
 from tests.conftest import write_repo
@@ -51,7 +51,7 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.Fixtur
     with Index(root, embedder=HashingEmbedder()) as idx:
         if getattr(request, "param", MODE_SEALED) == MODE_SERVER_SEARCH:
             idx.init(server_search=True)
-        idx.index()
+        idx.index(wait=True)
     return root
 
 
@@ -267,7 +267,7 @@ def test_doctor_names_the_damaged_file_and_repair_restores_search(
     assert not [f for f in again.findings if f.problem], again.lines()  # not even a note
     assert results(repo) == before
     with Index(repo, embedder=HashingEmbedder()) as idx:
-        assert idx.index().files_changed == 0  # the repaired store agrees with the tree
+        assert idx.index(wait=True).files_changed == 0  # the repaired store agrees with the tree
 
 
 @pytest.mark.parametrize(
@@ -284,7 +284,7 @@ def test_index_does_not_report_success_over_a_store_it_cannot_read(
     with Index(repo, embedder=HashingEmbedder()) as idx, pytest.raises(
         StoreCorrupt, match=f"{named}.*codeveil doctor --repair"
     ):
-        idx.index()
+        idx.index(wait=True)
 
 
 def test_a_lost_state_is_refused_by_search_not_silently_used(repo: Path) -> None:
@@ -318,8 +318,8 @@ def test_doctor_command_prints_findings_and_exit_status(repo: Path) -> None:
 
 def test_doctor_checks_a_server_data_dir(tmp_path: Path) -> None:
     from retrieval.faces.doctor import check_data_dir
-    from sync.local_client import LocalClient
     from sync.records import ChunkRecord, FileUpdate
+    from sync.store.local_client import LocalClient
 
     data = tmp_path / "data"
     for name, mode in (("good", MODE_SERVER_SEARCH), ("bad", MODE_SERVER_SEARCH),
@@ -360,9 +360,9 @@ def test_a_clean_index_with_repeated_chunks_gives_a_clean_doctor(
         "other.py": "def other():\n    return 2\n",
     })
     with Index(root, embedder=HashingEmbedder()) as idx:
-        idx.index()
+        idx.index(wait=True)
     from indexer.local_chunks import LocalChunks, open_state_db
-    from sync.config import state_path
+    from sync.checkout.config import state_path
 
     db = open_state_db(state_path(root))
     try:

@@ -15,8 +15,8 @@ import pytest
 
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from sync.config import load_config, load_token
-from sync.keys import export_key, import_key, load_key
+from sync.checkout.config import load_config, load_token
+from sync.crypto.keys import export_key, import_key, load_key
 from sync.store.core.rows import fid_of
 from tests.server_fixtures import ServerProcess
 from tests.server_rows import leaf_rows
@@ -33,7 +33,7 @@ def _team(tmp: Path, server: ServerProcess, monkeypatch: pytest.MonkeyPatch
         monkeypatch.setenv("CODEVEIL_REF", "alice@laptop:main")
         a = Index(a_repo, embedder=HashingEmbedder())
         config = a.init(server=server.url)
-        a.index()
+        a.index(wait=True)
         key_text, token = export_key(load_key(config.workspace_id)), load_token(
             config.workspace_id)
     with bob.active():
@@ -41,7 +41,7 @@ def _team(tmp: Path, server: ServerProcess, monkeypatch: pytest.MonkeyPatch
         import_key(config.workspace_id, key_text)
         b = Index(b_repo, embedder=HashingEmbedder())
         b.init(server=server.url, workspace_id=config.workspace_id, token=token)
-        joined = b.index()
+        joined = b.index(wait=True)
         assert joined.chunks_embedded == 0 and joined.chunks_pulled == joined.chunks_total
     return alice, bob, a, b, a_repo, b_repo
 
@@ -69,14 +69,14 @@ def test_an_edit_a_teammate_synced_is_pulled_not_embedded_again(
             monkeypatch.setenv("CODEVEIL_REF", "alice@laptop:main")
             for name, body in files.items():
                 _edit(a_repo, name, body)
-            sent = a.index()
+            sent = a.index(wait=True)
             assert sent.chunks_embedded == len(files)
         with bob.active():  # the same files reach bob's tree through git
             monkeypatch.setenv("CODEVEIL_REF", "bob@desktop:main")
             for name, body in files.items():
                 _edit(b_repo, name, body)
             rows = _rows(b)
-            got = b.index()
+            got = b.index(wait=True)
             assert (got.chunks_embedded, got.chunks_pulled) == (0, len(files)), got
             assert _rows(b) == rows  # no row sent again: bob's ref links alice's page
             assert got.files_linked == got.files_changed == len(files)
@@ -97,13 +97,13 @@ def test_a_page_read_before_the_edit_arrived_is_read_again_for_it(
     with alice.active():
         monkeypatch.setenv("CODEVEIL_REF", "alice@laptop:main")
         _edit(a_repo, "pkg2/mod_2.py", hers)
-        assert a.index().chunks_embedded == 1
+        assert a.index(wait=True).chunks_embedded == 1
     with bob.active():
         monkeypatch.setenv("CODEVEIL_REF", "bob@desktop:main")
         _edit(b_repo, "pkg3/mod_3.py", "def bob_edit(x):\n    return x + 1\n")
-        assert b.index().chunks_embedded == 1
+        assert b.index(wait=True).chunks_embedded == 1
         _edit(b_repo, "pkg2/mod_2.py", hers)
-        got = b.index()
+        got = b.index(wait=True)
         assert (got.chunks_embedded, got.chunks_pulled) == (0, 1), got
     a.close()
     b.close()
@@ -136,12 +136,12 @@ def test_a_page_that_does_not_open_is_skipped_and_never_used(
     with alice.active():
         monkeypatch.setenv("CODEVEIL_REF", "alice@laptop:main")
         _edit(a_repo, "pkg4/mod_4.py", body)
-        a.index()
+        a.index(wait=True)
     assert _spoil_new_pages(server.data_dir, before) > 0
-    with bob.active(), caplog.at_level(logging.WARNING, logger="sync.paged_sync"):
+    with bob.active(), caplog.at_level(logging.WARNING, logger="sync.syncer.paged_sync"):
         monkeypatch.setenv("CODEVEIL_REF", "bob@desktop:main")
         _edit(b_repo, "pkg4/mod_4.py", body)
-        got = b.index()
+        got = b.index(wait=True)
         assert got.chunks_embedded == 1 and got.chunks_pulled == 0, got
         assert any("ignoring a page" in r.getMessage() for r in caplog.records)
         assert b.search("spoiled_on_the_server", k=1)[0].path == "pkg4/mod_4.py"
@@ -163,13 +163,13 @@ def test_a_switch_onto_a_teammates_branch_embeds_nothing(
         monkeypatch.setenv("CODEVEIL_REF", "alice@laptop:feature")
         for name, body in feature.items():
             _edit(a_repo, name, body)
-        assert a.index().chunks_embedded == len(feature)
+        assert a.index(wait=True).chunks_embedded == len(feature)
     with bob.active():
         monkeypatch.setenv("CODEVEIL_REF", "bob@desktop:feature")  # his checkout's branch
         for name, body in feature.items():
             _edit(b_repo, name, body)
         rows = _rows(b)
-        got = b.index()
+        got = b.index(wait=True)
         assert (got.chunks_embedded, got.chunks_pulled) == (0, len(feature)), got
         assert got.files_linked == got.files_changed and _rows(b) == rows
     a.close()

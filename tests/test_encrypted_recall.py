@@ -15,8 +15,8 @@ import pytest
 
 from indexer.chunker import chunk_file
 from retrieval.faces.api import OVERFETCH
-from sync.crypto import VectorCipher, chunk_id
-from sync.keys import KEY_SIZE, WorkspaceKey
+from sync.crypto.ciphers import VectorCipher, chunk_id
+from sync.crypto.keys import KEY_SIZE, WorkspaceKey
 
 PROJECT = Path(__file__).resolve().parent.parent
 

@@ -39,10 +39,16 @@ def _tools(tmp_path: Path) -> dict[str, Any]:
     return {t.name: t for t in asyncio.run(build_server(tmp_path).list_tools())}
 
 
+def _folder_alias(param: click.Parameter) -> bool:
+    """The positional PATH some commands still take for -C (cli_base.folder_params)."""
+    return (isinstance(param, click.Argument) and isinstance(param.type, click.Path)
+            and not param.type.file_okay)
+
+
 @pytest.mark.parametrize("op", OPERATIONS, ids=lambda op: op.method)
 def test_the_command_takes_the_table_arguments(op: Operation) -> None:
     cmd = main.commands[op.command]
-    params = [p for p in cmd.params if p.name not in SHARED]
+    params = [p for p in cmd.params if p.name not in SHARED and not _folder_alias(p)]
     assert [p.name for p in params] == [a.name for a in op.face_args(CLI)]
     ctx = click.Context(cmd)
     for param, arg in zip(params, op.face_args(CLI), strict=True):
@@ -110,8 +116,7 @@ def test_every_face_of_every_operation_is_in_the_table() -> None:
     assert {a.name for op in OPERATIONS for a in op.args if not a.faces} == set()
     assert {op.command for op in OPERATIONS} <= set(main.commands)
     tools = asyncio.run(build_server(Path(".")).list_tools())
-    lookups = {t.name for t in tools} - {"index_status", "sync_index"}
-    assert lookups == {op.tool for op in OPERATIONS}
+    assert {t.name for t in tools} == {op.tool for op in OPERATIONS}
 
 
 def test_repo_json_and_result_counts_are_spelt_one_way_in_every_command() -> None:
@@ -172,3 +177,64 @@ def test_a_changed_table_entry_changes_both_built_faces(tmp_path: Path) -> None:
     assert tool.input_schema["properties"]["limit"]["default"] == 3
     result = asyncio.run(server.call_tool("probe", {"word": "w", "limit": 50}))
     assert '"limit": 9' in str(result)  # brought into 1..9
+
+
+def test_the_daemon_tuning_and_the_port_are_written_once_in_the_library() -> None:
+    from sync.daemon import loop
+    from sync.server.app import DEFAULT_PORT
+
+    daemon = main.commands["daemon"]
+    assert isinstance(daemon, click.Group)
+    expected = {("serve", "port"): DEFAULT_PORT}
+    for command in ("start", "run"):
+        expected |= {(f"daemon {command}", "interval"): loop.DEFAULT_FULL_INTERVAL,
+                     (f"daemon {command}", "debounce"): loop.DEFAULT_DEBOUNCE,
+                     (f"daemon {command}", "max_backoff"): loop.DEFAULT_BACKOFF_MAX}
+    commands = _commands(main)
+    for (command, name), value in expected.items():
+        cmd = commands[command]
+        (param,) = [p for p in cmd.params if p.name == name]
+        assert param.get_default(click.Context(cmd)) == value, (command, name)
+        assert f"default: {value}" in cmd.get_help(click.Context(cmd)), (command, name)
+    faces = Path(__file__).resolve().parents[1] / "retrieval" / "faces"
+    for source in faces.glob("cli*.py"):
+        text = source.read_text()
+        for literal in ("7400", "300.0", "default=0.5", "60.0"):
+            assert literal not in text, (source.name, literal)
+
+
+def test_every_command_that_takes_a_folder_takes_it_as_C(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    commands = _commands(main)
+    for name, cmd in commands.items():
+        folders = [p for p in cmd.params if isinstance(p, click.Argument)
+                   and isinstance(p.type, click.Path) and not p.type.file_okay]
+        if folders:  # the older positional PATH, kept as another spelling of -C
+            assert [(p.name, p.required) for p in folders] == [("path", False)], name
+            assert any(isinstance(p, click.Option) and p.opts == ["-C", "--repo"]
+                       for p in cmd.params), name
+    for name in ("index", "init", "join", "status", "doctor", "mcp", "daemon start",
+                 "daemon run", "daemon stop", "daemon status"):
+        assert any(p.opts == ["-C", "--repo"] for p in commands[name].params
+                   if isinstance(p, click.Option)), name
+
+    runner = CliRunner()
+    by_option = runner.invoke(main, ["daemon", "status", "-C", str(tmp_path)])
+    by_path = runner.invoke(main, ["daemon", "status", str(tmp_path)])
+    assert by_option.exit_code == by_path.exit_code == 3
+    assert by_option.output == by_path.output and str(tmp_path) in by_option.output
+    both = runner.invoke(main, ["daemon", "status", "-C", str(tmp_path), "/"])
+    assert both.exit_code == 2 and "two folders given" in both.output
+
+
+def test_index_waits_or_not_by_one_default_in_every_face(tmp_path: Path) -> None:
+    # The API waited by default while the command and the tool did not.
+    from retrieval.faces.operations import INDEX_OP
+
+    (wait,) = [a for a in INDEX_OP.args if a.name == "wait"]
+    assert wait.faces == {API, CLI, MCP}
+    cli = {p.name: p for p in main.commands["index"].params}["wait"]
+    mcp = _tools(tmp_path)["sync_index"].input_schema["properties"]["wait"]
+    api = inspect.signature(Index.index).parameters["wait"]
+    assert cli.default is mcp["default"] is api.default is wait.default is False

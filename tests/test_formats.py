@@ -28,7 +28,7 @@ def _stamp(path: Path, version: int) -> None:
 
 @pytest.fixture
 def indexed(sample_repo: Path) -> Path:
-    Index(sample_repo, embedder=HashingEmbedder()).index()
+    Index(sample_repo, embedder=HashingEmbedder()).index(wait=True)
     return sample_repo
 
 
@@ -95,8 +95,8 @@ def test_older_formats_are_migrated_step_by_step_or_refused(tmp_path: Path) -> N
 
 
 def test_a_store_written_by_a_newer_codeveil_is_refused(tmp_path: Path) -> None:
-    from sync.local_client import LocalClient
     from sync.store import STORE_FORMAT, Store
+    from sync.store.local_client import LocalClient
     from sync.wire import StoreCorrupt
 
     data = tmp_path / "data"

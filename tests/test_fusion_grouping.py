@@ -285,7 +285,7 @@ def test_index_search_levels(sample_repo, hashing_embedder) -> None:
     from retrieval import Index, SearchError
 
     with Index(sample_repo, embedder=hashing_embedder) as idx:
-        idx.index()
+        idx.index(wait=True)
         chunks = idx.search("hash_password salt pbkdf2", k=5)
         assert chunks[0].path == "auth/password.py" and "hash_password" in chunks[0].symbol
         assert "def hash_password" in chunks[0].text
@@ -304,7 +304,7 @@ def test_index_search_levels(sample_repo, hashing_embedder) -> None:
         # An edited file: the lexical side follows the next sync.
         (sample_repo / "auth" / "password.py").write_text(
             "def rotate_signing_secret(vault):\n    return vault.rotate()\n")
-        idx.index()
+        idx.index(wait=True)
         top = idx.search("rotate_signing_secret", k=1, group="symbol")[0]
         assert (top.path, top.symbol, top.stale) == (
             "auth/password.py", "rotate_signing_secret", False)

@@ -53,7 +53,7 @@ PATTERNS = [
 def _repo(tmp_path: Path) -> Path:
     root = write_repo(tmp_path / "repo", {**SAMPLE_FILES, **EXTRA_FILES})
     _age(root)
-    Index(root, embedder=HashingEmbedder()).index()
+    Index(root, embedder=HashingEmbedder()).index(wait=True)
     return root
 
 
@@ -126,7 +126,7 @@ def test_the_grep_index_follows_the_chunk_table_incrementally(tmp_path: Path) ->
     assert idx.tools.trigrams(root).last_refresh["mode"] == "rebuild"
     (root / "net/extra.py").write_text("SENTINEL_VALUE = 42\n")
     _age(root)
-    idx.index()
+    idx.index(wait=True)
     result = idx.grep("SENTINEL_VALUE")
     refresh = idx.tools.trigrams(root).last_refresh
     assert refresh["mode"] in ("update", "merge") and refresh["read"] == 1
@@ -196,7 +196,7 @@ def test_a_final_newline_ends_the_last_line(tmp_path: Path) -> None:
     # As ripgrep counts lines: "a\nb\n" has two, so `^$` matches none of them.
     root = write_repo(tmp_path / "repo", {"two.txt": "alpha\nbeta\n", "gap.txt": "x\n\ny\n"})
     _age(root)
-    Index(root, embedder=HashingEmbedder()).index()
+    Index(root, embedder=HashingEmbedder()).index(wait=True)
     result = Index(root, embedder=HashingEmbedder()).grep("^$")
     assert [(m.path, m.line) for m in result.matches] == [("gap.txt", 2)]
     assert [m.line for m in Index(root, embedder=HashingEmbedder()).grep("a*").matches
@@ -260,7 +260,7 @@ def test_right_after_a_first_index_grep_narrows_and_sees_a_same_stat_rewrite(
     # Files written just before the first index are racily clean: their stat is not
     # trusted, so every one of them was read on every grep until a later index.
     root = write_repo(tmp_path / "repo", {**SAMPLE_FILES, **EXTRA_FILES})
-    Index(root, embedder=HashingEmbedder()).index()
+    Index(root, embedder=HashingEmbedder()).index(wait=True)
     paths = _indexed(root)
     first = AgentTools(root, watch=False).grep("hash_password")
     assert first.matches == full_scan(root, paths, "hash_password")
@@ -271,7 +271,7 @@ def test_right_after_a_first_index_grep_narrows_and_sees_a_same_stat_rewrite(
     # index rules the file out: it held no match when it was indexed).
     racy = root / "web" / "Retry.ts"
     racy.write_text("hash_passwore\n")
-    Index(root, embedder=HashingEmbedder()).index()
+    Index(root, embedder=HashingEmbedder()).index(wait=True)
     st = racy.stat()
     racy.write_text("hash_password\n")
     os.utime(racy, ns=(st.st_atime_ns, st.st_mtime_ns))

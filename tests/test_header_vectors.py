@@ -13,7 +13,7 @@ from indexer.embed_cache import cache_key
 from indexer.local_chunks import LocalChunks, open_state_db
 from retrieval import Index
 from retrieval.search.options import SearchOptions
-from sync.config import state_path
+from sync.checkout.config import state_path
 
 # Only the header vectors vote: what a search ranks then comes from them alone.
 HEADERS_ONLY = replace(SearchOptions(), w_vector=0.0, hybrid=False, evidence=False,
@@ -37,7 +37,7 @@ def _cached(idx: Index, texts: set[str]) -> set[str]:
 @pytest.fixture
 def indexed(sample_repo: Path, real_embedder) -> Index:
     idx = Index(sample_repo, embedder=real_embedder)
-    idx.index()  # the cache is shared by the tests: its headers may be there already
+    idx.index(wait=True)  # the cache is shared by the tests: its headers may be there already
     yield idx
     idx.close()
 
@@ -47,7 +47,7 @@ def test_the_index_embeds_every_chunks_header(indexed: Index, sample_repo: Path)
     assert headers and _cached(indexed, headers) == headers
     assert "net/upload.py > Uploader" in headers
     # Nothing changed: no header is embedded again.
-    assert indexed.index().headers_embedded == 0
+    assert indexed.index(wait=True).headers_embedded == 0
 
 
 def test_search_ranks_by_the_header_vectors(indexed: Index) -> None:
@@ -63,7 +63,7 @@ def test_search_ranks_by_the_header_vectors(indexed: Index) -> None:
 def test_an_index_made_before_header_vectors_gets_them(sample_repo: Path,
                                                        real_embedder) -> None:
     with Index(sample_repo, embedder=real_embedder) as idx:
-        idx.index()
+        idx.index(wait=True)
         headers = _headers(sample_repo)
         model = idx.embedder.model_id
         cache_path = idx.embedder.cache.path
@@ -83,10 +83,10 @@ def test_an_index_made_before_header_vectors_gets_them(sample_repo: Path,
         # Search still answers; with no header vectors their vote is off.
         assert idx.search("geo distance", k=1) == []
         assert idx._vectors is not None and idx._vectors.header_count == 0
-        report = idx.index()  # nothing changed in the tree: the headers are filled in
+        report = idx.index(wait=True)  # nothing changed in the tree: the headers are filled in
         assert report.files_changed == 0 and report.chunks_embedded == 0
         assert report.headers_embedded == len(headers)
         assert _cached(idx, headers) == headers
         assert idx.search("geo distance", k=1, group="file")[0].path == "geo/distance.go"
         assert idx._vectors.header_count == idx._vectors.count
-        assert idx.index().headers_embedded == 0
+        assert idx.index(wait=True).headers_embedded == 0

@@ -14,7 +14,7 @@ from tests.conftest import write_repo
 @pytest.fixture
 def indexed(sample_repo: Path, real_embedder) -> Index:
     idx = Index(sample_repo, embedder=real_embedder)
-    idx.index()
+    idx.index(wait=True)
     yield idx
     idx.close()
 
@@ -51,7 +51,7 @@ def test_filters_by_path_glob_and_language(indexed: Index) -> None:
 
 
 def test_second_index_with_nothing_changed_embeds_nothing(indexed: Index) -> None:
-    report = indexed.index()
+    report = indexed.index(wait=True)
     assert report.files_changed == 0
     assert report.chunks_embedded == 0
     assert report.files_deleted == 0
@@ -63,7 +63,7 @@ def test_edited_file_reindexes_only_that_file(indexed: Index, sample_repo: Path)
     path.write_text(path.read_text() + "\n\ndef rotate_api_token(user):\n"
                     "    '''Issue a fresh API token and revoke the old one.'''\n"
                     "    user.token = new_token()\n")
-    report = indexed.index()
+    report = indexed.index(wait=True)
     assert report.files_changed == 1
     assert report.chunks_embedded >= 1
     # Unchanged chunks of that file come from the embedding cache.
@@ -76,7 +76,7 @@ def test_deleted_file_disappears_from_results(indexed: Index, sample_repo: Path)
     (sample_repo / "geo/distance.go").unlink()
     # Before re-indexing: the file is gone from disk, so its chunks are never shown.
     assert all(h.path != "geo/distance.go" for h in indexed.search("great circle distance"))
-    report = indexed.index()
+    report = indexed.index(wait=True)
     assert report.files_deleted == 1
     assert all(h.path != "geo/distance.go" for h in indexed.search("great circle distance"))
 
@@ -119,7 +119,7 @@ def test_index_of_a_copy_without_codeveil_dir_is_independent(
     copy = tmp_path / "copy"
     shutil.copytree(sample_repo, copy, ignore=shutil.ignore_patterns(".codeveil"))
     idx = Index(copy, embedder=real_embedder)
-    report = idx.index()
+    report = idx.index(wait=True)
     # A new workspace (new key), but every chunk text was embedded before: all cached.
     assert report.chunks_embedded == 0 and report.chunks_from_cache == report.chunks_total
     idx.close()
@@ -133,7 +133,7 @@ def test_gitignore_is_honoured(tmp_path: Path, real_embedder) -> None:
         "debug.log": "hidden log line\n",
     })
     idx = Index(repo, embedder=real_embedder)
-    report = idx.index()
+    report = idx.index(wait=True)
     assert report.files_scanned == 2  # keep.py and .gitignore itself
     paths = {h.path for h in idx.search("hidden function", k=10)}
     assert "secret_dir/hidden.py" not in paths and "debug.log" not in paths

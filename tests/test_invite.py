@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sync.invite import Invite, InviteError, decode_invite, parse_duration
-from sync.keys import WorkspaceKey
+from sync.crypto.keys import WorkspaceKey
+from sync.workspace.invite import Invite, InviteError, decode_invite, parse_duration
 from tests.cli_in_process import run_in_process
 from tests.conftest import write_repo
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from sync.http_client import HttpClient
 from sync.records import MODE_SEALED
 from sync.store.core.backend import StoreBackend
+from sync.transport.http_client import HttpClient
 from sync.wire import AuthError, BadRequest, InviteeNotFound, PermissionDenied
 
 KEY_CHECK = bytes(16)

@@ -12,16 +12,7 @@ import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from sync.errors import (
-    KeyChecksumError,
-    KeyExistsError,
-    KeyFormatError,
-    KeyMismatchError,
-    KeyMissingError,
-    KeyPermissionError,
-    WorkspaceKeyError,
-)
-from sync.keys import (
+from sync.crypto.keys import (
     ENV_KEY,
     EXPORT_PREFIX,
     WorkspaceKey,
@@ -33,6 +24,15 @@ from sync.keys import (
     load_key,
     parse_key,
     write_secret_file,
+)
+from sync.errors import (
+    KeyChecksumError,
+    KeyExistsError,
+    KeyFormatError,
+    KeyMismatchError,
+    KeyMissingError,
+    KeyPermissionError,
+    WorkspaceKeyError,
 )
 
 WS = "0123456789abcdef0123456789abcdef"

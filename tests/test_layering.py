@@ -90,11 +90,55 @@ def test_ranking_never_calls_back_into_what_assembles_a_search() -> None:
                            for n in mods[module]), (module, target)
 
 
+# sync/ by job: each folder (and the vocabulary modules at the top, which both sides
+# speak) and the parts of sync it may import. The client's folders (crypto, checkout,
+# transport, syncer) never reach the server's store nor the server; the store and the
+# server never reach the key code; the workspace and the daemon put the others together
+# (a workspace without a server keeps its store in-process, through
+# sync.store.local_client).
+VOCABULARY = {"records", "wire", "errors", "client"}
+SYNC_FOLDERS: dict[str, set[str]] = {
+    "vocabulary": set(),
+    "crypto": {"vocabulary"},
+    "checkout": {"vocabulary", "crypto"},
+    "store": {"vocabulary"},
+    "transport": {"vocabulary", "crypto", "checkout"},
+    "syncer": {"vocabulary", "crypto", "checkout"},
+    "server": {"vocabulary", "store"},
+    "workspace": {"vocabulary", "crypto", "checkout", "store", "transport", "syncer"},
+    "daemon": {"vocabulary", "crypto", "checkout", "transport", "syncer", "workspace"},
+}
+
+
+def _sync_folder(module: str) -> str | None:
+    """The folder of sync a module (or an imported name) belongs to; None for the face."""
+    parts = module.split(".")
+    if parts[0] != "sync" or len(parts) < 2:
+        return None
+    return "vocabulary" if parts[1] in VOCABULARY else parts[1]
+
+
+def test_sync_is_laid_out_by_job_and_imports_one_way() -> None:
+    mods = _modules("sync")
+    folders = {_sync_folder(m) for m in mods} - {None}
+    assert folders == set(SYNC_FOLDERS), folders
+    wrong = []
+    for module, names in mods.items():
+        own = _sync_folder(module)
+        if own is None:
+            continue
+        for name in names:
+            target = _sync_folder(name)
+            if target is not None and target != own and target not in SYNC_FOLDERS[own]:
+                wrong.append((module, name))
+    assert not wrong, wrong
+
+
 def test_the_store_imports_no_key_code() -> None:
     # The store keeps what clients send and never holds a key: no module of sync.store
     # reaches the keys, the ciphers or the sealing of rows (a checker that opens a store's
-    # rows with a key, sync.store_contents, lives outside it).
-    key_code = ("sync.keys", "sync.crypto", "sync.sealed_rows", "sync.server_search")
+    # rows with a key, bench.store_contents, lives outside it).
+    key_code = ("sync.crypto", "sync.checkout", "sync.transport")
     mods = _modules("sync")
     store = [m for m in mods if m == "sync.store" or m.startswith("sync.store.")]
     assert len(store) > 5, store
@@ -293,3 +337,30 @@ def test_retrievals_four_jobs_import_one_way() -> None:
             if RETRIEVAL_JOBS[target[1]] >= RETRIEVAL_JOBS[job]:
                 upward.append((module, name))
     assert not upward, upward
+
+
+# A branch of one sync on the workspace's mode: its test names the mode, a flag of it,
+# one of the members that only one mode had (the sealer, the cipher, the pages), or what
+# the rows member tells of its mode (`searched_here`, `streams`).
+SYNC_MODE_TEST = re.compile(r"\bsealed\b|paged|\bpages\b|\bpool\b|\bshared\b|streamed"
+                            r"|\bmode\b|sealer|cipher|searched_here|\bstreams\b")
+ONE_SYNC_MODE_BRANCHES = 3
+
+
+def test_one_sync_asks_its_rows_member_and_not_the_mode() -> None:
+    # The rows of a sync are one member chosen when the workspace opens
+    # (sync.syncer.rows_out.RowsOut: sealed in pages, or searched by the server): the
+    # Syncer calls its hooks at each step, and tests what it is told at most these times.
+    tree = ast.parse((ROOT / "sync" / "syncer" / "syncer.py").read_text())
+    (syncer,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Syncer"]
+    found = []
+    for node in ast.walk(syncer):
+        if isinstance(node, ast.If | ast.IfExp | ast.While):
+            tests = [node.test]
+        elif isinstance(node, ast.comprehension):
+            tests = node.ifs
+        else:
+            continue
+        found += [f"syncer.py:{t.lineno}: {ast.unparse(t)}" for t in tests
+                  if SYNC_MODE_TEST.search(ast.unparse(t))]
+    assert len(found) <= ONE_SYNC_MODE_BRANCHES, found

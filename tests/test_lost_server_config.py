@@ -1,5 +1,5 @@
 """A checkout of a workspace on a server survives a lost `.codeveil/config.json`: this
-machine records which server and workspace the checkout belongs to (sync.checkouts),
+machine records which server and workspace the checkout belongs to (sync.checkout.checkouts),
 doctor names the missing or damaged file, `--repair` rebuilds it for the same server and
 workspace, and no command starts a new, detached workspace over it."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from sync.checkouts import load_checkout, record_path
+from sync.checkout.checkouts import load_checkout, record_path
 from tests.cli_in_process import run_in_process
 from tests.conftest import write_repo
 
@@ -22,7 +22,7 @@ def _indexed(tmp_path: Path, url: str) -> tuple[Path, dict]:
     repo = write_repo(tmp_path / "repo", {"a.py": "def alpha():\n    return 1\n"})
     with Index(repo, embedder=HashingEmbedder()) as idx:
         idx.init(server=url)
-        idx.index()
+        idx.index(wait=True)
     return repo, json.loads((repo / ".codeveil" / "config.json").read_text())
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -246,3 +247,63 @@ def test_the_server_says_its_version_which_tools_only_read_and_how_to_build_an_i
         anyio.run(run, errlog)
         errlog.seek(0)
         assert "failed" not in errlog.read()  # the error is the agent's, not a log block
+
+
+def test_bad_arguments_are_one_plain_line_naming_the_argument(tmp_path: Path) -> None:
+    # k: 0 became 1 and an unknown argument was dropped, both silently; a missing one
+    # was answered in pydantic's words with a link.
+    repo = write_repo(tmp_path / "repo")
+
+    async def steps(session: ClientSession) -> None:
+        tools = {t.name: t for t in (await session.list_tools()).tools}
+        assert tools["search"].input_schema["properties"]["k"]["minimum"] == 1
+        expected = {
+            ("search", '{"query": "x", "k": 0}'): "search: argument 'k' must be at least 1",
+            ("grep", '{"pattern": "x", "limit": 0}'):
+                "grep: argument 'limit' must be at least 1",
+            ("search", '{"query": "x", "top_k": 5}'):
+                "search: unknown argument 'top_k'; it takes query, k, path,",
+            ("search", "{}"): "search: missing argument 'query' (A question",
+            ("definition", '{"name": 3}'): "definition: argument 'name' should be a valid"
+                                           " string",
+        }
+        for (tool, args), start in expected.items():
+            got = await session.call_tool(tool, json.loads(args))
+            text = got.content[0].text
+            assert got.is_error and text.startswith(start), text
+            assert "\n" not in text and "pydantic" not in text and "http" not in text
+
+    async def run() -> None:
+        with anyio.fail_after(120):
+            async with stdio_client(_params(repo, tmp_path)) as (read, write), \
+                    ClientSession(read, write) as session:
+                started = await session.initialize()
+                # No prompts and no resources: none is advertised.
+                assert started.capabilities.prompts is None
+                assert started.capabilities.resources is None
+                await steps(session)
+
+    anyio.run(run)
+
+
+def test_status_is_one_json_shape_in_the_command_and_the_tool(tmp_path: Path) -> None:
+    import subprocess
+
+    repo = write_repo(tmp_path / "repo")
+    env = _params(repo, tmp_path).env
+    subprocess.run([sys.executable, "-m", "retrieval", "index", "--wait", "-q"], cwd=repo,
+                   env=env, check=True, timeout=120)
+    shown = subprocess.run([sys.executable, "-m", "retrieval", "status", "--json"],
+                           cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    command = json.loads(shown.stdout)
+    answers: list[dict[str, Any]] = []
+
+    async def steps(session: ClientSession) -> None:
+        status = await session.call_tool("index_status", {})
+        answers.append(status.structured_content or {})
+
+    anyio.run(_session_run, repo, tmp_path, steps)
+    (tool,) = answers
+    assert set(tool) == set(command)
+    assert {"index", "builder", "files", "chunks"} <= set(command)
+    assert tool["index"] == command["index"] and tool["files"] == command["files"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 
-from sync import crypto
-from sync.keys import WorkspaceKey
-from sync.merkle import FANOUT, LEVELS, ROOT, LocalTree, bucket_path, level_of
+from sync.crypto import ciphers
+from sync.crypto.keys import WorkspaceKey
+from sync.crypto.merkle import FANOUT, LEVELS, ROOT, LocalTree, bucket_path, level_of
 
 KEY = WorkspaceKey(os.urandom(32))
 
@@ -25,7 +25,7 @@ def test_every_file_hangs_under_its_buckets_at_one_depth() -> None:
         assert t.ancestors[path] == chain
         assert path in t.children[chain[-1]]
         # Nothing of the path is in a bucket's name: only the keyed file id picks it.
-        key = crypto.node_key(KEY, path)
+        key = ciphers.node_key(KEY, path)
         assert chain[1:] == [
             "\0" + "".join(f"{key[j] % FANOUT:02x}" for j in range(level + 1))
             for level in range(LEVELS)]

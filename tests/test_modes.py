@@ -13,7 +13,7 @@ import pytest
 
 from indexer.embedder import SentenceTransformerEmbedder
 from retrieval import Index
-from sync.config import load_config
+from sync.checkout.config import load_config
 from sync.records import MODE_SEALED, MODE_SERVER_SEARCH
 from tests.cli_in_process import run_in_process
 from tests.conftest import codeveil_env
@@ -34,9 +34,9 @@ def test_both_modes_rank_alike(sample_repo: Path, tmp_path: Path,
     shutil.copytree(sample_repo, other)
     with Index(sample_repo, embedder=real_embedder) as sealed, \
             Index(other, embedder=real_embedder) as ranked:
-        sealed.index()
+        sealed.index(wait=True)
         ranked.init(server_search=True)
-        ranked.index()
+        ranked.index(wait=True)
         assert sealed.mode == MODE_SEALED and ranked.mode == MODE_SERVER_SEARCH
         assert sealed.status()["mode"] == MODE_SEALED
         with_headers = {q: _hits(sealed, q) for q in QUERIES}
@@ -88,7 +88,7 @@ def test_a_config_written_before_modes_reads_as_server_search(sample_repo: Path)
 def test_a_config_with_an_unknown_mode_is_named(sample_repo: Path, bad: object) -> None:
     import json
 
-    from sync.config import ConfigError
+    from sync.checkout.config import ConfigError
 
     with Index(sample_repo) as idx:
         idx.init()

@@ -25,7 +25,7 @@ def _repo(root: Path, name: str, files: int) -> Path:
                                   f"    return dispatch_{name}(request)\n")
     write_repo(root, body)
     with Index(root, embedder=HashingEmbedder()) as idx:
-        idx.index()
+        idx.index(wait=True)
     return root
 
 

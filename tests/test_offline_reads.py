@@ -72,7 +72,7 @@ def _indexed(tmp_path: Path, server: ServerProcess, *, server_search: bool = Fal
     repo = write_repo(tmp_path / "repo", FILES)
     with Index(repo, embedder=HashingEmbedder()) as idx:
         idx.init(server=server.url, server_search=server_search)
-        idx.index()
+        idx.index(wait=True)
     return repo
 
 
@@ -149,8 +149,8 @@ def test_offline_still_refuses_a_key_other_than_the_one_last_confirmed(
     server = server_factory(tmp_path / "data")
     repo = _indexed(tmp_path, server)
     server.stop()
-    from sync.config import find_root, load_config
-    from sync.keys import create_key, key_path
+    from sync.checkout.config import find_root, load_config
+    from sync.crypto.keys import create_key, key_path
 
     workspace = load_config(find_root(repo)).workspace_id
     key_path(workspace).unlink()

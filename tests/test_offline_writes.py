@@ -24,8 +24,8 @@ import pytest
 
 from indexer.embed_cache import EmbeddingCache, cache_key
 from indexer.local_chunks import LocalChunks, open_state_db
-from sync.config import load_config, state_path
-from sync.keys import export_key, load_key
+from sync.checkout.config import load_config, state_path
+from sync.crypto.keys import export_key, load_key
 from tests.conftest import write_repo
 from tests.pg_fixtures import other_database
 from tests.server_fixtures import ServerProcess
@@ -133,7 +133,7 @@ def _teammate_pulls_exactly(tmp: Path, repo: Path, url: str, env: dict[str, str]
 
 def _credentials(env: dict[str, str], workspace_id: str) -> tuple[str, str]:
     """The key (exported) and the token `env`'s machine holds for `workspace_id`."""
-    from sync.config import load_token
+    from sync.checkout.config import load_token
 
     old = os.environ.get("CODEVEIL_CONFIG_DIR")
     os.environ["CODEVEIL_CONFIG_DIR"] = env["CODEVEIL_CONFIG_DIR"]

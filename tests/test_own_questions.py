@@ -16,10 +16,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # (question, the files that answer it)
 # The README's own question: its words name no file's; the words tier ranks the opt-in
-# mode's `VectorCipher.encrypt` 4th (the sealed envelope, `sync/sealed_rows.py`, says
+# mode's `VectorCipher.encrypt` 4th (the sealed envelope, `sync/crypto/sealed_rows.py`, says
 # "seal"): a question for meaning, held here to the top five.
 README_QUESTION = ("where are vectors encrypted before they leave the client",
-                   {"sync/sealed_rows.py", "sync/crypto.py"})
+                   {"sync/crypto/sealed_rows.py", "sync/crypto/ciphers.py"})
 QUESTIONS = [
     ("how are identifiers split into words for keyword search", {"indexer/lexical_tokens.py"}),
     ("how does a long query get cut to fit the model's window", {"retrieval/search/query.py"}),
@@ -40,7 +40,7 @@ def test_the_words_tier_answers_in_the_top_three(tmp_path: Path) -> None:
         else:
             shutil.copy(src, repo / part)
     with Index(repo, embedder=HashingEmbedder()) as idx:
-        idx.index()
+        idx.index(wait=True)
         idx.search_options = replace(idx.search_options, w_vector=0.0, w_header_vector=0.0,
                                      meaning_share=0.0)
         missed = {}

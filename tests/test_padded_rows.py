@@ -1,5 +1,5 @@
 """What a sealed store holds is padded: every envelope in a few length buckets, rows in
-pages of PAGE_ROWS rows whatever their files' sizes (sync.pages), rows in random order
+pages of PAGE_ROWS rows whatever their files' sizes (sync.crypto.pages), rows in random order
 (a server-search store's rows too, though they are not padded). The padding rows never
 reach a search hit, a pull, doctor or the status counts."""
 
@@ -15,10 +15,10 @@ from indexer.chunker import chunk_file
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
 from retrieval.faces.doctor import doctor
-from sync.config import load_config, state_path, store_path
-from sync.keys import load_key
-from sync.pages import PAGE_ROWS
-from sync.sealed_rows import META_BUCKETS
+from sync.checkout.config import load_config, state_path, store_path
+from sync.crypto.keys import load_key
+from sync.crypto.pages import PAGE_ROWS
+from sync.crypto.sealed_rows import META_BUCKETS
 from tests.conftest import write_repo
 from tests.server_rows import opened_rows
 
@@ -46,7 +46,7 @@ def test_envelopes_fall_in_buckets_and_every_page_holds_as_many_rows(
         tmp_path: Path) -> None:
     repo = _repo(tmp_path / "repo")
     with Index(repo, embedder=HashingEmbedder()) as idx:
-        idx.index()
+        idx.index(wait=True)
         status = idx.status()
     config = load_config(repo)
     rows = _stored(repo)
@@ -66,7 +66,7 @@ def test_envelopes_fall_in_buckets_and_every_page_holds_as_many_rows(
 def test_rows_are_stored_out_of_chunk_order(tmp_path: Path) -> None:
     repo = _repo(tmp_path / "repo")
     with Index(repo, embedder=HashingEmbedder()) as idx:
-        idx.index()
+        idx.index(wait=True)
     config = load_config(repo)
     lines: dict[str, list[int]] = {}
     for _, _, row in opened_rows(store_path(repo), config.workspace_id, config.dim):
@@ -82,12 +82,12 @@ def test_server_search_rows_are_stored_out_of_chunk_order(tmp_path: Path) -> Non
     # of a file is which chunk (server-search rows are not padded, their count is exact).
     import lancedb
 
-    from sync.crypto import open_meta
+    from sync.crypto.ciphers import open_meta
 
     repo = _repo(tmp_path / "repo")
     with Index(repo, embedder=HashingEmbedder()) as idx:
         idx.init(server_search=True)
-        idx.index()
+        idx.index(wait=True)
     config = load_config(repo)
     key = load_key(config.workspace_id)
     (ws,) = (store_path(repo) / "workspaces").iterdir()
@@ -112,12 +112,12 @@ def test_padding_rows_never_reach_a_pull_a_hit_or_doctor(
     with Index(repo, embedder=HashingEmbedder()) as idx:
         if url:
             idx.init(server=url)
-        first = idx.index()
+        first = idx.index(wait=True)
     # Another machine: no vectors, no local state; its vectors come from the rows.
     monkeypatch.setenv("CODEVEIL_CACHE_DIR", str(tmp_path / "empty-cache"))
     state_path(repo).unlink()
     with Index(repo, embedder=HashingEmbedder()) as idx:
-        report = idx.index()
+        report = idx.index(wait=True)
         assert report.chunks_embedded == 0
         assert report.chunks_pulled == report.chunks_total == first.chunks_total
         hits = idx.search("step of x", k=200)
@@ -140,7 +140,7 @@ def test_the_store_sees_files_in_a_random_order_not_by_category(tmp_path: Path) 
         files[f"docs/page_{i}.md"] = f"# Page {i}\n\nHow to call source_{i}.\n"
     repo = write_repo(tmp_path / "repo", files)
     with Index(repo, embedder=HashingEmbedder()) as idx:
-        idx.index()
+        idx.index(wait=True)
     config = load_config(repo)
     first_row: dict[str, int] = {}
     for rid, _, row in opened_rows(store_path(repo), config.workspace_id, config.dim):

@@ -1,4 +1,4 @@
-"""Sealed rows in pages (sync.pages): on a real server on loopback, a file's leaf holds
+"""Sealed rows in pages (sync.crypto.pages): on a real server on loopback, a file's leaf holds
 no rows, every row travels in a page of PAGE_ROWS rows, an edit writes a page or two,
 compaction keeps the store small and loses nothing, a teammate reads every page and
 embeds nothing, and an interrupted sync converges. The hashing embedder: what is tested
@@ -16,13 +16,13 @@ import pytest
 from indexer.embedder import HashingEmbedder
 from indexer.local_chunks import LocalChunks, open_state_db
 from retrieval import Index
-from sync.config import load_config, load_token, state_path
-from sync.crypto import node_key, node_value
-from sync.keys import export_key, import_key, load_key
-from sync.paged_sync import PagedSync
-from sync.pages import PAGE_ROWS
-from sync.progress import Progress
-from sync.workspace import Workspace
+from sync.checkout.config import load_config, load_token, state_path
+from sync.crypto.ciphers import node_key, node_value
+from sync.crypto.keys import export_key, import_key, load_key
+from sync.crypto.pages import PAGE_ROWS
+from sync.syncer.paged_sync import PagedSync
+from sync.syncer.progress import Progress
+from sync.workspace.workspace import Workspace
 from tests.conftest import write_repo
 from tests.server_fixtures import ServerProcess
 from tests.server_rows import leaf_rows, opened_rows
@@ -141,7 +141,7 @@ def test_an_edit_writes_one_page_and_compaction_keeps_the_store_small(
         # One file's edit: one page (its rows and the emptiest pages' live ones), one
         # apply, the requests a file's own rows took: the root, the children of the
         # root and of two levels of buckets, the apply, the directories; and the list
-        # of refs, asked before a new version is embedded (sync.ref_watch: here this
+        # of refs, asked before a new version is embedded (sync.syncer.ref_watch: here this
         # checkout's alone).
         assert len(new_pages) == 1, step
         assert report.requests <= 7, (step, report.requests)

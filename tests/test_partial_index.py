@@ -22,8 +22,8 @@ from indexer.embedder import HashingEmbedder
 from indexer.local_chunks import LocalChunks, open_state_db
 from indexer.priority import OTHER, SOURCE, TESTS, category, embed_order
 from retrieval.faces.api import Index
-from sync.config import state_path
-from sync.progress import Progress
+from sync.checkout.config import state_path
+from sync.syncer.progress import Progress
 from tests.conftest import write_repo
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,14 +148,14 @@ def test_search_while_building_and_resume_in_process(big_repo: Path, tmp_path: P
     model = HashingEmbedder()
     stop = _SearchThenStop(big_repo, model)
     with Index(big_repo, embedder=model) as idx, pytest.raises(_Interrupt):
-        idx.index(progress=stop)
+        idx.index(wait=True, progress=stop)
     assert stop.seen is not None
     hits, coverage = stop.seen
     assert coverage["partial"] and 0 < coverage["chunks_with_vectors"] < coverage["chunks"]
     # Every file's chunks are there already (chunked ahead), by name and words at least.
     assert hits and hits[0].path == "auth/password.py"
     with Index(big_repo, embedder=model) as idx:
-        report = idx.index()
+        report = idx.index(wait=True)
         # Resumed: the embedded batch is not embedded again. (A sealed index sends its
         # rows once everything is embedded, in a random order: all of them are sent now.)
         assert 0 < report.chunks_embedded < report.chunks_total
@@ -243,7 +243,7 @@ def test_a_few_early_vectors_do_not_outvote_the_words(tmp_path: Path,
     # code then (retrieval.search.signals), so only the vectors' coverage decides here.
     probe = _SearchOnce(repo, model, "the guide to reticulate splines for the minimap")
     with Index(repo, embedder=model) as idx:
-        idx.index(progress=probe)
+        idx.index(wait=True, progress=probe)
     assert probe.seen is not None
     hits, coverage = probe.seen
     assert coverage["partial"] and coverage["chunks_with_vectors"] < coverage["chunks"] / 4
@@ -277,13 +277,13 @@ def test_a_search_with_no_vectors_does_not_embed_the_query(
     }
     for name in ("with", "without"):
         with Index(write_repo(tmp_path / name, files), embedder=HashingEmbedder()) as idx:
-            idx.index()
+            idx.index(wait=True)
     shutil.rmtree(tmp_path / "cache")
     seen = {}
     for name in ("without", "with"):  # the cache is shared: refilled for the second only
         if name == "with":
             with Index(tmp_path / name, embedder=HashingEmbedder()) as idx:
-                idx.index(reupload=True)  # the vectors back in the cache
+                idx.index(wait=True, reupload=True)  # the vectors back in the cache
         model = _CountingEmbedder()
         with Index(tmp_path / name, embedder=model) as idx:
             # Asking for the guide: a docs page is not held back behind code then.

@@ -1,4 +1,4 @@
-"""Crashes and races on the PostgreSQL store, through real `python -m sync.server --store
+"""Crashes and races on the PostgreSQL store, through real `python -m sync.server.app --store
 URL` replicas on loopback: two teammates syncing one workspace through two replicas at
 forced interleavings, the database dropping every connection mid-request, and the
 database killed -9 mid-sync under two replicas and started again. Each ends in a sync
@@ -20,10 +20,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.store_contents import Contents, pg_workspace_contents
 from sync.errors import SyncError
-from sync.http_client import HttpClient
 from sync.records import MODE_SEALED
-from sync.store_contents import Contents, pg_workspace_contents
+from sync.transport.http_client import HttpClient
 from tests.conftest import write_repo
 from tests.pg_fixtures import KillablePostgres, other_database
 from tests.server_fixtures import ServerProcess, start_server

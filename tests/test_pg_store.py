@@ -1,7 +1,7 @@
 """The PostgreSQL store (sync.store.postgres) beyond the shared store contract, which
 tests/test_store.py and tests/test_sealed_store.py run on it too: tokens and rows kept
 apart between workspaces, the schema version, an unreachable database, no plaintext in
-any table, and two `python -m sync.server --store URL` replicas serving one database."""
+any table, and two `python -m sync.server.app --store URL` replicas serving one database."""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ import numpy as np
 import pytest
 
 from retrieval import Index
-from sync.config import load_config, load_token
-from sync.http_client import HttpClient
-from sync.local_client import LocalClient
+from sync.checkout.config import load_config, load_token
 from sync.records import (
     DEFAULT_REF,
     MODE_SEALED,
@@ -26,6 +24,8 @@ from sync.records import (
     NodeInfo,
 )
 from sync.store import fid_of
+from sync.store.local_client import LocalClient
+from sync.transport.http_client import HttpClient
 from sync.wire import (
     AuthError,
     PermissionDenied,
@@ -165,7 +165,7 @@ def test_the_server_names_an_unreachable_database_without_its_password(
     tmp_path: Path,
 ) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "sync.server",
+        [sys.executable, "-m", "sync.server.app",
          "--store", "postgresql://codeveil:s3cret-pw@127.0.0.1:1/codeveil"],
         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60,
     )
@@ -223,7 +223,7 @@ def test_two_replicas_serve_one_database_and_it_holds_no_plaintext(
     repo = planted_repo(tmp_path / "repo")
     idx = Index(repo, embedder=hashing_embedder)
     idx.init(server=one.url, server_search=True)
-    report = idx.index()
+    report = idx.index(wait=True)
     assert report.chunks_total >= 3
     assert any(CANARIES["ident"] in h.text for h in idx.search("class that holds a secret"))
     idx.close()

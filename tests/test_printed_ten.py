@@ -36,7 +36,7 @@ def index(tmp_path: Path) -> Index:
         shutil.copytree(PROJECT / package, repo / package,
                         ignore=shutil.ignore_patterns("__pycache__"))
     idx = Index(repo, embedder=HashingEmbedder())
-    idx.index()
+    idx.index(wait=True)
     return idx
 
 

@@ -30,7 +30,7 @@ def loose_umask():
 
 
 def test_an_index_leaves_nothing_readable_by_others(sample_repo: Path, loose_umask) -> None:
-    Index(sample_repo, embedder=HashingEmbedder()).index()
+    Index(sample_repo, embedder=HashingEmbedder()).index(wait=True)
     folder = sample_repo / ".codeveil"
     assert _mode(folder) == 0o700
     state = folder / "state.sqlite"

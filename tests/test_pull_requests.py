@@ -1,6 +1,6 @@
 """What a server sees of a teammate's pull: the files asked for do not depend on their
 content. A recording relay on loopback stands where the server's request handling is,
-in front of a real `python -m sync.server`, and keeps every request body it forwards.
+in front of a real `python -m sync.server.app`, and keeps every request body it forwards.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pytest
 
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from sync.config import load_token
-from sync.crypto import node_key
-from sync.keys import export_key, import_key, load_key
+from sync.checkout.config import load_token
+from sync.crypto.ciphers import node_key
+from sync.crypto.keys import export_key, import_key, load_key
 from sync.wire import b64decode
 from tests.conftest import write_repo
 from tests.server_fixtures import ServerProcess
@@ -110,7 +110,7 @@ def test_a_pull_asks_for_empty_files_like_the_others(
     with _machine(monkeypatch, tmp_path / "alice-home"):
         with Index(repo, embedder=hashing_embedder) as a:
             config = a.init(server=server_url)
-            a.index()
+            a.index(wait=True)
         assert config.sealed
         key = load_key(config.workspace_id)
         key_text, token = export_key(key), load_token(config.workspace_id)
@@ -122,14 +122,14 @@ def test_a_pull_asks_for_empty_files_like_the_others(
         with Index(clone, embedder=hashing_embedder) as b:
             b.init(server=relay.url, workspace_id=config.workspace_id, token=token)
             relay.requests.clear()  # the pull only, not the join's checks
-            report = b.index()
+            report = b.index(wait=True)
         assert report.chunks_embedded == 0 and report.chunks_pulled > 0
 
     asked = relay.asked_rows()
     keys = {p: node_key(key, p) for p in (*FILLED, *EMPTY)}
     flat = [k for request in asked for k in request]
     # No file is asked for by name, the empty ones no more than the others: the rows
-    # come in pages (sync.pages), and every page of the tree is read, once.
+    # come in pages (sync.crypto.pages), and every page of the tree is read, once.
     assert not set(flat) & set(keys.values())
     pages = {k for k, n in leaf_rows(server.data_dir).items() if n}
     assert sorted(flat) == sorted(pages) and len(flat) == len(set(flat))

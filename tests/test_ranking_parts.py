@@ -76,7 +76,7 @@ def test_the_implementation_ranks_above_its_legacy_copy(tmp_path: Path) -> None:
     repo = write_repo(tmp_path / "repo", {"http/client.py": impl,
                                           "http/legacy/client.py": old})
     with Index(repo, embedder=HashingEmbedder()) as idx:
-        idx.index()
+        idx.index(wait=True)
         query = "send a request with the client"
         assert idx.search(query, k=2)[0].path == "http/client.py"
         # Asked for, the old copy is not held back.

@@ -16,7 +16,7 @@ from indexer.embedder import HashingEmbedder
 from indexer.errors import EmbedderError
 from indexer.ray_embedder import RayEmbedder, parse_embed_on
 from retrieval.faces.api import Index
-from sync.progress import Progress
+from sync.syncer.progress import Progress
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'codeveil[ray]')")
 
@@ -91,7 +91,7 @@ def test_index_survives_an_actor_dying_mid_index(ray_cluster, sample_repo: Path,
     pool = RayEmbedder(model="minilm-torch", actors=2, batch_size=2)
     progress = _KillAfterFirstBatch(pool)
     with Index(sample_repo, embedder=pool) as idx:
-        report = idx.index(progress=progress)
+        report = idx.index(wait=True, progress=progress)
         status = idx.status()
         hits = idx.search("hash a password with a salt", k=3)
     pool.close()
@@ -103,7 +103,7 @@ def test_index_survives_an_actor_dying_mid_index(ray_cluster, sample_repo: Path,
     # The vectors the cluster made are the local model's.
     from indexer.embed_cache import EmbeddingCache, cache_key
     from indexer.local_chunks import LocalChunks, open_state_db
-    from sync.config import state_path
+    from sync.checkout.config import state_path
 
     db = open_state_db(state_path(sample_repo))
     texts = sorted({c.embed_text for _, c in LocalChunks(db).iter_all()})

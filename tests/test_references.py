@@ -44,7 +44,7 @@ def repo(tmp_path: Path) -> Path:
     for path in root.rglob("*"):
         if path.is_file():
             os.utime(path, (past, past))
-    Index(root, embedder=HashingEmbedder()).index()
+    Index(root, embedder=HashingEmbedder()).index(wait=True)
     return root
 
 
@@ -118,7 +118,7 @@ IMPORTING = {
 def test_uses_imported_from_the_defining_file_are_resolved_and_rank_first(
         tmp_path: Path, name: str, bound: set[str], unbound: set[str]) -> None:
     root = write_repo(tmp_path / "repo", IMPORTING)
-    Index(root, embedder=HashingEmbedder()).index()
+    Index(root, embedder=HashingEmbedder()).index(wait=True)
     hits = Index(root, embedder=HashingEmbedder()).references(name)
     resolved = {h.path for h in hits if h.resolved}
     assert resolved == bound - {"lib/retry.py"}  # the definition itself is no use

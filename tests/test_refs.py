@@ -8,10 +8,10 @@ import secrets
 import sqlite3
 from pathlib import Path
 
-from sync.http_client import HttpClient
-from sync.local_client import LocalClient
 from sync.records import DEFAULT_REF, MODE_SEALED
 from sync.store import Store
+from sync.store.local_client import LocalClient
+from sync.transport.http_client import HttpClient
 from tests.test_sealed_store import CHECK, DIM, MODEL, REF_A, blob, link, rows_of, sealed_update
 from tests.test_store import key, set_dirs, value
 

@@ -10,20 +10,20 @@ from pathlib import Path
 
 import pytest
 
+from bench.store_contents import Contents, pg_workspace_contents, workspace_contents
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from sync import crypto
+from sync.checkout.config import load_config, load_token, state_path, store_path
+from sync.checkout.refs import ref_id, ref_name
 from sync.client import StoreClient
-from sync.config import load_config, load_token, state_path, store_path
-from sync.http_client import HttpClient
-from sync.keys import WorkspaceKey, load_key
-from sync.local_client import LocalClient
-from sync.merkle import LEVELS, ROOT
-from sync.pages import opened_rows
+from sync.crypto import ciphers
+from sync.crypto.keys import WorkspaceKey, load_key
+from sync.crypto.merkle import LEVELS, ROOT
+from sync.crypto.pages import opened_rows
+from sync.crypto.sealed_rows import RowSealer, new_row_id
 from sync.records import ChunkRecord, FileUpdate
-from sync.refs import ref_id, ref_name
-from sync.sealed_rows import RowSealer, new_row_id
-from sync.store_contents import Contents, pg_workspace_contents, workspace_contents
+from sync.store.local_client import LocalClient
+from sync.transport.http_client import HttpClient
 from tests.conftest import write_repo
 from tests.server_fixtures import ServerProcess
 
@@ -62,9 +62,9 @@ def _rewrite_in_directory_layout(client: StoreClient, key: WorkspaceKey, sealer:
     """Move every file of the store under the repo's directories, leaf values as they
     are and each file's rows under its leaf (opened from the pages, sealed again as rows
     were before pages), and remove the buckets: the tree an older client left."""
-    keys = {crypto.node_key(key, p): p for p in paths}
+    keys = {ciphers.node_key(key, p): p for p in paths}
     leaves: dict[bytes, bytes | None] = {}
-    root = crypto.node_key(key, ROOT)
+    root = ciphers.node_key(key, ROOT)
     frontier = [root]
     buckets = []
     while frontier:
@@ -73,7 +73,7 @@ def _rewrite_in_directory_layout(client: StoreClient, key: WorkspaceKey, sealer:
         buckets += frontier
         leaves.update({n.key: n.value for kids in answer.values() for n in kids
                        if not n.is_dir})
-    pages = [k for k, v in leaves.items() if v == crypto.page_value(key, k)]
+    pages = [k for k, v in leaves.items() if v == ciphers.page_value(key, k)]
     rows: dict[bytes, list[ChunkRecord]] = {k: [] for k in keys}
     for page, stored in client.file_rows(pages).items():
         for row in opened_rows(sealer, key, page, stored):
@@ -83,7 +83,7 @@ def _rewrite_in_directory_layout(client: StoreClient, key: WorkspaceKey, sealer:
                     rid, None, sealer.seal(rid, row.file_key, row.meta, row.vector)))
     client.apply([FileUpdate(
         file_key=k,
-        ancestors=tuple(crypto.node_key(key, a) for a in _directory_ancestors(p)),
+        ancestors=tuple(ciphers.node_key(key, a) for a in _directory_ancestors(p)),
         value=leaves[k] or b"",
         chunks=tuple(rows[k]))
         for k, p in keys.items()], [])
@@ -116,7 +116,7 @@ def test_a_directory_layout_store_is_relaid_without_losing_rows(
     with Index(repo, embedder=HashingEmbedder()) as idx:
         if server is not None:
             idx.init(server=server.url)
-        idx.index()
+        idx.index(wait=True)
     ws = load_config(repo).workspace_id
     key = load_key(ws)
     paths = sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*.py"))
@@ -125,24 +125,24 @@ def test_a_directory_layout_store_is_relaid_without_losing_rows(
         sealer = RowSealer(key, ws, load_config(repo).dim)
         _rewrite_in_directory_layout(client, key, sealer, paths)
     old = _contents(repo, ws, key, server)
-    assert crypto.node_key(key, "pkg1/sub2") in _tree(old)  # the directories are stored
+    assert ciphers.node_key(key, "pkg1/sub2") in _tree(old)  # the directories are stored
     assert _rows(old) == before
 
     if fresh_machine:  # no vectors here: a new laptop, or a teammate's clone
         monkeypatch.setenv("CODEVEIL_CACHE_DIR", str(tmp_path / "empty-cache"))
         state_path(repo).unlink()
     with Index(repo, embedder=HashingEmbedder()) as idx:
-        report = idx.index()
+        report = idx.index(wait=True)
         assert report.files_changed == len(paths)
         assert report.chunks_embedded == 0  # from the cache, or pulled from the old rows
         if fresh_machine:
             assert report.chunks_pulled == report.chunks_total > 0
-        assert idx.index().requests == 1
+        assert idx.index(wait=True).requests == 1
         assert idx.search("handler_17", k=1)[0].path == "pkg1/sub2/mod_17.py"
 
     new = _contents(repo, ws, key, server)
     assert _rows(new) == before
     parents = _tree(new)
-    dirs = {crypto.node_key(key, d) for p in paths for d in _directory_ancestors(p)[1:]}
+    dirs = {ciphers.node_key(key, d) for p in paths for d in _directory_ancestors(p)[1:]}
     assert not dirs & parents.keys()  # no directory of the repo is left
-    assert {_depth(parents, crypto.node_key(key, p)) for p in paths} == {LEVELS + 1}
+    assert {_depth(parents, ciphers.node_key(key, p)) for p in paths} == {LEVELS + 1}

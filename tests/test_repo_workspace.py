@@ -1,4 +1,4 @@
-"""The workspace's lifecycle below retrieval: `sync.workspace.Workspace` creates, opens,
+"""The workspace's lifecycle below retrieval: `sync.workspace.workspace.Workspace` creates, opens,
 checks and syncs a repo on its own, without the ranking stack."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from indexer.embedder import HashingEmbedder
 from indexer.errors import CodeveilError
 from sync.records import MODE_SEALED
-from sync.workspace import ModelMismatchError, Workspace
+from sync.workspace.workspace import ModelMismatchError, Workspace
 from tests.conftest import write_repo
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +48,7 @@ def test_syncing_through_the_workspace_imports_no_ranking(tmp_path: Path) -> Non
     code = (
         "import json, sys\n"
         "from indexer.embedder import HashingEmbedder\n"
-        "from sync.workspace import Workspace\n"
+        "from sync.workspace.workspace import Workspace\n"
         f"Workspace({str(repo)!r}, embedder=HashingEmbedder()).sync()\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'retrieval')))\n"
     )

@@ -6,10 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sync.crypto import ChunkMeta, seal_meta
+from sync.crypto.ciphers import ChunkMeta, seal_meta
+from sync.crypto.keys import WorkspaceKey
+from sync.crypto.sealed_rows import (
+    META_BUCKETS,
+    ROW_BUCKETS,
+    RowSealer,
+    new_row_id,
+    padded_row_count,
+)
 from sync.errors import MetadataAuthError, MetadataFormatError
-from sync.keys import WorkspaceKey
-from sync.sealed_rows import META_BUCKETS, ROW_BUCKETS, RowSealer, new_row_id, padded_row_count
 
 KEY = WorkspaceKey(bytes(range(32)))
 OTHER = WorkspaceKey(bytes(range(1, 33)))
@@ -129,7 +135,7 @@ def test_a_row_from_before_padding_still_opens() -> None:
     # Version 2: u16 dim || float16 vector || metadata, no length prefix, no padding.
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    from sync.crypto import encode_meta
+    from sync.crypto.ciphers import encode_meta
 
     rid, vec, nonce = new_row_id(), _vector(), bytes(12)
     plain = DIM.to_bytes(2, "little") + vec.astype("<f2").tobytes() + encode_meta(META)

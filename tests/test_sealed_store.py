@@ -1,7 +1,7 @@
 """Sealed workspaces (rows of chunk id and envelope only, search on the client) and
 `file_rows`, run against both backends over both interfaces: the embedded store and
 PostgreSQL, each through `LocalClient` in-process and through `HttpClient` against a real
-`python -m sync.server` on loopback."""
+`python -m sync.server.app` on loopback."""
 
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ import numpy as np
 import pytest
 
 from sync.client import StoreClient
-from sync.http_client import HttpClient
-from sync.local_client import LocalClient
 from sync.records import (
     MODE_SEALED,
     MODE_SERVER_SEARCH,
@@ -26,6 +24,8 @@ from sync.records import (
 )
 from sync.store import STORE_FORMAT, Store, StoreOptions
 from sync.store.core.backend import StoreBackend
+from sync.store.local_client import LocalClient
+from sync.transport.http_client import HttpClient
 from sync.wire import (
     BadRequest,
     Limits,

@@ -26,7 +26,7 @@ def test_a_large_index_leaves_the_search_side_built(tmp_path: Path,
     monkeypatch.setenv("CODEVEIL_CACHE_DIR", str(tmp_path / "cache"))
     repo = _repo(tmp_path / "repo", FOLLOW_FILES + 20)
     with Index(repo, embedder=HashingEmbedder()) as idx:
-        report = idx.index()
+        report = idx.index(wait=True)
     assert (repo / ".codeveil" / "lexical").is_dir()
     assert 0 < report.seconds_search_ready < report.seconds
     with Index(repo, embedder=HashingEmbedder()) as idx:
@@ -45,7 +45,7 @@ def test_a_small_reindex_leaves_it_to_the_search(tmp_path: Path,
     monkeypatch.setenv("CODEVEIL_CACHE_DIR", str(tmp_path / "cache"))
     repo = _repo(tmp_path / "repo", 5)
     with Index(repo, embedder=HashingEmbedder()) as idx:
-        assert idx.index().seconds_search_ready == 0
+        assert idx.index(wait=True).seconds_search_ready == 0
     assert not (repo / ".codeveil" / "lexical").exists()
     with Index(repo, embedder=HashingEmbedder()) as idx:
         assert idx.search("handler_3", k=1)[0].path == "pkg/mod_003.py"
@@ -58,7 +58,7 @@ def test_the_daemons_large_sync_leaves_the_search_side_built(
     """The daemon's target (a branch switch is one large sync) with the follower the CLI
     gives it, which keeps vectors of its own rather than an Index's."""
     from sync.daemon import WorkspaceSync
-    from sync.workspace import Workspace
+    from sync.workspace.workspace import Workspace
 
     monkeypatch.setenv("CODEVEIL_CACHE_DIR", str(tmp_path / "cache"))
     repo = _repo(tmp_path / "repo", FOLLOW_FILES + 20)

@@ -16,14 +16,14 @@ from retrieval import Coverage, Index
 from retrieval.indexes.filters import HitFilter
 from retrieval.indexes.local_vectors import LocalVectorIndex
 from retrieval.search.fusion import group_ranking
-from sync.config import state_path
+from sync.checkout.config import state_path
 from tests.conftest import write_repo
 
 
 @pytest.fixture
 def indexed(tmp_path: Path) -> Index:
     idx = Index(write_repo(tmp_path / "repo"), embedder=HashingEmbedder())
-    idx.index()
+    idx.index(wait=True)
     return idx
 
 
@@ -60,7 +60,7 @@ def test_the_ranker_calls_the_vector_index_it_was_given_not_the_api(indexed: Ind
         assert ranker.nearest_header(q[0], 3) == vectors.nearest(q[0], 3, header=True)
         # A refreshed index is searched by the next searcher, through the same ranker.
         (indexed.root / "auth" / "tokens.py").write_text("def new_token():\n    return 1\n")
-        indexed.index()
+        indexed.index(wait=True)
         again, db2 = _searcher(indexed)
         db2.close()
         assert again.ranker is ranker and again.vectors is not vectors

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from retrieval.faces.cli import main as cli_main
-from sync.exposure import is_loopback, open_server_refusal
+from sync.server.exposure import is_loopback, open_server_refusal
 from tests.server_fixtures import PROJECT_ROOT, free_port
 
 
@@ -82,7 +82,7 @@ def test_python_m_sync_server_beyond_loopback_without_token_refuses(
     env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
     env.pop("CODEVEIL_ADMIN_TOKEN", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "sync.server", "--data", str(tmp_path / "data"),
+        [sys.executable, "-m", "sync.server.app", "--data", str(tmp_path / "data"),
          "--host", host, "--port", str(free_port())],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -95,8 +95,8 @@ def test_python_m_sync_server_beyond_loopback_without_token_refuses(
 
 def test_the_server_itself_refuses_whoever_starts_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sync.exposure import ServeRefused
-    from sync.server import serve
+    from sync.server.app import serve
+    from sync.server.exposure import ServeRefused
 
     monkeypatch.delenv("CODEVEIL_ADMIN_TOKEN", raising=False)
     with pytest.raises(ServeRefused, match=r"refusing to serve on 0\.0\.0\.0"):

@@ -1,6 +1,6 @@
 """The HTTP server as an attacker or a buggy client meets it: authentication, a table of
 malformed requests, oversized bodies, and `HttpClient`'s mapping of what goes wrong.
-Everything runs against a real `python -m sync.server` on loopback; what the store
+Everything runs against a real `python -m sync.server.app` on loopback; what the store
 answers (tokens, workspaces, invalid requests, the quota) against one on a data dir and
 one on PostgreSQL alike."""
 
@@ -20,8 +20,8 @@ import httpx
 import numpy as np
 import pytest
 
-from sync.http_client import HttpClient, ServerUnavailable
 from sync.records import ChunkRecord, FileUpdate
+from sync.transport.http_client import HttpClient, ServerUnavailable
 from sync.wire import (
     LIMITS,
     AuthError,
@@ -524,7 +524,7 @@ def test_a_damaged_registry_stops_the_server_with_one_clear_line(tmp_path: Path)
     Store(tmp_path / "data").close()
     (tmp_path / "data" / "registry.sqlite").write_bytes(b"garbage!" * 4096)
     proc = subprocess.run(
-        [sys.executable, "-m", "sync.server", "--data", str(tmp_path / "data"), "--port",
+        [sys.executable, "-m", "sync.server.app", "--data", str(tmp_path / "data"), "--port",
          str(free_port())], capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 1

@@ -1,5 +1,5 @@
 """A server that answers with an error is not a server that cannot be reached: each
-refusal says, in one line, what to do about it (sync.http_advice). Reads ask no server
+refusal says, in one line, what to do about it (sync.transport.http_advice). Reads ask no server
 (tests/test_reads_ask_no_server.py): what asks is a sync and `status --server`."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from sync.config import find_root, load_config, token_path
-from sync.http_client import HttpClient, ServerError, ServerUnavailable
-from sync.keys import key_path
+from sync.checkout.config import find_root, load_config, token_path
+from sync.crypto.keys import key_path
+from sync.transport.http_client import HttpClient, ServerError, ServerUnavailable
 from sync.wire import AuthError, PermissionDenied, WorkspaceExists, WorkspaceNotFound
 from tests.cli_in_process import run_in_process
 from tests.conftest import write_repo
@@ -26,7 +26,7 @@ def _indexed(path: Path, url: str) -> tuple[Path, str]:
     repo = write_repo(path, {"a.py": "def alpha():\n    return 1\n"})
     with Index(repo, embedder=HashingEmbedder()) as idx:
         idx.init(server=url)
-        idx.index()
+        idx.index(wait=True)
     return repo, load_config(find_root(repo)).workspace_id
 
 

@@ -22,13 +22,13 @@ from indexer.embedder import HashingEmbedder
 from indexer.local_chunks import LocalChunks, open_state_db
 from retrieval import Index
 from retrieval.faces.doctor import doctor
-from sync.config import load_config, load_token, state_path
-from sync.http_client import HttpClient
-from sync.keys import WorkspaceKey, load_key
-from sync.refs import ref_id, ref_name
-from sync.sealed_rows import RowSealer
-from sync.syncer import Syncer
-from sync.tree_rows import TreeRows, read_tree_rows
+from sync.checkout.config import load_config, load_token, state_path
+from sync.checkout.refs import ref_id, ref_name
+from sync.crypto.keys import WorkspaceKey, load_key
+from sync.crypto.sealed_rows import RowSealer
+from sync.syncer.syncer import Syncer
+from sync.syncer.tree_rows import TreeRows, read_tree_rows
+from sync.transport.http_client import HttpClient
 from tests.conftest import write_repo
 from tests.server_fixtures import ServerProcess
 

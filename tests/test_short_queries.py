@@ -63,7 +63,7 @@ FILES = {
 def index(tmp_path: Path, hashing_embedder: HashingEmbedder) -> Index:
     repo = write_repo(tmp_path / "repo", FILES)
     idx = Index(repo, embedder=hashing_embedder)
-    idx.index()
+    idx.index(wait=True)
     return idx
 
 

@@ -14,7 +14,7 @@ from indexer.chunker_stamp import chunker_stamp
 from indexer.embedder import HashingEmbedder
 from indexer.local_chunks import MIXED_CHUNKERS, LocalChunks, open_state_db
 from indexer.sibling_chunks import SiblingChunks, other_worktrees
-from sync.workspace import Workspace
+from sync.workspace.workspace import Workspace
 from tests.conftest import SAMPLE_FILES, write_repo
 
 

@@ -21,7 +21,7 @@ from indexer.static_embedder import EMBEDDINGS_FILE, MODEL_DIR, StaticEmbedder
 from retrieval import Index
 from retrieval.indexes.search_ready import SearchReady
 from retrieval.indexes.static_vectors import StaticVectorStore
-from sync.workspace import Workspace
+from sync.workspace.workspace import Workspace
 from tests.conftest import write_repo
 
 

@@ -37,13 +37,13 @@ def test_a_long_lived_index_reads_a_replaced_state_file(tmp_path: Path) -> None:
     repo = write_repo(tmp_path / "repo", {
         "alpha.py": "def alpha_function():\n    return 1\n"})
     with Index(repo, embedder=HashingEmbedder()) as served:
-        served.index()
+        served.index(wait=True)
         assert served.search("alpha_function", k=1)[0].path == "alpha.py"
         state = repo / ".codeveil" / "state.sqlite"
         for p in (state, state.with_name("state.sqlite-wal"), state.with_name("state.sqlite-shm")):
             p.unlink(missing_ok=True)
         (repo / "beta.py").write_text("def beta_function_renamed():\n    return 2\n")
         with Index(repo, embedder=HashingEmbedder()) as other:
-            other.index()
+            other.index(wait=True)
         hits = served.search("beta_function_renamed", k=2)
         assert hits and hits[0].path == "beta.py"

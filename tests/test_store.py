@@ -1,6 +1,6 @@
 """The store contract (sync.store.core.backend), run against both backends over both
 interfaces: the embedded store and PostgreSQL, each through `LocalClient` (in-process)
-and through `HttpClient` against a real `python -m sync.server --data DIR | --store URL`
+and through `HttpClient` against a real `python -m sync.server.app --data DIR | --store URL`
 on loopback. Crash tests drive the embedded store's write steps one by one in-process
 (and kill a PostgreSQL writer inside its transaction), then look at the result through
 each interface."""
@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 from sync.client import StoreClient
-from sync.http_client import HttpClient
-from sync.local_client import LocalClient
 from sync.records import ChunkRecord, DirValue, FileUpdate, NodeInfo, children_digest
 from sync.store import Store, StoreOptions
 from sync.store.core.backend import StoreBackend
 from sync.store.embedded.options import WRITE_POINTS
+from sync.store.local_client import LocalClient
+from sync.transport.http_client import HttpClient
 from sync.wire import BadRequest
 from tests.pg_fixtures import other_database
 from tests.server_fixtures import ServerProcess

@@ -42,7 +42,8 @@ def test_lancedb_import_defers_only_its_own_pydantic_models() -> None:
 def test_index_and_search_paths_import_no_scipy() -> None:
     proc = _fresh("""
         import sys
-        import retrieval.faces.api, retrieval.search.fusion, retrieval.indexes.lexical, sync.syncer
+        import retrieval.faces.api, retrieval.search.fusion, retrieval.indexes.lexical
+        import sync.syncer.syncer
         bad = sorted(m for m in sys.modules if m.split(".")[0] in ("scipy", "lancedb"))
         print(bad)
     """)

@@ -19,9 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sync.crypto import VectorCipher
-from sync.keys import WorkspaceKey
-from sync.local_client import LocalClient
+from sync.crypto.ciphers import VectorCipher
+from sync.crypto.keys import WorkspaceKey
 from sync.records import ChunkRecord, FileUpdate
 from sync.store import SNAPSHOT, IndexPolicy, Store, StoreOptions, WorkspaceStore
 from sync.store.embedded.vector_index import (
@@ -31,6 +30,7 @@ from sync.store.embedded.vector_index import (
     pack,
     read_snapshot_info,
 )
+from sync.store.local_client import LocalClient
 from tests.server_fixtures import ServerProcess
 from tests.test_store import Killed, kill_at
 
@@ -306,7 +306,7 @@ def test_another_process_change_is_caught_up(tmp_path: Path) -> None:
 def test_snapshot_survives_a_server_restart(
     tmp_path: Path, server_factory: Callable[..., ServerProcess]
 ) -> None:
-    from sync.http_client import HttpClient
+    from sync.transport.http_client import HttpClient
 
     server = server_factory(tmp_path / "data")
     token = HttpClient.create_workspace(server.url, "ws", dim=DIM, model_id="m",
@@ -390,7 +390,7 @@ def test_a_reopened_store_answers_from_its_snapshot_without_lancedb(tmp_path: Pa
     script = f"""
 import sys
 import numpy as np
-from sync.local_client import LocalClient
+from sync.store.local_client import LocalClient
 from sync.store import IndexPolicy, Store, StoreOptions
 options = StoreOptions(index_policy=IndexPolicy(exact_max_rows=1000))
 store = Store({str(tmp_path / "data")!r}, options=options)

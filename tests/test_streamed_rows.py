@@ -13,9 +13,9 @@ import pytest
 from indexer.embedder import HashingEmbedder
 from indexer.priority import category
 from retrieval import Index
-from sync.config import load_config, load_token
-from sync.keys import export_key, import_key, load_key
-from sync.progress import Progress
+from sync.checkout.config import load_config, load_token
+from sync.crypto.keys import export_key, import_key, load_key
+from sync.syncer.progress import Progress
 from tests.conftest import write_repo
 from tests.server_fixtures import ServerProcess
 from tests.server_rows import opened_rows
@@ -81,7 +81,7 @@ def test_a_teammate_pulls_the_rows_sent_while_the_first_machine_still_embeds(
         config = idx.init(server=server.url)
         assert config.sealed
         with pytest.raises(_Interrupted):  # stopped after its first batch
-            idx.index(progress=_StopAfterFirstBatch())
+            idx.index(wait=True, progress=_StopAfterFirstBatch())
         idx.close()
         key_text, token = export_key(load_key(config.workspace_id)), load_token(
             config.workspace_id)
@@ -95,7 +95,7 @@ def test_a_teammate_pulls_the_rows_sent_while_the_first_machine_still_embeds(
         import_key(config.workspace_id, key_text)
         b = Index(bob_repo, embedder=HashingEmbedder())
         b.init(server=server.url, workspace_id=config.workspace_id, token=token)
-        report = b.index()
+        report = b.index(wait=True)
         b.close()
     # Bob pulled what Alice had sent and embedded only the rest.
     sent_chunks = report.chunks_total - report.chunks_embedded
@@ -104,7 +104,7 @@ def test_a_teammate_pulls_the_rows_sent_while_the_first_machine_still_embeds(
 
     with alice.active():  # Alice's next index pulls Bob's rows and embeds nothing more
         again = Index(alice_repo, embedder=HashingEmbedder())
-        done = again.index()
+        done = again.index(wait=True)
         again.close()
     assert done.chunks_embedded == 0
     # Her ref links the pages of bob's that hold the rest: no row is sent again.
@@ -118,7 +118,7 @@ def test_the_server_sees_files_in_a_random_order_not_by_category(
     repo = write_repo(tmp_path / "repo", files)
     idx = Index(repo, embedder=HashingEmbedder())
     idx.init(server=server.url)
-    idx.index()
+    idx.index(wait=True)
     idx.close()
     order = [category(p) for p in _by_mean_row(server.data_dir,
                                                load_config(repo).workspace_id, files)]

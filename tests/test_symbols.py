@@ -59,7 +59,7 @@ def repo(tmp_path: Path) -> Path:
     files["tests/test_sessions.py"] = "class Session:\n    def send(self):\n        pass\n"
     files["README.md"] = "# Guide\n\nSome words.\n\n## Install\n\nRun it.\n"
     root = write_repo(tmp_path / "repo", files)
-    Index(root, embedder=HashingEmbedder()).index()
+    Index(root, embedder=HashingEmbedder()).index(wait=True)
     return root
 
 
@@ -157,7 +157,7 @@ def test_signatures_are_the_definitions_own_lines_after_leading_blanks_and_comme
     root = tmp_path / "repo"
     root.mkdir()
     (root / "m.py").write_text("\n\n# header\n\nclass A:\n    x = 1\n")
-    Index(root, embedder=HashingEmbedder()).index()
+    Index(root, embedder=HashingEmbedder()).index(wait=True)
     outline = Index(root, embedder=HashingEmbedder()).outline("m.py")
     assert [(s.symbol, s.start_line, s.signature) for s in outline.symbols] == [
         ("A", 5, "class A:"), ("A > x", 6, "x = 1")]
@@ -168,7 +168,7 @@ def test_a_long_name_is_found_whole(tmp_path: Path) -> None:
     name = "test_" + "that_a_very_long_descriptive_name_" * 3 + "still_resolves"
     root = write_repo(tmp_path / "repo", {"t.py": f"class Suite:\n    def {name}(self):\n"
                                                   "        pass\n"})
-    Index(root, embedder=HashingEmbedder()).index()
+    Index(root, embedder=HashingEmbedder()).index(wait=True)
     hits = Index(root, embedder=HashingEmbedder()).definition(f"Suite.{name}")
     assert [(h.path, h.start_line, h.symbol) for h in hits] == [("t.py", 2, f"Suite > {name}")]
 
@@ -183,7 +183,7 @@ def test_lua_functions_held_by_variables_and_methods_are_definitions(tmp_path: P
               "return Job\n")
     root = write_repo(tmp_path / "repo", {"lua/job.lua": source})
     idx = Index(root, embedder=HashingEmbedder())
-    idx.index()
+    idx.index(wait=True)
     found = {name: [(h.start_line, h.kind) for h in idx.definition(name)]
              for name in ("Job:pid", "helper", "Job.reset", "filter", "LIMIT")}
     assert found == {"Job:pid": [(2, "method")], "helper": [(5, "function")],
@@ -204,7 +204,7 @@ def test_a_cpp_header_full_of_macros_is_read_as_cpp(tmp_path: Path) -> None:
               "using color_sink_st = color_sink<int>;\n}\n")
     root = write_repo(tmp_path / "repo", {"include/sink.h": header})
     idx = Index(root, embedder=HashingEmbedder())
-    idx.index()
+    idx.index(wait=True)
     found = {name: [(h.path, h.start_line) for h in idx.definition(name)][:1]
              for name in ("should_color", "count_named_args", "color_sink_st")}
     assert found == {"should_color": [("include/sink.h", 12)],
@@ -218,7 +218,7 @@ def test_javascript_functions_assigned_to_a_field_are_definitions(tmp_path: Path
               "  this.onEnd = () => {};\n  parser.count = 3;\n  return parser;\n}\n")
     root = write_repo(tmp_path / "repo", {"src/parser.js": source})
     idx = Index(root, embedder=HashingEmbedder())
-    idx.index()
+    idx.index(wait=True)
     found = {name: [(h.path, h.start_line) for h in idx.definition(name)]
              for name in ("onHeaderField", "parser.onHeaderField", "onEnd", "count")}
     assert found == {"onHeaderField": [("src/parser.js", 3)],

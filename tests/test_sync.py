@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.store_contents import Contents, pg_workspace_contents, workspace_contents
 from indexer.embedder import HashingEmbedder
 from retrieval import Index
-from sync.config import load_config, load_token, store_path
-from sync.keys import WorkspaceKey, export_key, import_key, load_key
-from sync.pages import PAGE_ROWS
-from sync.store_contents import Contents, pg_workspace_contents, workspace_contents
+from sync.checkout.config import load_config, load_token, store_path
+from sync.crypto.keys import WorkspaceKey, export_key, import_key, load_key
+from sync.crypto.pages import PAGE_ROWS
 from tests.conftest import write_repo
 from tests.pg_fixtures import kill_mid_write, other_database
 from tests.server_fixtures import ServerProcess
@@ -112,10 +112,10 @@ def many_files(root: Path, count: int, *, seed: int = 0) -> Path:
 def test_nothing_changed_is_one_request(tmp_path: Path, backend: Backend) -> None:
     repo = many_files(tmp_path / "repo", 60)
     idx = backend.open_index(repo)
-    first = idx.index()
+    first = idx.index(wait=True)
     assert first.files_changed == 60
     assert first.chunks_embedded + first.chunks_from_cache == first.chunks_total > 0
-    again = idx.index()
+    again = idx.index(wait=True)
     assert (again.files_changed, again.files_deleted, again.chunks_embedded) == (0, 0, 0)
     assert again.requests == 1
     if backend.server is not None:
@@ -126,16 +126,16 @@ def test_nothing_changed_is_one_request(tmp_path: Path, backend: Backend) -> Non
 def test_one_change_costs_its_depth_not_the_repo(tmp_path: Path, backend: Backend) -> None:
     repo = many_files(tmp_path / "repo", 200)
     idx = backend.open_index(repo)
-    idx.index()
+    idx.index(wait=True)
     target = repo / "pkg3/sub2/mod_38.py"
     target.write_text(target.read_text() + "\ndef freshly_added_helper():\n    return 1\n")
-    report = idx.index()
+    report = idx.index(wait=True)
     assert report.files_changed == 1 and report.files_deleted == 0
     # root + one children request per bucket level (root, level 1, level 2) + apply + dirs,
-    # and the list of refs, asked before a new version is embedded (sync.ref_watch).
+    # and the list of refs, asked before a new version is embedded (sync.syncer.ref_watch).
     assert report.requests <= 7
     if backend.server is not None:
-        # One page of rows (the file's, and the emptiest pages' live ones: sync.pages)
+        # One page of rows (the file's, and the emptiest pages' live ones: sync.crypto.pages)
         # and the tree path, not the repo's 200 files: ~1.4 KB a row on the wire.
         assert report.bytes_sent < PAGE_ROWS * 1_500 + 5_000
     hits = idx.search("freshly_added_helper", k=3)
@@ -146,17 +146,17 @@ def test_one_change_costs_its_depth_not_the_repo(tmp_path: Path, backend: Backen
 def test_deletes_remove_files_and_whole_directories(tmp_path: Path, backend: Backend) -> None:
     repo = many_files(tmp_path / "repo", 80)
     idx = backend.open_index(repo)
-    idx.index()
+    idx.index(wait=True)
     before = idx.status()["server_chunks"]
     (repo / "pkg1/mod_15.py").unlink()
     shutil.rmtree(repo / "pkg2")
-    report = idx.index()
+    report = idx.index(wait=True)
     gone = 1 + sum(1 for i in range(80) if i % 7 == 2)
     assert report.files_deleted == gone
     assert idx.status()["server_chunks"] == before - gone
     for hit in idx.search("function value return", k=50):
         assert not hit.path.startswith("pkg2/") and hit.path != "pkg1/mod_15.py"
-    again = idx.index()
+    again = idx.index(wait=True)
     assert again.requests == 1
     idx.close()
 
@@ -165,7 +165,7 @@ def test_store_equals_a_clean_sync_after_many_edits(tmp_path: Path, backend: Bac
                                                    monkeypatch) -> None:
     repo = many_files(tmp_path / "repo", 120)
     idx = backend.open_index(repo)
-    idx.index()
+    idx.index(wait=True)
     rng = random.Random(7)
     files = sorted(p for p in repo.rglob("*.py"))
     for path in rng.sample(files, 15):
@@ -173,7 +173,7 @@ def test_store_equals_a_clean_sync_after_many_edits(tmp_path: Path, backend: Bac
     for path in rng.sample([f for f in files if f.exists()], 10):
         path.unlink()
     write_repo(repo, {"newdir/deep/er/fresh.py": "def fresh():\n    return 'new'\n"})
-    idx.index()
+    idx.index(wait=True)
     ws = load_config(repo).workspace_id
     state = backend.contents(repo, ws)
     idx.close()
@@ -183,7 +183,7 @@ def test_store_equals_a_clean_sync_after_many_edits(tmp_path: Path, backend: Bac
     shutil.copytree(repo, clean_repo, ignore=shutil.ignore_patterns(".codeveil"))
     monkeypatch.setenv("CODEVEIL_KEY", export_key(load_key(ws)))
     clean = backend.open_index(clean_repo)
-    clean.index()
+    clean.index(wait=True)
     clean_ws = load_config(clean_repo).workspace_id
     clean_state = backend.contents(clean_repo, clean_ws)
     clean.close()
@@ -197,7 +197,7 @@ def test_teammate_joins_by_diff_not_reupload(tmp_path: Path, served: Backend,
     assert served.server is not None
     repo = many_files(tmp_path / "repo", 100)
     idx = served.open_index(repo)
-    idx.index()
+    idx.index(wait=True)
     ws = load_config(repo).workspace_id
     shared_key, token = export_key(load_key(ws)), load_token(ws)
     idx.close()
@@ -210,7 +210,7 @@ def test_teammate_joins_by_diff_not_reupload(tmp_path: Path, served: Backend,
     import_key(ws, shared_key)
     mate_idx = Index(mate, embedder=HashingEmbedder())
     mate_idx.init(server=served.server.url, workspace_id=ws, token=token)
-    report = mate_idx.index()
+    report = mate_idx.index(wait=True)
     # The teammate's checkout syncs a ref of its own: every file alice sent is linked
     # (its leaf, and the pages holding its rows), the one edited is sent.
     assert report.files_changed - report.files_linked == 1
@@ -326,10 +326,10 @@ def test_an_existing_workspace_keeps_its_model(tmp_path: Path, monkeypatch) -> N
     monkeypatch.delenv("CODEVEIL_EMBEDDER", raising=False)
     repo = many_files(tmp_path / "repo", 5)
     built = Index(repo, embedder=HashingEmbedder())
-    built.index()
+    built.index(wait=True)
     built.close()
     reopened = Index(repo)
-    assert reopened.index().files_changed == 0
+    assert reopened.index(wait=True).files_changed == 0
     assert reopened.search("function value", k=1)
     reopened.close()
 
@@ -349,7 +349,7 @@ def test_a_link_flipped_outside_during_indexing_never_gets_indexed(tmp_path: Pat
         for i in range(25):
             # A new stat each time, so the sync reads the link again (the race window).
             (repo / "inside.py").write_text(f"def inside_function():\n    return {i}\n")
-            idx.index()
+            idx.index(wait=True)
             state = b"".join(p.read_bytes() for p in (repo / ".codeveil").glob("state.sqlite*"))
             assert b"OUTSIDE_SECRET" not in state, f"indexed at sync {i}"
     finally:
@@ -369,10 +369,10 @@ def test_a_file_nested_too_deep_is_skipped_and_the_rest_indexed(
     write_repo(repo, {f"{deepest_ok}/ok.py": "def deepest_allowed():\n    return 1\n",
                       f"{too_deep}/deep.py": "def far_too_deep():\n    return 2\n"})
     idx = backend.open_index(repo)
-    report = idx.index()
+    report = idx.index(wait=True)
     skipped = dict(report.skipped)
     assert skipped["/".join(["e"] * 256)].startswith("nested too deep")
     assert report.files_changed == 11
     assert idx.search("deepest_allowed", k=1)[0].path == f"{deepest_ok}/ok.py"
-    assert idx.index().requests == 1  # and it stays in step
+    assert idx.index(wait=True).requests == 1  # and it stays in step
     idx.close()

@@ -18,9 +18,9 @@ from indexer.embedder import SentenceTransformerEmbedder
 from indexer.local_chunks import LocalChunks, open_state_db
 from retrieval import Index
 from retrieval.faces.api import WrongKeyError
-from sync.config import RepoConfig, load_config, load_token, state_path
-from sync.keys import WorkspaceKey, export_key, import_key, load_key
-from sync.syncer import SyncReport
+from sync.checkout.config import RepoConfig, load_config, load_token, state_path
+from sync.crypto.keys import WorkspaceKey, export_key, import_key, load_key
+from sync.syncer.syncer import SyncReport
 from tests.conftest import write_repo
 
 QUERIES = [
@@ -87,7 +87,7 @@ def _share(machine: Machine, repo: Path, server_url: str,
     with machine.active():
         idx = Index(repo, embedder=embedder)
         config = idx.init(server=server_url)
-        report = idx.index()
+        report = idx.index(wait=True)
         return idx, config, report, load_token(config.workspace_id)
 
 
@@ -111,7 +111,7 @@ def test_a_teammate_pulls_vectors_and_gets_the_same_answers(
         b = Index(bob_repo, embedder=real_embedder)
         joined = b.init(server=server_url, workspace_id=config.workspace_id, token=token)
         assert joined.sealed  # the workspace's mode, recorded on the server
-        report = b.index()
+        report = b.index(wait=True)
         # Every chunk came from the workspace; the model ran for none of them.
         assert report.chunks_embedded == 0
         assert report.chunks_pulled == first.chunks_total
@@ -134,7 +134,7 @@ def test_a_teammate_pulls_vectors_and_gets_the_same_answers(
     (bob_repo / "auth" / "password.py").unlink()
     with bob.active():
         b = Index(bob_repo, embedder=real_embedder)
-        again = b.index()
+        again = b.index(wait=True)
         db = open_state_db(state_path(bob_repo))
         bobs = len(LocalChunks(db).for_file("tools/bob_notes.py"))
         db.close()

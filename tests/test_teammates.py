@@ -16,12 +16,13 @@ import pytest
 
 from indexer.embed_cache import CachedEmbedder, EmbeddingCache
 from indexer.embedder import HashingEmbedder
-from sync import crypto
 from sync.client import StoreClient, TransferStats
-from sync.http_client import HttpClient
-from sync.keys import WorkspaceKey, create_key
+from sync.crypto import ciphers
+from sync.crypto.keys import WorkspaceKey, create_key
 from sync.records import DirValue, FileUpdate, NodeInfo, SearchHit, WorkspaceInfo
-from sync.syncer import Syncer
+from sync.syncer.search_rows import SearchRows
+from sync.syncer.syncer import Syncer
+from sync.transport.http_client import HttpClient
 from tests.conftest import write_repo
 from tests.test_sync import snapshot
 
@@ -87,8 +88,9 @@ class Team:
              workspace_id: str | None = None, token: str | None = None) -> None:
         ws = workspace_id or self.workspace_id
         client = client or HttpClient(self.url, ws, token or self.token)
+        rows = SearchRows(self.key, ws, ciphers.VectorCipher(self.key, self.embedder.dim))
         syncer = Syncer(repo, repo.parent / f"{repo.name}.state.sqlite", client, self.key, ws,
-                        self.embedder, crypto.VectorCipher(self.key, self.embedder.dim))
+                        self.embedder, rows)
         try:
             syncer.run()
         finally:

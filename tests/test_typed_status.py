@@ -92,20 +92,22 @@ def test_workspace_status_is_typed_and_prints_the_json_it_always_did(
     repo = write_repo(tmp_path / "repo", {"a.py": "def a():\n    return 1\n",
                                           "b.py": "def b():\n    return 2\n"})
     with Index(repo, embedder=HashingEmbedder()) as idx:
-        idx.index()
+        idx.index(wait=True)
         status = idx.status()
+        coverage = idx.coverage().to_dict()
     assert isinstance(status, WorkspaceStatus)
     assert status.files == status["files"] == 2
     assert status.server == "embedded" and status.root == str(repo.resolve())
     printed = run_in_process(["status", "--json"], repo)
     assert printed.returncode == 0, printed.stderr
-    # The vector builder's state follows (none ran: the index above waited).
+    # How many chunks have vectors, and the vector builder's state follow (none ran:
+    # the index above waited): the JSON the MCP tool index_status answers too.
     builder = {"running": False, "given_up": None}
-    assert printed.stdout == json.dumps({**status.to_dict(), "builder": builder},
-                                        indent=2) + "\n"
+    assert printed.stdout == json.dumps(
+        {**status.to_dict(), "index": coverage, "builder": builder}, indent=2) + "\n"
     old = json.loads((FIXTURES / "workspace.json").read_text())
     new = json.loads(printed.stdout)
-    del new["builder"]
+    del new["index"], new["builder"]
     # Every key it always had, in its order, with its type; then the ref this checkout
     # syncs, added since (a string in a sealed workspace with a blob pool), and when it
     # last synced with a server and whether it could not reach it (None here: embedded),

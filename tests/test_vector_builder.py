@@ -1,6 +1,6 @@
 """`codeveil index` returns with the words indexed and leaves the vectors to one
-background builder per index (sync.builder, retrieval.indexes.vector_builder): real processes,
-real files, the hashing embedder (the model is not what is under test)."""
+background builder per index (sync.daemon.builder, retrieval.indexes.vector_builder): real
+processes, real files, the hashing embedder (the model is not what is under test)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import pytest
 from indexer.embed_cache import EmbeddingCache, cache_key
 from indexer.embedder import HashingEmbedder
 from indexer.local_chunks import LocalChunks, open_state_db
-from sync.builder import MAX_ATTEMPTS, Builder
-from sync.config import load_config, state_path
+from sync.checkout.config import load_config, state_path
+from sync.daemon.builder import MAX_ATTEMPTS, Builder, BuilderState
 from sync.daemon.target import WorkspaceSync
-from sync.workspace import Workspace
+from sync.workspace.workspace import Workspace
 from tests.conftest import write_repo
 from tests.test_cli import run
 
@@ -276,7 +276,8 @@ def test_index_wait_stops_a_running_builder_and_finishes_in_the_foreground(
     waited = json.loads(run(["index", "--wait", "--json"], repo).stdout)
     assert waited["chunks_total"] > 0
     st = builder.state()
-    assert st is not None and st.state == "stopped" and not builder.running()
+    # Stopped by the foreground sync, which did its work: nothing is left to build.
+    assert st is not None and st.state == "done" and not builder.running()
     found = _json(["search", "task_42_7", "--json", "-k", "1"], repo)
     assert found["hits"][0]["path"] == "pkg/mod0042.py" and not found["index"]["partial"]
 
@@ -317,3 +318,40 @@ def test_a_daemon_leaves_a_large_change_to_the_builder_and_embeds_an_edit_itself
         assert after["hits"][0]["path"] == "pkg/mod0033.py" and not after["index"]["partial"]
     finally:
         target.close()
+
+
+def test_a_wait_after_the_quick_start_counts_no_change_and_leaves_the_builder_done(
+        sample_repo: Path) -> None:
+    builder = Builder(sample_repo)
+    builder.files.dir.mkdir(parents=True)
+    builder.files.failed.write_text("held back by the test\n")  # no builder races the wait
+    first = run(["index"], sample_repo)
+    assert first.stdout.startswith("5 files scanned, 5 changed,"), first.stdout
+    # What a builder stopped by the foreground sync (SIGTERM) leaves behind.
+    st = builder.state() or BuilderState()
+    st.state = "stopped"
+    builder.write(st)
+
+    wait = run(["index", "--wait", "-q"], sample_repo)
+    assert wait.returncode == 0, wait.stderr
+    # The words pass chunked every file: nothing changed since, the five were only sent.
+    assert wait.stdout.startswith("5 files scanned, 0 changed, 0 deleted, 0 skipped;"
+                                  " 5 sent to the store;"), wait.stdout
+    status = run(["status"], sample_repo)
+    assert "builder: done" in status.stdout, status.stdout
+    assert "stopped" not in status.stdout
+
+
+def test_status_says_the_builder_prepares_before_its_first_chunk(sample_repo: Path) -> None:
+    assert run(["index", "--wait", "-q"], sample_repo).returncode == 0
+    builder = Builder(sample_repo)
+    with builder.hold() as held:  # what a running builder holds
+        assert held
+        builder.write(BuilderState(state="running", pid=os.getpid(), chunks_todo=7116))
+        preparing = run(["status"], sample_repo).stdout
+        builder.write(BuilderState(state="running", pid=os.getpid(), chunks_todo=7116,
+                                   chunks_done=64))
+        first_batch = run(["status"], sample_repo).stdout
+    assert "preparing (loading the model); 7116 chunks to build" in preparing, preparing
+    assert "0.0/s" not in preparing and "0 of 7116" not in preparing
+    assert "64 of 7116 chunks, no rate yet" in first_batch, first_batch

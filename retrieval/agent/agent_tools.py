@@ -22,8 +22,8 @@ from retrieval.agent.symbols import (
 )
 from retrieval.indexes.trigram_index import TrigramStore
 from retrieval.search.limits import DEFINITIONS, REFERENCES
-from sync.config import codeveil_dir, find_root, state_path
-from sync.index_state import check_built
+from sync.checkout.config import codeveil_dir, find_root, state_path
+from sync.checkout.index_state import check_built
 
 __all__ = ["AgentTools"]
 

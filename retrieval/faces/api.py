@@ -2,7 +2,8 @@
 
     from retrieval import Index
     idx = Index("path/to/repo")
-    idx.index()                       # first run creates .codeveil/ and the workspace
+    idx.index(wait=True)   # first run creates .codeveil/ and the workspace; without
+                           # wait, as `codeveil index`: words now, vectors in the background
     for hit in idx.search("where do we retry failed uploads", k=5):
         print(hit.path, hit.start_line, hit.end_line, hit.symbol, hit.score)
 """
@@ -33,24 +34,24 @@ from retrieval.search.searcher import (
     SearchReader,
     ranking_depth,
 )
-from sync.client import StoreClient
-from sync.config import (
+from sync.checkout.config import (
     RepoConfig,
     find_root,
     load_config,
     state_path,
 )
-from sync.errors import KeyMismatchError, SyncError
-from sync.index_state import (
+from sync.checkout.index_state import (
     IndexNotBuilt,
     never_completed_message,
     other_workspace,
     was_completed,
 )
-from sync.server_contact import Unreachable
-from sync.syncer import Progress, SyncReport
-from sync.workspace import Workspace
-from sync.workspace_status import WorkspaceStatus
+from sync.checkout.server_contact import Unreachable
+from sync.client import StoreClient
+from sync.errors import KeyMismatchError, SyncError
+from sync.syncer.syncer import Progress, SyncReport
+from sync.workspace.status import WorkspaceStatus
+from sync.workspace.workspace import Workspace
 
 if TYPE_CHECKING:
     # The ranking stack is imported on the first search: `codeveil index` never ranks.
@@ -134,37 +135,39 @@ class Index:
 
     @property
     def workspace(self) -> Workspace:
-        """The workspace underneath (sync.workspace): creating, opening, checking, syncing."""
+        """The workspace underneath (sync.workspace.workspace): creating, opening,
+        checking, syncing."""
         return self._ws
 
     def init(self, *, server: str | None = None, workspace_id: str | None = None,
              token: str | None = None, server_search: bool = False) -> RepoConfig:
         """Create `.codeveil/` here and its workspace (in-process, or on `server`); with
         `workspace_id`, join that workspace on `server` instead. Sealed unless
-        `server_search`. See `sync.workspace.Workspace.init`."""
+        `server_search`. See `sync.workspace.workspace.Workspace.init`."""
         return self._ws.init(server=server, workspace_id=workspace_id, token=token,
                              server_search=server_search)
 
     # -- indexing -------------------------------------------------------------------
 
     def index(self, *, progress: Progress | None = None, reupload: bool = False,
-              embed_on: str | None = None, wait: bool = True) -> SyncReport:
+              embed_on: str | None = None, wait: bool = False) -> SyncReport:
         """Bring the index up to date with the folder; creates it on first use.
 
-        With `wait` (the default here) it returns once every chunk has its vectors and
-        the store holds them. Without, it returns once the words, names and structure
-        are indexed (`Workspace.index_words`: seconds) and leaves the model's work and
-        the sync to the index's background builder (`sync.builder`), started here;
-        `builder()` tells how it goes.
+        It returns once the words, names and structure are indexed
+        (`Workspace.index_words`: seconds) and leaves the model's work and the sync to
+        the index's background builder (`sync.daemon.builder`), started here; `builder()` tells
+        how it goes. With `wait` it returns once every chunk has its vectors and the
+        store holds them. The default is the command's and the MCP tool's
+        (retrieval.faces.operations).
 
         `reupload` (send every file again) and `embed_on` (a Ray cluster,
         `ray://HOST:PORT[?actors=N]`, which sees the chunks' plain text: one you trust)
-        as `sync.workspace.Workspace.sync`, and only with `wait`. An index that sends
+        as `sync.workspace.workspace.Workspace.sync`, and only with `wait`. An index that sends
         many files also leaves the search side built (retrieval.indexes.search_ready), so the
         first search does not build it.
         """
         from retrieval.indexes.search_ready import SearchReady
-        from sync.builder import Builder
+        from sync.daemon.builder import Builder
 
         if not wait:
             report = self._ws.index_words(progress=progress)
@@ -183,6 +186,12 @@ class Index:
             report = self._ws.sync(progress=progress, reupload=reupload, embed_on=embed_on,
                                    follower=SearchReady(self._ws, self._vector_index))
         builder.clear_failure()
+        st = builder.state()
+        if st is not None and st.state == "stopped":
+            # This sync stopped the builder and did its work: what is left is "done"
+            # (or offline), not a builder someone stopped halfway.
+            st.state, st.offline = ("offline" if report.offline else "done"), report.offline
+            builder.write(st)
         return report
 
     def _ask_server(self) -> str:
@@ -190,7 +199,7 @@ class Index:
         it does not hold) says so now, in one line, rather than in the builder's log; one
         that does not answer leaves the builder to index offline, and the reason is
         returned ("" when the server answered or there is none) for the command to say."""
-        from sync.http_client import ServerUnavailable
+        from sync.transport.http_client import ServerUnavailable
 
         if load_config(find_root(self._ws.root)).server is None:
             return ""
@@ -201,10 +210,10 @@ class Index:
         return "" if self._ws.offline is None else self._ws.offline.summary()
 
     def builder(self) -> dict[str, object]:
-        """The background vector builder of this index (`sync.builder`): `running`,
+        """The background vector builder of this index (`sync.daemon.builder`): `running`,
         `given_up` (why, or None) and its last state and progress (`state`, `chunks_todo`,
         `chunks_done`, `chunks_per_s`, `seconds_left`, ...), empty when none ran."""
-        from sync.builder import Builder
+        from sync.daemon.builder import Builder
 
         builder = Builder(self._ws.root)
         st = builder.state()
@@ -254,7 +263,7 @@ class Index:
         try:
             ranking = searcher.rank(query, self.search_options, k, keep)
         except SyncError as exc:  # a server-search workspace's ranking
-            from sync.http_client import ServerUnavailable  # imported only by a client
+            from sync.transport.http_client import ServerUnavailable  # imported only by a client
 
             if not isinstance(exc, ServerUnavailable):
                 raise
@@ -266,7 +275,7 @@ class Index:
     @property
     def offline(self) -> Unreachable | None:
         """Set when the last search or status answered from this machine's copy alone
-        because the server did not answer (`sync.server_contact.Unreachable`)."""
+        because the server did not answer (`sync.checkout.server_contact.Unreachable`)."""
         return self._ws.offline
 
     def _state_db(self, root: Path) -> sqlite3.Connection:
@@ -458,6 +467,13 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
+
+
+def status_json(idx: Index, info: WorkspaceStatus) -> dict[str, object]:
+    """The status as `codeveil status --json` prints it and the MCP tool `index_status`
+    answers it, one shape: `info` (`Index.status`), `index` (the coverage: how many
+    chunks have vectors) and `builder` (`Index.builder`)."""
+    return {**info.to_dict(), "index": idx.coverage().to_dict(), "builder": idx.builder()}
 
 
 def lost_state_message(root: Path, held_chunks: int) -> str:

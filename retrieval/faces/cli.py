@@ -21,10 +21,12 @@ from indexer.errors import CodeveilError
 from retrieval.faces.cli_agent import agent
 from retrieval.faces.cli_base import (
     EXIT_ERROR,
+    LibraryDefault,
     _fail,
     _Group,
     _index,
     _pipe_closed,
+    folder_params,
     json_option,
     operation_params,
     print_report,
@@ -34,8 +36,8 @@ from retrieval.faces.cli_daemon import daemon
 from retrieval.faces.cli_refs import refs
 from retrieval.faces.cli_team import invite, join
 from retrieval.faces.cli_tools import definition, grep, outline, uses
-from retrieval.faces.operations import SEARCH_OP
-from sync.progress import Progress
+from retrieval.faces.operations import INDEX_OP, SEARCH_OP, STATUS_OP
+from sync.syncer.progress import Progress
 
 if TYPE_CHECKING:
     from retrieval.search.coverage import Coverage
@@ -132,36 +134,30 @@ class _RichProgress(Progress):
         self.bar.update(self.task, detail=detail)
 
 
-@main.command()
-@click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
+@main.command(name=INDEX_OP.command)
+@folder_params("Index this folder (default: here).")
+@operation_params(INDEX_OP)
 @json_option("Print a machine-readable summary.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@click.option("--wait", is_flag=True,
-              help="Block until every chunk has its vectors and the store holds them"
-                   " (progress bar), instead of leaving that to the background builder.")
-@click.option("--embed-on", "embed_on", metavar="ray://HOST:PORT",
-              envvar="CODEVEIL_EMBED_ON",
-              help="Embed on a Ray cluster you trust (it sees the code; ?actors=N)."
-                   " Implies --wait.")
-def index(path: Path, as_json: bool, quiet: bool, wait: bool, embed_on: str | None) -> None:
-    """Index PATH (default: here), or bring its index up to date.
+def index(repo: Path, embed_on: str | None, wait: bool, quiet: bool, as_json: bool) -> None:
+    """Index the folder (-C, or PATH; default: here), or bring its index up to date.
 
     Returns once the words, names and structure are indexed (seconds): search answers
     by them at once, and by meaning as the vectors land. The model's work and the sync
     run in a background builder (`codeveil status` shows it; `codeveil daemon stop`
     stops it); --wait blocks until they are done.
 
-    The first run creates PATH/.codeveil/ and a workspace key in your config dir.
-    Later runs read only files whose size or mtime changed, and send only what differs.
+    The first run creates .codeveil/ in the folder and a workspace key in your config
+    dir. Later runs read only files whose size or mtime changed, and send only what
+    differs.
     """
-    if not path.exists():
-        raise CodeveilError(f"no such folder: {path}")
+    if not repo.exists():
+        raise CodeveilError(f"no such folder: {repo}")
     wait = wait or bool(embed_on)
-    idx = _index(path)
+    idx = _index(repo)
     show_bar = wait and not (quiet or as_json) and sys.stderr.isatty()
     if show_bar:
         with _RichProgress() as bar:
-            report = idx.index(progress=bar, embed_on=embed_on)
+            report = idx.index(wait=True, progress=bar, embed_on=embed_on)
     else:
         report = idx.index(embed_on=embed_on, wait=wait)
     from sync.records import MODE_SEALED
@@ -260,7 +256,7 @@ def _no_results(repo: Path, path: str | None) -> str:
         return "no results"
     from indexer.local_chunks import open_state_db
     from retrieval.indexes.filters import HitFilter
-    from sync.config import find_root, state_path
+    from sync.checkout.config import find_root, state_path
 
     keeps = HitFilter(path, None, None).keeps_path
     db = open_state_db(state_path(find_root(repo)))
@@ -374,23 +370,25 @@ def doctor(repair: bool, repo: Path, data: Path | None) -> None:
 # -- status, init, key --------------------------------------------------------------
 
 
-@main.command()
-@click.option("--server", "ask_server", is_flag=True,
-              help="Also ask the server: its counts, and whether its tree of this"
-                   " checkout's ref is the one this checkout synced (exit 1 if not).")
-@json_option()
+@main.command(name=STATUS_OP.command)
+@operation_params(STATUS_OP)
+@json_option("Print JSON: what the MCP tool index_status answers.")
 @repo_option()
-def status(ask_server: bool, as_json: bool, repo: Path) -> None:
+def status(server: bool, as_json: bool, repo: Path) -> None:
     """Show where the index is and what it holds (from this machine alone; --server
-    asks the server too)."""
+    asks the server too, and exits 1 when its tree is not this checkout's)."""
+    from retrieval.faces.api import status_json
+
     with _index(repo) as idx:
-        info = idx.status(server=ask_server)
+        info = idx.status(server=server)
         offline = idx.offline
-        builder = idx.builder()
+        out = status_json(idx, info)
+    builder = out["builder"]
+    assert isinstance(builder, dict)
     if offline is not None:
         click.echo(offline.note(), err=True)
     if as_json:
-        click.echo(json.dumps({**info.to_dict(), "builder": builder}, indent=2))
+        click.echo(json.dumps(out, indent=2))
     else:
         for name, value in info.items():
             if name == "offline":
@@ -407,7 +405,7 @@ def status(ask_server: bool, as_json: bool, repo: Path) -> None:
     # with the state lost, the store's own row count says it holds something.
     held = info.server_chunks or info.server_rows
     if not info.files and not held and not _was_indexed(Path(info.root)):
-        from sync.index_state import never_completed_message
+        from sync.checkout.index_state import never_completed_message
 
         _fail(never_completed_message(Path(info.root)))
     if not info.files and held:
@@ -424,8 +422,8 @@ def status(ask_server: bool, as_json: bool, repo: Path) -> None:
 
 def _was_indexed(root: Path) -> bool:
     from indexer.local_chunks import open_state_db
-    from sync.config import state_path
-    from sync.index_state import was_completed
+    from sync.checkout.config import state_path
+    from sync.checkout.index_state import was_completed
 
     db = open_state_db(state_path(root))
     try:
@@ -440,9 +438,17 @@ def _builder_progress(b: dict[str, object]) -> str:
         return f"given up: {b['given_up']} (run `codeveil index --wait`)"
     state = "running" if b.get("running") else str(b.get("state"))
     if state == "running":
+        running = f"running (process {b.get('pid')})"
+        done, todo, rate = b.get("chunks_done"), b.get("chunks_todo"), b.get("chunks_per_s")
+        if not done and not rate:
+            # Loading the model and reading the files: no chunk is embedded yet, so a
+            # rate of 0.0/s would read as a builder that is stuck.
+            todo_line = f"; {todo} chunks to build" if todo else ""
+            return f"{running}: preparing (loading the model){todo_line}"
+        if not rate:
+            return f"{running}: {done} of {todo} chunks, no rate yet"
         left = b.get("seconds_left")
-        return (f"running (process {b.get('pid')}): {b.get('chunks_done')} of"
-                f" {b.get('chunks_todo')} chunks, {b.get('chunks_per_s')}/s"
+        return (f"{running}: {done} of {todo} chunks, {rate}/s"
                 + (f", about {int(left) // 60}m{int(left) % 60:02d}s left"  # type: ignore[call-overload]
                    if left is not None else ""))
     if state == "offline":
@@ -453,18 +459,20 @@ def _builder_progress(b: dict[str, object]) -> str:
 
 
 @main.command()
-@click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
+@folder_params("Set up this folder (default: here).")
 @click.option("--server", metavar="URL",
-              help="A `codeveil serve` URL (default: a store inside PATH/.codeveil/).")
+              help="A `codeveil serve` URL (default: a store inside the folder's"
+                   " .codeveil/).")
 @click.option("--workspace", metavar="ID", help="Join this existing workspace (key imported).")
 @click.option("--token", metavar="TOKEN", help="Bearer token of the workspace to join.")
 @click.option("--server-search", is_flag=True,
               help="Let the server rank encrypted vectors (for repos too big for this"
                    " machine's memory). It leaks distance structure: see"
                    " docs/threat-model.md. Default: sealed, search runs here.")
-def init(path: Path, server: str | None, workspace: str | None, token: str | None,
+def init(repo: Path, server: str | None, workspace: str | None, token: str | None,
          server_search: bool) -> None:
-    """Set up PATH's index: create its workspace (on a server, or embedded), or join one.
+    """Set up the folder's index (-C, or PATH; default: here): create its workspace (on
+    a server, or embedded), or join one.
 
     A new workspace is sealed: the server stores one encrypted envelope per chunk, which
     it cannot compare or rank, and every search runs on this machine. A teammate who
@@ -474,7 +482,7 @@ def init(path: Path, server: str | None, workspace: str | None, token: str | Non
     if workspace and server_search:
         raise click.UsageError("--server-search applies to a new workspace; a joined one"
                                " keeps its own mode")
-    config = _index(path).init(server=server, workspace_id=workspace, token=token,
+    config = _index(repo).init(server=server, workspace_id=workspace, token=token,
                                server_search=server_search)
     click.echo(f"workspace {config.workspace_id} ({config.mode}) on {server or 'this machine'}")
 
@@ -488,8 +496,8 @@ def key() -> None:
 @repo_option()
 def key_show(repo: Path) -> None:
     """Show the workspace id and the key's fingerprint (never the key)."""
-    from sync.config import find_root, load_config
-    from sync.keys import key_path, load_key
+    from sync.checkout.config import find_root, load_config
+    from sync.crypto.keys import key_path, load_key
 
     config = load_config(find_root(repo))
     k = load_key(config.workspace_id)
@@ -502,8 +510,8 @@ def key_show(repo: Path) -> None:
 @repo_option()
 def key_export(repo: Path) -> None:
     """Print the key to share with a teammate (treat it like a password)."""
-    from sync.config import find_root, load_config
-    from sync.keys import export_key, load_key
+    from sync.checkout.config import find_root, load_config
+    from sync.crypto.keys import export_key, load_key
 
     config = load_config(find_root(repo))
     click.echo(f"# workspace {config.workspace_id}", err=True)
@@ -516,8 +524,8 @@ def key_export(repo: Path) -> None:
 @repo_option()
 def key_import(text: str, workspace: str | None, repo: Path) -> None:
     """Store a key exported by `codeveil key export` (TEXT, or - for stdin)."""
-    from sync.config import find_root, load_config
-    from sync.keys import import_key
+    from sync.checkout.config import find_root, load_config
+    from sync.crypto.keys import import_key
 
     if text == "-":
         text = sys.stdin.read()
@@ -538,7 +546,8 @@ def key_import(text: str, workspace: str | None, repo: Path) -> None:
                    " share, or a data dir; read from CODEVEIL_STORE if not given (which"
                    " keeps a password out of `ps`).")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=7400, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--port", cls=LibraryDefault, default_from="sync.server.app:DEFAULT_PORT",
+              type=click.IntRange(0, 65535))
 @click.option("--max-workspaces", type=click.IntRange(0), default=None,
               help="Refuse to create workspaces beyond this many.")
 @click.option("--open", "allow_open", is_flag=True,
@@ -552,7 +561,7 @@ def serve(data: Path | None, store: str | None, host: str, port: int,
     on their side) can create workspaces. A server on a host other than loopback refuses
     to start without that token, unless given --open.
     """
-    from sync.server import serve as run_server
+    from sync.server.app import serve as run_server
 
     given = click.get_current_context().get_parameter_source("store")
     if data is not None and store and given == click.core.ParameterSource.COMMANDLINE:

@@ -1,5 +1,5 @@
 """`codeveil agent install | uninstall`: codeveil's MCP server in coding agents' own config
-files (retrieval.agent.agent_install does the edits; this module parses and prints)."""
+files (retrieval.faces.agent_setup does the edits; this module parses and prints)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 
 import click
 
-from retrieval.agent.agent_clients import CLIENTS, Client, client_named
-from retrieval.agent.agent_install import Change
+from retrieval.faces.agent_setup.clients import CLIENTS, Client, client_named
+from retrieval.faces.agent_setup.install import Change
 from retrieval.faces.cli_base import _fail, repo_option
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -31,7 +31,7 @@ _REPO_OPTION = repo_option("The repository the agent searches (default: here).")
 
 def _repo_root(repo: Path) -> Path:
     from indexer.errors import CodeveilError
-    from sync.config import find_root
+    from sync.checkout.config import find_root
 
     try:
         return find_root(repo)
@@ -40,7 +40,7 @@ def _repo_root(repo: Path) -> Path:
 
 
 def _chosen(names: tuple[str, ...], root: Path, home: Path) -> list[Client]:
-    from retrieval.agent.agent_install import detect_clients
+    from retrieval.faces.agent_setup.install import detect_clients
 
     if names:
         return [client_named(n) for n in dict.fromkeys(names)]
@@ -89,26 +89,66 @@ def agent() -> None:
               help="Also add a short section to AGENTS.md (and CLAUDE.md / GEMINI.md for"
                    " those agents) saying when to call search, definition, outline,"
                    " references and grep. Running it again replaces the section.")
+@click.option("--absolute", is_flag=True,
+              help="In a project file too, write this machine's form: this installation's"
+                   " codeveil by its absolute path, -C with the repo's absolute path, and"
+                   " CODEVEIL_CONFIG_DIR / CODEVEIL_CACHE_DIR when set. Default there: the"
+                   " portable form (`codeveil` from PATH, the folder the client has"
+                   " open), which a committed file needs. A user's file always gets the"
+                   " absolute form.")
 @_REPO_OPTION
 def install(names: tuple[str, ...], scope: str, dry_run: bool, instructions: bool,
-            repo: Path) -> None:
+            absolute: bool, repo: Path) -> None:
     """Write codeveil's MCP server entry into each agent client's config file.
 
-    The entry runs this installation's `codeveil mcp -C REPO` by its absolute path. Other
-    entries of the file are kept; the file is copied to FILE.bak before its first
-    change; installing again leaves one entry.
+    In the repo's own files (--scope project) the entry is portable: `codeveil mcp`
+    from PATH, on the folder the client has open, so the file can be committed. In your
+    user config (--scope user, and the clients that have no project file) it runs this
+    installation's `codeveil mcp -C REPO` by its absolute path. Other entries of the
+    file are kept, comments included (JSON with comments is edited as text); the file
+    is copied to FILE.bak before its first change; installing again leaves one entry.
+    Every file is checked before any is changed.
     """
-    from retrieval.agent.agent_clients import mcp_command, mcp_env
-    from retrieval.agent.agent_install import install as run_install
-    from retrieval.agent.agent_install import install_instructions, instruction_files
+    from retrieval.faces.agent_setup.clients import mcp_command, mcp_env
+    from retrieval.faces.agent_setup.install import install as run_install
+    from retrieval.faces.agent_setup.install import (
+        install_instructions,
+        instruction_files,
+        writes_portable,
+    )
 
     root, home = _repo_root(repo), Path.home()
     clients = _chosen(names, root, home)
-    changes = run_install(clients, mcp_command(root), scope=scope, repo=root, home=home,
-                          env=mcp_env(), write=not dry_run)
-    if instructions:
-        changes += install_instructions(instruction_files(root, clients), write=not dry_run)
+
+    def run(write: bool) -> list[Change]:
+        changes = run_install(clients, mcp_command(root), scope=scope, repo=root,
+                              home=home, env=mcp_env(), portable=not absolute, write=write)
+        if instructions:
+            changes += install_instructions(instruction_files(root, clients), write=write)
+        return changes
+
+    changes = run(False)  # every file read and its edit made first: a refusal changes none
+    if not dry_run:
+        changes = run(True)
     _report(changes, dry_run)
+    if not absolute and writes_portable(clients, scope):
+        _portable_notes()
+
+
+def _portable_notes() -> None:
+    """What the portable form leaves to each machine, said when this one differs."""
+    import os
+    import shutil
+
+    if shutil.which("codeveil") is None:
+        click.echo("note: `codeveil` is not on this shell's PATH; the project file runs it"
+                   " from the client's PATH (--absolute writes this installation's path)",
+                   err=True)
+    moved = [n for n in ("CODEVEIL_CONFIG_DIR", "CODEVEIL_CACHE_DIR") if os.environ.get(n)]
+    if moved:
+        click.echo(f"note: {' and '.join(moved)} are not written to the project file (they"
+                   " are this machine's); the client must have them in its environment, or"
+                   " use --absolute", err=True)
 
 
 @agent.command("uninstall")
@@ -120,17 +160,24 @@ def install(names: tuple[str, ...], scope: str, dry_run: bool, instructions: boo
 def uninstall(names: tuple[str, ...], scope: str | None, dry_run: bool, repo: Path) -> None:
     """Remove codeveil's entry (and its AGENTS.md / CLAUDE.md section) that install added.
 
-    Other entries stay as they are; a file install created and nothing else uses is
-    removed.
+    Other entries stay as they are, comments included; a file install created and
+    nothing else uses is removed. Every file is checked first: when one cannot be
+    edited, none is changed.
     """
-    from retrieval.agent.agent_install import uninstall as run_uninstall
-    from retrieval.agent.agent_install import uninstall_instructions
+    from retrieval.faces.agent_setup.install import uninstall as run_uninstall
+    from retrieval.faces.agent_setup.install import uninstall_instructions
 
     root, home = _repo_root(repo), Path.home()
     clients = [client_named(n) for n in dict.fromkeys(names)] if names else list(CLIENTS)
     scopes = (scope,) if scope else ("project", "user")
-    changes = run_uninstall(clients, scopes=scopes, repo=root, home=home, write=not dry_run)
-    changes += uninstall_instructions(root, write=not dry_run)
+
+    def run(write: bool) -> list[Change]:
+        changes = run_uninstall(clients, scopes=scopes, repo=root, home=home, write=write)
+        return changes + uninstall_instructions(root, write=write)
+
+    changes = run(False)  # all or nothing: a file that cannot be edited stops it here
+    if not dry_run:
+        changes = run(True)
     shown = [c for c in changes if c.action != "absent"]
     if not shown:
         click.echo("codeveil was in no client's config file", err=True)

@@ -3,13 +3,14 @@ one line, the failure exit, the shared options and JSON output."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 import click
 
@@ -18,7 +19,7 @@ from retrieval.faces.operations import CLI, Arg, Operation
 
 if TYPE_CHECKING:
     from retrieval.faces.api import Index
-    from sync.sync_report import SyncReport
+    from sync.syncer.sync_report import SyncReport
 
 EXIT_ERROR = 1
 F = TypeVar("F", bound=Callable[..., Any])
@@ -84,6 +85,25 @@ def repo_option(help: str = "Use the index of this folder (default: the one arou
                         type=click.Path(file_okay=False, path_type=Path), help=help)
 
 
+def folder_params(help: str = "Use the index of this folder (default: the one around"
+                               " here).") -> Callable[[F], F]:
+    """`-C/--repo`, with a positional PATH still taken for it: the spelling of the
+    commands that took PATH first (`codeveil index .`). The command's function gets
+    `repo`; both given, they must name one folder."""
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def given(*args: Any, repo: Path | None, path: Path | None, **kwargs: Any) -> Any:
+            if repo is not None and path is not None and repo.resolve() != path.resolve():
+                raise click.UsageError(f"two folders given: -C {repo} and {path}")
+            return func(*args, repo=repo or path or Path("."), **kwargs)
+
+        folder = click.Path(file_okay=False, path_type=Path)
+        given = click.argument("path", required=False, metavar="[PATH]", type=folder)(given)
+        return cast(F, click.option("-C", "--repo", "repo", default=None, help=help,
+                                    type=folder)(given))
+    return decorate
+
+
 def json_option(help: str = "Print JSON.") -> Callable[[F], F]:
     """`--json`: the answer as JSON on stdout, the same in every command."""
     return click.option("--json", "as_json", is_flag=True, help=help)
@@ -111,6 +131,24 @@ class _AliasedOption(click.Option):
             self.opts = shown
 
 
+class LibraryDefault(click.Option):
+    """An option whose default is a constant of the library (`default_from`,
+    "module:NAME"), read when the default is first needed: the value is written once,
+    there, --help still shows it, and a command that never needs it (`codeveil search`
+    beside `daemon run`'s options) does not import that module."""
+
+    def __init__(self, param_decls: Sequence[str], *, default_from: str,
+                 **attrs: Any) -> None:
+        super().__init__(param_decls, show_default=True, **attrs)
+        self.default_from = default_from
+
+    def get_default(self, ctx: click.Context, call: bool = True) -> Any:
+        import importlib
+
+        module, name = self.default_from.split(":")
+        return getattr(importlib.import_module(module), name)
+
+
 def operation_params(op: Operation) -> Callable[[F], F]:
     """The command's arguments and options of `op`, built from its table entry
     (retrieval.faces.operations): each reaches the command's function by the library's name."""
@@ -128,7 +166,8 @@ def _param(arg: Arg) -> Callable[[F], F]:
     if arg.type is bool:
         return click.option(*arg.flags, arg.name, is_flag=True, default=arg.default,
                             help=arg.help)
-    attrs: dict[str, Any] = {"default": arg.default, "help": arg.help, "metavar": arg.metavar}
+    attrs: dict[str, Any] = {"default": arg.default, "help": arg.help, "metavar": arg.metavar,
+                             "envvar": arg.envvar}
     if arg.count is not None:
         # A count that defaults to everything has no most for a person (grep).
         most = None if arg.default is None else arg.count.most
@@ -146,10 +185,18 @@ def _echo_json(value: Any) -> None:
 
 
 def print_report(r: SyncReport) -> None:
-    """One line of what an index did, for a person."""
+    """One line of what an index did, for a person.
+
+    "changed" counts the files whose content was new to this machine (read and chunked
+    here or taken from another worktree). A sync's `files_changed` counts the files it
+    sent to the store, which after the words pass of `codeveil index` are files that did
+    not change at all: those are said apart, as sent."""
+    changed = r.files_parsed + r.files_reused
+    sent = (f"; {r.files_changed} sent to the store" if r.files_changed != changed
+            else "")
     click.echo(
-        f"{r.files_scanned} files scanned, {r.files_changed} changed, {r.files_deleted} deleted,"
-        f" {r.files_skipped} skipped; {r.chunks_total} chunks in the index"
+        f"{r.files_scanned} files scanned, {changed} changed, {r.files_deleted} deleted,"
+        f" {r.files_skipped} skipped{sent}; {r.chunks_total} chunks in the index"
         f" ({r.chunks_embedded} embedded, {r.chunks_from_cache} from cache"
         + (f", {r.chunks_pulled} pulled from the workspace" if r.chunks_pulled else "")
         + f") in {r.seconds:.1f}s"

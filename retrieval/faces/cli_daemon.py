@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from indexer.errors import CodeveilError
-from retrieval.faces.cli_base import json_option
+from retrieval.faces.cli_base import LibraryDefault, folder_params, json_option
 
 # -- daemon -------------------------------------------------------------------------
 # `codeveil daemon start|stop|status|run`. The machinery lives in sync.daemon (what it
@@ -22,19 +22,21 @@ if TYPE_CHECKING:
 
 
 def _daemon_options(func: Callable[..., None]) -> Callable[..., None]:
-    """The tuning options shared by `daemon start` and `daemon run`."""
+    """The tuning options shared by `daemon start` and `daemon run`; their defaults are
+    the daemon's own (sync.daemon.loop)."""
     func = click.option(
-        "--max-backoff", "max_backoff", default=60.0, show_default=True, metavar="SECONDS",
+        "--max-backoff", "max_backoff", metavar="SECONDS", cls=LibraryDefault,
+        default_from="sync.daemon.loop:DEFAULT_BACKOFF_MAX",
         type=click.FloatRange(min=0.1), help="Longest wait between retries of a failed sync.",
     )(func)
     func = click.option(
-        "--debounce", default=0.5, show_default=True, metavar="SECONDS",
-        type=click.FloatRange(min=0.0),
+        "--debounce", metavar="SECONDS", cls=LibraryDefault,
+        default_from="sync.daemon.loop:DEFAULT_DEBOUNCE", type=click.FloatRange(min=0.0),
         help="Sync once the tree has been quiet this long after a change.",
     )(func)
     func = click.option(
-        "--interval", default=300.0, show_default=True, metavar="SECONDS",
-        type=click.FloatRange(min=0.0),
+        "--interval", metavar="SECONDS", cls=LibraryDefault,
+        default_from="sync.daemon.loop:DEFAULT_FULL_INTERVAL", type=click.FloatRange(min=0.0),
         help="Also sync this often without any event (0: only on events).",
     )(func)
     return func
@@ -44,7 +46,7 @@ def _daemon_root(path: Path) -> Path:
     """The folder a daemon serves: the indexed folder around PATH, else PATH itself."""
     if not path.is_dir():
         raise CodeveilError(f"no such folder: {path}")
-    from sync.workspace import Workspace
+    from sync.workspace.workspace import Workspace
 
     return Workspace(path).root
 
@@ -60,20 +62,20 @@ def daemon() -> None:
 
 
 @daemon.command("start")
-@click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
+@folder_params("The folder whose daemon this is (default: the one around here).")
 @_daemon_options
 @click.option("--timeout", default=30.0, show_default=True, metavar="SECONDS",
               type=click.FloatRange(min=1.0), help="How long to wait for it to come up.")
-def daemon_start(path: Path, interval: float, debounce: float, max_backoff: float,
+def daemon_start(repo: Path, interval: float, debounce: float, max_backoff: float,
                  timeout: float) -> None:
-    """Start the daemon for PATH (default: here) in the background.
+    """Start the daemon for the folder (-C, or PATH; default: here) in the background.
 
-    Does nothing but say so if a daemon already runs for PATH.
+    Does nothing but say so if a daemon already runs for it.
     """
     from sync.daemon import AlreadyRunningError, DaemonFiles, spawn
 
-    root = _daemon_root(path)
-    argv = [sys.executable, "-P", "-m", "retrieval", "daemon", "run", str(root),
+    root = _daemon_root(repo)
+    argv = [sys.executable, "-P", "-m", "retrieval", "daemon", "run", "-C", str(root),
             "--interval", repr(interval), "--debounce", repr(debounce),
             "--max-backoff", repr(max_backoff), "--detached"]
     try:
@@ -86,21 +88,21 @@ def daemon_start(path: Path, interval: float, debounce: float, max_backoff: floa
 
 
 @daemon.command("run")
-@click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
+@folder_params("The folder whose daemon this is (default: the one around here).")
 @_daemon_options
 @click.option("--detached", is_flag=True, hidden=True,
               help="Set by `daemon start`: log to the file only, and capture stdout/stderr.")
-def daemon_run(path: Path, interval: float, debounce: float, max_backoff: float,
+def daemon_run(repo: Path, interval: float, debounce: float, max_backoff: float,
                detached: bool) -> None:
-    """Run the daemon for PATH in the foreground (for systemd, launchd or a terminal).
+    """Run the daemon for the folder in the foreground (for systemd, launchd or a terminal).
 
     Logs to stderr and .codeveil/daemon.log; SIGTERM or Ctrl-C stop it cleanly.
     """
     from retrieval.indexes.search_ready import SearchReady
     from sync.daemon import Daemon, DaemonFiles, DaemonLock, WorkspaceSync, setup_logging
-    from sync.workspace import Workspace
+    from sync.workspace.workspace import Workspace
 
-    root = _daemon_root(path)
+    root = _daemon_root(repo)
     files = DaemonFiles.for_root(root)
     lock = DaemonLock.acquire(files)
     try:
@@ -121,16 +123,16 @@ def daemon_run(path: Path, interval: float, debounce: float, max_backoff: float,
 
 
 @daemon.command("stop")
-@click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
+@folder_params("The folder whose daemon this is (default: the one around here).")
 @click.option("--timeout", default=30.0, show_default=True, metavar="SECONDS",
               type=click.FloatRange(min=0.1), help="How long to wait for it to exit.")
-def daemon_stop(path: Path, timeout: float) -> None:
-    """Stop the daemon for PATH (SIGTERM, then wait for it to exit)."""
-    from sync.builder import Builder
+def daemon_stop(repo: Path, timeout: float) -> None:
+    """Stop the daemon for the folder (SIGTERM, then wait for it to exit)."""
     from sync.daemon import DaemonFiles, read_status
     from sync.daemon import stop as stop_daemon
+    from sync.daemon.builder import Builder
 
-    root = _daemon_root(path)
+    root = _daemon_root(repo)
     pid = stop_daemon(root, timeout=timeout)
     builder = Builder(root)
     if builder.running():
@@ -149,17 +151,17 @@ def daemon_stop(path: Path, timeout: float) -> None:
 
 
 @daemon.command("status")
-@click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
+@folder_params("The folder whose daemon this is (default: the one around here).")
 @json_option()
-def daemon_status(path: Path, as_json: bool) -> None:
-    """Show whether the daemon for PATH runs, its last sync, pending changes and errors.
+def daemon_status(repo: Path, as_json: bool) -> None:
+    """Show whether the daemon for the folder runs, its last sync, pending changes and errors.
 
     Exit status: 0 if it runs, 3 if not.
     """
     from sync.daemon import EXIT_NOT_RUNNING, DaemonFiles, probe
     from sync.daemon.report import status_lines
 
-    root = _daemon_root(path)
+    root = _daemon_root(repo)
     state = probe(root)
     if as_json:
         click.echo(json.dumps({

@@ -1,5 +1,5 @@
 """`codeveil refs`: the refs (branch trees) of this repo's sealed workspace, and removing
-one by its name (`user@host/ID:branch`): sync.ref_list."""
+one by its name (`user@host/ID:branch`): sync.workspace.ref_list."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _age(seconds: float) -> str:
 def refs(remove: str | None, repo: Path) -> None:
     """List the workspace's refs (age; leaves: its files, and in a sealed workspace the
     pages of their rows; rows, padding included), or remove one."""
-    from sync.ref_list import drop_ref, list_refs
+    from sync.workspace.ref_list import drop_ref, list_refs
 
     with _index(repo) as idx:
         if remove is not None:

@@ -1,5 +1,5 @@
 """`codeveil invite` and `codeveil join`: a teammate joins a workspace with one string
-(sync.invite, sync.join)."""
+(sync.workspace.invite, sync.workspace.join)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from retrieval.faces.cli_base import _index, json_option, print_report, repo_option
+from retrieval.faces.cli_base import _index, folder_params, json_option, print_report, repo_option
 
 if TYPE_CHECKING:
     from sync.store.core.invitees import Invitee
@@ -41,7 +41,7 @@ def invite(expires: str | None, show: bool, revoke: str | None, repo: Path) -> N
     the owner). Revoking a token stops that teammate's access to the server, not what
     they already pulled, nor the key they hold.
     """
-    from sync.invite import list_invitees, make_invite, parse_duration, revoke_invitee
+    from sync.workspace.invite import list_invitees, make_invite, parse_duration, revoke_invitee
 
     if sum((bool(expires), show, revoke is not None)) > 1:
         raise click.UsageError("give one of --expires, --list and --revoke")
@@ -83,33 +83,34 @@ def _print_invitees(invitees: list[Invitee]) -> None:
 
 @click.command()
 @click.argument("string")
-@click.argument("path", default=".", type=click.Path(file_okay=False, path_type=Path))
+@folder_params("The clone to join with (default: here).")
 @json_option("Print the first index's summary as JSON.")
 @click.option("--no-index", "no_index", is_flag=True,
               help="Only join; run `codeveil index` later.")
-def join(string: str, path: Path, as_json: bool, no_index: bool) -> None:
-    """Join the workspace of an invite STRING (from `codeveil invite`) in the clone at PATH.
+def join(string: str, repo: Path, as_json: bool, no_index: bool) -> None:
+    """Join the workspace of an invite STRING (from `codeveil invite`) in the clone at -C
+    (or PATH; default: here).
 
     The string is checked first (format, checksum, expiry, then the server's answer to
     its token and the key's match): a bad one is refused before anything is written.
-    Then the key and token are stored in your config dir, PATH is pointed at the
+    Then the key and token are stored in your config dir, the clone is pointed at the
     workspace, and the first index runs: it pulls the vectors your teammates already
     made instead of embedding them. STRING may be - to read it from stdin (which keeps
     it out of your shell history).
     """
-    from sync.invite import decode_invite
-    from sync.join import join_workspace
+    from sync.workspace.invite import decode_invite
+    from sync.workspace.join import join_workspace
 
     if string == "-":
         string = sys.stdin.read()
-    config = join_workspace(path, decode_invite(string))
+    config = join_workspace(repo, decode_invite(string))
     click.echo(f"joined workspace {config.workspace_id} ({config.mode}) on {config.server}",
                err=True)
     if no_index:
         return
-    idx = _index(path)
+    idx = _index(repo)
     try:
-        report = idx.index()
+        report = idx.index(wait=True)
     finally:
         idx.close()
     if as_json:

@@ -4,7 +4,7 @@ rebuild what can be rebuilt.
 What is checked, in order (a check that cannot pass stops the ones that need it): the
 config and key, then each of `PARTS`, the parts of an index and the files each keeps:
 
-- `.codeveil/config.json`: format version and every value (`sync.config`);
+- `.codeveil/config.json`: format version and every value (`sync.checkout.config`);
 - the workspace key: present, well-formed, the one the workspace was created with;
 - `.codeveil/state.sqlite`: SQLite integrity, and that it holds the chunks;
 - the embedding cache: SQLite integrity, its vectors of this model finite and of unit
@@ -45,10 +45,9 @@ from retrieval.indexes.lexical import LexicalStore
 from retrieval.indexes.local_vectors import LocalVectorStore
 from retrieval.indexes.static_vectors import StaticVectorStore
 from retrieval.indexes.trigram_index import TrigramStore
-from sync import crypto
-from sync.checkout_id import kept_id_problem
-from sync.checkouts import find_recorded
-from sync.config import (
+from sync.checkout.checkout_id import kept_id_problem
+from sync.checkout.checkouts import find_recorded
+from sync.checkout.config import (
     ConfigError,
     NoIndexError,
     RepoConfig,
@@ -58,17 +57,18 @@ from sync.config import (
     state_path,
     store_path,
 )
-from sync.config_recovery import recover_config
-from sync.index_state import recorded_workspace
-from sync.keys import ENV_KEY, WorkspaceKey, key_path, load_key
-from sync.pages import PageIndex, opened_rows
+from sync.checkout.index_state import recorded_workspace
+from sync.checkout.refs import ref_id, ref_name
+from sync.crypto import ciphers
+from sync.crypto.keys import ENV_KEY, WorkspaceKey, key_path, load_key
+from sync.crypto.pages import PageIndex, opened_rows
+from sync.crypto.sealed_rows import RowSealer
 from sync.records import DEFAULT_REF
-from sync.refs import ref_id, ref_name
-from sync.sealed_rows import RowSealer
 from sync.store.embedded.registry import Store
 from sync.store.embedded.workspace import WorkspaceStore
-from sync.syncer import SyncReport
-from sync.tree_rows import read_tree_rows
+from sync.syncer.syncer import SyncReport
+from sync.syncer.tree_rows import read_tree_rows
+from sync.workspace.config_recovery import recover_config
 
 # A cached vector of this model whose norm is further than this from 1 is damaged.
 NORM_TOLERANCE = 1e-2
@@ -250,7 +250,7 @@ class Part:
 
 
 def _check_checkout_id(c: _Checking) -> None:
-    """The id that names this checkout's ref (sync.checkout_id): checked before any
+    """The id that names this checkout's ref (sync.checkout.checkout_id): checked before any
     other part, since opening the tree would make a new one in its place."""
     if not state_path(c.root).exists():
         return  # never indexed: its first index makes the id
@@ -410,9 +410,9 @@ def _check_trigrams(c: _Checking) -> None:
 
 
 def _check_builder(c: _Checking) -> None:
-    """The vector builder given up (sync.builder): search answers by words and names,
+    """The vector builder given up (sync.daemon.builder): search answers by words and names,
     and by meaning only for what was embedded before; worth a repair, not a failure."""
-    from sync.builder import Builder
+    from sync.daemon.builder import Builder
 
     report, plan = c.report, c.plan
     builder = Builder(c.root)
@@ -501,7 +501,7 @@ def _files_differing(root: Path, config: RepoConfig, key: WorkspaceKey,
         paths = sorted(local.file_digests())
         for start in range(0, len(paths), 512):
             part = paths[start : start + 512]
-            keys = [crypto.node_key(key, p) for p in part]
+            keys = [ciphers.node_key(key, p) for p in part]
             rows = ws.file_rows(keys, ref)
             for path, file_key in zip(part, keys, strict=True):
                 want = sorted(c.chunk_hash for c in local.for_file(path))
@@ -515,7 +515,7 @@ def _files_differing(root: Path, config: RepoConfig, key: WorkspaceKey,
 
 def _paged_files_differing(root: Path, key: WorkspaceKey, ws: WorkspaceStore, ref: bytes,
                            sealer: RowSealer) -> list[str]:
-    """`_files_differing` of a sealed workspace, whose rows are in pages (sync.pages):
+    """`_files_differing` of a sealed workspace, whose rows are in pages (sync.crypto.pages):
     the live rows of the pages this machine knows and the store still holds, by the file
     they name, against the local chunk table."""
     db = open_state_db(state_path(root))
@@ -528,7 +528,7 @@ def _paged_files_differing(root: Path, key: WorkspaceKey, ws: WorkspaceStore, re
             for page, rows in ws.file_rows(pages[start : start + 512], ref).items():
                 for row in opened_rows(sealer, key, page, rows):
                     path = row.meta.path
-                    if path in digests and row.value == crypto.node_value(key, path,
+                    if path in digests and row.value == ciphers.node_value(key, path,
                                                                           digests[path]):
                         held.setdefault(path, set()).add(
                             (row.meta.start_line, row.meta.end_line, row.meta.chunk_hash))
@@ -547,7 +547,7 @@ def _chunk_hash(sealer: RowSealer | None, key: WorkspaceKey, workspace_id: str,
     if sealer is not None:
         opened = sealer.open(row_id, file_key, blob)
         return None if opened is None else opened.meta.chunk_hash
-    return crypto.open_meta(key, workspace_id, row_id, blob).chunk_hash
+    return ciphers.open_meta(key, workspace_id, row_id, blob).chunk_hash
 
 
 def _check_server(idx: Index, config: RepoConfig, key: WorkspaceKey, report: DoctorReport,
@@ -584,7 +584,7 @@ def _check_server(idx: Index, config: RepoConfig, key: WorkspaceKey, report: Doc
 
 def _server_gaps(idx: Index, config: RepoConfig, key: WorkspaceKey) -> dict[str, int]:
     """path -> its chunks without a row, for each file whose leaf in the server's tree
-    of this checkout's ref is this checkout's version (sync.tree_rows): asked of the
+    of this checkout's ref is this checkout's version (sync.syncer.tree_rows): asked of the
     server, whatever this machine's page index believes."""
     root, _, _, client = idx.workspace.open_or_last_known()
     if idx.workspace.offline is not None or not _state_readable(root):
@@ -715,7 +715,7 @@ def _repair(root: Path, plan: _Plan, embedder: Embedder | None, report: DoctorRe
     # The index rebuilds a missing or moved state (and re-embeds from the cache), a
     # moved cache (by embedding), and sends every file again if the store lost rows.
     with Index(root, embedder=embedder) as idx:
-        report.index = idx.index(reupload=reupload)
+        report.index = idx.index(wait=True, reupload=reupload)
         chunks = _all_chunks(root)
         config = load_config(root)
         sealed = config.sealed

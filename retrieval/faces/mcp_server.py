@@ -12,16 +12,18 @@ Tools (the official `mcp` SDK's `MCPServer`, stdio transport):
 - `references(name, path, limit)`: the chunks that use a name, with the lines it is on.
 - `grep(pattern, path, ignore_case, limit)`: regex lines of the indexed files, narrowed by
   the grep index (exact: the lines a full scan finds).
-- `index_status()`: where the index is and what it holds, with the vector builder's
-  progress.
-- `sync_index()`: bring the index up to date with the working tree (incremental: only
-  changed files are read and chunked); returns once words and names are indexed, and
-  the vectors follow from the background builder (`sync.builder`).
+- `index_status(server)`: where the index is and what it holds, with the vector
+  builder's progress (the JSON of `codeveil status --json`).
+- `sync_index(wait)`: bring the index up to date with the working tree (incremental:
+  only changed files are read and chunked); returns once words and names are indexed,
+  and the vectors follow from the background builder (`sync.daemon.builder`); with `wait`,
+  once they are built.
 
-The five lookups' arguments, their defaults, limits and help texts, and so their JSON
+The seven tools' arguments, their defaults, limits and help texts, and so their JSON
 schemas, are built from the table of operations (`retrieval.faces.operations`) that the
-`codeveil` command's options are built from too; a result count out of range is brought
-into it rather than refused.
+`codeveil` command's options are built from too. A result count under 1 is refused by
+its schema's bound; one over its most is taken as the most, as its description says.
+An unknown or missing argument, or one its schema refuses, is one line naming it.
 
 Every answer comes from this machine's copy: a sealed workspace's server is never asked
 by a read. A server-search workspace's search ranks on its server; when that cannot be
@@ -56,19 +58,21 @@ from typing import Annotated, Any, Literal
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from indexer.errors import CodeveilError
-from retrieval.faces.api import Index
+from retrieval.faces.api import Index, status_json
 from retrieval.faces.multi import MultiIndex
 from retrieval.faces.operations import (
     DEFINITION_OP,
     GREP_OP,
+    INDEX_OP,
     MCP,
     OUTLINE_OP,
     REFERENCES_OP,
     REQUIRED,
     SEARCH_OP,
+    STATUS_OP,
     Arg,
     Operation,
 )
@@ -125,38 +129,72 @@ def _version() -> str:
         return "0+unknown"
 
 
+class _Server(MCPServer):
+    """The SDK's server with codeveil's argument checks: an unknown or missing argument,
+    or one outside its schema's bounds, is refused in one line that names it (the SDK
+    would drop an unknown one silently, and explain the others in pydantic's words with
+    a link)."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Any = None) -> Any:
+        tool = self._tool_manager.get_tool(name)
+        if tool is not None:
+            _check_names(name, tool.parameters, arguments)
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if isinstance(exc.__cause__, ValidationError):
+                raise ToolError(_one_line(name, exc.__cause__)) from None
+            raise
+
+
+def _check_names(tool: str, schema: dict[str, Any], given: dict[str, Any]) -> None:
+    known = schema.get("properties", {})
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        takes = ", ".join(known) or "no arguments"
+        raise ToolError(f"{tool}: unknown argument {unknown[0]!r}; it takes {takes}")
+    missing = [n for n in schema.get("required", []) if n not in given]
+    if missing:
+        about = known[missing[0]].get("description", "")
+        raise ToolError(f"{tool}: missing argument {missing[0]!r}"
+                        + (f" ({about.rstrip('.')})" if about else ""))
+
+
+def _one_line(tool: str, exc: ValidationError) -> str:
+    """The first of pydantic's complaints, in one line without its codes and link."""
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    bound = (err.get("ctx") or {}).get("ge")
+    if err["type"] == "greater_than_equal" and bound is not None:
+        return f"{tool}: argument {where!r} must be at least {bound}"
+    msg = err["msg"].removeprefix("Input should be ")
+    return f"{tool}: argument {where!r} should be {msg}"
+
+
+#: Request kinds the SDK serves whether or not there is anything behind them: codeveil
+#: has no prompts and no resources, so it does not advertise them.
+_UNUSED = ("prompts/list", "prompts/get", "resources/list", "resources/read",
+           "resources/templates/list")
+
+
 def build_server(repo: Path) -> MCPServer:
     """The MCP server of the repo at (or above) `repo`."""
     # WARNING: at INFO the SDK logs a boxed block to stderr for every failed call, which
     # the tool's error already tells the agent.
-    server: MCPServer = MCPServer(name="codeveil", instructions=INSTRUCTIONS,
-                                  version=_version(), log_level="WARNING")
+    server: MCPServer = _Server(name="codeveil", instructions=INSTRUCTIONS,
+                                version=_version(), log_level="WARNING")
+    handlers = getattr(server._lowlevel_server, "_request_handlers", {})
+    for method in _UNUSED:  # the capabilities are derived from what is served
+        handlers.pop(method, None)
     state = _State(repo)
     for op, answer in ((SEARCH_OP, _search), (DEFINITION_OP, _definition),
                        (OUTLINE_OP, _outline), (REFERENCES_OP, _references),
                        (GREP_OP, _grep)):
         _add_tool(server, state, op, answer)
-
-    @server.tool(annotations=READ_ONLY)
-    def index_status() -> dict[str, Any]:
-        """Where the index is and what it holds: root folder, workspace, server (or
-        embedded), model, number of files and chunks."""
-        with state.use() as idx:
-            return {**idx.status().to_dict(), "index": idx.coverage().to_dict(),
-                    "builder": idx.builder()}
-
-    @server.tool(annotations=WRITES_INDEX)
-    def sync_index() -> dict[str, Any]:
-        """Bring the index up to date with the files on disk (only changed files are
-        read). Returns in seconds, once every file is searchable by words, names and
-        structure; the vectors are built in the background (index_status shows how far:
-        builder.chunks_done of builder.chunks_todo, seconds_left), and search uses them
-        as they land. Returns what changed, and index/builder as index_status."""
-        with state.use() as idx:
-            report = idx.index(wait=False)
-            return {**report.to_dict(), "index": idx.coverage().to_dict(),
-                    "builder": idx.builder()}
-
+    # What the index holds, and bringing it up to date: no cost in tokens is told.
+    _add_tool(server, state, STATUS_OP, _index_status, tokens=False)
+    _add_tool(server, state, INDEX_OP, _sync_index, annotations=WRITES_INDEX, tokens=False)
     return server
 
 
@@ -164,22 +202,48 @@ def build_server(repo: Path) -> MCPServer:
 
 
 def _add_tool(server: MCPServer, state: _State, op: Operation,
-              answer: Callable[..., dict[str, Any]]) -> None:
+              answer: Callable[..., dict[str, Any]], *,
+              annotations: ToolAnnotations = READ_ONLY, tokens: bool = True) -> None:
     """The tool `op.tool`: its arguments and their JSON schema from the table, its
-    description `answer`'s docstring. A result count out of range is brought into it."""
+    description `answer`'s docstring. A result count over its most is taken as the most;
+    with `tokens`, the answer says what it costs to read."""
     args = op.face_args(MCP)
 
     def tool(**given: Any) -> dict[str, Any]:
         for arg in args:
             if arg.count is not None and given.get(arg.name) is not None:
                 given[arg.name] = arg.count.clamp(given[arg.name])
-        return _with_tokens(answer(state, **given))
+        out = answer(state, **given)
+        return _with_tokens(out) if tokens else out
 
     tool.__name__ = op.tool
     # The SDK reads the arguments from the signature (inspect.signature honours this).
     tool.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [_parameter(arg) for arg in args], return_annotation=dict[str, Any])
-    server.add_tool(tool, name=op.tool, description=answer.__doc__, annotations=READ_ONLY)
+    server.add_tool(tool, name=op.tool, description=answer.__doc__, annotations=annotations)
+
+
+def _index_status(state: _State, server: bool) -> dict[str, Any]:
+    """Where the index is and what it holds: root folder, workspace, server (or
+    embedded), model, number of files and chunks; index: {partial, chunks,
+    chunks_with_vectors}; builder: the background vector builder (running, state,
+    chunks_done of chunks_todo, seconds_left). The same JSON as `codeveil status --json`.
+    """
+    with state.use() as idx:
+        return status_json(idx, idx.status(server=server))
+
+
+def _sync_index(state: _State, wait: bool) -> dict[str, Any]:
+    """Bring the index up to date with the files on disk (only changed files are read).
+    Returns in seconds, once every file is searchable by words, names and structure;
+    the vectors are built in the background (index_status shows how far), and search
+    uses them as they land; with wait, it returns once they are all built. Returns
+    what changed, and index/builder as index_status.
+    """
+    with state.use() as idx:
+        report = idx.index(wait=wait)
+        return {**report.to_dict(), "index": idx.coverage().to_dict(),
+                "builder": idx.builder()}
 
 
 def _parameter(arg: Arg) -> inspect.Parameter:
@@ -190,8 +254,12 @@ def _parameter(arg: Arg) -> inspect.Parameter:
     if arg.for_agent is None:
         kind = kind | None
     default = inspect.Parameter.empty if arg.for_agent is REQUIRED else arg.for_agent
+    # A count's least is a bound of the schema (0 is refused); its most is not: more is
+    # taken as the most, as the description says.
+    least = 1 if arg.count is not None else None
     return inspect.Parameter(arg.name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                             annotation=Annotated[kind, Field(description=arg.agent_help())])
+                             annotation=Annotated[kind, Field(description=arg.agent_help(),
+                                                              ge=least)])
 
 
 def _search(state: _State, query: str, k: int, group: str, path: str | None,
@@ -320,8 +388,8 @@ class _State:
 
 @contextmanager
 def _tool_errors() -> Iterator[None]:
-    from sync.config import NoIndexError
-    from sync.index_state import IndexNotBuilt
+    from sync.checkout.config import NoIndexError
+    from sync.checkout.index_state import IndexNotBuilt
 
     try:
         yield

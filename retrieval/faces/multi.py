@@ -32,8 +32,8 @@ from retrieval.faces.api import Index
 from retrieval.search.coverage import Coverage
 from retrieval.search.hits import Hit
 from retrieval.search.limits import SEARCH
-from sync.config import find_root, load_config
-from sync.server_contact import Unreachable
+from sync.checkout.config import find_root, load_config
+from sync.checkout.server_contact import Unreachable
 
 #: Hits of each repository that enter the merge (at least k).
 MERGE_DEPTH: Final = 20

@@ -10,9 +10,13 @@ cannot differ between them. The API keeps its signatures written out, for its re
 its type checker; `tests/test_faces.py` walks the table and checks them, with the other
 two faces, against it.
 
+Beside the lookups, the two operations every face offers on the index itself: `index`
+(the MCP tool `sync_index`) and `status` (`index_status`), so that `wait`, say, has one
+default in the API, the command and the tool.
+
 What is not here is the same in every command rather than per operation: `-C/--repo`
-and `--json` (`retrieval.faces.cli_base`). The commands that answer no lookup (index, status,
-init, doctor, ...) are not here either: their options are one face's only.
+and `--json` (`retrieval.faces.cli_base`). The commands only a person runs (init,
+doctor, daemon, ...) are not here either: their options are one face's only.
 """
 
 from __future__ import annotations
@@ -49,13 +53,14 @@ class Arg:
     where the command runs, repo-relative for an agent) or `list[str]`.
 
     A result count (`count`) is spelt `-k/--limit` by the command, which takes a number in
-    1..count.most; an agent's number out of that range is brought into it
-    (`ResultCount.clamp`). A count whose `default` is None means "all" to a person, without
-    a most; an agent gets `agent_default` then, at most count.most (grep: retrieval.search.limits).
+    1..count.most; an agent's number under 1 is refused by its schema's bound, and one
+    over the most is taken as the most (`ResultCount.clamp`). A count whose `default` is
+    None means "all" to a person, without a most; an agent gets `agent_default` then, at
+    most count.most (grep: retrieval.search.limits).
     """
 
     name: str
-    type: object
+    type: object  # an argument of the API alone may be of any type (a progress sink)
     help: str
     default: object = REQUIRED
     count: ResultCount | None = None
@@ -65,6 +70,7 @@ class Arg:
     aliases: tuple[str, ...] = ()  # old spellings the command still takes, not in --help
     metavar: str | None = None
     repeat: bool = False  # the command's option may be given several times
+    envvar: str | None = None  # the command's option is read from it when not given
     faces: frozenset[str] = EVERY_FACE
 
     @property
@@ -164,4 +170,29 @@ GREP_OP: Final = Operation(
                agent_default=GREP.default),
     ))
 
-OPERATIONS: Final = (SEARCH_OP, DEFINITION_OP, OUTLINE_OP, REFERENCES_OP, GREP_OP)
+INDEX_OP: Final = Operation(
+    method="index", command="index", tool="sync_index", result="SyncReport", args=(
+        Arg("progress", object, "Told of each step (sync.syncer.progress.Progress).", default=None,
+            faces=frozenset({API})),
+        Arg("reupload", bool, "Send every file to the store again.", default=False,
+            faces=frozenset({API})),
+        Arg("embed_on", str, "Embed on a Ray cluster you trust (it sees the code;"
+            " ?actors=N). Implies --wait.", default=None, flags=("--embed-on",),
+            metavar="ray://HOST:PORT", envvar="CODEVEIL_EMBED_ON", faces=frozenset({CLI, API})),
+        Arg("wait", bool, "Block until every chunk has its vectors and the store holds"
+            " them, instead of leaving that to the background builder (which search uses"
+            " as they land).", default=False, flags=("--wait",)),
+        Arg("quiet", bool, "No progress bar.", default=False, flags=("--quiet", "-q"),
+            faces=frozenset({CLI})),
+    ))
+
+STATUS_OP: Final = Operation(
+    method="status", command="status", tool="index_status", result="WorkspaceStatus",
+    args=(
+        Arg("server", bool, "Also ask the server: its counts, and whether its tree of this"
+            " checkout's ref is the one this checkout synced.", default=False,
+            flags=("--server",)),
+    ))
+
+OPERATIONS: Final = (SEARCH_OP, DEFINITION_OP, OUTLINE_OP, REFERENCES_OP, GREP_OP,
+                     INDEX_OP, STATUS_OP)

@@ -31,15 +31,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from indexer.local_chunks import open_state_db
-from sync.config import RepoConfig, codeveil_dir, load_config, state_path
-from sync.progress import Progress
+from sync.checkout.config import RepoConfig, codeveil_dir, load_config, state_path
+from sync.syncer.progress import Progress
 
 if TYPE_CHECKING:
     from retrieval.indexes.lexical import LexicalStore
     from retrieval.indexes.local_vectors import LocalVectorStore
     from retrieval.indexes.static_vectors import StaticVectorStore
     from retrieval.indexes.trigram_index import TrigramStore
-    from sync.workspace import Workspace
+    from sync.workspace.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ FOLLOW_INTERVAL_S = 2.0
 
 class SearchReady:
     """Refreshes the lexical index while `workspace` syncs (`start`), and the lexical and
-    vector indexes at its end (`finish`): a `sync.progress.SyncFollower`.
+    vector indexes at its end (`finish`): a `sync.syncer.progress.SyncFollower`.
 
     `vectors(root, state db, config)` brings the vector index of a sealed workspace in
     step (a server-search one has none here); `Index.index` passes its own, so that its

@@ -1,6 +1,6 @@
 """The vector builder's process: `python -m retrieval.indexes.vector_builder ROOT`.
 
-`sync.builder.Builder.start` runs it, detached and niced, after `codeveil index` has
+`sync.daemon.builder.Builder.start` runs it, detached and niced, after `codeveil index` has
 indexed the words (its files, lock and states are described there). It runs the one
 sync there is, `Workspace.sync`, with the search side kept built beside it
 (`retrieval.indexes.search_ready`), so vectors join the ranking of other processes' searches as
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from sync.builder import Builder, BuilderState, ProgressFile, chunks_waiting
+from sync.daemon.builder import Builder, BuilderState, ProgressFile, chunks_waiting
 
 log = logging.getLogger("retrieval.indexes.vector_builder")
 
@@ -38,7 +38,7 @@ def run(root: Path) -> int:
     """Build the vectors of the index at `root` (sync it) under its builder lock; the
     exit status: 0 done (or stopped, or another builder has it), 1 failed."""
     from retrieval.indexes.search_ready import SearchReady
-    from sync.workspace import Workspace
+    from sync.workspace.workspace import Workspace
 
     builder = Builder(root)
     with builder.hold(wait=2.0) as held:

@@ -1,6 +1,6 @@
 """Exact scores for the server's candidates, from the client's own plain vectors.
 
-The server ranks encrypted vectors, whose perturbation (sync.crypto, beta) blurs close
+The server ranks encrypted vectors, whose perturbation (sync.crypto.ciphers, beta) blurs close
 calls. The client asked for several times more candidates than it shows, and it still
 holds the plain vector of every chunk it embedded, in the embedding cache: re-ranking
 the candidates by exact cosine restores the plain top-k (measured in

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from indexer.local_chunks import LocalChunks, open_state_db
-from sync.config import RepoConfig, codeveil_dir, find_root, state_path
+from sync.checkout.config import RepoConfig, codeveil_dir, find_root, state_path
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from retrieval.search.options import SearchOptions, VectorSearch
     from retrieval.search.server_vectors import ServerVectors
     from sync.client import StoreClient
-    from sync.keys import WorkspaceKey
-    from sync.workspace import Workspace
+    from sync.crypto.keys import WorkspaceKey
+    from sync.workspace.workspace import Workspace
 
 # Ask the server for more neighbours than shown: filters and stale hits drop some.
 OVERFETCH = 4
@@ -201,7 +201,7 @@ class SearchReader:
         if self._server is None:
             from retrieval.search.rerank import PlainReranker
             from retrieval.search.server_vectors import ServerVectors
-            from sync.server_search import ServerSearch
+            from sync.transport.server_search import ServerSearch
 
             if self._rerank_db is None:
                 self._rerank_db = open_state_db(state_path(find_root(self._ws.root)))

@@ -1,5 +1,5 @@
 """The vector side of a server-search workspace: the server ranks its encrypted vectors
-(`sync.server_search`), this machine re-ranks what came back by exact cosines from its
+(`sync.transport.server_search`), this machine re-ranks what came back by exact cosines from its
 own plain vectors where it has them (`retrieval.search.rerank`). A `retrieval.search.fusion.
 VectorSearch`, like the sealed workspace's local index, with no header vectors (the
 server holds none)."""
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from retrieval.indexes.filters import HitFilter
     from retrieval.search.options import Keep
     from retrieval.search.rerank import PlainReranker
-    from sync.server_search import ServerSearch
+    from sync.transport.server_search import ServerSearch
 
 # Ask for up to this many times `n` before a filter that keeps few gets fewer than `n`.
 WIDEST: int = 16

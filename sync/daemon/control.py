@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from indexer.private_files import write_atomic
-from sync.config import codeveil_dir
+from sync.checkout.config import codeveil_dir
 from sync.daemon.status import DaemonStatus
 from sync.errors import SyncError
 

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Protocol
 from indexer.errors import CodeveilError
 
 if TYPE_CHECKING:  # `daemon status` and `stop` import this package: keep it light
-    from sync.progress import SyncFollower
-    from sync.syncer import SyncReport
-    from sync.workspace import Workspace
+    from sync.syncer.progress import SyncFollower
+    from sync.syncer.syncer import SyncReport
+    from sync.workspace.workspace import Workspace
 
 #: Errors meaning "the server could not be reached" when found in a failed sync's cause
 #: chain (the HTTP client's own is added when a target has a server).
@@ -60,7 +60,7 @@ class WorkspaceSync:
 
     @property
     def server(self) -> str:
-        from sync.config import load_config
+        from sync.checkout.config import load_config
 
         try:
             return load_config(self.workspace.root).server or "embedded"
@@ -69,7 +69,7 @@ class WorkspaceSync:
 
     @property
     def unreachable(self) -> tuple[type[BaseException], ...]:
-        from sync.http_client import ServerUnavailable
+        from sync.transport.http_client import ServerUnavailable
 
         return (ServerUnavailable, *NETWORK_ERRORS)
 
@@ -79,8 +79,8 @@ class WorkspaceSync:
         (`Workspace.index_words`, seconds) and, when many chunks wait for vectors, leave
         them to the index's vector builder, so that the words are searchable at once and
         a branch switch does not hold the daemon for minutes."""
-        from sync.builder import Builder, chunks_waiting
-        from sync.sync_report import SyncReport
+        from sync.daemon.builder import Builder, chunks_waiting
+        from sync.syncer.sync_report import SyncReport
 
         builder = Builder(self.workspace.root)
         try:
@@ -114,7 +114,7 @@ class WorkspaceSync:
             if report.offline:
                 # This machine's index is up to date; the store is not: failed, so that
                 # the daemon retries with backoff until the server answers.
-                from sync.http_client import ServerUnavailable
+                from sync.transport.http_client import ServerUnavailable
 
                 raise ServerUnavailable(report.offline)
             return report

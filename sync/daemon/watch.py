@@ -31,7 +31,7 @@ WATCH_MAX_BATCH_MS = WATCH_STEP_MS
 # -- which events matter ----------------------------------------------------------------
 
 # The one path under .git/ that matters: which branch is checked out names the ref a
-# sync goes to (sync.refs), and `git checkout -b` changes it without changing a file.
+# sync goes to (sync.checkout.refs), and `git checkout -b` changes it without changing a file.
 GIT_HEAD = os.path.join(".git", "HEAD")
 
 _MARKERS = (GITIGNORE, CODEVEILIGNORE, VENV_MARKER)

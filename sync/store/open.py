@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sync.db_url import is_database_url, mask_url
 from sync.store.core.backend import StoreBackend
+from sync.store.db_url import is_database_url, mask_url
 from sync.store.embedded.registry import Store
 from sync.wire import StoreError
 

@@ -1,4 +1,4 @@
-"""The store backend interface: what the server (sync.server) and `LocalClient` need from
+"""The store backend interface: what the server (sync.server.app) and `LocalClient` need from
 a store, written down once. The embedded store (sync.store.embedded.registry and
 sync.store.embedded.workspace: SQLite + LanceDB in a data dir) and sync.store.postgres
 (PostgreSQL + pgvector) implement it; mypy holds both to it (the end of this module),

@@ -18,8 +18,8 @@ import math
 import re
 import secrets
 import time
-from dataclasses import dataclass
 
+from sync.records import MAX_EXPIRES_IN, OWNER_ONLY, Invitee
 from sync.wire import AuthError, BadRequest, InviteeNotFound
 
 __all__ = [
@@ -32,23 +32,7 @@ __all__ = [
     "new_invitee",
 ]
 
-#: The longest an invitee token may be made for, in seconds (one year): a longer-lived
-#: credential is the workspace's own token.
-MAX_EXPIRES_IN = 366 * 86_400
 _TOKEN_ID = re.compile(r"[0-9a-f]{16}\Z")
-
-
-@dataclass(frozen=True, slots=True)
-class Invitee:
-    """One invitee token as a store lists it (never the token)."""
-
-    token_id: str
-    created_at: float
-    expires_at: float | None
-
-    def to_json(self) -> dict[str, object]:
-        return {"token_id": self.token_id, "created_at": self.created_at,
-                "expires_at": self.expires_at}
 
 
 def new_invitee(expires_in: float | None) -> tuple[str, str, float, float | None]:
@@ -79,6 +63,3 @@ def expired_error() -> AuthError:
     return AuthError("this invitee token has expired; ask the workspace's owner for a new"
                      " invite")
 
-
-OWNER_ONLY = ("only the token the workspace was created with manages invitee tokens; ask"
-              " the workspace's owner (who ran `codeveil init --server`)")

@@ -19,9 +19,9 @@ import numpy as np
 import psycopg
 from psycopg import conninfo
 
-from sync.db_url import mask_url
 from sync.store.core.checks import Update
 from sync.store.core.rows import fid_of
+from sync.store.db_url import mask_url
 from sync.wire import StoreError, StoreUnavailable
 
 CONNECT_TIMEOUT = 10  # seconds; a replica answers 503 rather than hang on a dead database

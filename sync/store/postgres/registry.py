@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sync.db_url import is_database_url, mask_url
 from sync.store.core.backend import WorkspaceRecord
 from sync.store.core.checks import quota_check
 from sync.store.core.registry import Registry, taken_error
+from sync.store.db_url import is_database_url, mask_url
 from sync.store.postgres.conn import Pool
 from sync.store.postgres.options import PgOptions
 from sync.store.postgres.schema import CREATE_LOCK, ensure_schema
