@@ -259,7 +259,8 @@ def main() -> None:
     shutil.copy(source / "tokenizer.json", args.out / "tokenizer.json")
     (args.out / "build.json").write_text(json.dumps({
         "chunks": len(corpus["chunks"]), "sentences": len(corpus["sentences"]),
-        "dims": int(table.shape[1]), "epochs": args.epochs, "lr": args.lr, "pull": args.pull, "history": history,
+        "dims": int(table.shape[1]), "epochs": args.epochs, "lr": args.lr,
+        "pull": args.pull, "history": history,
         "seconds": round(time.perf_counter() - started, 1),
     }, indent=2) + "\n")
     log.info("saved %s (%d x %d)", args.out, *table.shape)
