@@ -1,7 +1,7 @@
 """Rebuild the static model (`indexer/static_model/`) from what the packages install.
 
     pip install 'model2vec[distill]'      # the distillation only; not a codeveil dependency
-    python bench/static_model.py --data DIR [--chunks 10000] [--sentences 6000]
+    python bench/static_model.py --data DIR [--chunks 24000] [--sentences 14000]
         [--stage corpus|teacher|train|all] [--out indexer/static_model]
 
 Three steps, each resumable from --data:
@@ -216,10 +216,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, required=True,
                     help="Folder for the corpus, the teacher's vectors and the distillation.")
-    ap.add_argument("--chunks", type=int, default=10_000)
-    ap.add_argument("--sentences", type=int, default=6_000)
+    ap.add_argument("--chunks", type=int, default=24_000)
+    ap.add_argument("--sentences", type=int, default=14_000)
     ap.add_argument("--stage", choices=("corpus", "teacher", "train", "all"), default="all")
-    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--lr", type=float, default=0.003)
     ap.add_argument("--pull", type=float, default=0.01)
     ap.add_argument("--dims", type=int, default=DIM,
