@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import shlex
@@ -211,3 +212,16 @@ class Server:
         self.proc.terminate()
         self.proc.wait(30)
         self.log.close()
+
+
+def static_embedder():
+    """The static model the static tier ranks by (indexer.static_embedder), None where
+    it cannot be read."""
+    from indexer.errors import EmbedderError
+    from indexer.static_embedder import StaticEmbedder
+
+    try:
+        return StaticEmbedder()
+    except EmbedderError as exc:
+        logging.getLogger("bench").warning("no static tier: %s", exc)
+        return None

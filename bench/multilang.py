@@ -195,18 +195,6 @@ class Repo:
         return None
 
 
-def static_embedder():
-    """The static model the static tier ranks by, None where it cannot be read."""
-    from indexer.errors import EmbedderError
-    from indexer.static_embedder import StaticEmbedder
-
-    try:
-        return StaticEmbedder()
-    except EmbedderError as exc:
-        log.warning("no static tier: %s", exc)
-        return None
-
-
 def prepare_repo(pin: Pin, data: Path, queries: Sequence[Query], enc, memo,
                  *, embed: bool = True) -> Repo:
     from bench.quality import VectorIndex, bm25_file_ranker, embed_all, lexical_index, load_tree
@@ -247,6 +235,8 @@ def prepare_repo(pin: Pin, data: Path, queries: Sequence[Query], enc, memo,
     ranker = HybridRanker(lex, embed_parts, VectorIndex(vdocs, vectors).nearest, counter.count,
                           enc.embedder.max_tokens, count_many=counter.count_batch,
                           nearest_header=VectorIndex(vdocs, hvec).nearest)
+    from bench._common import static_embedder
+
     static = static_embedder()
     if static is not None:
         # The static tier: every chunk's static vector (no cache: they cost ~0.2 ms).

@@ -536,12 +536,20 @@ def prepare(corpus: Corpus, enc, plain, memo: Memo, *, formats: Sequence[str],
     hvec = embed_all(enc, work["chunk headers"], "chunk headers")
     nearest_header = VectorIndex(docs, hvec).nearest
     rankers = {}
+    from bench._common import static_embedder
+
+    static = static_embedder()
+    static_side = None
+    if static is not None:  # the static tier, as `codeveil search` ranks with it
+        static_side = VectorIndex(docs, static.embed([c.embed_text for c in chunks]))
     for fmt in formats:
         vectors = embed_all(enc, work[f"chunks ({fmt})"], f"chunks ({fmt})")
         rankers[fmt] = HybridRanker(lex, embed_parts, VectorIndex(docs, vectors).nearest,
                                     counter.count, enc.embedder.max_tokens,
                                     count_many=counter.count_batch,
                                     nearest_header=nearest_header)
+        if static is not None:
+            rankers[fmt].use_static(static_side, static.embed)
         if recency is None:
             continue
         # A first index half way: every chunk searchable by words, these by meaning too.

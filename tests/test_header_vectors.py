@@ -17,7 +17,8 @@ from sync.checkout.config import state_path
 
 # Only the header vectors vote: what a search ranks then comes from them alone.
 HEADERS_ONLY = replace(SearchOptions(), w_vector=0.0, hybrid=False, evidence=False,
-                       w_header_vector=1.0, w_header_vector_prose=1.0)
+                       w_header_vector=1.0, w_header_vector_prose=1.0, w_static=0.0,
+                       w_static_meaning=0.0)
 
 
 def _headers(root: Path) -> set[str]:
