@@ -701,6 +701,9 @@ def codeveil_variants(ablation: bool) -> list[tuple[str, str, dict, str]]:
          agg),
         ("defaults, prose queries' header vector 0.5", fmt, {"w_header_vector_prose": 0.5},
          agg),
+        # The static tier's vote beside every vector (retrieval.search.ranking_parts).
+        *((f"defaults, static vote {w} beside the vectors", fmt, {"w_static_meaning": w}, agg)
+          for w in (0.1, 0.25)),
         ("BM25 chunks only", fmt, {"w_vector": 0.0, "evidence": False,
                                    "w_file_lexical": 0.0}, agg),
         *((f"defaults + imports of top {top}, weight {w}", fmt, {IMPORTS_OPTION: (top, w)}, agg)

@@ -140,3 +140,16 @@ def test_the_static_index_follows_edits_and_rebuilds_when_damaged(tmp_path: Path
     with Index(repo, embedder=HashingEmbedder()) as idx:  # rebuilt on read, same answer
         assert [h.path for h in idx.search(QUESTION, k=1)] == ["jobs/cleanup.py"]
     assert StaticVectorStore(folder).problem() is None
+
+
+def test_once_every_vector_is_built_the_static_index_is_not_read(tmp_path: Path) -> None:
+    repo = write_repo(tmp_path / "repo", FILES)
+    with Index(repo, embedder=HashingEmbedder()) as idx:
+        idx.index(wait=True)  # every chunk has its vector: the static vote has no weight
+        assert idx.search(QUESTION, k=3)
+    assert not (repo / ".codeveil" / "static").exists()
+    with Index(repo, embedder=HashingEmbedder()) as idx:
+        # Asked for a static vote beside the vectors, the search builds the index.
+        idx.search_options = replace(idx.search_options, w_static_meaning=0.5)
+        assert idx.search(QUESTION, k=3)
+    assert (repo / ".codeveil" / "static" / "delta.npz").exists()

@@ -137,9 +137,11 @@ class SearchOptions:
     # The static model's vote (retrieval.indexes.static_vectors: every chunk has a static
     # vector from the moment `index` returns): `w_static` while no MiniLM vector is
     # built, `w_static_meaning` once every one votes, in between as they land
-    # (`meaning_share`). Chosen on the question set's tune half (docs/benchmarks.md).
+    # (`meaning_share`). Chosen on the tune halves (docs/benchmarks.md): 0.75 lifts the
+    # question set's words tier 0.802 -> 0.824; beside every vector 0.25 gave +0.009
+    # there but -1.2 MRR on CoSQA's, so none.
     w_static: float = 0.75
-    w_static_meaning: float = 0.25
+    w_static_meaning: float = 0.0
     # The share of the chunks that have vectors (the searcher sets it while they are
     # being built; 0: none yet): how far BM25's prose weight has yielded to meaning.
     meaning_share: float = 1.0

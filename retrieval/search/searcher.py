@@ -30,12 +30,13 @@ from sync.checkout.config import RepoConfig, codeveil_dir, find_root, state_path
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from indexer.location import ChunkLocation
     from retrieval.indexes.filters import HitFilter
     from retrieval.indexes.lexical import LexicalIndex, LexicalStore
     from retrieval.indexes.local_vectors import LocalVectorIndex, LocalVectorStore
     from retrieval.indexes.static_vectors import StaticVectorStore
     from retrieval.search.fusion import HybridRanker, Ranking
-    from retrieval.search.options import SearchOptions, VectorSearch
+    from retrieval.search.options import Keep, SearchOptions, VectorSearch
     from retrieval.search.server_vectors import ServerVectors
     from sync.client import StoreClient
     from sync.crypto.keys import WorkspaceKey
@@ -116,6 +117,45 @@ class Searcher:
                                 keep=keep)
 
 
+class LazyStatic:
+    """The static side of one search (`VectorSearch`): the static index of the chunk
+    table `db`, brought in step on first use. Where the static model cannot be read, it
+    ranks nothing and the search answers by the other votes."""
+
+    headers = False  # the static vote ranks by body vectors only
+
+    def __init__(self, reader: SearchReader, root: Path, db: sqlite3.Connection) -> None:
+        self._reader = reader
+        self._root = root
+        self._db = db
+        self._index: LocalVectorIndex | None = None
+        self._read = False
+
+    def _get(self) -> LocalVectorIndex | None:
+        if not self._read:
+            self._read = True
+            self._index = self._reader.static_index(self._root, self._db)
+        return self._index
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        index = self._get()  # reads the model: the store is set from here on
+        store = self._reader.static_store
+        if index is None or store is None:
+            return np.zeros((len(texts), 1), dtype=np.float32)
+        return store.embedder.embed_batch(texts)
+
+    def nearest(self, vector: np.ndarray, n: int, *, keep: Keep | None = None,
+                header: bool = False) -> list[tuple[ChunkLocation, float]]:
+        index = self._get()
+        return [] if index is None else index.nearest(vector, n, keep=keep)
+
+    def nearest_each(self, vectors: np.ndarray, n: int, *, keep: HitFilter | None = None,
+                     header: bool = False) -> list[list[tuple[ChunkLocation, float]]]:
+        index = self._get()
+        return ([[] for _ in vectors] if index is None
+                else index.nearest_each(vectors, n, keep=keep))
+
+
 class SearchReader:
     """The stores and the ranker of one `Index`'s searches (see the module's doc)."""
 
@@ -149,11 +189,12 @@ class SearchReader:
             # searched by meaning either, pending or not.
             with_vectors = min(with_vectors, self.vectors.count)
         ranker = self._ranker_over(lexical, side)
-        # Every chunk is ranked by meaning through its static vector too: the whole vote
-        # while MiniLM's vectors are still being built, a smaller one beside them
-        # (`SearchOptions.w_static`, `w_static_meaning`).
-        static = self.static_index(root, db)
-        ranker.use_static(static, None if static is None else self._embed_static)
+        # Every chunk is ranked by meaning through its static vector while MiniLM's are
+        # still being built (`SearchOptions.w_static`, yielding to them as they land):
+        # the static index is brought in step when a ranking first asks it, so one
+        # whose static vote has no weight (every vector in) never reads it.
+        static = LazyStatic(self, root, db)
+        ranker.use_static(static, static.embed)
         return Searcher(lexical, side, ranker, total, with_vectors,
                         self.vectors if config.sealed else None)
 
@@ -171,10 +212,6 @@ class SearchReader:
         except EmbedderError as exc:
             log.warning("no static tier: %s", exc)
             return None
-
-    def _embed_static(self, texts: Sequence[str]) -> np.ndarray:
-        assert self.static_store is not None
-        return self.static_store.embedder.embed_batch(texts)
 
     def lexical(self, root: Path) -> LexicalStore:
         from retrieval.indexes.lexical import LexicalStore
