@@ -113,14 +113,22 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
+def _tree() -> tuple[str | None, bool]:
+    # Tracked files only: results and caches written by the run itself do not count.
+    return _git("rev-parse", "HEAD"), bool(_git("status", "--porcelain",
+                                                "--untracked-files=no"))
+
+
 def provenance() -> dict[str, object]:
     """Where a result comes from: the commit (and whether the tree had uncommitted
-    changes), the command line, the date (UTC), the machine and its load when written.
-    The machine is shared, so the load says how far a figure can be trusted."""
+    changes) when the run started, the command line, the date (UTC), the machine and its
+    load when written. The machine is shared, so the load says how far a figure can be
+    trusted. The tree is the one the run started on: a result file another run writes
+    meanwhile does not make this one's tree look changed."""
+    commit, dirty = _TREE_AT_START
     return {
-        "commit": _git("rev-parse", "HEAD"),
-        # Tracked files only: results and caches written by the run itself do not count.
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "commit": commit,
+        "dirty": dirty,
         "command": shlex.join(["python", *sys.argv]),
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "load": dict(zip(("1min", "5min", "15min"), os.getloadavg(), strict=True)),
@@ -136,6 +144,9 @@ def _git(*args: str) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None  # not a checkout (an sdist), or no git: recorded as unknown
     return out.stdout.strip()
+
+
+_TREE_AT_START = _tree()  # a benchmark imports this module as it starts
 
 
 def write_json(name: str, payload: dict) -> Path:
