@@ -240,10 +240,8 @@ def prepare_repo(pin: Pin, data: Path, queries: Sequence[Query], enc, memo,
     static = static_embedder()
     if static is not None:
         # The static tier: every chunk's static vector (no cache: they cost ~0.2 ms).
-        svec = np.concatenate([static.embed_batch([c.embed_text for c in chunks[i:i + 2048]])
-                               for i in range(0, len(chunks), 2048)] or
-                              [np.zeros((0, static.dim), dtype=np.float32)])
-        ranker.use_static(VectorIndex(docs, svec), lambda parts: static.embed_batch(list(parts)))
+        svec = static.embed([c.embed_text for c in chunks])
+        ranker.use_static(VectorIndex(docs, svec), static.embed)
     agg = DEFAULT_AGG["file"]
 
     def rank(q: str, system: System) -> tuple[list[ChunkLocation], list[str]]:

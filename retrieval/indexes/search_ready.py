@@ -125,15 +125,11 @@ class SearchReady:
             self._refresh(with_vectors=False)
 
     def _static_index(self, root: Path, db: sqlite3.Connection) -> None:
-        from indexer.errors import EmbedderError
         from retrieval.indexes.static_vectors import StaticVectorStore
 
         if self._static is None:
             self._static = StaticVectorStore(codeveil_dir(root) / "static")
-        try:
-            self._static.index(db)
-        except EmbedderError as exc:  # the search says so too, and answers by words
-            log.warning("no static tier: %s", exc)
+        self._static.index_or_none(db)
 
     def _static_beside(self, root: Path) -> None:
         try:

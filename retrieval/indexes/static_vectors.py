@@ -6,8 +6,9 @@ chunk table, pending ones included, from the moment `codeveil index` returns. It
 vector index's layout and refresh (`retrieval.indexes.local_vectors`: base and delta,
 stamped by the chunk table, rebuilt when a file fails its checksum) over vectors
 computed as the rows are read instead of looked up in the embedding cache: the body
-plane holds the vector of each chunk's embedded text, the header plane the vector of
-its `path > symbol`. No approximate index: exact search over 256 dimensions stays within
+plane holds the vector of each chunk's embedded text; the header plane is left empty
+(the static vote ranks by bodies only, so header vectors would be made for nothing).
+No approximate index: exact search over 256 dimensions stays within
 a few milliseconds at 100k chunks. Like MiniLM's vectors these approximate the code, so
 they stay on this machine (0700) and never go to a server.
 """
@@ -15,6 +16,7 @@ they stay on this machine (0700) and never go to a server.
 from __future__ import annotations
 
 import itertools
+import logging
 import sqlite3
 from collections.abc import Hashable
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from indexer.chunk import Chunk
+from indexer.errors import EmbedderError
 from indexer.local_chunks import count_chunks
 from indexer.location import ChunkLocation
 from indexer.static_embedder import StaticEmbedder
@@ -31,6 +34,8 @@ from retrieval.indexes.local_vectors.docs import VectorDocs
 from retrieval.indexes.local_vectors.index import LocalVectorIndex
 from retrieval.indexes.local_vectors.spill import copy_rows, spill_planes
 from retrieval.indexes.local_vectors.store import LocalVectorStore
+
+log = logging.getLogger(__name__)
 
 #: Chunks embedded at once: their word pieces' counts fit a small sparse matrix.
 _BATCH = 2048
@@ -58,6 +63,15 @@ class StaticVectorStore(LocalVectorStore):
         with self._lock:
             return self._current(db, (self.embedder.model_id, self.embedder.dim))
 
+    def index_or_none(self, db: sqlite3.Connection) -> LocalVectorIndex | None:
+        """`index(db)`, or None (logged) where the static model cannot be read: a search
+        then answers by its other votes, and the next one tries again."""
+        try:
+            return self.index(db)
+        except EmbedderError as exc:
+            log.warning("no static tier: %s", exc)
+            return None
+
     def problem(self, model_id: str | None = None, dim: int | None = None) -> str | None:
         return super().problem(model_id or self.embedder.model_id, dim or self.embedder.dim)
 
@@ -69,7 +83,7 @@ class StaticVectorStore(LocalVectorStore):
 
     def _reread(self, reader: sqlite3.Connection, old: Saved[LocalVectorIndex],
                 key: Hashable) -> set[str]:
-        return set()  # every row has both vectors from the start
+        return set()  # no header vectors to wait for: none are made
 
     def _read_rows(self, reader: sqlite3.Connection, diff: FileDiff,
                    key: Hashable) -> tuple[_Rows, dict[str, int]]:
@@ -85,12 +99,11 @@ class StaticVectorStore(LocalVectorStore):
         while batch := list(itertools.islice(rows, _BATCH)):
             chunks = [Chunk(p, s, e, lang, sym, text) for p, s, e, lang, sym, text, _ in batch]
             copy_rows(out, 0, filled, self.embedder.embed_batch([c.embed_text for c in chunks]))
-            copy_rows(out, 1, filled, self.embedder.embed_batch([c.header for c in chunks]))
             filled += len(chunks)
             parts.append(VectorDocs.of(
                 [ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language,
                                bytes(row[-1])) for c, row in zip(chunks, batch, strict=True)],
-                [True] * len(chunks)))
+                [False] * len(chunks)))
         docs = (VectorDocs.concat([(p, np.arange(len(p))) for p in parts]) if parts
                 else VectorDocs.empty())
         return (out[:, :filled], docs), {}

@@ -14,7 +14,6 @@ ranks.
 
 from __future__ import annotations
 
-import logging
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -26,8 +25,6 @@ import numpy as np
 
 from indexer.local_chunks import LocalChunks, open_state_db
 from sync.checkout.config import RepoConfig, codeveil_dir, find_root, state_path
-
-log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from indexer.location import ChunkLocation
@@ -201,17 +198,12 @@ class SearchReader:
     def static_index(self, root: Path, db: sqlite3.Connection) -> LocalVectorIndex | None:
         """The static vectors of every chunk, brought in step; None (logged) where the
         static model cannot be read, so that a search still answers by words."""
-        from indexer.errors import EmbedderError
         from retrieval.indexes.static_vectors import StaticVectorStore
 
         folder = codeveil_dir(root) / "static"
-        try:
-            if self.static_store is None or self.static_store.directory != folder:
-                self.static_store = StaticVectorStore(folder)
-            return self.static_store.index(db)
-        except EmbedderError as exc:
-            log.warning("no static tier: %s", exc)
-            return None
+        if self.static_store is None or self.static_store.directory != folder:
+            self.static_store = StaticVectorStore(folder)
+        return self.static_store.index_or_none(db)
 
     def lexical(self, root: Path) -> LexicalStore:
         from retrieval.indexes.lexical import LexicalStore
