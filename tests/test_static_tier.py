@@ -134,7 +134,7 @@ def test_the_static_index_follows_edits_and_rebuilds_when_damaged(tmp_path: Path
     assert store.problem() is None
     (base,) = folder.glob("base-*.npy")
     data = bytearray(base.read_bytes())
-    data[-64:] = bytes(64)  # the vectors' last bytes zeroed: their checksum fails
+    data[-64:] = bytes(b ^ 0xFF for b in data[-64:])  # bits flipped: the checksum fails
     base.write_bytes(bytes(data))
     assert "checksum" in (store.problem() or "")
     with Index(repo, embedder=HashingEmbedder()) as idx:  # rebuilt on read, same answer

@@ -99,6 +99,9 @@ class StaticVectorStore(LocalVectorStore):
         while batch := list(itertools.islice(rows, _BATCH)):
             chunks = [Chunk(p, s, e, lang, sym, text) for p, s, e, lang, sym, text, _ in batch]
             copy_rows(out, 0, filled, self.embedder.embed_batch([c.embed_text for c in chunks]))
+            # The planes come uninitialised: the empty header plane is written as zeros,
+            # as the vector index writes a chunk without a header vector.
+            copy_rows(out, 1, filled, np.zeros((len(chunks), dim), dtype=np.float32))
             filled += len(chunks)
             parts.append(VectorDocs.of(
                 [ChunkLocation(c.path, c.start_line, c.end_line, c.symbol, c.language,
