@@ -232,7 +232,7 @@ class HybridRanker:
             evidence = self._evidence_ranking(refs, bm25, mask, o.depth, stems=o.stem_evidence)
         w_header = o.w_header_vector_prose if prose else o.w_header_vector
         w_vector = o.w_vector
-        w_static = o.w_static + (o.w_static_meaning - o.w_static) * o.meaning_share
+        w_static = o.as_vectors_land(o.w_static, o.w_static_meaning)
         if refs.identifier and evidence is not None:
             # A bare name the repo defines: its definition is found by name, and the
             # vectors only add look-alikes. A name nothing defines keeps them.

@@ -252,3 +252,9 @@ class SearchOptions:
     # defines the name is the answer, and a file of many chunks that mention it must not
     # outrank it (with vectors, symbols 0.984 -> 0.972 when every query took it).
     file_first: bool = True
+
+    def as_vectors_land(self, none_built: float, all_built: float) -> float:
+        """A weight that moves from `none_built` (no vector yet: the first answer) to
+        `all_built` (every vector votes) with the share of chunks that have vectors
+        (`meaning_share`): BM25's prose vote, the file vote and the static vote."""
+        return none_built + (all_built - none_built) * self.meaning_share

@@ -209,8 +209,7 @@ class LexicalVote:
             # The smaller vote yields to meaning only as far as meaning votes: while no
             # vector is built (a first index) BM25 is the one ranking by text and votes
             # in full; the share of the vectors' vote moves it toward w_lexical_prose.
-            weight = (o.w_lexical_prose
-                      + (o.w_lexical - o.w_lexical_prose) * (1.0 - o.meaning_share))
+            weight = o.as_vectors_land(o.w_lexical, o.w_lexical_prose)
         if q.prose and o.w_lexical_prose_peaked is not None and peaked(q.bm25,
                                                                       o.prose_peak_ratio):
             weight = o.w_lexical_prose_peaked
@@ -250,7 +249,7 @@ class FileVote:
         o = q.options
         # Like BM25's prose vote it yields to meaning as the vectors land: where every
         # vector votes, a file of one function (CoSQA) is only BM25 again.
-        weight = o.w_file_vote + (o.w_file_vote_meaning - o.w_file_vote) * o.meaning_share
+        weight = o.as_vectors_land(o.w_file_vote, o.w_file_vote_meaning)
         if not o.hybrid or not weight or not q.prose or not q.short or not len(ranker.lexical):
             return
         files = [path for path, _ in ranker.lexical.file_top(
